@@ -1,0 +1,125 @@
+"""Typed knowledge entries. Data files in ``knowledge/data/`` are validated against these.
+
+Every catalogue identifier (``../shared/catalog.md`` §1–§4) is exactly one entry. Entries are
+written in the project's own words; each names where its facts come from (seed file +
+section) so a reader can check them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from probes.findings import Severity
+
+EntryId = Annotated[str, Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$")]
+EntryKind = Literal["red-flag", "signal", "rationalization", "symptom"]
+Where = Literal["S", "R", "T"]
+
+SEED_FILES: dict[str, str] = {
+    "CG": "000_e5257207b403cb55.txt",
+    "GM": "001_854112de044e240f.txt",
+    "GS": "003_f927da5ad9d5d282.txt",
+    "TD": "004_bb85451bd50ce9db.txt",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceRef(_Strict):
+    """Where a fact comes from: a seed (by its catalogue short name) and a section heading."""
+
+    seed: Literal["CG", "GM", "GS", "TD", "real-world", "torch"] = Field(
+        description="CG/GM/GS/TD are the seed documents; 'torch' means checked by running "
+        "PyTorch (see the test named in `note`); 'real-world' a public bug report."
+    )
+    section: str
+    note: str | None = None
+
+    def render(self) -> str:
+        file = SEED_FILES.get(self.seed)
+        where = f"{self.seed} ({file})" if file else self.seed
+        return f"{where}, {self.section}" + (f" — {self.note}" if self.note else "")
+
+
+class EntryBase(_Strict):
+    id: EntryId
+    kind: EntryKind
+    title: str = Field(description="Short human title.")
+    summary: str = Field(description="One sentence: what this entry is about.")
+    sources: list[SourceRef] = Field(min_length=1)
+    related: list[EntryId] = Field(default_factory=list, description="Related entry ids.")
+    snippets: list[str] = Field(default_factory=list, description="Fix snippet ids.")
+    keywords: list[str] = Field(
+        default_factory=list, description="Extra words and phrases the matcher should know."
+    )
+
+    @property
+    def severity_or_none(self) -> Severity | None:
+        return getattr(self, "severity", None)
+
+    @property
+    def source_text(self) -> str:
+        return "; ".join(s.render() for s in self.sources)
+
+
+class RedFlag(EntryBase):
+    """A mistake in the training code (catalogue §1)."""
+
+    kind: Literal["red-flag"] = "red-flag"
+    severity: Severity
+    where: list[Where] = Field(min_length=1)
+    what: str
+    why: str
+    shows_up: list[str] = Field(min_length=1, description="How it shows up in training.")
+    confirm: list[str] = Field(min_length=1, description="How to confirm it.")
+    fix: str
+    rationalizations: list[EntryId] = Field(default_factory=list)
+    seed_correction: str | None = Field(
+        default=None, description="Where a seed is wrong about this, what is true."
+    )
+
+
+class Signal(EntryBase):
+    """A runtime measurement pattern (catalogue §2)."""
+
+    kind: Literal["signal"] = "signal"
+    severity: Severity = Field(description="Highest severity this signal can take.")
+    severities: list[Severity] = Field(min_length=1)
+    what: str
+    why: str
+    shows_up: list[str] = Field(min_length=1)
+    confirm: list[str] = Field(min_length=1)
+    fix: str
+    rationalizations: list[EntryId] = Field(default_factory=list)
+    thresholds: list[str] = Field(
+        default_factory=list, description="Threshold keys (thresholds.yaml) this signal uses."
+    )
+
+
+class Rationalization(EntryBase):
+    """A tempting claim an assistant should not make (catalogue §3, in table order)."""
+
+    kind: Literal["rationalization"] = "rationalization"
+    number: int = Field(ge=1, le=28)
+    claim: str = Field(description="The tempting claim, in short.")
+    paraphrases: list[str] = Field(min_length=3, description="Other ways people put it.")
+    say_instead: str
+    red_flags: list[EntryId] = Field(default_factory=list)
+
+
+class Symptom(EntryBase):
+    """Something a user writes (catalogue §4)."""
+
+    kind: Literal["symptom"] = "symptom"
+    description: str
+    phrasings: list[str] = Field(min_length=2, description="How users describe it.")
+    causes: list[EntryId] = Field(default_factory=list, description="Likely causes, in order.")
+    first_checks: list[str] = Field(min_length=1)
+    pointer: str | None = Field(default=None, description="Where to look instead (out of scope).")
+
+
+Entry = Annotated[RedFlag | Signal | Rationalization | Symptom, Field(discriminator="kind")]

@@ -1,0 +1,1 @@
+"""The MCP server and the CLI: thin adapters over ``knowledge``, ``probes`` and ``templates``."""

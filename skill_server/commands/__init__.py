@@ -1,0 +1,1 @@
+"""CLI sub-commands, one module each (discovered by ``skill_server.cli``)."""
