@@ -123,3 +123,72 @@ class Symptom(EntryBase):
 
 
 Entry = Annotated[RedFlag | Signal | Rationalization | Symptom, Field(discriminator="kind")]
+
+
+class ThresholdValue(_Strict):
+    """One number of a threshold profile and the seed it comes from."""
+
+    value: float
+    source: SourceRef
+
+
+class ThresholdProfile(_Strict):
+    """A named set of numbers the runtime diagnosis uses.
+
+    The seeds disagree (catalogue §2); each profile keeps one seed's numbers (or the
+    project's reconciled default) and every number records where it comes from.
+    Norms are L2 norms of all gradients the optimizer updates.
+    """
+
+    name: str
+    description: str
+    exploding_warning: ThresholdValue = Field(description="Total norm above this: warning.")
+    exploding_critical: ThresholdValue = Field(description="Total norm above this: critical.")
+    vanishing_warning: ThresholdValue = Field(description="Total norm below this: warning.")
+    vanishing_critical: ThresholdValue = Field(description="Total norm below this: critical.")
+    early_late_ratio: ThresholdValue = Field(
+        description="Late-layer norm / early-layer norm above this: vanishing."
+    )
+    layer_spread_warning: ThresholdValue = Field(description="Max/min per-layer norm ratio.")
+    layer_spread_critical: ThresholdValue
+    zero_grad_fraction_warning: ThresholdValue = Field(
+        description="Fraction of parameter tensors with an all-zero gradient."
+    )
+    zero_grad_fraction_critical: ThresholdValue
+    dead_fraction_warning: ThresholdValue = Field(description="Fraction of never-firing units.")
+    dead_fraction_critical: ThresholdValue
+    grad_param_ratio_high: ThresholdValue = Field(description="‖g‖/‖w‖ above this: too large.")
+    grad_param_ratio_low: ThresholdValue = Field(description="‖g‖/‖w‖ below this: too small.")
+    spike_factor: ThresholdValue = Field(description="Norm / running median above this: spike.")
+    clip_active_fraction: ThresholdValue = Field(
+        description="Fraction of steps clipped above this: clipping too aggressive."
+    )
+    amp_skip_fraction: ThresholdValue = Field(
+        description="Fraction of GradScaler-skipped steps above this: overflow."
+    )
+
+
+class MaxNormAdvice(_Strict):
+    """Typical ``max_norm`` for one family of architectures."""
+
+    architecture: str
+    values: list[float] = Field(description="Typical values, most common first.")
+    clip_by_default: bool
+    advice: str
+    source: SourceRef
+
+
+class ThresholdSet(_Strict):
+    default_profile: str
+    profiles: list[ThresholdProfile] = Field(min_length=1)
+    max_norm: list[MaxNormAdvice] = Field(min_length=5)
+    healthy_range: tuple[float, float] = Field(description="Total norm range called healthy.")
+
+    def profile(self, name: str | None = None) -> ThresholdProfile:
+        """The profile called ``name`` (the default profile when None)."""
+        wanted = name or self.default_profile
+        for p in self.profiles:
+            if p.name == wanted:
+                return p
+        known = ", ".join(p.name for p in self.profiles)
+        raise KeyError(f"unknown threshold profile {wanted!r} (known: {known})")
