@@ -17,6 +17,32 @@ EntryId = Annotated[str, Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$")]
 EntryKind = Literal["red-flag", "signal", "rationalization", "symptom"]
 Where = Literal["S", "R", "T"]
 
+#: The fix snippets shipped in ``templates/snippets`` (a fixed list shared with the templates).
+SNIPPET_IDS: frozenset[str] = frozenset(
+    {
+        "clip-norm",
+        "training-loop-order",
+        "accumulation",
+        "accumulation-clip",
+        "accumulation-scheduler",
+        "accumulation-leftover",
+        "accumulation-token-mean",
+        "amp-clip",
+        "amp-accumulation-clip",
+        "ddp-no-sync-accumulation",
+        "grad-norm-monitor",
+        "nan-check-order",
+        "stable-loss-ops",
+        "vanishing-fixes",
+        "dead-relu-fixes",
+        "max-norm-tuning",
+        "lightning-clipping",
+        "per-layer-clipping",
+        "checkpointing-with-clipping",
+        "value-to-norm-clipping",
+    }
+)
+
 SEED_FILES: dict[str, str] = {
     "CG": "000_e5257207b403cb55.txt",
     "GM": "001_854112de044e240f.txt",
@@ -87,7 +113,10 @@ class Signal(EntryBase):
     """A runtime measurement pattern (catalogue §2)."""
 
     kind: Literal["signal"] = "signal"
-    severity: Severity = Field(description="Highest severity this signal can take.")
+    severity: Severity = Field(
+        description="The catalogue's severity (catalog.md §2): the higher level for signals "
+        "listed with two; `severities` lists every level the probe may report."
+    )
     severities: list[Severity] = Field(min_length=1)
     what: str
     why: str
@@ -192,3 +221,62 @@ class ThresholdSet(_Strict):
                 return p
         known = ", ".join(p.name for p in self.profiles)
         raise KeyError(f"unknown threshold profile {wanted!r} (known: {known})")
+
+
+class Guide(_Strict):
+    """A topic guide: a longer, Markdown explanation of one area (clipping, AMP, ...)."""
+
+    topic: str
+    title: str
+    summary: str
+    body: str = Field(description="Markdown.")
+    sources: list[SourceRef] = Field(min_length=1)
+    related: list[EntryId] = Field(default_factory=list)
+
+
+class NanNode(_Strict):
+    """One question of the NaN decision tree."""
+
+    id: EntryId
+    question: str
+    how_to_check: str
+    means: str = Field(description="What the answer tells you.")
+    if_yes: EntryId | None = Field(default=None, description="Next node id when the answer is yes.")
+    if_no: EntryId | None = Field(default=None, description="Next node id when the answer is no.")
+    actions: list[str] = Field(default_factory=list, description="What to do at this node.")
+    related: list[EntryId] = Field(default_factory=list, description="Related entry ids.")
+    snippets: list[str] = Field(default_factory=list, description="Fix snippet ids.")
+    sources: list[SourceRef] = Field(min_length=1)
+
+    @property
+    def next_nodes(self) -> list[str]:
+        """The ids this node can lead to (yes first)."""
+        return [n for n in (self.if_yes, self.if_no) if n]
+
+
+class NanTree(_Strict):
+    """The ordered diagnosis for a non-finite loss: loss → gradients → parameters."""
+
+    title: str
+    summary: str
+    root: EntryId
+    nodes: list[NanNode] = Field(min_length=1)
+
+    def node(self, node_id: str) -> NanNode:
+        """The node called ``node_id`` (KeyError when unknown)."""
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+
+class SeedCorrection(_Strict):
+    """A place where a seed document is wrong or out of date, and what is true (catalogue §5)."""
+
+    id: EntryId
+    seed_claim: str = Field(description="What the seed says, in short and in our own words.")
+    truth: str = Field(description="What is actually true.")
+    mechanics: str = Field(description="Why: the arithmetic or the library behaviour.")
+    related: list[EntryId] = Field(default_factory=list)
+    test: str = Field(description="The test that proves it (pytest node id).")
+    sources: list[SourceRef] = Field(min_length=1)

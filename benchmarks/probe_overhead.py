@@ -1,0 +1,253 @@
+"""Overhead of the runtime gradient probe, measured in one run against baselines of the same run.
+
+Prints:
+1. probe vs no probe on a GPT-2-style training step (a scaled-down GPT-2: same block layout —
+   token + position embeddings, pre-LayerNorm attention and 4x MLP blocks, tied head — with
+   fewer/narrower layers so a step takes well under a second on 2 CPU cores), at the probe's
+   default settings (per-tensor norms every step, richer statistics every 10 steps);
+2. the common per-parameter loop that computes only norms with ``.item()`` vs no probe;
+3. per-step measurement cost for 10 → 5,000 gradient tensors (same total size), probe vs loop.
+
+Timings are interleaved (baseline, probe, loop, repeated) and summarised by medians, so machine
+noise hits every variant alike. ``--device cuda`` runs the same on a GPU when one is present.
+
+    python benchmarks/probe_overhead.py [--layers 4] [--width 256] [--steps 20] [--trials 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from probes.runtime import hooks, measure
+from probes.runtime.collector import Collector
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm Transformer block: causal self-attention and a 4x GELU MLP."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(width)
+        self.c_attn = nn.Linear(width, 3 * width)
+        self.c_proj = nn.Linear(width, width)
+        self.ln_2 = nn.LayerNorm(width)
+        self.c_fc = nn.Linear(width, 4 * width)
+        self.mlp_proj = nn.Linear(4 * width, width)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        batch, length, width = h.shape
+        q, k, v = self.c_attn(self.ln_1(h)).split(width, dim=2)
+        shape = (batch, length, self.heads, width // self.heads)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.c_proj(attended.transpose(1, 2).reshape(batch, length, width))
+        return h + self.mlp_proj(nn.functional.gelu(self.c_fc(self.ln_2(h))))
+
+
+class SmallGPT(nn.Module):
+    """GPT-2 layout at a reduced size (GPT-2 124M is 12 layers, width 768, 50257 tokens)."""
+
+    def __init__(self, layers: int, width: int, heads: int, vocab: int, context: int) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        h = self.wte(tokens) + self.wpe(positions)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.ln_f(h))
+
+
+def naive_norm_loop(model: nn.Module) -> float:
+    """The common monitoring loop: one norm and one ``.item()`` (a host sync) per parameter."""
+    total = 0.0
+    for _, param in model.named_parameters():
+        if param.grad is not None:
+            total += param.grad.norm(2).item() ** 2
+    return math.sqrt(total)
+
+
+def make_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: torch.Tensor,
+    monitor: Callable[[nn.Module], float] | None,
+) -> Callable[[], None]:
+    vocab = model.wte.num_embeddings  # type: ignore[union-attr]
+
+    def step() -> None:
+        index = torch.randint(0, data.shape[0], (8,), device=data.device)
+        batch = data[index]
+        logits = model(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if monitor is not None:
+            monitor(model)
+        optimizer.step()
+
+    return step
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(step: Callable[[], None], steps: int, device: torch.device) -> list[float]:
+    times = []
+    for _ in range(steps):
+        sync(device)
+        start = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def overhead(args: argparse.Namespace, device: torch.device) -> None:
+    torch.manual_seed(0)
+    model = SmallGPT(args.layers, args.width, args.heads, args.vocab, args.context).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    data = torch.randint(0, args.vocab, (256, args.context + 1), device=device)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_tensors = sum(1 for _ in model.parameters())
+    channel = Path(tempfile.mkdtemp()) / "channel.jsonl"
+    sink_file = channel.open("w")
+
+    def sink(record: dict[str, object]) -> None:
+        # What the child does with every record: one JSON line on the side channel.
+        sink_file.write(json.dumps(record, allow_nan=True) + "\n")
+        sink_file.flush()
+
+    plain = make_step(model, optimizer, data, None)
+    naive = make_step(model, optimizer, data, naive_norm_loop)
+    for _ in range(3):
+        plain()  # warm-up: allocator, kernels, optimizer state
+    samples: dict[str, list[float]] = {"baseline": [], "probe": [], "loop": []}
+    probe_inside = 0.0
+    probe_steps = 0
+    for trial in range(args.trials):
+        order = ["baseline", "probe", "loop"]
+        order = order[trial % 3 :] + order[: trial % 3]
+        for mode in order:
+            if mode == "baseline":
+                samples[mode] += time_steps(plain, args.steps, device)
+            elif mode == "loop":
+                samples[mode] += time_steps(naive, args.steps, device)
+            else:
+                collector = Collector(sink, sample_every=args.sample_every)
+                uninstall = hooks.install(collector)
+                try:
+                    samples[mode] += time_steps(plain, args.steps, device)
+                    collector.flush()
+                finally:
+                    uninstall()
+                probe_inside += collector.probe_s
+                probe_steps += collector.steps_done
+    sink_file.close()
+    base = statistics.median(samples["baseline"])
+    probe = statistics.mean(samples["probe"])  # mean: sampled steps must count
+    base_mean = statistics.mean(samples["baseline"])
+    loop = statistics.median(samples["loop"])
+    print(
+        f"model: GPT-2-style, {args.layers} layers, width {args.width}, {args.heads} heads, "
+        f"vocab {args.vocab}, context {args.context}, batch 8: {n_params / 1e6:.1f} M "
+        f"parameters in {n_tensors} tensors; device {device}; "
+        f"{args.trials}x{args.steps} steps per variant"
+    )
+    print(f"baseline step: median {base * 1e3:.1f} ms, mean {base_mean * 1e3:.1f} ms")
+    print(
+        f"probe overhead (wall clock, mean vs mean, sample_every={args.sample_every}): "
+        f"{(probe / base_mean - 1) * 100:+.2f} %"
+    )
+    print(
+        f"probe overhead (time inside the probe's hooks per step / baseline step): "
+        f"{probe_inside / max(probe_steps, 1) / base * 100:.2f} %"
+    )
+    print(f"per-parameter .item() norm loop overhead (median): {(loop / base - 1) * 100:+.2f} %")
+    print(
+        "RATIOS probe/baseline={:.4f} loop/baseline={:.4f}".format(
+            probe / base_mean, loop / base
+        )
+    )
+
+
+def scaling(args: argparse.Namespace, device: torch.device) -> None:
+    total = args.scaling_elements
+    print(f"\nscaling: {total / 1e6:.0f} M gradient elements split into N tensors ({device})")
+    print(f"{'N':>6} {'probe norms/step':>18} {'item() loop/step':>18} {'ratio':>7}")
+    for count in (10, 100, 1000, 5000):
+        size = total // count
+        grads: list[torch.Tensor | None] = [
+            torch.randn(size, device=device) for _ in range(count)
+        ]
+        grouping = measure.group_tensors(grads)
+        transfer = measure.HostTransfer()
+
+        def probe_once() -> None:
+            vector = measure.per_tensor_norms(grads, grouping)
+            transfer.submit(None, vector)
+            transfer.flush()
+
+        def loop_once() -> None:
+            math.sqrt(sum(g.norm(2).item() ** 2 for g in grads if g is not None))
+
+        for fn in (probe_once, loop_once):
+            fn()
+        probe_times = []
+        loop_times = []
+        for _ in range(args.scaling_repeats):
+            sync(device)
+            start = time.perf_counter()
+            probe_once()
+            sync(device)
+            probe_times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            loop_once()
+            sync(device)
+            loop_times.append(time.perf_counter() - start)
+        p, q = statistics.median(probe_times), statistics.median(loop_times)
+        print(f"{count:>6} {p * 1e3:>15.2f} ms {q * 1e3:>15.2f} ms {q / p:>6.1f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--sample-every", type=int, default=10)
+    parser.add_argument("--scaling-elements", type=int, default=4_000_000)
+    parser.add_argument("--scaling-repeats", type=int, default=20)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--skip-scaling", action="store_true")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    overhead(args, device)
+    if not args.skip_scaling:
+        scaling(args, device)
+
+
+if __name__ == "__main__":
+    main()

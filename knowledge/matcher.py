@@ -1,0 +1,724 @@
+"""Free text (and pasted code) → ranked knowledge entries.
+
+``match("my loss goes to NaN after 2k steps")`` returns the catalogue entries that fit the
+text, best first, each with the reasons it was chosen. Three kinds of evidence add up:
+
+* **words** — a BM25F ranker over each entry's fields (title, claim, paraphrases, phrasings,
+  keywords, what/why/shows-up …, each with its own weight), after lower-casing, domain
+  synonyms (``data/synonyms.yaml``), stemming and typo repair; adjacent word pairs count as
+  phrases; the closest single paraphrase/phrasing adds a bonus; the form of the text (an
+  assertion or advice versus a report of what happened) tilts rationalizations vs symptoms.
+* **numbers** — quantities read from the text (``loss: nan``, ``grad norm 3.4e+04``,
+  ``dead 63%``, ``scale 65536 → 1``) compared with the default threshold profile.
+* **code** — order rules over pasted code (clip after ``step()``, clip without ``unscale_``,
+  accumulation without dividing the loss …).
+
+Learning-rate-only and data-only questions are flagged ``out_of_scope`` with a pointer.
+Nothing here imports torch or ``probes``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from knowledge._code import CodeHit, analyse, extract_code, prose_hits
+from knowledge._numbers import Quantity, fmt, read_quantities
+from knowledge._text import Analyzer, Token, TypoCorrector, load_synonyms, vocabulary
+from knowledge.loader import KnowledgeBase, load_knowledge
+from knowledge.models import Entry, EntryKind, ThresholdProfile, ThresholdValue
+from probes.findings import Severity
+
+__all__ = ["Match", "MatchResult", "Matcher", "get_matcher", "match"]
+
+OUT_OF_SCOPE_ID = "out-of-scope"
+
+#: Field weights of the BM25F index: where a word appears says how much it tells.
+FIELD_WEIGHTS: dict[str, float] = {
+    "title": 3.0,
+    "id": 2.0,
+    "claim": 3.0,
+    "keywords": 2.5,
+    "paraphrases": 2.0,
+    "phrasings": 2.0,
+    "summary": 1.5,
+    "description": 1.5,
+    "what": 1.0,
+    "shows_up": 1.0,
+    "why": 0.5,
+    "confirm": 0.4,
+    "fix": 0.4,
+    "say_instead": 0.5,
+    "first_checks": 0.4,
+    "seed_correction": 0.3,
+}
+#: Fields whose items are each a complete way of saying the entry (nearest-sentence bonus).
+SENTENCE_FIELDS: tuple[str, ...] = ("title", "claim", "paraphrases", "phrasings")
+
+_K1 = 1.2
+_B = 0.75
+_PHRASE_WEIGHT = 1.5
+_RELATED_WEIGHT = 0.5
+#: Bonus (in score units) of a nearest-sentence similarity of 1.0.
+_SENTENCE_BONUS = 6.0
+#: Score added by a fully confident number or code rule (strength 1.0).
+_EVIDENCE_WEIGHT = 20.0
+#: Bonus when every word of the entry's id appears in the text ("vanishing gradients").
+_NAMED_BONUS = 4.0
+_RATIONALIZATION_PRIOR = 1.3
+_SYMPTOM_PRIOR = 1.15
+_RED_FLAG_CODE_PRIOR = 1.2
+_RED_FLAG_ADVICE_PRIOR = 0.85
+_MAX_TEXT = 20_000
+_GARBAGE_MIN_TERMS = 20
+_GARBAGE_KNOWN_FRACTION = 0.3
+
+_ASSERTION = re.compile(
+    r"(?:^|[.;:,!?]\s*)(?:just\s+|simply\s+)?(?:use|try|swap|switch|skip|reduce|divide|drop|lower|"
+    r"raise|increase|bump|add|remove|set|avoid|pick|choose|rent|buy|shrink|simplify|rescale|"
+    r"scale|cut|go|stick|forget|ignore)\b|"
+    r"\b(?:just|simply|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|i'd(?!\s+like)|"
+    r"i\s+would(?!\s+like)|"
+    r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
+    r"doesn't\s+matter|is\s+(?:a|just\s+a)\s+(?:hack|trick)|obviously|clearly|"
+    r"must\s+be|it's\s+because|that's\s+why|probably|i\s+think|i\s+bet|i\s+guess|recommend|"
+    r"suggest|the\s+fix\s+is|the\s+answer\s+is|go\s+with|instead|won't|can't|cannot|isn't|"
+    r"doesn't|don't|shouldn't|no\s+point|pointless|overkill|waste)\b",
+    re.IGNORECASE,
+)
+_REPORT = re.compile(
+    r"\b(?:my|i'm\s+getting|i\s+get|i\s+see|i'm\s+seeing|we\s+see|we're\s+seeing|keeps?|kept|"
+    r"after\s+\d+|epochs?|steps?\s+\d+|iterations?|why\s+(?:is|does|do)|what's\s+wrong|"
+    r"started|starts|suddenly|goes|went|became|becomes|every\s+(?:single\s+)?step|i'd\s+like|"
+    r"i\s+want|how\s+can\s+i|how\s+do\s+i)\b",
+    re.IGNORECASE,
+)
+_STILL_LEARNING = re.compile(
+    r"\b(?:loss|metrics?|accuracy|validation|val|training)\b[^.\n]{0,40}?\b(?:still|steadily|"
+    r"nicely|fine|keeps?)\b[^.\n]{0,20}?\b(?:fall|falling|decreas\w*|drop\w*|going\s+down|goes\s+"
+    r"down|improv\w*|learn\w*|fine|ok|okay|good)|\b(?:loss|training)\b[^.\n]{0,30}?\b(?:is|are)\s+"
+    r"(?:decreasing|improving|falling|dropping|fine)\b|\bconverg\w*\s+(?:fine|well|ok)",
+    re.IGNORECASE,
+)
+
+_SMALL_GRADS = re.compile(
+    r"\b(?:small|tiny|minuscule|vanish\w*|near\s+zero|close\s+to\s+zero)\b[^.\n]{0,20}\bgrad"
+    r"|\bgrad\w*\b[^.\n]{0,25}\b(?:small|tiny|minuscule|vanish\w*|near\s+zero)\b",
+    re.IGNORECASE,
+)
+
+_LR_QUESTION = re.compile(
+    r"\b(?:lr|learning[\s_-]*rates?|schedul\w*|warm[\s-]?up|cosine|linear\s+decay|one[\s_-]?cycle|"
+    r"step\s+decay|lr\s+finder|range\s+test|decay|annealing|cyclical)\b",
+    re.IGNORECASE,
+)
+_DATA_QUESTION = re.compile(
+    r"\b(?:augment\w*|csv|missing\s+values?|datasets?|data\s*loaders?|labels?|label\s+noise|"
+    r"class\s+imbalance|imbalanced|tokeni[sz]\w*|preprocess\w*|clean(?:ing)?|dedup\w*|"
+    r"train[\s/-]+test\s+split|split|images?|crop\w*|resiz\w*|rows?|columns?|pandas|parquet|"
+    r"annotations?|scrap\w*|feature\s+engineering|outliers?\s+in\s+(?:the|my)\s+data)\b",
+    re.IGNORECASE,
+)
+#: Terms (after normalisation) that put a question inside the gradient domain.
+_IN_SCOPE_TERMS: frozenset[str] = frozenset(
+    """nan inf explod vanish gradient grad clip accumul amp ddp norm spike diverg unstabl oom
+    backward zerograd unscal dead checkpointing stuck plateau overfit underfit
+    relu sigmoid tanh batchnorm residual initializ""".split()
+)
+
+
+class Match(BaseModel):
+    """One knowledge entry that fits the text."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(description="Catalogue identifier.")
+    kind: EntryKind
+    score: float = Field(
+        description="Relevance: BM25F word evidence (scaled by the kind prior) plus a bonus for "
+        "the closest paraphrase, plus 12 points per fully confident number or code rule. Only "
+        "comparable within one result."
+    )
+    title: str
+    severity: Severity | None = None
+    reasons: list[str] = Field(default_factory=list, description="Why it matched.")
+
+
+class MatchResult(BaseModel):
+    """Ranked matches for one text, plus what was read from it."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    matches: list[Match] = Field(default_factory=list, description="Best first.")
+    out_of_scope: bool = Field(
+        default=False, description="A learning-rate-only or data-only question."
+    )
+    pointer: str | None = Field(default=None, description="Where to look instead (out of scope).")
+    numbers: dict[str, float] = Field(
+        default_factory=dict,
+        description="Quantities read from the text (loss, grad_norm, dead_fraction, ...); "
+        "the most extreme value when a quantity appears more than once.",
+    )
+    code_detected: bool = Field(default=False, description="Whether code rules ran.")
+
+
+@dataclass
+class _Doc:
+    entry: Entry
+    tf: dict[str, float]
+    length: float
+    sentences: list[tuple[str, frozenset[str], float]]
+    id_terms: frozenset[str]
+
+
+@dataclass
+class _Lexical:
+    score: float
+    contributions: list[tuple[float, str]]
+    named: bool
+    best_sim: float
+    best_sentence: str
+
+
+def _field_texts(entry: Entry) -> Iterable[tuple[str, list[str]]]:
+    yield "title", [entry.title]
+    yield "id", [entry.id.replace("-", " ")]
+    yield "summary", [entry.summary]
+    yield "keywords", list(entry.keywords)
+    for name in (
+        "claim",
+        "paraphrases",
+        "phrasings",
+        "description",
+        "what",
+        "why",
+        "shows_up",
+        "confirm",
+        "fix",
+        "say_instead",
+        "first_checks",
+        "seed_correction",
+    ):
+        value = getattr(entry, name, None)
+        if value is None:
+            continue
+        yield name, [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _bigrams(terms: Sequence[str]) -> list[str]:
+    return [f"{a} {b}" for a, b in zip(terms, terms[1:], strict=False) if a != b]
+
+
+def _severity_of(entry: Entry) -> Severity | None:
+    return getattr(entry, "severity", None)
+
+
+class Matcher:
+    """The index over the knowledge entries (build once, query many times)."""
+
+    def __init__(self, kb: KnowledgeBase, *, profile: str | None = None) -> None:
+        self.kb = kb
+        self.profile: ThresholdProfile = kb.thresholds.profile(profile)
+        self.analyzer = Analyzer(load_synonyms())
+        self.docs: list[_Doc] = []
+        pending_sentences: list[list[tuple[str, frozenset[str]]]] = []
+        surface: Counter[str] = Counter()
+        df: Counter[str] = Counter()
+        for entry in kb.entries.values():
+            tf: Counter[str] = Counter()
+            length = 0.0
+            sentences: list[tuple[str, frozenset[str]]] = []  # idf sums added below
+            for field_name, texts in _field_texts(entry):
+                weight = FIELD_WEIGHTS[field_name]
+                for text in texts:
+                    tokens = self.analyzer.tokens(text)
+                    surface.update(t.raw for t in tokens if t.raw.isalpha())
+                    terms = [t.term for t in tokens]
+                    for term in terms:
+                        tf[term] += weight
+                    for gram in _bigrams(terms):
+                        tf[gram] += weight * _PHRASE_WEIGHT
+                    length += weight * len(terms)
+                    if field_name in SENTENCE_FIELDS and terms:
+                        sentences.append((text, frozenset(terms)))
+            df.update(tf.keys())
+            id_terms = frozenset(self.analyzer.terms(entry.id.replace("-", " ")))
+            self.docs.append(_Doc(entry, dict(tf), length, [], id_terms))
+            pending_sentences.append(sentences)
+        count = len(self.docs)
+        self.avg_length = sum(d.length for d in self.docs) / max(count, 1)
+        self.idf: dict[str, float] = {
+            term: math.log(1.0 + (count - n + 0.5) / (n + 0.5)) for term, n in df.items()
+        }
+        for doc, raw_sentences in zip(self.docs, pending_sentences, strict=True):
+            doc.sentences = [
+                (text, terms, sum(self.idf[t] for t in terms)) for text, terms in raw_sentences
+            ]
+        self.postings: dict[str, list[tuple[int, float]]] = {}
+        self.norms: list[float] = []
+        for index, doc in enumerate(self.docs):
+            self.norms.append(_K1 * (1.0 - _B + _B * doc.length / self.avg_length))
+            for term, tf in doc.tf.items():
+                self.postings.setdefault(term, []).append((index, tf))
+        # The typo vocabulary is the surface words of the entries plus the synonym table, so
+        # a misspelt variant ("mixed precison") is repaired to a word the analyser knows.
+        synonyms = self.analyzer.synonyms
+        vocab = vocabulary([*synonyms.word_to_canonical, *synonyms.phrase_to_canonical])
+        for word, n in surface.items():
+            vocab[word] = vocab.get(word, 0) + n
+        self.typos = TypoCorrector(vocab)
+        self._default_idf = math.log(1.0 + (count + 0.5) / 0.5)
+
+    # -- query side ------------------------------------------------------------------------
+
+    def _query_terms(
+        self, text: str
+    ) -> tuple[Counter[str], list[str], dict[str, str], dict[str, str]]:
+        """Query term weights, the terms in order, typo fixes (raw → fixed), term → surface."""
+        tokens = self.analyzer.tokens(text)
+        repaired: list[Token] = []
+        fixes: dict[str, str] = {}
+        for token in tokens:
+            if token.term in self.idf:
+                repaired.append(token)
+                # A word seen once or twice in the entries may itself be a deliberate typo
+                # there ("gradiants"); also count the common word it stands for.
+                if self.typos.counts.get(token.raw, 0) <= 2:
+                    common = self.typos.correct(token.raw, rare=True)
+                    if common is not None:
+                        repaired.extend(
+                            Token(t.term, token.raw) for t in self.analyzer.tokens(common)
+                        )
+                        fixes[token.raw] = common
+                continue
+            fixed = self.typos.correct(token.raw)
+            if fixed is None:
+                repaired.append(token)
+                continue
+            new_tokens = self.analyzer.tokens(fixed) or [token]
+            repaired.extend(Token(t.term, token.raw) for t in new_tokens)
+            fixes[token.raw] = fixed
+        terms = [t.term for t in repaired]
+        surface = {t.term: t.raw for t in repaired}
+        weights: Counter[str] = Counter()
+        for term in terms:
+            weights[term] = min(weights[term] + 1.0, 2.0)
+        for term in list(weights):
+            for rel in self.analyzer.related(term):
+                if rel not in weights:
+                    weights[rel] = _RELATED_WEIGHT
+        for gram in _bigrams(terms):
+            weights[gram] = max(weights[gram], 1.0)
+        return weights, terms, fixes, surface
+
+    def _lexical(self, weights: Counter[str], terms: Sequence[str]) -> dict[str, _Lexical]:
+        """BM25F score, nearest-sentence and naming bonuses of every entry sharing a term."""
+        term_set = frozenset(terms)
+        query_idf = sum(self.idf.get(t, self._default_idf) for t in term_set)
+        found: dict[int, list[tuple[float, str]]] = {}
+        for term, qw in weights.items():
+            postings = self.postings.get(term)
+            if not postings:
+                continue
+            factor = qw * self.idf[term] * (_K1 + 1.0)
+            for index, tf in postings:
+                found.setdefault(index, []).append(
+                    (factor * tf / (tf + self.norms[index]), term)
+                )
+        out: dict[str, _Lexical] = {}
+        for index, contributions in found.items():
+            doc = self.docs[index]
+            best_sim, best_sentence = 0.0, ""
+            for sentence, sentence_terms, sentence_idf in doc.sentences:
+                shared = term_set & sentence_terms
+                if not shared:
+                    continue
+                shared_idf = sum(self.idf[t] for t in shared)
+                sim = shared_idf / (query_idf + sentence_idf - shared_idf or 1.0)
+                if sim > best_sim:
+                    best_sim, best_sentence = sim, sentence
+            named = len(doc.id_terms) >= 2 and doc.id_terms <= term_set
+            score = sum(part for part, _ in contributions) + _SENTENCE_BONUS * best_sim
+            score += _NAMED_BONUS if named else 0.0
+            if score > 0.0:
+                out[doc.entry.id] = _Lexical(score, contributions, named, best_sim, best_sentence)
+        return out
+
+    @staticmethod
+    def _lexical_reasons(entry_id: str, lex: _Lexical, surface: dict[str, str]) -> list[str]:
+        reasons: list[str] = []
+        ordered = sorted(lex.contributions, reverse=True)
+        words = [surface.get(t, t) for _, t in ordered if " " not in t][:5]
+        phrases = [t for _, t in ordered if " " in t][:3]
+        if words:
+            reasons.append("words: " + ", ".join(dict.fromkeys(words)))
+        if phrases:
+            shown = [" ".join(surface.get(p, p) for p in ph.split(" ")) for ph in phrases]
+            reasons.append("phrases: " + ", ".join(f"'{p}'" for p in shown))
+        if lex.named:
+            reasons.append(f"names it: '{entry_id}'")
+        if lex.best_sim >= 0.35:
+            reasons.append(f"close to: '{lex.best_sentence}' ({lex.best_sim:.2f})")
+        return reasons
+
+    # -- numbers -----------------------------------------------------------------------------
+
+    def _cite(self, value: ThresholdValue) -> str:
+        return f"profile {self.profile.name}, from {value.source.seed}"
+
+    def _number_evidence(
+        self, quantities: Sequence[Quantity], text: str, assertive: bool
+    ) -> list[CodeHit]:
+        p = self.profile
+        out: list[CodeHit] = []
+        mentions_grads = bool(re.search(r"\bgrad(?:ient)?s?\b|grad_norm", text, re.IGNORECASE))
+        still_learning = bool(_STILL_LEARNING.search(text))
+        if (
+            still_learning
+            and _SMALL_GRADS.search(text)
+            and not any(q.name == "grad_norm" for q in quantities)
+        ):
+            out.append(
+                CodeHit(
+                    "small-grads-mean-broken",
+                    0.6,
+                    "text: gradients called small while the loss or metrics still improve",
+                )
+            )
+        for q in quantities:
+            v, shown = q.value, fmt(q.value)
+            if q.name == "loss" and not math.isfinite(v):
+                # "loss: nan" in a log is a measurement; "the loss turns NaN" in a sentence may
+                # be the premise of a claim, so it counts for less.
+                strength = 1.0 if q.logged else 0.45
+                out.append(CodeHit("loss-nan", strength, f"loss {shown}: the loss is not finite"))
+                if mentions_grads:
+                    out.append(
+                        CodeHit(
+                            "nan-gradients",
+                            strength * 0.8,
+                            f"loss {shown} and gradients are mentioned",
+                        )
+                    )
+            elif q.name in ("grad_norm", "grad_nan") and not math.isfinite(v):
+                target = "inf-gradients" if math.isinf(v) or "inf" in q.text.lower() else (
+                    "nan-gradients"
+                )
+                out.append(CodeHit(target, 1.0, f"gradients {shown} ({q.text!r})"))
+            elif q.name == "grad_norm":
+                out.extend(self._norm_evidence(v, shown, still_learning))
+            elif q.name == "amp_scale_to":
+                start = next(
+                    (x.value for x in quantities if x.name == "amp_scale_from" and x.text == q.text),
+                    None,
+                )
+                if start is not None and start > 0 and v < start / 4:
+                    out.append(
+                        CodeHit(
+                            "amp-overflow-skips",
+                            1.0,
+                            f"loss scale {fmt(start)} → {shown}: GradScaler keeps halving it "
+                            "(overflowing steps are skipped)",
+                        )
+                    )
+            elif q.name in ("dead_fraction", "zero_activation_fraction"):
+                pct = f"{v:.0%}"
+                for level, limit in (
+                    ("critical", p.dead_fraction_critical),
+                    ("warning", p.dead_fraction_warning),
+                ):
+                    if v > limit.value:
+                        reason = f"{pct} > {limit.value:.0%} ({level}, {self._cite(limit)})"
+                        strength = 1.0 if level == "critical" else 0.8
+                        zeros_first = q.name == "zero_activation_fraction" and v > 0.5
+                        if zeros_first or v > 0.5:
+                            out.append(
+                                CodeHit(
+                                    "many-zero-activations",
+                                    strength * (1.0 if zeros_first else 0.8),
+                                    "zero activations " + reason,
+                                )
+                            )
+                        out.append(
+                            CodeHit(
+                                "dead-neurons",
+                                strength * (0.9 if zeros_first else 1.0),
+                                "dead units " + reason,
+                            )
+                        )
+                        break
+            elif q.name == "zero_grad_fraction":
+                for level, limit in (
+                    ("critical", p.zero_grad_fraction_critical),
+                    ("warning", p.zero_grad_fraction_warning),
+                ):
+                    if v > limit.value:
+                        out.append(
+                            CodeHit(
+                                "zero-gradients",
+                                1.0 if level == "critical" else 0.8,
+                                f"zero-gradient parameters {v:.0%} > {limit.value:.0%} "
+                                f"({level}, {self._cite(limit)})",
+                            )
+                        )
+                        break
+            elif q.name == "max_norm" and 0 < v < 0.1:
+                # Advice to set it ("clip harder, max_norm=0.01") is the rationalization;
+                # a report of it is the red flag.
+                target = "clip-harder" if assertive else "clip-too-aggressive"
+                out.append(CodeHit(target, 0.9, f"max_norm {shown} < 0.1 (GM pitfall 10)"))
+            elif q.name == "grad_param_ratio":
+                if v > p.grad_param_ratio_high.value:
+                    out.append(
+                        CodeHit(
+                            "grad-param-ratio",
+                            1.0,
+                            f"grad/param ratio {shown} > {fmt(p.grad_param_ratio_high.value)} "
+                            f"(warning, {self._cite(p.grad_param_ratio_high)})",
+                        )
+                    )
+                elif 0 < v < p.grad_param_ratio_low.value:
+                    out.append(
+                        CodeHit(
+                            "grad-param-ratio",
+                            1.0,
+                            f"grad/param ratio {shown} < {fmt(p.grad_param_ratio_low.value)} "
+                            f"(warning, {self._cite(p.grad_param_ratio_low)})",
+                        )
+                    )
+            elif q.name == "layer_ratio":
+                if v > p.early_late_ratio.value:
+                    out.append(
+                        CodeHit(
+                            "vanishing-gradients",
+                            0.8,
+                            f"layers differ {shown}× > {fmt(p.early_late_ratio.value)}× "
+                            f"({self._cite(p.early_late_ratio)})",
+                        )
+                    )
+                for level, limit in (
+                    ("critical", p.layer_spread_critical),
+                    ("warning", p.layer_spread_warning),
+                ):
+                    if v > limit.value:
+                        out.append(
+                            CodeHit(
+                                "layer-norm-spread",
+                                0.9 if level == "critical" else 0.7,
+                                f"per-layer norms differ {shown}× > {fmt(limit.value)}× "
+                                f"({level}, {self._cite(limit)})",
+                            )
+                        )
+                        break
+        return out
+
+    def _norm_evidence(self, v: float, shown: str, still_learning: bool) -> list[CodeHit]:
+        p = self.profile
+        out: list[CodeHit] = []
+        for level, limit in (("critical", p.exploding_critical), ("warning", p.exploding_warning)):
+            if v > limit.value:
+                out.append(
+                    CodeHit(
+                        "exploding-gradients",
+                        1.0 if level == "critical" else 0.85,
+                        f"grad norm {shown} > {fmt(limit.value)} ({level}, {self._cite(limit)})",
+                    )
+                )
+                return out
+        if v == 0.0:
+            out.append(CodeHit("zero-gradients", 0.9, "grad norm exactly 0: nothing flows back"))
+        for level, limit in (
+            ("critical", p.vanishing_critical),
+            ("warning", p.vanishing_warning),
+        ):
+            if v < limit.value:
+                reason = f"grad norm {shown} < {fmt(limit.value)} ({level}, {self._cite(limit)})"
+                if still_learning:
+                    out.append(
+                        CodeHit(
+                            "small-grads-mean-broken",
+                            1.1,
+                            reason + " but the text says training still improves",
+                        )
+                    )
+                    out.append(CodeHit("vanishing-gradients", 0.6, reason))
+                else:
+                    out.append(
+                        CodeHit("vanishing-gradients", 1.0 if level == "critical" else 0.85, reason)
+                    )
+                return out
+        low, high = self.kb.thresholds.healthy_range
+        if low <= v <= high:
+            out.append(
+                CodeHit(
+                    "healthy",
+                    0.3,
+                    f"grad norm {shown} inside the healthy range {fmt(low)}–{fmt(high)}",
+                )
+            )
+        return out
+
+    # -- scope ---------------------------------------------------------------------------------
+
+    def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
+        if any(t in _IN_SCOPE_TERMS for t in terms):
+            return False
+        return bool(_LR_QUESTION.search(text) or _DATA_QUESTION.search(text))
+
+    # -- the public entry point ------------------------------------------------------------
+
+    def match(self, text: str, code: str | None = None, top_k: int = 5) -> MatchResult:
+        """Rank the knowledge entries for ``text`` (and an optional code fragment).
+
+        Never raises on odd input: empty or symbol-only text gives an empty result; very long
+        text is cut to its first 20,000 characters.
+        """
+        text = (text or "")[:_MAX_TEXT]
+        code = (code or "")[:_MAX_TEXT] or None
+        top_k = max(1, int(top_k))
+        weights, terms, fixes, surface = self._query_terms(text)
+        known = sum(1 for t in terms if t in self.idf)
+        if len(terms) >= _GARBAGE_MIN_TERMS and known < _GARBAGE_KNOWN_FRACTION * len(terms):
+            # Mostly words the knowledge never uses (random bytes, another language, a data
+            # dump): word matches would be coincidences.
+            weights, terms, garbage = Counter(), [], True
+        else:
+            garbage = False
+        lexical = self._lexical(weights, terms)
+        repaired_text = _apply_fixes(text, fixes)
+
+        quantities = read_quantities(repaired_text)
+        assertive = bool(_ASSERTION.search(text))
+        evidence = self._number_evidence(quantities, repaired_text, assertive)
+        evidence.extend(prose_hits(repaired_text))
+        code_text = "\n".join(part for part in (code, extract_code(text)) if part)
+        code_detected = bool(code_text.strip())
+        if code_detected:
+            evidence.extend(analyse(code_text))
+
+        reporting = bool(_REPORT.search(text))
+        scores: dict[str, float] = {}
+        reasons: dict[str, list[str]] = {}
+        for entry_id, lex in lexical.items():
+            score = lex.score
+            kind = self.kb.entries[entry_id].kind
+            if kind == "rationalization" and assertive:
+                score *= _RATIONALIZATION_PRIOR
+            elif kind == "symptom" and reporting and not assertive:
+                score *= _SYMPTOM_PRIOR
+            elif kind == "red-flag" and code_detected:
+                score *= _RED_FLAG_CODE_PRIOR
+            elif kind == "red-flag" and assertive:
+                # Advice about a technique, with no code, is a claim rather than a code mistake.
+                score *= _RED_FLAG_ADVICE_PRIOR
+            scores[entry_id] = score
+        for hit in evidence:
+            if hit.entry_id not in self.kb.entries:
+                continue
+            scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
+            if hit.reason not in reasons.setdefault(hit.entry_id, []):
+                reasons[hit.entry_id].append(hit.reason)
+
+        out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
+        if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
+            best = max(scores, key=lambda k: scores[k])
+            out_of_scope = best == OUT_OF_SCOPE_ID and not any(
+                t in _IN_SCOPE_TERMS for t in terms
+            )
+        pointer = None
+        if out_of_scope and OUT_OF_SCOPE_ID in self.kb.entries:
+            top = max(scores.values(), default=0.0)
+            scores[OUT_OF_SCOPE_ID] = max(scores.get(OUT_OF_SCOPE_ID, 0.0), top + 1.0)
+            reasons.setdefault(OUT_OF_SCOPE_ID, []).insert(
+                0, "a learning-rate-only or data-only question, no gradient terms"
+            )
+            pointer = getattr(self.kb.entries[OUT_OF_SCOPE_ID], "pointer", None)
+        elif OUT_OF_SCOPE_ID in scores and any(t in _IN_SCOPE_TERMS for t in terms):
+            # Gradient words present: the question is ours even if it also mentions the LR.
+            del scores[OUT_OF_SCOPE_ID]
+
+        ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]
+        for entry_id, _ in ranked:
+            if entry_id in lexical:
+                reasons.setdefault(entry_id, []).extend(
+                    self._lexical_reasons(entry_id, lexical[entry_id], surface)
+                )
+        if fixes:
+            note = "typo: " + "; ".join(f"read '{raw}' as '{fixed}'" for raw, fixed in fixes.items())
+            for entry_id, _ in ranked:
+                reasons.setdefault(entry_id, []).append(note)
+        matches = [
+            Match(
+                id=entry_id,
+                kind=self.kb.entries[entry_id].kind,
+                score=round(score, 4),
+                title=self.kb.entries[entry_id].title,
+                severity=_severity_of(self.kb.entries[entry_id]),
+                reasons=reasons.get(entry_id, []),
+            )
+            for entry_id, score in ranked
+        ]
+        return MatchResult(
+            matches=matches,
+            out_of_scope=out_of_scope,
+            pointer=pointer,
+            numbers=_numbers(quantities),
+            code_detected=code_detected,
+        )
+
+
+def _apply_fixes(text: str, fixes: dict[str, str]) -> str:
+    """``text`` with each misspelt word replaced by its repair (for the number/prose rules)."""
+    if not fixes:
+        return text
+    pattern = re.compile(
+        r"(?<![A-Za-z])(" + "|".join(re.escape(w) for w in fixes) + r")(?![A-Za-z])",
+        re.IGNORECASE,
+    )
+    return pattern.sub(lambda m: fixes.get(m.group(1).lower(), m.group(1)), text)
+
+
+def _numbers(quantities: Sequence[Quantity]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for q in quantities:
+        if q.name not in out:
+            out[q.name] = q.value
+            continue
+        old = out[q.name]
+        if not math.isfinite(q.value) or (
+            math.isfinite(old) and abs(math.log10(abs(q.value) + 1e-300)) > abs(
+                math.log10(abs(old) + 1e-300)
+            )
+        ):
+            out[q.name] = q.value
+    return out
+
+
+_LOCK = threading.Lock()
+_MATCHER: Matcher | None = None
+
+
+def get_matcher() -> Matcher:
+    """The process-wide matcher over the packaged knowledge (built on first use)."""
+    global _MATCHER
+    if _MATCHER is None:
+        with _LOCK:
+            if _MATCHER is None:
+                _MATCHER = Matcher(load_knowledge())
+    return _MATCHER
+
+
+def match(text: str, code: str | None = None, top_k: int = 5) -> MatchResult:
+    """Rank knowledge entries for free ``text`` (and an optional ``code`` fragment).
+
+    Returns a :class:`MatchResult`: ``matches`` best first (each with id, kind, score, title,
+    severity and the reasons it matched), ``out_of_scope``/``pointer`` for learning-rate-only
+    and data-only questions, and ``numbers``, the quantities read from the text.
+    """
+    return get_matcher().match(text, code=code, top_k=top_k)

@@ -1,0 +1,13 @@
+"""The runtime gradient probe: run a training script for N steps under torch hooks.
+
+Parent side (this package's ``runner``, ``diagnose``, ``result``, ``channel``) never imports
+torch; the child process (``_child``, ``hooks``, ``collector``, ``measure``) does. In-loop use:
+``from probes import GradientMonitor``.
+"""
+
+from __future__ import annotations
+
+from probes.runtime.result import ProbeResult, StepRecord
+from probes.runtime.runner import ProbeInputError, run_probe, run_probe_async
+
+__all__ = ["ProbeInputError", "ProbeResult", "StepRecord", "run_probe", "run_probe_async"]

@@ -1,0 +1,146 @@
+"""Entry point of the probe's child process: ``python -m probes.runtime._child SCRIPT [ARGS...]``.
+
+Installs the hooks, runs SCRIPT unmodified as ``__main__`` with its own argv, stops it after the
+requested number of optimizer steps, and reports over the side channel named in the environment
+(``probes.runtime.channel``). Stdout and stderr stay the script's. The parent sets the working
+directory and the process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from typing import Any
+
+from probes.runtime.channel import CHANNEL_ENV, SETTINGS_ENV, ChannelWriter
+from probes.runtime.ranks import RankEnv, channel_for_rank, exit_code, record_pid
+
+TRACEBACK_LINES = 25
+
+
+def _traceback_tail(exc: BaseException) -> str:
+    """The script's part of the traceback (the probe's own frames removed), last lines only."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    here = os.path.dirname(os.path.abspath(__file__))
+    kept = [f for f in frames if not os.path.abspath(f.filename).startswith(here)]
+    kept = [f for f in kept if "runpy" not in os.path.basename(f.filename)]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(kept)]
+    lines += traceback.format_exception_only(type(exc), exc)
+    text = "".join(lines).splitlines()
+    return "\n".join(text[-TRACEBACK_LINES:])
+
+
+def _one_line(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
+    first = text[-1] if text else type(exc).__name__
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        first = f"SyntaxError: {exc.msg} (line {exc.lineno})"
+    return first[:300]
+
+
+def main() -> None:
+    """Run the script under the probe and report; always ends with ``os._exit``."""
+    settings: dict[str, Any] = json.loads(os.environ.get(SETTINGS_ENV, "{}"))
+    # Under torchrun every rank runs this; ranks launched by --nproc share one channel folder.
+    rank_env = RankEnv.from_environ(os.environ, settings)
+    record_pid(os.environ[CHANNEL_ENV], rank_env)
+    writer = ChannelWriter(channel_for_rank(os.environ[CHANNEL_ENV], rank_env))
+    script = sys.argv[1]
+    script_args = sys.argv[2:]
+    summary: dict[str, Any] = {"status": "script-error", "message": None}
+
+    import torch
+
+    from probes.runtime import hooks
+    from probes.runtime.collector import Collector, ProbeStop
+
+    device = settings.get("device", "auto")
+    if device == "cuda" and not torch.cuda.is_available():
+        writer.send(
+            "summary",
+            {
+                "status": "script-error",
+                "input_error": True,
+                "message": "--device cuda was asked for but no CUDA device is available",
+                "device": "cpu",
+                "torch_version": torch.__version__,
+                "parameters": [],
+                "shapes": [],
+                "layers": [],
+            },
+        )
+        writer.close()
+        os._exit(0)
+
+    def progress(done: int) -> None:
+        writer.send("progress", {"step": done})
+
+    collector = Collector(
+        lambda record: writer.send("step", record),
+        max_steps=int(settings.get("steps", 30)),
+        sample_every=int(settings.get("sample_every", 10)),
+        on_progress=progress,
+    )
+    hooks.install(collector)
+    rank_probe = None
+    if rank_env.distributed:
+        from probes.runtime import distributed
+
+        rank_probe = distributed.install(collector, writer, rank_env, settings)
+
+    sys.argv = [script, *script_args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    start = time.perf_counter()
+    try:
+        runpy.run_path(script, run_name="__main__")
+        summary["status"] = "ok"
+    except ProbeStop:
+        summary["status"] = "stopped"
+    except SystemExit as exc:
+        code = exc.code
+        if code in (None, 0):
+            summary["status"] = "ok"
+            summary["message"] = "the script called sys.exit(0)"
+        else:
+            summary["status"] = "script-error"
+            summary["message"] = f"the script exited with code {code!r}"
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        summary["status"] = "out-of-memory"
+        summary["message"] = _one_line(exc)
+        summary["traceback_tail"] = _traceback_tail(exc)
+    except BaseException as exc:
+        summary["status"] = "script-error"
+        summary["message"] = _one_line(exc)
+        summary["traceback_tail"] = _traceback_tail(exc)
+    script_s = time.perf_counter() - start
+    try:
+        collector.flush()
+    except Exception as exc:  # the device may be unusable after an error in the script
+        summary["message"] = summary["message"] or f"could not read the last step: {exc}"
+    if collector.steps_done == 0 and summary["status"] in ("ok", "stopped"):
+        summary["status"] = "no-training-loop"
+        why = summary["message"] or "the script finished"
+        summary["message"] = (
+            f"{why} without any optimizer step ({collector.backward_calls} backward() calls)"
+        )
+    summary.update(collector.summary())
+    summary["torch_version"] = torch.__version__
+    summary["script_s"] = script_s
+    if rank_probe is not None:
+        writer.send("distributed", rank_probe.report())
+    writer.send("summary", summary)
+    writer.close()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    # os._exit: the script's non-daemon threads or atexit handlers must not keep us alive.
+    os._exit(exit_code(rank_env, summary["status"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,731 @@
+"""Turns hook callbacks into per-step measurements (child side; imports torch).
+
+``probes.runtime.hooks`` (global patches, used by the probe's child process) and
+``probes.runtime.monitor.GradientMonitor`` (per-object hooks, used inside a user's own loop)
+both drive one :class:`Collector`. It keeps the order of events within each optimizer step,
+measures the gradients at the moment the optimizer consumes them (``measure``), packs every
+number of a step into one vector for a single device→host transfer, and hands finished step
+records (plain dicts matching ``probes.runtime.result.StepRecord``) to a sink.
+
+A step's *window* is everything after the previous optimizer step up to and including this one,
+so a ``zero_grad`` or scheduler call placed after ``optimizer.step()`` shows up at the start of
+the next window. The diagnosis reads the order of calls from these windows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from probes.runtime import measure
+
+RELU_FAMILY: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6)
+SATURATING: tuple[type[nn.Module], ...] = (nn.Sigmoid, nn.Tanh)
+#: autograd nodes that mean "the loss was divided or multiplied before backward()".
+SCALED_LOSS_OPS = frozenset({"DivBackward0", "DivBackward1", "MulBackward0", "MulBackward1"})
+
+
+class ProbeStop(BaseException):
+    """Raised into the script once the requested number of steps is measured.
+
+    A ``BaseException`` so that the script's own ``except Exception`` blocks let it through.
+    """
+
+
+@dataclass
+class _Call:
+    """One module call seen while tracing non-finite values."""
+
+    name: str
+    inputs_finite: torch.Tensor | None
+    output_finite: torch.Tensor | None
+    params_finite: torch.Tensor | None = None
+
+
+@dataclass
+class _Window:
+    """What happened since the previous optimizer step."""
+
+    events: list[str] = field(default_factory=list)
+    losses: list[torch.Tensor | None] = field(default_factory=list)
+    loss_ops: list[str] = field(default_factory=list)
+    clip_norm: torch.Tensor | None = None
+    clip_max_norm: float | None = None
+    clip_value: float | None = None
+    scaled: dict[int, tuple[torch.Tensor, str]] = field(default_factory=dict)
+    scaler: Any = None
+    unscales: Counter[int] = field(default_factory=Counter)
+    sampled: bool = False
+    calls: list[_Call] = field(default_factory=list)
+    grad_flags: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+    fired: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class _OptimizerState:
+    params: list[torch.Tensor]
+    layout: tuple[Any, ...] = ()
+    grouping: measure.Grouping | None = None
+    param_grouping: measure.Grouping | None = None
+    last_grad: Any = None
+
+
+def _op_name(tensor: torch.Tensor) -> str:
+    fn = tensor.grad_fn
+    return type(fn).__name__ if fn is not None else "leaf"
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _unit_matrix(out: torch.Tensor) -> torch.Tensor:
+    """Activations as (samples, units): channels for conv maps, the last dim otherwise."""
+    if out.dim() >= 4:
+        return out.transpose(1, -1).reshape(-1, out.shape[1])
+    if out.dim() == 1:
+        return out.reshape(1, -1)
+    return out.reshape(-1, out.shape[-1])
+
+
+class Collector:
+    """Builds step records from the training events it is told about.
+
+    ``sink`` receives each finished record (a dict); ``max_steps`` (if set) makes the collector
+    raise :class:`ProbeStop` at the next training call after that many optimizer steps.
+    """
+
+    def __init__(
+        self,
+        sink: Callable[[dict[str, Any]], None],
+        *,
+        max_steps: int | None = None,
+        sample_every: int = 10,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.sink = sink
+        self.max_steps = max_steps
+        self.sample_every = max(1, sample_every)
+        self.on_progress = on_progress
+        self.pid = os.getpid()
+        self.steps_done = 0
+        self.backward_calls = 0
+        self.stop_pending = False
+        self.events_total: Counter[str] = Counter()
+        self.double_unscale = 0
+        self.probe_s = 0.0
+        self.device = "cpu"
+        self.optimizers: dict[int, int] = {}
+        self._opt_state: dict[int, _OptimizerState] = {}
+        self.param_names: dict[int, str] = {}
+        self.parameters: list[str] = []
+        self.shapes: list[list[int]] = []
+        self.layers: list[str] = []
+        self._param_index: dict[int, int] = {}
+        self._roots: list[weakref.ReferenceType[nn.Module]] = []
+        self._root_ids: set[int] = set()
+        self._module_names: dict[int, str] = {}
+        self._module_types: dict[str, str] = {}
+        self.layer_types: dict[str, str] = {}
+        self.saturating_per_forward = 0
+        self._saturating_now = 0
+        self.relu_modules: set[int] = set()
+        self.ddp = False
+        self._depth = 0
+        self._open_calls: list[_Call] = []
+        self.window = _Window(sampled=True)
+        self._in_scaler_step = False
+        self._stepped_in_scaler = False
+        self._transfer = measure.HostTransfer()
+        self.anomaly_step: int | None = None
+        self._armed = 0
+        self.nan_origin: dict[str, Any] | None = None
+        self.forward_hooks_wanted: Callable[[bool], None] | None = None
+
+    # -- helpers --------------------------------------------------------------------------
+    def _mine(self) -> bool:
+        # Forked DataLoader workers inherit the patched functions; only the main process counts.
+        return os.getpid() == self.pid
+
+    def _event(self, name: str) -> None:
+        self.window.events.append(name)
+        self.events_total[name] += 1
+
+    def _check_stop(self) -> None:
+        if self.stop_pending:
+            raise ProbeStop()
+
+    def _module_name(self, module: nn.Module) -> str:
+        name = self._module_names.get(id(module))
+        if name is None:
+            self._resolve_module_names()
+            name = self._module_names.get(id(module), type(module).__name__)
+        return name
+
+    def _resolve_module_names(self) -> None:
+        roots = [m for m in (ref() for ref in self._roots) if m is not None]
+        main_vars: dict[int, str] = {}
+        main = sys.modules.get("__main__")
+        if main is not None:
+            for var, value in list(vars(main).items()):
+                if isinstance(value, nn.Module):
+                    main_vars.setdefault(id(value), var)
+        if not roots and main is not None:
+            # The model's forward was never seen (called as model.forward(x)?): fall back on
+            # the modules the script holds in global variables.
+            roots = [v for v in vars(main).values() if isinstance(v, nn.Module)]
+        roots = [m for m in roots if any(True for _ in m.parameters())] or roots
+        prefix_roots = len(roots) > 1
+        for index, root in enumerate(roots):
+            prefix = ""
+            if prefix_roots:
+                prefix = main_vars.get(id(root), f"{type(root).__name__}{index}") + "."
+            for name, module in root.named_modules():
+                full = (prefix + name).rstrip(".") or type(root).__name__
+                self._module_names.setdefault(id(module), full)
+                self._module_types.setdefault(
+                    (prefix + name).rstrip(".") or "(root)", type(module).__name__
+                )
+            for name, param in root.named_parameters(remove_duplicate=False):
+                self.param_names.setdefault(id(param), prefix + name)
+
+    def name_model(self, model: nn.Module) -> None:
+        """Name parameters and modules through ``model`` (when the caller knows the model)."""
+        if id(model) not in self._root_ids:
+            self._root_ids.add(id(model))
+            self._roots.append(weakref.ref(model))
+        self._resolve_module_names()
+
+    def _register_params(self, opt: torch.optim.Optimizer) -> _OptimizerState:
+        params = [p for group in opt.param_groups for p in group["params"]]
+        state = self._opt_state.get(id(opt))
+        if state is not None and len(state.params) == len(params):
+            return state
+        if id(opt) not in self.optimizers:
+            self.optimizers[id(opt)] = len(self.optimizers)
+        unknown = [p for p in params if id(p) not in self.param_names]
+        if unknown:
+            self._resolve_module_names()
+        for p in params:
+            if id(p) in self._param_index:
+                continue
+            name = self.param_names.get(id(p), f"param{len(self.parameters)}")
+            self._param_index[id(p)] = len(self.parameters)
+            self.parameters.append(name)
+            self.shapes.append(list(p.shape))
+            layer = name.rsplit(".", 1)[0] if "." in name else "(root)"
+            self.layers.append(layer)
+            self.layer_types.setdefault(layer, self._module_types.get(layer, ""))
+        state = _OptimizerState(params=params)
+        self._opt_state[id(opt)] = state
+        return state
+
+    # -- events ---------------------------------------------------------------------------
+    def on_backward(self, tensors: Any) -> None:
+        """``torch.autograd.backward`` is about to run on ``tensors``."""
+        if not self._mine():
+            return
+        self._check_stop()
+        self._depth = 0
+        self._open_calls.clear()
+        self.backward_calls += 1
+        self._event("backward")
+        loss = _first_tensor(tensors)
+        if loss is None or loss.numel() != 1:
+            self.window.losses.append(None)
+            self.window.loss_ops.append("non-scalar")
+            return
+        scaled = self.window.scaled.get(id(loss))
+        if scaled is not None:
+            self.window.losses.append(scaled[0])
+            self.window.loss_ops.append(scaled[1])
+        else:
+            self.window.losses.append(loss.detach().reshape(()))
+            self.window.loss_ops.append(_op_name(loss))
+
+    def on_scale(self, scaler: Any, loss: Any, scaled: Any) -> None:
+        """``GradScaler.scale(loss)`` returned ``scaled``."""
+        if not self._mine():
+            return
+        self._check_stop()
+        self._event("scale")
+        self.window.scaler = scaler
+        if isinstance(loss, torch.Tensor) and isinstance(scaled, torch.Tensor):
+            self.window.scaled[id(scaled)] = (loss.detach().reshape(-1)[0], _op_name(loss))
+
+    def on_unscale(self, scaler: Any, opt: Any) -> None:
+        """``GradScaler.unscale_(opt)`` is about to run (a second call raises in torch)."""
+        if not self._mine() or self._in_scaler_step:
+            return  # GradScaler.step unscales by itself when the script did not
+        self._event("unscale")
+        self.window.unscales[id(opt)] += 1
+        if self.window.unscales[id(opt)] == 2:
+            self.double_unscale += 1
+
+    def on_clip(self, kind: str, limit: float, total: Any) -> None:
+        """A clipping function ran; ``total`` is the norm ``clip_grad_norm_`` returned."""
+        if not self._mine():
+            return
+        if kind == "norm":
+            self._event("clip")
+            self.window.clip_max_norm = float(limit)
+            if isinstance(total, torch.Tensor):
+                self.window.clip_norm = total.detach()
+        else:
+            self._event("clip-value")
+            self.window.clip_value = float(limit)
+
+    def on_zero_grad(self) -> None:
+        """An optimizer's or module's ``zero_grad`` ran."""
+        if self._mine():
+            self._event("zero-grad")
+
+    def on_scheduler_step(self) -> None:
+        """An LR scheduler stepped (its initial step at construction is not reported)."""
+        if self._mine():
+            self._event("scheduler")
+
+    def on_scaler_update(self) -> None:
+        """``GradScaler.update()`` ran."""
+        if self._mine():
+            self._event("scaler-update")
+
+    def on_scaler_step_pre(self) -> None:
+        """``GradScaler.step(opt)`` is starting."""
+        if not self._mine():
+            return
+        self._check_stop()
+        self._event("scaler-step")
+        self._in_scaler_step = True
+        self._stepped_in_scaler = False
+
+    def on_scaler_step_post(self, opt: Any) -> None:
+        """``GradScaler.step(opt)`` returned; if it skipped ``opt.step()``, record that."""
+        if not self._mine():
+            return
+        self._in_scaler_step = False
+        if not self._stepped_in_scaler:
+            if not isinstance(opt, torch.optim.Optimizer):
+                return
+            start = time.perf_counter()
+            self._measure(opt, skipped=True)
+            self.probe_s += time.perf_counter() - start
+        self._finish_step()
+
+    def on_step_pre(self, opt: torch.optim.Optimizer) -> None:
+        """``opt.step()`` is about to consume the gradients: measure them now."""
+        if not self._mine():
+            return
+        self._check_stop()
+        start = time.perf_counter()
+        self._event("step")
+        if self._in_scaler_step:
+            self._stepped_in_scaler = True
+        self._measure(opt, skipped=False)
+        self.probe_s += time.perf_counter() - start
+
+    def on_step_post(self, opt: torch.optim.Optimizer) -> None:
+        """``opt.step()`` returned."""
+        if not self._mine() or self._in_scaler_step:
+            return
+        self._finish_step()
+
+    def on_forward_pre(self, module: nn.Module, args: Any) -> None:
+        """A module's forward is starting (global hooks are installed only when needed)."""
+        if not self._mine():
+            return
+        if self._depth == 0:
+            self._check_stop()
+            if id(module) not in self._root_ids:
+                self._root_ids.add(id(module))
+                self._roots.append(weakref.ref(module))
+            self._saturating_now = 0
+            if hasattr(module, "require_backward_grad_sync"):
+                self.ddp = True
+                sync = bool(module.require_backward_grad_sync)
+                self._event("forward-ddp-sync" if sync else "forward-ddp-no-sync")
+        self._depth += 1
+        if isinstance(module, SATURATING):
+            self._saturating_now += 1
+            self.saturating_per_forward = max(self.saturating_per_forward, self._saturating_now)
+        if self.window.sampled and self._tracing():
+            tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+            finite = None
+            if tensors:
+                finite = torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+            own = [measure.local_tensor(p.detach()) for p in module.parameters(recurse=False)]
+            params_finite = (
+                torch.stack([torch.isfinite(p).all() for p in own]).all() if own else None
+            )
+            self._open_calls.append(_Call(self._module_name(module), finite, None, params_finite))
+
+    def on_forward_post(self, module: nn.Module, output: Any) -> None:
+        """A module's forward returned ``output``."""
+        if not self._mine():
+            return
+        self._depth = max(0, self._depth - 1)
+        if not self.window.sampled:
+            return
+        out = _first_tensor(output)
+        if out is None or not out.is_floating_point():
+            if self._open_calls and self._tracing():
+                self._open_calls.pop()
+            return
+        if isinstance(module, RELU_FAMILY) and out.dim() >= 1 and out.numel() > 0:
+            self.relu_modules.add(id(module))
+            name = self._module_name(module)
+            with torch.no_grad():
+                fired = (_unit_matrix(out.detach()) > 0).any(0)
+            previous = self.window.fired.get(name)
+            if previous is not None and previous.shape == fired.shape:
+                fired = fired | previous
+            self.window.fired[name] = fired
+        if self._tracing() and self._open_calls:
+            # Calls are kept in completion order, so inner modules come before their parents
+            # and the first non-finite output is the innermost, earliest one.
+            call = self._open_calls.pop()
+            name = call.name
+            call.output_finite = torch.isfinite(out.detach()).all()
+            self.window.calls.append(call)
+            if out.requires_grad:
+                flags = self.window.grad_flags
+
+                def _grad_hook(grad: torch.Tensor, _name: str = name) -> None:
+                    flags.append((_name, torch.isfinite(grad).all()))
+
+                out.register_hook(_grad_hook)
+
+    def _tracing(self) -> bool:
+        return self.nan_origin is None
+
+    # -- measurement ----------------------------------------------------------------------
+    def _measure(self, opt: torch.optim.Optimizer, *, skipped: bool) -> None:
+        state = self._register_params(opt)
+        grads = [p.grad for p in state.params]
+        layout = measure.layout_key(grads)
+        if state.grouping is None or layout != state.layout:
+            state.layout = layout
+            state.grouping = measure.group_tensors(grads)
+            state.param_grouping = measure.group_tensors([p.detach() for p in state.params])
+        grouping = state.grouping
+        assert state.param_grouping is not None
+        self.device = str(grouping.home)
+        window = self.window
+        home = grouping.home
+        with torch.no_grad():
+            parts = [measure.per_tensor_norms(grads, grouping)]
+            losses = [t for t in window.losses if t is not None]
+            if losses:
+                parts.append(torch.stack([t.to(home, torch.float32) for t in losses]))
+            if window.clip_norm is not None:
+                parts.append(window.clip_norm.reshape(1).to(home, torch.float32))
+            scaler_scale = getattr(window.scaler, "_scale", None)
+            if isinstance(scaler_scale, torch.Tensor):
+                parts.append(scaler_scale.reshape(1).to(home, torch.float32))
+            details = None
+            if window.sampled:
+                details = measure.tensor_details(
+                    grads, state.params, grouping, state.param_grouping
+                )
+                parts.append(details.pack().to(home))
+            fired_names = sorted(window.fired)
+            for name in fired_names:
+                fired = window.fired[name]
+                parts.append(
+                    torch.stack(
+                        [(~fired).sum(), torch.tensor(fired.numel(), device=fired.device)]
+                    ).to(home, torch.float32)
+                )
+            trace_parts = (
+                [c.inputs_finite for c in window.calls]
+                + [c.output_finite for c in window.calls]
+                + [c.params_finite for c in window.calls]
+                + [flag for _, flag in window.grad_flags]
+            )
+            if trace_parts:
+                parts.append(
+                    torch.stack(
+                        [
+                            (t if t is not None else torch.ones((), dtype=torch.bool)).to(
+                                home, torch.float32
+                            )
+                            for t in trace_parts
+                        ]
+                    )
+                )
+            vector = torch.cat(parts)
+        first_grad = next((g for g in grads if g is not None), None)
+        reused = None
+        if first_grad is not None:
+            reused = state.last_grad is not None and state.last_grad() is first_grad
+            state.last_grad = weakref.ref(first_grad)
+        lr = opt.param_groups[0].get("lr") if opt.param_groups else None
+        meta = {
+            "step": self.steps_done + 1,
+            "optimizer": self.optimizers[id(opt)],
+            "index": [self._param_index[id(p)] for p in state.params],
+            "n_losses": len(losses),
+            "loss_slots": [t is not None for t in window.losses],
+            "loss_ops": list(window.loss_ops),
+            "has_clip": window.clip_norm is not None,
+            "has_scale": isinstance(scaler_scale, torch.Tensor),
+            "clip_max_norm": window.clip_max_norm,
+            "clip_value": window.clip_value,
+            "events": list(window.events),
+            "lr": float(lr) if isinstance(lr, (int, float)) else None,
+            "skipped": skipped,
+            "grad_reused": reused,
+            "sampled": window.sampled,
+            "numel": details.numel if details is not None else None,
+            "fired_names": fired_names,
+            "calls": [c.name for c in window.calls],
+            "grad_names": [name for name, _ in window.grad_flags],
+            "params": state.params if home.type == "cpu" else None,
+        }
+        self._transfer.submit(meta, vector)
+        self._drain(self._transfer.ready())
+
+    def _finish_step(self) -> None:
+        self.steps_done += 1
+        if self.on_progress is not None:
+            self.on_progress(self.steps_done)
+        if self.max_steps is not None and self.steps_done >= self.max_steps:
+            self.stop_pending = True
+            self._drain(self._transfer.flush())
+        upcoming = self.steps_done + 1
+        sampled = upcoming % self.sample_every == 0 or self._armed > 0
+        if self._armed > 0:
+            self._armed -= 1
+        self.window = _Window(sampled=sampled)
+        if self.forward_hooks_wanted is not None:
+            self.forward_hooks_wanted(sampled or self.stop_pending)
+
+    def flush(self) -> None:
+        """Finish every pending transfer (end of run)."""
+        self._drain(self._transfer.flush())
+
+    def _drain(self, ready: list[tuple[Any, list[float]]]) -> None:
+        for meta, values in ready:
+            record = self._decode(meta, values)
+            self.sink(record)
+
+    def _decode(self, meta: dict[str, Any], values: list[float]) -> dict[str, Any]:
+        n_total = len(self.parameters)
+        index: list[int] = meta["index"]
+        pos = 0
+        local = values[pos : pos + len(index)]
+        pos += len(index)
+        norms: list[float | None] = [None] * n_total
+        for i, value in zip(index, local, strict=True):
+            norms[i] = None if value == measure.MISSING else value
+        present = [v for v in local if v != measure.MISSING]
+        total = math.sqrt(math.fsum(v * v for v in present)) if present else 0.0
+        losses_values = values[pos : pos + meta["n_losses"]]
+        pos += meta["n_losses"]
+        loss_iter = iter(losses_values)
+        losses = [next(loss_iter) if slot else None for slot in meta["loss_slots"]]
+        before = None
+        if meta["has_clip"]:
+            before = values[pos]
+            pos += 1
+        scale = None
+        if meta["has_scale"]:
+            scale = values[pos]
+            pos += 1
+        record: dict[str, Any] = {
+            "step": meta["step"],
+            "optimizer": meta["optimizer"],
+            "grad_norms": norms,
+            "total_norm": total,
+            "total_norm_before_clip": before,
+            "clip_max_norm": meta["clip_max_norm"],
+            "clip_value": meta["clip_value"],
+            "clipped": (before > meta["clip_max_norm"])
+            if before is not None and meta["clip_max_norm"] is not None
+            else None,
+            "losses": losses,
+            "loss_ops": meta["loss_ops"],
+            "events": meta["events"],
+            "lr": meta["lr"],
+            "scale": scale,
+            "skipped": meta["skipped"],
+            "grad_reused": meta["grad_reused"],
+            "sampled": meta["sampled"],
+        }
+        if meta["numel"] is not None:
+            width = 6 * len(index)
+            details = measure.unpack_details(
+                values[pos : pos + width],
+                meta["numel"],
+                [measure.MISSING if v is None else v for v in (norms[i] for i in index)],
+            )
+            pos += width
+            full: list[dict[str, Any] | None] = [None] * n_total
+            for i, detail in zip(index, details, strict=True):
+                full[i] = detail
+            record["detail"] = full
+        if meta["fired_names"]:
+            dead: dict[str, list[int]] = {}
+            for name in meta["fired_names"]:
+                dead[name] = [int(values[pos]), int(values[pos + 1])]
+                pos += 2
+            record["dead_units"] = dead
+        calls: list[str] = meta["calls"]
+        grad_names: list[str] = meta["grad_names"]
+        n_calls = len(calls)
+        inputs_ok = values[pos : pos + n_calls]
+        outputs_ok = values[pos + n_calls : pos + 2 * n_calls]
+        params_ok = values[pos + 2 * n_calls : pos + 3 * n_calls]
+        grads_ok = values[pos + 3 * n_calls : pos + 3 * n_calls + len(grad_names)]
+        pos += 3 * n_calls + len(grad_names)
+        anomalous = not math.isfinite(total) or any(
+            v is not None and not math.isfinite(v) for v in losses
+        )
+        if anomalous and self.anomaly_step is None:
+            self.anomaly_step = meta["step"]
+            self._armed = 2
+            if meta["params"] is not None:
+                record["nonfinite_params"] = self._nonfinite_params(meta["params"])
+        if self.nan_origin is None and (calls or grad_names) and anomalous:
+            self.nan_origin = _locate_origin(
+                meta["step"],
+                calls,
+                inputs_ok,
+                outputs_ok,
+                params_ok,
+                grad_names,
+                grads_ok,
+                losses,
+            )
+        record["overhead_s"] = 0.0
+        return record
+
+    def _nonfinite_params(self, params: list[torch.Tensor]) -> list[str]:
+        with torch.no_grad():
+            grouping = measure.group_tensors([p.detach() for p in params])
+            norms = measure.per_tensor_norms([p.detach() for p in params], grouping).tolist()
+        return [
+            self.parameters[self._param_index[id(p)]]
+            for p, value in zip(params, norms, strict=True)
+            if not math.isfinite(value)
+        ]
+
+    def summary(self) -> dict[str, Any]:
+        """What the collector saw over the whole run (for the child's summary message)."""
+        return {
+            "device": self.device,
+            "parameters": self.parameters,
+            "shapes": self.shapes,
+            "layers": self.layers,
+            "layer_types": self.layer_types,
+            "optimizers": len(self.optimizers),
+            "backward_calls": self.backward_calls,
+            "saturating_modules": self.saturating_per_forward,
+            "relu_modules": len(self.relu_modules),
+            "ddp": self.ddp,
+            "nan_origin": self.nan_origin,
+            "events_total": dict(self.events_total),
+            "double_unscale": self.double_unscale,
+            "probe_s": self.probe_s,
+        }
+
+
+def _locate_origin(
+    step: int,
+    calls: list[str],
+    inputs_ok: list[float],
+    outputs_ok: list[float],
+    params_ok: list[float],
+    grad_names: list[str],
+    grads_ok: list[float],
+    losses: list[float | None],
+) -> dict[str, Any] | None:
+    """The first place a non-finite value appeared in a traced step, forward before backward.
+
+    Calls are in completion order (inner modules before the containers that hold them).
+    """
+    for i, name in enumerate(calls):
+        if outputs_ok[i] >= 0.5:
+            continue
+        if params_ok[i] < 0.5:
+            return {
+                "step": step,
+                "phase": "parameters",
+                "module": name,
+                "detail": f"the parameters of `{name}` were already non-finite: an "
+                "earlier update broke them",
+            }
+        if inputs_ok[i] < 0.5:
+            if i == 0:
+                return {
+                    "step": step,
+                    "phase": "input",
+                    "module": name,
+                    "detail": f"the input to `{name}` (the first module called) was "
+                    "already non-finite: look at the batch",
+                }
+            return {
+                "step": step,
+                "phase": "forward",
+                "module": name,
+                "detail": f"the input to `{name}` was non-finite although no module "
+                "before it produced a non-finite output: an operation between modules "
+                "made it",
+            }
+        return {
+            "step": step,
+            "phase": "forward",
+            "module": name,
+            "detail": f"`{name}` produced a non-finite output from finite inputs",
+        }
+    if any(v is not None and not math.isfinite(v) for v in losses):
+        last = calls[-1] if calls else None
+        return {
+            "step": step,
+            "phase": "loss",
+            "module": last,
+            "detail": "every module output was finite; the loss computation after "
+            + (f"`{last}`" if last else "the model")
+            + " produced the non-finite value",
+        }
+    for j, (name, ok) in enumerate(zip(grad_names, grads_ok, strict=False)):
+        if ok >= 0.5:
+            continue
+        if j == 0:
+            return {
+                "step": step,
+                "phase": "backward",
+                "module": name,
+                "detail": f"the gradient of the loss w.r.t. the output of `{name}` was "
+                "already non-finite: the loss's backward made it",
+            }
+        consumer = None
+        if name in calls:
+            position = calls.index(name)
+            consumer = calls[position + 1] if position + 1 < len(calls) else None
+        where = f" (next module in forward order: `{consumer}`)" if consumer else ""
+        return {
+            "step": step,
+            "phase": "backward",
+            "module": name,
+            "detail": f"the gradient w.r.t. the output of `{name}` is the first "
+            f"non-finite one: it was born in the backward of what consumes it{where}",
+        }
+    return None

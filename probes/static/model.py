@@ -1,0 +1,1115 @@
+"""The training-loop model shared by every static rule.
+
+The file is parsed once. A collection pass records imports (for alias resolution), functions
+and methods, assignments, and every call with the statement that holds it. Then, for each
+function (and the module body), the statements are walked in order and the calls that matter
+to gradient management become :class:`Event` objects (backward, optimizer step, scaler
+step/update/unscale, clipping, ``zero_grad``, scheduler step, gradient reads and writes), each
+with the stack of :class:`Frame` objects (loops, branches, ``no_sync`` contexts) that encloses
+it. Calls to local helper functions and ``self`` methods are inlined, so clipping inside a
+``_clip()`` method called between backward and step is seen where it happens.
+
+A :class:`Unit` is one training iteration: the loop around the backward call (or the update
+loop around a ``for micro_step in range(N)`` loop), its events in order, the optimizer steps,
+and the gradient-accumulation structure when one is recognised (the divisor ``N`` and the
+branch that gates the update). Rules only read these objects.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import libcst as cst
+
+from probes.static.names import call_arg, code_of, dotted_name, method_name, receiver
+from probes.static.traverse import calls_in, children, walk
+
+EventKind = Literal[
+    "backward",
+    "step",
+    "scaler_step",
+    "scaler_update",
+    "unscale",
+    "clip",
+    "zero_grad",
+    "sched_step",
+    "norm_read",
+    "grad_div",
+    "sync_flag",
+]
+STEP_KINDS = frozenset({"step", "scaler_step"})
+
+CLIP_NORM_NAMES = frozenset({"clip_grad_norm_", "clip_grad_norm", "clip_grads_with_norm_"})
+CLIP_VALUE_NAMES = frozenset({"clip_grad_value_"})
+OPTIMIZER_CLASSES = frozenset(
+    {
+        "SGD",
+        "Adam",
+        "AdamW",
+        "Adamax",
+        "NAdam",
+        "RAdam",
+        "RMSprop",
+        "Adagrad",
+        "Adadelta",
+        "LBFGS",
+        "SparseAdam",
+        "ASGD",
+        "Rprop",
+        "Adafactor",
+        "Lion",
+        "LAMB",
+        "Lamb",
+        "FusedAdam",
+        "DeepSpeedCPUAdam",
+        "ZeroRedundancyOptimizer",
+    }
+)
+SEQUENCE_MODEL_NAMES = frozenset(
+    {
+        "LSTM",
+        "GRU",
+        "RNN",
+        "LSTMCell",
+        "GRUCell",
+        "RNNCell",
+        "Transformer",
+        "TransformerEncoder",
+        "TransformerDecoder",
+        "TransformerEncoderLayer",
+        "TransformerDecoderLayer",
+        "MultiheadAttention",
+    }
+)
+_OPTIMIZER_NAME = re.compile(r"(optim\w*|opt|opt\d+|opt_\w+|\w+_opt|\w+_optim\w*|\w*optimizer\w*)")
+
+
+@dataclass(frozen=True, eq=False)
+class Frame:
+    """One enclosing construct of an event: a loop, one branch of an ``if``, a ``with``."""
+
+    kind: Literal["loop", "if", "with"]
+    node: cst.CSTNode
+    branch: int = 0
+    """For ``if``: 0 = body, 1 = else/elif (or the rest of a block after ``if ...: continue``)."""
+    tag: str | None = None
+    """For ``with``: ``no_sync`` or ``accumulate`` (Accelerate); for loops: ``for``/``while``."""
+
+    def same(self, other: Frame) -> bool:
+        return self.node is other.node and self.branch == other.branch
+
+
+@dataclass(eq=False)
+class FuncInfo:
+    """A function, method, or the module body, with what the rules need to know about it."""
+
+    node: cst.FunctionDef | cst.Module
+    name: str
+    class_name: str | None
+    params: set[str] = field(default_factory=set)
+    assigns: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
+    """Values assigned to each name (``loss = ...``), in source order."""
+    aug_scaled: set[str] = field(default_factory=set)
+    assign_sites: dict[str, list[cst.CSTNode]] = field(default_factory=dict)
+    """The assignment statements (``Assign`` / ``AugAssign`` nodes) of each name."""
+    """Names divided or multiplied in place (``loss /= n``)."""
+    items: list[Event | HelperCall] = field(default_factory=list)
+    loop_ids: set[int] = field(default_factory=set)
+    """ids of the loops written in this function's own body."""
+
+
+@dataclass(eq=False)
+class Event:
+    """A call that matters to gradient management, where it happens."""
+
+    kind: EventKind
+    call: cst.CSTNode
+    """The call (or statement) itself, in the function that holds it."""
+    stmt: cst.CSTNode
+    """The statement that holds ``call`` in that function."""
+    func: FuncInfo
+    frames: tuple[Frame, ...] = ()
+    site_call: cst.CSTNode | None = None
+    """Where the event shows in the analysed function: the call itself, or the call of the
+    helper that contains it."""
+    site_stmt: cst.CSTNode | None = None
+    order: int = 0
+    receiver: str | None = None
+    optimizer: str | None = None
+    loss: cst.BaseExpression | None = None
+    scaler: str | None = None
+    framework: str | None = None
+    clip_kind: Literal["norm", "value"] | None = None
+    limit: cst.BaseExpression | None = None
+    """``max_norm`` (or ``clip_value``) of a clip."""
+    result_used: bool = False
+
+    @property
+    def inlined(self) -> bool:
+        return self.site_call is not self.call
+
+    @property
+    def anchor(self) -> cst.CSTNode:
+        """The node a finding about this event points at."""
+        return self.site_call if self.site_call is not None else self.call
+
+    @property
+    def anchor_stmt(self) -> cst.CSTNode:
+        return self.site_stmt if self.site_stmt is not None else self.stmt
+
+    def inside(self, frame: Frame | None) -> bool:
+        return frame is None or any(f.node is frame.node for f in self.frames)
+
+    def frames_after(self, frame: Frame | None) -> tuple[Frame, ...]:
+        if frame is None:
+            return self.frames
+        for index, own in enumerate(self.frames):
+            if own.node is frame.node:
+                return self.frames[index + 1 :]
+        return ()
+
+
+@dataclass(eq=False)
+class HelperCall:
+    """A call to a function or method defined in the same file; its events are inlined."""
+
+    call: cst.Call
+    stmt: cst.CSTNode
+    target: FuncInfo
+    frames: tuple[Frame, ...] = ()
+
+
+def exclusive(a: Event, b: Event) -> bool:
+    """True when ``a`` and ``b`` sit in different branches of the same ``if``."""
+    for fa in a.frames:
+        if fa.kind != "if":
+            continue
+        for fb in b.frames:
+            if fb.node is fa.node and fb.branch != fa.branch:
+                return True
+    return False
+
+
+@dataclass
+class Accumulation:
+    """Gradient accumulation recognised in a unit."""
+
+    style: Literal["conditional", "nested"]
+    divisor: cst.BaseExpression
+    """``N``: the modulo operand of the gate or the ``range(N)`` of the micro-step loop."""
+    gate: Frame | None
+    """The branch that runs the update (conditional style)."""
+    condition: cst.BaseExpression | None = None
+    handles_last_batch: bool = False
+
+    @property
+    def divisor_text(self) -> str:
+        return code_of(self.divisor)
+
+
+@dataclass(eq=False)
+class Unit:
+    """One training iteration: the events between a backward and its optimizer step."""
+
+    root: FuncInfo
+    micro: Frame | None
+    """The innermost loop around the backward call (None: not in a loop)."""
+    scope: Frame | None
+    """The loop whose body is one update (``micro`` or the loop around it); None = function."""
+    events: list[Event]
+    accumulation: Accumulation | None = None
+    framework: str | None = None
+
+    @property
+    def backwards(self) -> list[Event]:
+        return [e for e in self.events if e.kind == "backward"]
+
+    @property
+    def steps(self) -> list[Event]:
+        return [e for e in self.events if e.kind in STEP_KINDS]
+
+    def of_kind(self, *kinds: str) -> list[Event]:
+        return [e for e in self.events if e.kind in kinds]
+
+    def in_micro_step(self, event: Event) -> bool:
+        """True when ``event`` runs on every micro-batch (not only on the update)."""
+        acc = self.accumulation
+        if acc is None:
+            return False
+        if acc.style == "nested":
+            return event.inside(self.micro)
+        if not event.inside(self.micro):
+            return False
+        for frame in event.frames_after(self.micro):
+            if not _is_accumulation_gate(frame):
+                continue
+            if acc.gate is not None and frame.node is acc.gate.node:
+                # The other branch of the update's `if` runs on the non-update micro-batches.
+                return frame.branch != acc.gate.branch
+            return False  # another `% N` branch: runs once per window
+        return True
+
+    def gated(self, event: Event) -> bool:
+        """True when ``event`` runs only on the update (inside the gate or after the micro loop)."""
+        acc = self.accumulation
+        if acc is None:
+            return False
+        if acc.style == "nested":
+            return not event.inside(self.micro)
+        return acc.gate is not None and any(f.same(acc.gate) for f in event.frames)
+
+
+_GATE_TAG = "accumulation-gate"
+
+
+def _is_accumulation_gate(frame: Frame) -> bool:
+    return frame.kind == "if" and frame.tag == _GATE_TAG
+
+
+class FileModel:
+    """Everything the rules read about one file."""
+
+    def __init__(self, module: cst.Module, path: str = "<string>") -> None:
+        self.module = module
+        self.path = path
+        self.aliases: dict[str, str] = {}
+        self.functions: list[FuncInfo] = []
+        self.by_name: dict[str, list[FuncInfo]] = {}
+        self.methods: dict[tuple[str, str], FuncInfo] = {}
+        self.kinds: dict[str, str] = {}
+        """What a variable holds (``scaler``, ``optimizer``, ``ddp``...), from its constructor."""
+        self.scaler_disabled: set[str] = set()
+        self.calls_by_stmt: dict[int, list[cst.Call]] = {}
+        self.grad_reads: set[int] = set()
+        """ids of statements that read a ``.grad`` attribute."""
+        self.all_calls: list[tuple[cst.Call, cst.CSTNode, FuncInfo]] = []
+        self.constants: dict[str, cst.BaseExpression] = {}
+        self.constructors: dict[str, cst.Call] = {}
+        """The constructor call that built each scaler / optimizer / model wrapper."""
+        self.lightning_clipping = False
+        self.hf_trainer = False
+        self.uses_ddp = False
+        self.uses_deepspeed = False
+        self.sequence_models: list[cst.Call] = []
+        self.for_loops: list[cst.For] = []
+        self.comprehensions: list[tuple[cst.ListComp | cst.GeneratorExp, cst.CSTNode]] = []
+        self.divisions: list[tuple[cst.BinaryOperation, cst.CSTNode, FuncInfo]] = []
+        self.monitoring_calls: list[cst.Call] = []
+        self.units: list[Unit] = []
+        module_info = FuncInfo(module, "<module>", None)
+        self.module_info = module_info
+        _Collector(self, module_info).collect()
+        for func in [module_info, *self.functions]:
+            _EventWalker(self, func).walk()
+        self._build_units()
+
+    # -- names -------------------------------------------------------------------------------
+    def qualify(self, node: cst.BaseExpression) -> str | None:
+        """The dotted name of ``node`` with import aliases resolved (``nn.X`` → ``torch.nn.X``)."""
+        dotted = dotted_name(node)
+        if dotted is None:
+            return None
+        head, dot, rest = dotted.partition(".")
+        base = self.aliases.get(head)
+        if base is None:
+            return dotted
+        return base + dot + rest
+
+    def kind_of(self, node: cst.BaseExpression | None) -> str | None:
+        """What the object ``node`` names is: scaler, optimizer, scheduler, accelerator..."""
+        if node is None:
+            return None
+        if isinstance(node, cst.Call):
+            name = method_name(node)
+            if name == "optimizers":
+                return "optimizer"
+            if name in {"lr_schedulers"}:
+                return "scheduler"
+            return None
+        text = dotted_name(node)
+        if text is None:
+            return None
+        known = self.kinds.get(text)
+        if known is not None:
+            return known
+        last = text.rsplit(".", 1)[-1].lower()
+        if "scaler" in last:
+            return "scaler"
+        if "sched" in last:
+            return "scheduler"
+        if _OPTIMIZER_NAME.fullmatch(last):
+            return "optimizer"
+        if "accelerator" in last:
+            return "accelerator"
+        if "fabric" in last:
+            return "fabric"
+        if "engine" in last and self.uses_deepspeed:
+            return "deepspeed"
+        return None
+
+    def function_for_call(self, call: cst.Call, context: FuncInfo) -> FuncInfo | None:
+        """The local function or method ``call`` runs, when it is defined in this file."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            candidates = self.by_name.get(func.value, [])
+            top = [c for c in candidates if c.class_name is None]
+            return top[0] if len(top) == 1 else None
+        if (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value in {"self", "cls"}
+            and context.class_name is not None
+        ):
+            return self.methods.get((context.class_name, func.attr.value))
+        return None
+
+    def direct_events(self) -> Iterator[Event]:
+        """Every event of every function once, where it is written (no inlining)."""
+        for func in [self.module_info, *self.functions]:
+            for item in func.items:
+                if isinstance(item, Event):
+                    yield item
+
+    # -- units -------------------------------------------------------------------------------
+    def expanded(self, func: FuncInfo) -> list[Event]:
+        """The events of ``func`` with local helpers inlined, in execution order."""
+        events: list[Event] = []
+        self._expand(func, (), None, None, 0, (func,), events)
+        for order, event in enumerate(events):
+            event.order = order
+        return events
+
+    def _expand(
+        self,
+        func: FuncInfo,
+        prefix: tuple[Frame, ...],
+        site_call: cst.CSTNode | None,
+        site_stmt: cst.CSTNode | None,
+        depth: int,
+        stack: tuple[FuncInfo, ...],
+        out: list[Event],
+    ) -> None:
+        for item in func.items:
+            frames = prefix + item.frames
+            if isinstance(item, HelperCall):
+                if depth < 4 and item.target not in stack:
+                    self._inlined.add(id(item.target))
+                    self._expand(
+                        item.target,
+                        frames,
+                        site_call if site_call is not None else item.call,
+                        site_stmt if site_stmt is not None else item.stmt,
+                        depth + 1,
+                        (*stack, item.target),
+                        out,
+                    )
+                continue
+            out.append(
+                replace(
+                    item,
+                    frames=frames,
+                    site_call=site_call if site_call is not None else item.call,
+                    site_stmt=site_stmt if site_stmt is not None else item.stmt,
+                )
+            )
+
+    def _build_units(self) -> None:
+        self._inlined: set[int] = set()
+        per_root = [(func, self.expanded(func)) for func in [self.module_info, *self.functions]]
+        for func, events in per_root:
+            self.units.extend(self._units_of(func, events))
+
+    def _units_of(self, func: FuncInfo, events: list[Event]) -> Iterator[Unit]:
+        groups: dict[int, list[Event]] = {}
+        micro_of: dict[int, Frame | None] = {}
+        for event in events:
+            if event.kind != "backward":
+                continue
+            loops = [f for f in event.frames if f.kind == "loop"]
+            micro = loops[-1] if loops else None
+            key = id(micro.node) if micro is not None else 0
+            groups.setdefault(key, []).append(event)
+            micro_of[key] = micro
+        for key in groups:
+            micro = micro_of[key]
+            if micro is None and id(func) in self._inlined:
+                continue  # a helper without a loop is analysed where it is called
+            if micro is not None and id(micro.node) not in func.loop_ids:
+                continue  # the loop is in a helper, which is analysed on its own
+            yield self._unit(func, events, micro)
+
+    def _unit(self, func: FuncInfo, events: list[Event], micro: Frame | None) -> Unit:
+        inside = [e for e in events if e.inside(micro)]
+        steps_inside = [e for e in inside if e.kind in STEP_KINDS]
+        backwards = [e for e in inside if e.kind == "backward"]
+        framework = next((b.framework for b in backwards if b.framework), None)
+        if steps_inside or micro is None:
+            unit = Unit(func, micro, micro, inside, framework=framework)
+            unit.accumulation = self._conditional_accumulation(unit, steps_inside)
+            return unit
+        # The step is not in the backward's loop: look one loop out (nested micro-step loop).
+        sample = backwards[0] if backwards else inside[0]
+        loops = [f for f in sample.frames if f.kind == "loop"]
+        outer = loops[-2] if len(loops) >= 2 else None
+        scope_events = [e for e in events if e.inside(outer)]
+        unit = Unit(func, micro, outer, scope_events, framework=framework)
+        steps_after = [e for e in scope_events if e.kind in STEP_KINDS and not e.inside(micro)]
+        divisor = _range_bound(micro.node) if micro is not None else None
+        if steps_after and divisor is not None:
+            unit.accumulation = Accumulation("nested", divisor, None)
+        return unit
+
+    def _conditional_accumulation(self, unit: Unit, steps: list[Event]) -> Accumulation | None:
+        if not steps:
+            return None
+        gates: list[Frame] = []
+        for step in steps:
+            gate = next(
+                (f for f in step.frames_after(unit.scope) if _is_accumulation_gate(f)), None
+            )
+            if gate is None:
+                return None
+            gates.append(gate)
+        if any(not g.same(gates[0]) for g in gates):
+            return None
+        gate = gates[0]
+        info = self._gate_info.get(id(gate.node))
+        if info is None:
+            return None
+        divisor, condition, last_batch = info
+        return Accumulation("conditional", divisor, gate, condition, last_batch)
+
+    _gate_info: dict[int, tuple[cst.BaseExpression, cst.BaseExpression, bool]]
+
+
+def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
+    """``N`` for ``for _ in range(N)`` (or ``range(0, N)``), else None."""
+    if not isinstance(node, cst.For) or not isinstance(node.iter, cst.Call):
+        return None
+    call = node.iter
+    if not (isinstance(call.func, cst.Name) and call.func.value == "range"):
+        return None
+    args = [a for a in call.args if a.keyword is None and not a.star]
+    if len(args) == 1:
+        return args[0].value
+    if len(args) == 2 and isinstance(args[0].value, cst.Integer) and args[0].value.value == "0":
+        return args[1].value
+    return None
+
+
+def modulo_divisor(test: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``N`` in a condition such as ``(i + 1) % N == 0`` or ``step % N == N - 1``."""
+    for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            return node.right
+    return None
+
+
+_LAST_BATCH = re.compile(r"len\(|last|final|end|num_batches|total|steps_per_epoch", re.I)
+
+
+class _Collector:
+    """First pass: imports, functions, constructors, calls per statement.
+
+    Driven by :func:`probes.static.traverse.children` (read-only, much faster than
+    ``CSTNode.visit``); ``visit_<Type>`` runs on entering a node (returning False skips its
+    children) and ``leave_<Type>`` on leaving it.
+    """
+
+    def __init__(self, model: FileModel, module_info: FuncInfo) -> None:
+        self.model = model
+        self.func_stack: list[FuncInfo] = [module_info]
+        self.class_stack: list[str] = []
+        self.containers: list[str] = []
+        self.stmt_stack: list[cst.CSTNode] = []
+        self._handlers: dict[type, tuple[Callable[..., object] | None, ...]] = {}
+
+    def collect(self) -> None:
+        stack: list[tuple[cst.CSTNode, bool]] = [(self.model.module, False)]
+        handlers = self._handlers
+        while stack:
+            node, leaving = stack.pop()
+            cls = type(node)
+            pair = handlers.get(cls)
+            if pair is None:
+                pair = (
+                    getattr(self, f"visit_{cls.__name__}", None),
+                    getattr(self, f"leave_{cls.__name__}", None),
+                )
+                handlers[cls] = pair
+            visit, leave = pair
+            if leaving:
+                if leave is not None:
+                    leave(node)
+                continue
+            descend = visit is None or visit(node) is not False
+            if leave is not None:
+                stack.append((node, True))
+            if descend:
+                kids = children(node)
+                for kid in reversed(kids):
+                    stack.append((kid, False))
+
+    # statements ------------------------------------------------------------------------------
+    def _push(self, node: cst.CSTNode) -> None:
+        self.stmt_stack.append(node)
+
+    def _pop(self, node: cst.CSTNode) -> None:
+        self.stmt_stack.pop()
+
+    def visit_For(self, node: cst.For) -> None:
+        self.stmt_stack.append(node)
+        self.model.for_loops.append(node)
+
+    visit_SimpleStatementLine = _push
+    leave_SimpleStatementLine = _pop
+    visit_If = _push
+    leave_If = _pop
+    leave_For = _pop
+    visit_While = _push
+    leave_While = _pop
+    visit_With = _push
+    leave_With = _pop
+    visit_SimpleStatementSuite = _push
+    leave_SimpleStatementSuite = _pop
+
+    def _comprehension(self, node: cst.ListComp | cst.GeneratorExp) -> None:
+        if self.stmt_stack:
+            self.model.comprehensions.append((node, self.stmt_stack[-1]))
+
+    visit_ListComp = _comprehension
+    visit_GeneratorExp = _comprehension
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        if isinstance(node.operator, cst.Divide) and self.stmt_stack:
+            self.model.divisions.append((node, self.stmt_stack[-1], self.func_stack[-1]))
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.class_stack.append(node.name.value)
+        self.containers.append("class")
+        return True
+
+    def leave_ClassDef(self, node: cst.ClassDef) -> None:
+        self.class_stack.pop()
+        self.containers.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        direct_method = bool(self.containers) and self.containers[-1] == "class"
+        owner = self.class_stack[-1] if direct_method else None
+        self.containers.append("def")
+        info = FuncInfo(node, node.name.value, owner)
+        params = node.params
+        for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+            info.params.add(param.name.value)
+            if param.default is not None:
+                self.model.constants.setdefault(param.name.value, param.default)
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                info.params.add(star.name.value)
+        self.model.functions.append(info)
+        self.model.by_name.setdefault(info.name, []).append(info)
+        if owner is not None:
+            self.model.methods.setdefault((owner, info.name), info)
+        self.func_stack.append(info)
+        self.stmt_stack.append(node)
+        return True
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.func_stack.pop()
+        self.containers.pop()
+        self.stmt_stack.pop()
+
+    # imports ---------------------------------------------------------------------------------
+    def visit_Import(self, node: cst.Import) -> bool:
+        for alias in node.names:
+            full = dotted_name(alias.name)
+            if full is None:
+                continue
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                self.model.aliases[alias.asname.name.value] = full
+            else:
+                head = full.split(".", 1)[0]
+                self.model.aliases.setdefault(head, head)
+            if full.startswith("deepspeed"):
+                self.model.uses_deepspeed = True
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        if node.module is None or node.relative:
+            return False
+        base = dotted_name(node.module)
+        if base is None or isinstance(node.names, cst.ImportStar):
+            return False
+        if base.startswith("deepspeed"):
+            self.model.uses_deepspeed = True
+        for alias in node.names:
+            name = dotted_name(alias.name)
+            if name is None:
+                continue
+            local = name
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+            self.model.aliases[local] = f"{base}.{name}"
+        return False
+
+    # assignments -----------------------------------------------------------------------------
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        for target in node.targets:
+            self._assigned(target.target, node.value)
+            if isinstance(target.target, cst.Name):
+                sites = self.func_stack[-1].assign_sites
+                sites.setdefault(target.target.value, []).append(node)
+        return True
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> bool:
+        if isinstance(node.target, cst.Name):
+            sites = self.func_stack[-1].assign_sites
+            sites.setdefault(node.target.value, []).append(node)
+        return True
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
+        if node.value is not None:
+            self._assigned(node.target, node.value)
+        return True
+
+    def _assigned(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        func = self.func_stack[-1]
+        if isinstance(target, cst.Tuple | cst.List):
+            elements = [e.value for e in target.elements]
+            kinds = self._tuple_kinds(value, len(elements))
+            for element, kind in zip(elements, kinds, strict=False):
+                text = dotted_name(element)
+                if text is not None and kind is not None:
+                    self.model.kinds[text] = kind
+                if isinstance(element, cst.Name):
+                    # Each name of `logits, loss = model(x, y)` comes from the whole call.
+                    func.assigns.setdefault(element.value, []).append(value)
+            return
+        text = dotted_name(target)
+        if text is None:
+            return
+        if isinstance(target, cst.Name):
+            func.assigns.setdefault(text, []).append(value)
+            if len(self.func_stack) == 1 or len(self.func_stack) >= 1:
+                self.model.constants.setdefault(text, value)
+        kind = self._constructed_kind(value)
+        if kind is not None:
+            self.model.kinds[text] = kind
+            if isinstance(value, cst.Call):
+                self.model.constructors[text] = value
+            if kind == "scaler" and isinstance(value, cst.Call):
+                enabled = call_arg(value, None, "enabled")
+                if isinstance(enabled, cst.Name) and enabled.value == "False":
+                    self.model.scaler_disabled.add(text)
+
+    def _constructed_kind(self, value: cst.BaseExpression) -> str | None:
+        if not isinstance(value, cst.Call):
+            return None
+        qual = self.model.qualify(value.func) or ""
+        last = qual.rsplit(".", 1)[-1]
+        name = method_name(value)
+        if last == "GradScaler" or last == "ShardedGradScaler":
+            return "scaler"
+        is_optimizer = last in OPTIMIZER_CLASSES or (
+            qual.startswith("torch.optim.") and last[:1].isupper()
+        )
+        if is_optimizer and ".lr_scheduler." not in qual:
+            return "optimizer"
+        if ".lr_scheduler." in qual or last.endswith(("LR", "Scheduler", "Schedule")):
+            return "scheduler"
+        if re.fullmatch(r"get_\w*schedule\w*", last):
+            return "scheduler"
+        if last in {"DistributedDataParallel", "DDP"}:
+            self.model.uses_ddp = True
+            return "ddp"
+        if last in {"FullyShardedDataParallel", "FSDP"}:
+            return "fsdp"
+        if last == "Accelerator":
+            return "accelerator"
+        if last == "Fabric":
+            return "fabric"
+        if name == "optimizers":
+            return "optimizer"
+        return None
+
+    def _tuple_kinds(self, value: cst.BaseExpression, count: int) -> list[str | None]:
+        kinds: list[str | None] = [None] * count
+        if isinstance(value, cst.Call):
+            qual = self.model.qualify(value.func) or ""
+            if qual.endswith("deepspeed.initialize") or (
+                qual == "initialize" and self.model.uses_deepspeed
+            ):
+                self.model.uses_deepspeed = True
+                kinds[0] = "deepspeed"
+                if count > 1:
+                    kinds[1] = "deepspeed-optimizer"
+        return kinds
+
+    # calls ----------------------------------------------------------------------------------
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.stmt_stack:
+            stmt = self.stmt_stack[-1]
+            self.model.calls_by_stmt.setdefault(id(stmt), []).append(node)
+            self.model.all_calls.append((node, stmt, self.func_stack[-1]))
+        qual = self.model.qualify(node.func) or ""
+        last = qual.rsplit(".", 1)[-1]
+        keywords = {a.keyword.value for a in node.args if a.keyword is not None}
+        if last == "Trainer" and keywords & {"gradient_clip_val"}:
+            self.model.lightning_clipping = True
+        if last in {"Trainer", "TrainingArguments", "SFTTrainer", "Seq2SeqTrainer"} and (
+            "transformers" in qual or "trl" in qual or "max_grad_norm" in keywords
+        ):
+            self.model.hf_trainer = True
+        if last in {"DistributedDataParallel", "DDP"}:
+            self.model.uses_ddp = True
+        if (
+            last in SEQUENCE_MODEL_NAMES
+            or last.startswith("AutoModelFor")
+            or method_name(node) == "log_prob"  # policy-gradient training
+        ):
+            self.model.sequence_models.append(node)
+        monitors = last in {"watch", "GradientMonitor", "track_gradients"}
+        if (monitors or "grad_norm" in last.lower()) and last not in CLIP_NORM_NAMES:
+            self.model.monitoring_calls.append(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "grad" and self.stmt_stack:
+            self.model.grad_reads.add(id(self.stmt_stack[-1]))
+
+
+class _EventWalker:
+    """Second pass, per function: the ordered events with their enclosing frames."""
+
+    def __init__(self, model: FileModel, func: FuncInfo) -> None:
+        self.model = model
+        self.func = func
+        if not hasattr(model, "_gate_info"):
+            model._gate_info = {}
+
+    def walk(self) -> None:
+        node = self.func.node
+        if isinstance(node, cst.Module):
+            self._block(node.body, ())
+        elif isinstance(node.body, cst.IndentedBlock):
+            self._block(node.body.body, ())
+        else:
+            self._suite(node.body, node, ())
+
+    def _block(self, stmts: Sequence[cst.BaseStatement], frames: tuple[Frame, ...]) -> None:
+        for stmt in stmts:
+            frames = self._statement(stmt, frames)
+
+    def _body(self, body: cst.BaseSuite, owner: cst.CSTNode, frames: tuple[Frame, ...]) -> None:
+        if isinstance(body, cst.IndentedBlock):
+            self._block(body.body, frames)
+        else:
+            self._suite(body, owner, frames)
+
+    def _suite(self, body: cst.BaseSuite, owner: cst.CSTNode, frames: tuple[Frame, ...]) -> None:
+        if isinstance(body, cst.SimpleStatementSuite):
+            for small in body.body:
+                self._small(small, body, frames)
+
+    def _statement(self, stmt: cst.BaseStatement, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        """Walk one statement; returns the frames for the statements that follow it."""
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                self._small(small, stmt, frames)
+            return frames
+        if isinstance(stmt, cst.If):
+            self._header_calls(stmt, frames)
+            self._if(stmt, frames)
+            if _ends_with_continue(stmt.body) and stmt.orelse is None:
+                # `if not update: continue` gates the rest of the block like an else branch.
+                return (*frames, self._if_frame(stmt, 1))
+            return frames
+        if isinstance(stmt, cst.For | cst.While):
+            self._header_calls(stmt, frames)
+            loop_tag = "for" if isinstance(stmt, cst.For) else "while"
+            inner = (*frames, Frame("loop", stmt, 0, loop_tag))
+            self.func.loop_ids.add(id(stmt))
+            self._body(stmt.body, stmt, inner)
+            if stmt.orelse is not None:
+                self._body(stmt.orelse.body, stmt, frames)
+            return frames
+        if isinstance(stmt, cst.With):
+            self._header_calls(stmt, frames)
+            tag: str | None = None
+            for item in stmt.items:
+                for call in calls_in(item.item):
+                    name = method_name(call)
+                    if name == "no_sync" or name == "no_backward_sync":
+                        tag = "no_sync"
+                    elif name == "accumulate" and self.model.kind_of(receiver(call)) in {
+                        "accelerator",
+                        "fabric",
+                    }:
+                        tag = "accumulate"
+            inner = (*frames, Frame("with", stmt, 0, tag)) if tag else frames
+            self._body(stmt.body, stmt, inner)
+            return frames
+        if isinstance(stmt, cst.Try | cst.TryStar):
+            self._body(stmt.body, stmt, frames)
+            for handler in stmt.handlers:
+                self._body(handler.body, handler, frames)
+            if stmt.orelse is not None:
+                self._body(stmt.orelse.body, stmt, frames)
+            if stmt.finalbody is not None:
+                self._body(stmt.finalbody.body, stmt, frames)
+            return frames
+        return frames
+
+    def _if_frame(self, stmt: cst.If, branch: int) -> Frame:
+        divisor = modulo_divisor(stmt.test)
+        test = stmt.test
+        if divisor is None and isinstance(test, cst.Name):
+            # `if do_step:` where `do_step = (i + 1) % N == 0` earlier in the function.
+            values = self.func.assigns.get(test.value, [])
+            if values:
+                divisor = modulo_divisor(values[-1])
+        if divisor is not None:
+            last_batch = isinstance(stmt.test, cst.BooleanOperation) and bool(
+                _LAST_BATCH.search(code_of(stmt.test))
+            )
+            self.model._gate_info[id(stmt)] = (divisor, stmt.test, last_batch)
+            return Frame("if", stmt, branch, _GATE_TAG)
+        text = code_of(test)
+        if "sync_gradients" in text:
+            return Frame("if", stmt, branch, "framework-gate")
+        return Frame("if", stmt, branch)
+
+    def _if(self, stmt: cst.If, frames: tuple[Frame, ...]) -> None:
+        self._body(stmt.body, stmt, (*frames, self._if_frame(stmt, 0)))
+        orelse = stmt.orelse
+        if orelse is None:
+            return
+        else_frames = (*frames, self._if_frame(stmt, 1))
+        if isinstance(orelse, cst.If):
+            self._header_calls(orelse, else_frames)
+            self._if(orelse, else_frames)
+        else:
+            self._body(orelse.body, stmt, else_frames)
+
+    def _header_calls(self, stmt: cst.CSTNode, frames: tuple[Frame, ...]) -> None:
+        for call in self.model.calls_by_stmt.get(id(stmt), []):
+            self._call(call, stmt, frames)
+
+    def _small(
+        self, small: cst.BaseSmallStatement, line: cst.CSTNode, frames: tuple[Frame, ...]
+    ) -> None:
+        func = self.func
+        if isinstance(small, cst.AugAssign):
+            target = small.target
+            if _mentions_grad(target) and isinstance(
+                small.operator, cst.DivideAssign | cst.MultiplyAssign
+            ):
+                self._add(Event("grad_div", small, line, func, frames))
+                return
+            if isinstance(target, cst.Name) and isinstance(
+                small.operator, cst.DivideAssign | cst.MultiplyAssign
+            ):
+                func.aug_scaled.add(target.value)
+        if isinstance(small, cst.Assign):
+            for assign_target in small.targets:
+                tgt = assign_target.target
+                if (
+                    isinstance(tgt, cst.Attribute)
+                    and tgt.attr.value == "require_backward_grad_sync"
+                ):
+                    self._add(Event("sync_flag", small, line, func, frames))
+                    return
+                if isinstance(tgt, cst.Attribute) and tgt.attr.value == "grad":
+                    if isinstance(small.value, cst.Name) and small.value.value == "None":
+                        self._add(Event("zero_grad", small, line, func, frames))
+                        return
+                    if isinstance(small.value, cst.BinaryOperation) and isinstance(
+                        small.value.operator, cst.Divide | cst.Multiply
+                    ):
+                        self._add(Event("grad_div", small, line, func, frames))
+                        return
+        calls = self.model.calls_by_stmt.get(id(line), [])
+        before = len(func.items)
+        for call in calls:
+            self._call(call, line, frames, small)
+        produced = func.items[before:]
+        if id(line) in self.model.grad_reads and not any(
+            isinstance(i, Event) and i.kind in {"zero_grad", "grad_div", "clip"} for i in produced
+        ):
+            self._add(Event("norm_read", small, line, func, frames))
+
+    def _add(self, event: Event) -> None:
+        self.func.items.append(event)
+
+    def _call(
+        self,
+        call: cst.Call,
+        stmt: cst.CSTNode,
+        frames: tuple[Frame, ...],
+        small: cst.BaseSmallStatement | None = None,
+    ) -> None:
+        model = self.model
+        func = self.func
+        name = method_name(call)
+        recv = receiver(call)
+        qual = model.qualify(call.func) or ""
+        last = qual.rsplit(".", 1)[-1] if qual else name
+        result_used = small is not None and not isinstance(small, cst.Expr)
+
+        def event(kind: EventKind, **details: object) -> None:
+            self._add(Event(kind, call, stmt, func, frames, **details))  # type: ignore[arg-type]
+
+        if last in CLIP_NORM_NAMES or last in CLIP_VALUE_NAMES:
+            clip_kind: Literal["norm", "value"] = "value" if last in CLIP_VALUE_NAMES else "norm"
+            recv_kind = model.kind_of(recv) if recv is not None else None
+            is_module_function = (
+                recv is None
+                or qual.startswith("torch.")
+                or (dotted_name(recv) or "").split(".", 1)[0] in model.aliases
+            )
+            if recv_kind in {"accelerator", "fabric"}:
+                limit = call_arg(call, 1, "max_norm")
+                event("clip", clip_kind=clip_kind, limit=limit, framework=recv_kind)
+            elif is_module_function:
+                keyword = "clip_value" if clip_kind == "value" else "max_norm"
+                event(
+                    "clip",
+                    clip_kind=clip_kind,
+                    limit=call_arg(call, 1, keyword),
+                    result_used=result_used,
+                )
+            else:
+                # FSDP / DeepSpeed style: model.clip_grad_norm_(max_norm)
+                event(
+                    "clip",
+                    clip_kind=clip_kind,
+                    limit=call_arg(call, 0, "max_norm"),
+                    receiver=code_of(recv) if recv is not None else None,
+                    result_used=result_used,
+                    framework="fsdp",
+                )
+            return
+        if name == "clip_gradients":
+            event("clip", clip_kind="norm", framework="lightning", limit=None)
+            return
+        if name == "backward":
+            self._backward(call, recv, stmt, frames)
+            return
+        if name == "manual_backward":
+            event("backward", loss=call_arg(call, 0, "loss"), framework="lightning")
+            return
+        if qual == "torch.autograd.backward":
+            event("backward", loss=call_arg(call, 0, "tensors"))
+            return
+        if name == "step" and recv is not None:
+            kind = model.kind_of(recv)
+            text = code_of(recv)
+            if kind == "scaler":
+                opt = call_arg(call, 0, "optimizer")
+                event(
+                    "scaler_step",
+                    receiver=text,
+                    scaler=text,
+                    optimizer=code_of(opt) if opt is not None else None,
+                )
+            elif kind == "scheduler":
+                event("sched_step", receiver=text)
+            elif kind == "optimizer" or kind == "deepspeed-optimizer":
+                event("step", receiver=text, optimizer=text)
+            elif kind == "deepspeed":
+                event("step", receiver=text, optimizer=text, framework="deepspeed")
+            return
+        if name == "update" and model.kind_of(recv) == "scaler":
+            event("scaler_update", receiver=code_of(recv) if recv is not None else None)
+            return
+        if name == "unscale_" and model.kind_of(recv) == "scaler":
+            opt = call_arg(call, 0, "optimizer")
+            event(
+                "unscale",
+                receiver=code_of(recv) if recv is not None else None,
+                scaler=code_of(recv) if recv is not None else None,
+                optimizer=code_of(opt) if opt is not None else None,
+            )
+            return
+        if name == "zero_grad":
+            event("zero_grad", receiver=code_of(recv) if recv is not None else None)
+            return
+        if name in {"zero_", "detach_", "fill_"} and recv is not None and _mentions_grad(recv):
+            event("zero_grad", receiver=code_of(recv))
+            return
+        if name in {"div_", "mul_"} and recv is not None and _mentions_grad(recv):
+            event("grad_div", receiver=code_of(recv))
+            return
+        target = model.function_for_call(call, func)
+        if target is not None and target is not func:
+            func.items.append(HelperCall(call, stmt, target, frames))
+            return
+        lowered = (last or "").lower()
+        if ("grad_norm" in lowered or lowered == "get_total_norm") and last not in CLIP_NORM_NAMES:
+            event("norm_read")
+
+    def _backward(
+        self,
+        call: cst.Call,
+        recv: cst.BaseExpression | None,
+        stmt: cst.CSTNode,
+        frames: tuple[Frame, ...],
+    ) -> None:
+        model = self.model
+        func = self.func
+        if recv is None:
+            return
+        if isinstance(recv, cst.Call) and method_name(recv) == "scale":
+            scaler = receiver(recv)
+            if scaler is not None and model.kind_of(scaler) == "scaler":
+                scaler_text: str | None = code_of(scaler)
+                if scaler_text in model.scaler_disabled:
+                    scaler_text = None
+                self._add(
+                    Event(
+                        "backward",
+                        call,
+                        stmt,
+                        func,
+                        frames,
+                        loss=call_arg(recv, 0, "outputs"),
+                        scaler=scaler_text,
+                    )
+                )
+                return
+        kind = model.kind_of(recv)
+        loss_arg = call_arg(call, 0, "loss")
+        if kind in {"accelerator", "deepspeed"}:
+            self._add(Event("backward", call, stmt, func, frames, loss=loss_arg, framework=kind))
+            return
+        if kind == "fabric":
+            self._add(Event("backward", call, stmt, func, frames, loss=loss_arg, framework=kind))
+            return
+        self._add(Event("backward", call, stmt, func, frames, loss=recv))
+
+
+def _mentions_grad(node: cst.BaseExpression) -> bool:
+    current: cst.BaseExpression = node
+    while isinstance(current, cst.Attribute | cst.Subscript):
+        if isinstance(current, cst.Attribute) and current.attr.value == "grad":
+            return True
+        current = current.value
+    return False
+
+
+def _ends_with_continue(body: cst.BaseSuite) -> bool:
+    statements: Sequence[cst.CSTNode]
+    if isinstance(body, cst.IndentedBlock):
+        if not body.body:
+            return False
+        last = body.body[-1]
+        if not isinstance(last, cst.SimpleStatementLine):
+            return False
+        statements = last.body
+    elif isinstance(body, cst.SimpleStatementSuite):
+        statements = body.body
+    else:
+        return False
+    return bool(statements) and isinstance(statements[-1], cst.Continue)

@@ -1,0 +1,98 @@
+"""Small helpers over libcst expressions: dotted names, source text, literal values."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+_EMPTY_MODULE = cst.Module(body=[])
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """The source text of ``node`` as libcst would print it (whitespace inside kept)."""
+    return _EMPTY_MODULE.code_for_node(node).strip()
+
+
+def dotted_name(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a chain of names and attributes, else None."""
+    parts: list[str] = []
+    current: cst.BaseExpression = node
+    while isinstance(current, cst.Attribute):
+        parts.append(current.attr.value)
+        current = current.value
+    if not isinstance(current, cst.Name):
+        return None
+    parts.append(current.value)
+    return ".".join(reversed(parts))
+
+
+def number_value(node: cst.BaseExpression) -> float | None:
+    """The value of a numeric literal (``1e-3``, ``-2``, ``0.5``), else None."""
+    if isinstance(node, cst.Integer | cst.Float):
+        try:
+            return float(node.evaluated_value)
+        except (ValueError, OverflowError):
+            return None
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        inner = number_value(node.expression)
+        return None if inner is None else -inner
+    return None
+
+
+def call_arg(
+    call: cst.Call, position: int | None, keyword: str | None
+) -> cst.BaseExpression | None:
+    """The argument given by keyword ``keyword`` or at positional index ``position``."""
+    positional = 0
+    for arg in call.args:
+        if arg.keyword is not None:
+            if keyword is not None and arg.keyword.value == keyword:
+                return arg.value
+            continue
+        if arg.star:
+            return None
+        if position is not None and positional == position:
+            return arg.value
+        positional += 1
+    return None
+
+
+def keyword_names(call: cst.Call) -> set[str]:
+    """The keyword argument names of ``call``."""
+    return {arg.keyword.value for arg in call.args if arg.keyword is not None}
+
+
+def method_name(call: cst.Call) -> str | None:
+    """``step`` for ``anything.step(...)``, else None."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    return None
+
+
+def receiver(call: cst.Call) -> cst.BaseExpression | None:
+    """The object a method is called on: ``opt`` in ``opt.step()``."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.value
+    return None
+
+
+def needs_parentheses(node: cst.BaseExpression) -> bool:
+    """True when ``node`` must be wrapped before a ``.method()`` or an operator is applied."""
+    if node.lpar:
+        return False
+    return not isinstance(
+        node,
+        cst.Name
+        | cst.Attribute
+        | cst.Call
+        | cst.Subscript
+        | cst.Integer
+        | cst.Float
+        | cst.SimpleString,
+    )
+
+
+def parenthesize(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``node`` wrapped in parentheses when an operator or method applied to it needs them."""
+    if needs_parentheses(node):
+        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return node

@@ -1,0 +1,34 @@
+"""Result models of the static analyser (the JSON contract of ``gradient-doctor lint``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from probes.findings import Finding
+
+
+class FileReport(BaseModel):
+    """Findings for one file, or the one-line reason it could not be analysed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    findings: list[Finding] = Field(default_factory=list)
+    error: str | None = Field(
+        default=None, description="Why the file was not analysed (binary, too large, syntax…)."
+    )
+    combined_diff: str | None = Field(
+        default=None, description="All offered fixes of this file as one unified diff."
+    )
+
+
+class LintReport(BaseModel):
+    """The whole run: one entry per file, in the order the files were read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    files: list[FileReport] = Field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for file in self.files for f in file.findings]

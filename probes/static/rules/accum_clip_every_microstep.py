@@ -1,0 +1,128 @@
+"""accum-clip-every-microstep: clipping each micro-batch instead of the accumulated gradient."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel
+from probes.static.patches import Patch
+from probes.static.ruletools import anchor_text, movable, previous
+
+
+class AccumClipEveryMicrostep(Rule):
+    id = "accum-clip-every-microstep"
+    severity = "warning"
+    message = (
+        "`{clip}` on line {clip_line} clips on every micro-batch, but the step on line "
+        "{step_line} runs every `{divisor}`: clip once, in the update, before the step"
+    )
+    what = "Finds clipping inside the micro-step of a gradient-accumulation loop."
+    why = (
+        "Mid-accumulation `.grad` holds a partial sum. Clipping it distorts the accumulated "
+        "gradient (early micro-batches get clipped, later ones do not) and the threshold no "
+        "longer means what it would for the full batch. Clip once, on the finished gradient."
+    )
+    example = (
+        "loss.backward()\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "if (i + 1) % N == 0:\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n"
+    )
+    use_instead = (
+        "loss.backward()\n"
+        "if (i + 1) % N == 0:\n"
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n"
+    )
+    fix_safety = (
+        "Safe: the clipping call (and an `unscale_` right before it) moves into the update, "
+        "just before the step."
+    )
+    snippet_id = "accumulation-clip"
+    valid: ClassVar[list[str]] = [
+        """
+import torch
+for i, (x, y) in enumerate(loader):
+    (loss_fn(model(x), y) / N).backward()
+    if (i + 1) % N == 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        """
+import torch
+for x, y in loader:
+    loss_fn(model(x), y).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+for i, (x, y) in enumerate(loader):
+    (loss_fn(model(x), y) / N).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if (i + 1) % N == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            5,
+        ),
+        Invalid(
+            """
+from torch.nn.utils import clip_grad_norm_
+for it in range(iters):
+    for micro in range(accum_steps):
+        loss = model(next(data)) / accum_steps
+        loss.backward()
+        clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+            7,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for unit in model.units:
+            acc = unit.accumulation
+            if acc is None:
+                continue
+            steps = [s for s in unit.steps if unit.gated(s)]
+            if not steps:
+                continue
+            step = steps[0]
+            for clip in unit.of_kind("clip"):
+                if not unit.in_micro_step(clip) or previous(unit, clip, {"backward"}) is None:
+                    continue
+                patch = None
+                if movable(clip.anchor_stmt) and not clip.inlined and not step.inlined:
+                    patch = Patch()
+                    unscale = previous(unit, clip, {"unscale"})
+                    if (
+                        unscale is not None
+                        and unit.in_micro_step(unscale)
+                        and movable(unscale.anchor_stmt)
+                        and not unscale.inlined
+                    ):
+                        patch.move_before(unscale.anchor_stmt, step.anchor_stmt)  # type: ignore[arg-type]
+                    patch.move_before(clip.anchor_stmt, step.anchor_stmt)  # type: ignore[arg-type]
+                yield RawFinding(
+                    node=clip.anchor,
+                    message=self.message,
+                    evidence={
+                        "clip": anchor_text(clip),
+                        "clip_line": clip.anchor,
+                        "step_line": step.anchor,
+                        "divisor": acc.divisor_text,
+                    },
+                    patch=patch,
+                    fix_description="Move the clipping into the update, just before the step.",
+                )

@@ -1,0 +1,139 @@
+"""accum-leftover-batches: the micro-batches after the last full window are never applied."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+import libcst as cst
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import STEP_KINDS, FileModel
+from probes.static.names import code_of
+
+
+class AccumLeftoverBatches(Rule):
+    id = "accum-leftover-batches"
+    severity = "info"
+    message = (
+        "the update condition `{condition}` on line {condition_line} never fires for the last "
+        "`len({loader}) % {divisor}` micro-batches of an epoch: their gradients are never applied"
+    )
+    what = (
+        "Finds accumulation gated by `(i + 1) % N == 0` over a data loader with no step for "
+        "the last, partial window of the epoch."
+    )
+    why = (
+        "When the number of batches is not a multiple of N, the final micro-batches add their "
+        "gradients but no step follows; they leak into the first update of the next epoch (or "
+        "are lost). Step on the last batch too, and divide that partial window by the number "
+        "of micro-batches it really holds, not by N."
+    )
+    example = (
+        "for i, batch in enumerate(loader):\n"
+        "    (model(batch).loss / N).backward()\n"
+        "    if (i + 1) % N == 0:\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()\n"
+    )
+    use_instead = (
+        "for i, batch in enumerate(loader):\n"
+        "    (model(batch).loss / N).backward()\n"
+        "    if (i + 1) % N == 0 or i + 1 == len(loader):\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()\n"
+    )
+    fix_safety = (
+        "No automatic fix: the last window also needs its own divisor (the number of "
+        "micro-batches it holds); see the accumulation-leftover snippet."
+    )
+    snippet_id = "accumulation-leftover"
+    valid: ClassVar[list[str]] = [
+        """
+for i, batch in enumerate(loader):
+    (model(batch).loss / N).backward()
+    if (i + 1) % N == 0 or (i + 1) == len(loader):
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        """
+for it in range(max_iters):
+    for micro in range(N):
+        (model(next(data)) / N).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+        """
+for i, batch in enumerate(loader):
+    (model(batch).loss / N).backward()
+    if (i + 1) % N == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+optimizer.step()
+optimizer.zero_grad()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+for i, batch in enumerate(loader):
+    (model(batch).loss / N).backward()
+    if (i + 1) % N == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            4,
+        ),
+        Invalid(
+            """
+def train(model, train_loader, optimizer, accum):
+    for epoch in range(10):
+        for step, batch in enumerate(train_loader):
+            loss = model(**batch).loss / accum
+            loss.backward()
+            if step % accum == accum - 1:
+                optimizer.step()
+                optimizer.zero_grad()
+""",
+            7,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for unit in model.units:
+            acc = unit.accumulation
+            if acc is None or acc.style != "conditional" or acc.handles_last_batch:
+                continue
+            if acc.condition is None or acc.gate is None or acc.gate.branch != 0:
+                continue
+            loop = unit.micro.node if unit.micro is not None else None
+            if not isinstance(loop, cst.For) or not isinstance(loop.iter, cst.Call):
+                continue
+            func = loop.iter.func
+            if not (isinstance(func, cst.Name) and func.value == "enumerate"):
+                continue
+            if not loop.iter.args:
+                continue
+            loader = loop.iter.args[0].value
+            if isinstance(loader, cst.Call) and code_of(loader.func) == "range":
+                continue
+            events = model.expanded(unit.root)
+            micro_node = loop
+            flushed = any(
+                e.kind in STEP_KINDS
+                and not any(f.node is micro_node for f in e.frames)
+                and e.order > max((x.order for x in events if x.inside(unit.micro)), default=0)
+                for e in events
+            )
+            if flushed:
+                continue
+            yield RawFinding(
+                node=acc.condition,
+                message=self.message,
+                evidence={
+                    "condition": code_of(acc.condition),
+                    "condition_line": acc.condition,
+                    "loader": code_of(loader),
+                    "divisor": acc.divisor_text,
+                },
+            )

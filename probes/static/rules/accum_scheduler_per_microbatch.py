@@ -1,0 +1,118 @@
+"""accum-scheduler-per-microbatch: the LR scheduler steps on every micro-batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel
+from probes.static.patches import Patch
+from probes.static.ruletools import anchor_text, movable
+
+
+class AccumSchedulerPerMicrobatch(Rule):
+    id = "accum-scheduler-per-microbatch"
+    severity = "warning"
+    message = (
+        "`{scheduler}` on line {sched_line} steps on every micro-batch while the optimizer steps "
+        "every `{divisor}` (line {step_line}): the schedule runs `{divisor}` times too fast"
+    )
+    what = "Finds an LR scheduler stepped inside the micro-step of gradient accumulation."
+    why = (
+        "Schedules (warm-up, cosine decay) count optimizer updates. Stepping the scheduler on "
+        "every micro-batch advances it N times per update: warm-up ends N times early and the "
+        "learning rate decays N times too fast."
+    )
+    example = (
+        "loss.backward()\n"
+        "scheduler.step()\n"
+        "if (i + 1) % N == 0:\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n"
+    )
+    use_instead = (
+        "loss.backward()\n"
+        "if (i + 1) % N == 0:\n"
+        "    optimizer.step()\n"
+        "    scheduler.step()\n"
+        "    optimizer.zero_grad()\n"
+    )
+    fix_safety = (
+        "Safe for schedules defined in optimizer steps (the usual case). If your schedule was "
+        "sized in micro-batches, divide its length by N as well."
+    )
+    snippet_id = "accumulation-scheduler"
+    valid: ClassVar[list[str]] = [
+        """
+for i, (x, y) in enumerate(loader):
+    (loss_fn(model(x), y) / N).backward()
+    if (i + 1) % N == 0:
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+""",
+        """
+for epoch in range(epochs):
+    for i, (x, y) in enumerate(loader):
+        (loss_fn(model(x), y) / N).backward()
+        if (i + 1) % N == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    scheduler.step()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+for i, (x, y) in enumerate(loader):
+    (loss_fn(model(x), y) / N).backward()
+    lr_scheduler.step()
+    if (i + 1) % N == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            4,
+        ),
+        Invalid(
+            """
+from torch.optim.lr_scheduler import CosineAnnealingLR
+sched = CosineAnnealingLR(opt, T_max=1000)
+for it in range(iters):
+    for micro in range(accum):
+        (model(next(data)) / accum).backward()
+        sched.step()
+    opt.step()
+    opt.zero_grad()
+""",
+            7,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for unit in model.units:
+            acc = unit.accumulation
+            if acc is None:
+                continue
+            steps = [s for s in unit.steps if unit.gated(s)]
+            if not steps:
+                continue
+            step = steps[-1]
+            for sched in unit.of_kind("sched_step"):
+                if not unit.in_micro_step(sched):
+                    continue
+                patch = None
+                if movable(sched.anchor_stmt) and not sched.inlined:
+                    patch = Patch().move_after(sched.anchor_stmt, step.anchor_stmt)  # type: ignore[arg-type]
+                yield RawFinding(
+                    node=sched.anchor,
+                    message=self.message,
+                    evidence={
+                        "scheduler": anchor_text(sched),
+                        "sched_line": sched.anchor,
+                        "step_line": step.anchor,
+                        "divisor": acc.divisor_text,
+                    },
+                    patch=patch,
+                    fix_description="Move the scheduler step into the update, after the step.",
+                )

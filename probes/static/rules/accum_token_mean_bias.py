@@ -1,0 +1,195 @@
+"""accum-token-mean-bias: averaging per-micro-batch token means over an accumulation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+import libcst as cst
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel, FuncInfo
+from probes.static.names import call_arg, code_of, dotted_name, keyword_names
+from probes.static.ruletools import has_scaling
+from probes.static.traverse import calls_in, children
+
+TOKEN_COUNT_HINTS = ("token", "num_items", "n_items", "count", "mask.sum", "numel")
+
+
+class AccumTokenMeanBias(Rule):
+    id = "accum-token-mean-bias"
+    severity = "warning"
+    message = (
+        "line {line} divides a token-mean loss (`ignore_index` on line {loss_line}) by "
+        "`{divisor}` micro-batches: micro-batches with fewer real tokens weigh as much as full "
+        "ones; sum the token losses and divide by the step's total token count"
+    )
+    what = (
+        "Finds gradient accumulation of a token-level mean loss with padding (`ignore_index`), "
+        "averaged per micro-batch and then divided by N."
+    )
+    why = (
+        "A mean over each micro-batch's non-padding tokens, averaged over N micro-batches, "
+        "gives each micro-batch equal weight whatever its token count, so tokens in short "
+        "micro-batches count more than tokens in long ones: the result differs from one large "
+        "batch. This is the bias fixed in Hugging Face's Trainer in 2024: use "
+        "`reduction='sum'` and divide by the number of real tokens in the whole step."
+    )
+    example = "loss = F.cross_entropy(logits, labels, ignore_index=-100)\n(loss / N).backward()\n"
+    use_instead = (
+        "loss = F.cross_entropy(logits, labels, ignore_index=-100, reduction='sum')\n"
+        "(loss / tokens_in_step).backward()  # real tokens over the N micro-batches\n"
+    )
+    fix_safety = "No automatic fix: the total token count of the step must be computed first."
+    snippet_id = "accumulation-token-mean"
+    valid: ClassVar[list[str]] = [
+        """
+import torch.nn.functional as F
+for i, (x, y) in enumerate(loader):
+    logits = model(x)
+    loss = F.cross_entropy(logits.view(-1, V), y.view(-1), ignore_index=-100, reduction="sum")
+    (loss / tokens_per_step).backward()
+    if (i + 1) % N == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        """
+import torch.nn.functional as F
+for x, y in loader:
+    loss = F.cross_entropy(model(x).view(-1, V), y.view(-1), ignore_index=-100)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch.nn.functional as F
+for i, (x, y) in enumerate(loader):
+    logits = model(x)
+    loss = F.cross_entropy(logits.view(-1, V), y.view(-1), ignore_index=-100)
+    loss = loss / N
+    loss.backward()
+    if (i + 1) % N == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            6,
+        ),
+        Invalid(
+            """
+import torch.nn as nn
+criterion = nn.CrossEntropyLoss(ignore_index=pad_id)
+for it in range(iters):
+    for micro in range(accum):
+        x, y = next(data)
+        (criterion(model(x), y) / accum).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+            7,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        criteria = {name for name, call in model.constructors.items() if _token_mean(call)}
+        for name, value in model.module_info.assigns.items():
+            if any(isinstance(v, cst.Call) and _token_mean(v) for v in value):
+                criteria.add(name)
+        for unit in model.units:
+            acc = unit.accumulation
+            if acc is None:
+                continue
+            for backward in unit.backwards:
+                if backward.framework is not None or not unit.in_micro_step(backward):
+                    continue
+                found = _derivation(model, backward.func, backward.loss, criteria)
+                if found is None:
+                    continue
+                loss_call, division = found
+                yield RawFinding(
+                    node=division if division is not None else backward.call,
+                    message=self.message,
+                    evidence={
+                        "line": division if division is not None else backward.call,
+                        "loss_line": loss_call,
+                        "divisor": acc.divisor_text,
+                    },
+                )
+
+
+def _token_mean(call: cst.Call) -> bool:
+    """A loss call/constructor with ignore_index and the default mean reduction."""
+    if "ignore_index" not in keyword_names(call):
+        return False
+    reduction = call_arg(call, None, "reduction")
+    return reduction is None or (
+        isinstance(reduction, cst.SimpleString) and "mean" in reduction.value
+    )
+
+
+def _derivation(
+    model: FileModel,
+    func: FuncInfo,
+    expr: cst.BaseExpression | None,
+    criteria: set[str],
+) -> tuple[cst.CSTNode, cst.CSTNode | None] | None:
+    """(token-mean loss call, statement dividing it) along the backpropagated loss."""
+    if expr is None:
+        return None
+    text = code_of(expr).lower()
+    if any(hint in text for hint in TOKEN_COUNT_HINTS):
+        return None
+    division: cst.CSTNode | None = expr if has_scaling(expr) else None
+    pending: list[cst.BaseExpression] = [expr]
+    seen: set[str] = set()
+    loss_call: cst.CSTNode | None = None
+    while pending:
+        current = pending.pop()
+        for call in _calls(current):
+            name = dotted_name(call.func) or ""
+            if _token_mean(call) or name in criteria:
+                loss_call = call
+        for name in _names(current):
+            if name in seen:
+                continue
+            seen.add(name)
+            for site in func.assign_sites.get(name, []):
+                if isinstance(site, cst.AugAssign) and isinstance(
+                    site.operator, cst.DivideAssign | cst.MultiplyAssign
+                ):
+                    division = division or site
+                    pending.append(site.value)
+                elif isinstance(site, cst.Assign):
+                    if has_scaling(site.value) and division is None:
+                        division = site
+                    if any(h in code_of(site.value).lower() for h in TOKEN_COUNT_HINTS):
+                        return None
+                    pending.append(site.value)
+    if loss_call is None:
+        return None
+    return loss_call, division
+
+
+def _calls(node: cst.CSTNode) -> list[cst.Call]:
+    return calls_in(node)
+
+
+def _names(node: cst.CSTNode) -> list[str]:
+    """Names the loss is derived from: follows method receivers (``loss.mean()``), not the
+    function called (``model(x)``) nor its arguments."""
+    found: list[str] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            found.append(current.value)
+        elif isinstance(current, cst.Attribute):
+            stack.append(current.value)
+        elif isinstance(current, cst.Call):
+            if isinstance(current.func, cst.Attribute):
+                stack.append(current.func.value)
+        else:
+            stack.extend(children(current))
+    return found

@@ -1,0 +1,192 @@
+"""accum-unscaled-loss: accumulating gradients without dividing the loss by ``N``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+import libcst as cst
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel
+from probes.static.names import code_of, receiver
+from probes.static.patches import Patch
+from probes.static.ruletools import anchor_text, divide, loss_is_scaled, names_in
+
+
+class AccumUnscaledLoss(Rule):
+    id = "accum-unscaled-loss"
+    severity = "critical"
+    message = (
+        "`{backward}` on line {backward_line} accumulates {divisor} micro-batches per optimizer "
+        "step (line {step_line}) but `{loss}` is never divided by `{divisor}`: the accumulated "
+        "gradients are `{divisor}` times too large"
+    )
+    what = (
+        "Finds gradient accumulation (the step runs every N backward calls) where the loss "
+        "that is backpropagated is not divided by N."
+    )
+    why = (
+        "Gradients add up over the N backward calls. Without dividing the loss by N the "
+        "accumulated gradient is the sum, N times the average a single large batch would give: "
+        "it acts like a learning rate N times too high and training is unstable."
+    )
+    example = (
+        "for i, (x, y) in enumerate(loader):\n"
+        "    loss = criterion(model(x), y)\n"
+        "    loss.backward()\n"
+        "    if (i + 1) % accumulation_steps == 0:\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()\n"
+    )
+    use_instead = (
+        "for i, (x, y) in enumerate(loader):\n"
+        "    loss = criterion(model(x), y) / accumulation_steps\n"
+        "    loss.backward()\n"
+        "    if (i + 1) % accumulation_steps == 0:\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()\n"
+    )
+    fix_safety = (
+        "Safe: only the tensor passed to backward is divided (`(loss / N).backward()`); the "
+        "value you log stays the same. The effective learning rate becomes what a batch N "
+        "times larger would give, which is what accumulation is meant to do."
+    )
+    snippet_id = "accumulation"
+    valid: ClassVar[list[str]] = [
+        """
+for i, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    loss = loss / accumulation_steps
+    loss.backward()
+    if (i + 1) % accumulation_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for it in range(max_iters):
+    for micro_step in range(gradient_accumulation_steps):
+        model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+        with ctx:
+            logits, loss = model(X, Y)
+            loss = loss / gradient_accumulation_steps
+        X, Y = get_batch("train")
+        scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+""",
+        """
+loss_scale = 1.0 / accum
+for step, batch in enumerate(loader):
+    (model(batch).loss * loss_scale).backward()
+    if step % accum == accum - 1:
+        opt.step()
+        opt.zero_grad()
+""",
+        """
+for step, batch in enumerate(loader):
+    loss = model(**batch).loss
+    accelerator.backward(loss)
+    if step % 4 == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+for i, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    loss.backward()
+    if (i + 1) % accumulation_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            4,
+        ),
+        Invalid(
+            """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for it in range(max_iters):
+    for micro_step in range(grad_accum):
+        with torch.autocast("cuda"):
+            loss = model(*get_batch())
+        scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+""",
+            8,
+        ),
+        Invalid(
+            """
+class Trainer:
+    def backward_step(self, batch):
+        out = self.model(batch)
+        out.loss.backward()
+
+    def fit(self, loader):
+        for step, batch in enumerate(loader):
+            self.backward_step(batch)
+            if step % self.accum_steps == self.accum_steps - 1:
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+""",
+            5,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for unit in model.units:
+            acc = unit.accumulation
+            if acc is None:
+                continue
+            steps = [s for s in unit.steps if unit.gated(s)]
+            if not steps or any(s.framework == "deepspeed" for s in steps):
+                continue
+            for backward in unit.backwards:
+                if backward.framework in {"accelerator", "deepspeed"}:
+                    continue
+                if not unit.in_micro_step(backward):
+                    continue
+                if any(f.tag == "accumulate" for f in backward.frames):
+                    continue
+                if loss_is_scaled(model, backward.func, backward.loss):
+                    continue
+                loss = backward.loss
+                assert loss is not None
+                yield RawFinding(
+                    node=backward.call,
+                    message=self.message,
+                    evidence={
+                        "backward": anchor_text(backward)
+                        if not backward.inlined
+                        else code_of(backward.call),
+                        "backward_line": backward.call,
+                        "loss": code_of(loss),
+                        "divisor": acc.divisor_text,
+                        "step_line": steps[0].anchor,
+                    },
+                    patch=self._patch(model, unit, backward, acc.divisor),
+                    fix_description=f"Divide the backpropagated loss by `{acc.divisor_text}`.",
+                )
+
+    def _patch(self, model, unit, backward, divisor):  # type: ignore[no-untyped-def]
+        loss = backward.loss
+        call = backward.call
+        if loss is None or not isinstance(call, cst.Call):
+            return None
+        if backward.inlined:
+            func = backward.func
+            known = set(func.params) | set(func.assigns) | set(model.module_info.assigns)
+            known |= set(model.aliases) | {"self", "cls", "len"}
+            if not names_in(divisor) <= known:
+                return None
+        as_receiver = receiver(call) is loss
+        return Patch().replace_node(loss, divide(loss, divisor, as_receiver=as_receiver))

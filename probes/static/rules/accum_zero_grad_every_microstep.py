@@ -1,0 +1,123 @@
+"""accum-zero-grad-every-microstep: ``zero_grad()`` on every micro-batch of an accumulation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel
+from probes.static.patches import Patch
+from probes.static.ruletools import anchor_text, movable
+
+
+class AccumZeroGradEveryMicrostep(Rule):
+    id = "accum-zero-grad-every-microstep"
+    severity = "critical"
+    message = (
+        "`{zero_grad}` on line {zero_line} runs on every micro-batch while the step on line "
+        "{step_line} runs every `{divisor}`: only the last micro-batch's gradients are used"
+    )
+    what = "Finds `zero_grad()` that runs on every micro-batch of a gradient-accumulation loop."
+    why = (
+        "Zeroing inside the micro-step throws away what the previous micro-batches "
+        "accumulated, so the update sees one micro-batch, not N: accumulation silently does "
+        "nothing (and with a divided loss the gradients are also N times too small)."
+    )
+    example = (
+        "for i, batch in enumerate(loader):\n"
+        "    optimizer.zero_grad()\n"
+        "    (model(batch).loss / N).backward()\n"
+        "    if (i + 1) % N == 0:\n"
+        "        optimizer.step()\n"
+    )
+    use_instead = (
+        "for i, batch in enumerate(loader):\n"
+        "    (model(batch).loss / N).backward()\n"
+        "    if (i + 1) % N == 0:\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()\n"
+    )
+    fix_safety = (
+        "Safe: the `zero_grad()` call is moved into the update, right after the step (or "
+        "removed when the update already zeroes)."
+    )
+    snippet_id = "accumulation"
+    valid: ClassVar[list[str]] = [
+        """
+for i, batch in enumerate(loader):
+    (model(batch).loss / N).backward()
+    if (i + 1) % N == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        """
+for i, batch in enumerate(loader):
+    if i % N == 0:
+        optimizer.zero_grad()
+    (model(batch).loss / N).backward()
+    if (i + 1) % N == 0:
+        optimizer.step()
+""",
+        """
+for x, y in loader:
+    optimizer.zero_grad()
+    loss_fn(model(x), y).backward()
+    optimizer.step()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+for i, batch in enumerate(loader):
+    optimizer.zero_grad()
+    (model(batch).loss / N).backward()
+    if (i + 1) % N == 0:
+        optimizer.step()
+""",
+            3,
+        ),
+        Invalid(
+            """
+for it in range(iters):
+    for micro_step in range(accum):
+        loss = model(next(data)) / accum
+        loss.backward()
+        model.zero_grad()
+    optimizer.step()
+""",
+            6,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for unit in model.units:
+            acc = unit.accumulation
+            if acc is None:
+                continue
+            steps = [s for s in unit.steps if unit.gated(s)]
+            if not steps or any(s.framework == "deepspeed" for s in steps):
+                continue
+            gated_zero = [z for z in unit.of_kind("zero_grad") if not unit.in_micro_step(z)]
+            for zero in unit.of_kind("zero_grad"):
+                if not unit.in_micro_step(zero):
+                    continue
+                step = steps[-1]
+                patch = None
+                if movable(zero.anchor_stmt) and not zero.inlined:
+                    if gated_zero:
+                        patch = Patch(remove=[zero.anchor_stmt])
+                    else:
+                        patch = Patch().move_after(zero.anchor_stmt, step.anchor_stmt)  # type: ignore[arg-type]
+                yield RawFinding(
+                    node=zero.anchor,
+                    message=self.message,
+                    evidence={
+                        "zero_grad": anchor_text(zero),
+                        "zero_line": zero.anchor,
+                        "step_line": step.anchor,
+                        "divisor": acc.divisor_text,
+                    },
+                    patch=patch,
+                    fix_description="Move `zero_grad()` into the update, after the step.",
+                )

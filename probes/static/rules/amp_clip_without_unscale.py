@@ -1,0 +1,160 @@
+"""amp-clip-without-unscale: clipping the still-scaled gradients of a GradScaler."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel
+from probes.static.patches import Patch
+from probes.static.ruletools import anchor_text, between, following, optimizer_of, previous
+
+
+class AmpClipWithoutUnscale(Rule):
+    id = "amp-clip-without-unscale"
+    severity = "critical"
+    message = (
+        "`{clip}` on line {clip_line} clips the gradients scaled by `{scaler}` (backward on line "
+        "{backward_line}) without `{scaler}.unscale_({optimizer})` first"
+    )
+    what = "Finds clipping of GradScaler-scaled gradients with no `scaler.unscale_()` before it."
+    why = (
+        "After `scaler.scale(loss).backward()` the gradients are multiplied by the loss scale "
+        "(65,536 at the start). Their norm is far above `max_norm`, so every step is clipped to "
+        "`max_norm` in scaled units, and once `scaler.step` divides by the scale the real "
+        "update is about scale-times smaller than intended: training barely moves."
+    )
+    example = (
+        "scaler.scale(loss).backward()\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "scaler.step(optimizer)\n"
+        "scaler.update()\n"
+    )
+    use_instead = (
+        "scaler.scale(loss).backward()\n"
+        "scaler.unscale_(optimizer)\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "scaler.step(optimizer)\n"
+        "scaler.update()\n"
+    )
+    fix_safety = (
+        "Safe: `scaler.unscale_(optimizer)` is inserted just before the clip; `scaler.step` "
+        "knows the gradients are already unscaled and does not unscale them twice."
+    )
+    snippet_id = "amp-clip"
+    valid: ClassVar[list[str]] = [
+        """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+""",
+        """
+import torch
+for x, y in loader:
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+        """
+from accelerate import Accelerator
+accelerator = Accelerator(mixed_precision="fp16")
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    loss = model(**batch).loss
+    accelerator.backward(loss)
+    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+""",
+            8,
+        ),
+        Invalid(
+            """
+import torch
+from torch.cuda.amp import GradScaler
+class Trainer:
+    def __init__(self, model, opt, use_amp):
+        self.model, self.opt = model, opt
+        self.scaler = GradScaler(enabled=use_amp)
+
+    def clip(self):
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=1.0)
+
+    def train_step(self, batch):
+        loss = self.model(batch)
+        self.scaler.scale(loss).backward()
+        self.clip()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.opt.zero_grad()
+""",
+            15,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for unit in model.units:
+            for clip in unit.of_kind("clip"):
+                if clip.framework in {"accelerator", "fabric", "lightning"}:
+                    continue
+                backward = previous(unit, clip, {"backward"})
+                if backward is None or not backward.scaler:
+                    continue
+                step = following(unit, clip, {"step", "scaler_step"})
+                if step is None or between(unit, backward, clip, {"step", "scaler_step"}):
+                    continue
+                if between(unit, backward, clip, {"unscale"}):
+                    continue
+                if any(
+                    u.order < backward.order and not u.inside(unit.micro)
+                    for u in unit.of_kind("unscale")
+                ):
+                    continue
+                optimizer = optimizer_of(step) or "optimizer"
+                patch = None
+                if clip.anchor_stmt is not step.anchor_stmt:
+                    patch = Patch().insert_before(
+                        clip.anchor_stmt, f"{backward.scaler}.unscale_({optimizer})"
+                    )
+                yield RawFinding(
+                    node=clip.anchor,
+                    message=self.message,
+                    evidence={
+                        "clip": anchor_text(clip),
+                        "clip_line": clip.anchor,
+                        "scaler": backward.scaler,
+                        "optimizer": optimizer,
+                        "backward_line": backward.anchor,
+                        "step_line": step.anchor,
+                    },
+                    patch=patch,
+                    fix_description=(
+                        f"Insert `{backward.scaler}.unscale_({optimizer})` before the clip."
+                    ),
+                )

@@ -1,0 +1,131 @@
+"""amp-double-unscale: ``scaler.unscale_`` called twice before one ``scaler.update()``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel, exclusive
+from probes.static.patches import Patch
+from probes.static.ruletools import anchor_text, between, movable
+
+
+class AmpDoubleUnscale(Rule):
+    id = "amp-double-unscale"
+    severity = "warning"
+    message = (
+        "`{second}` on line {second_line} unscales `{optimizer}` again after line {first_line}, "
+        "before `update()`: PyTorch raises RuntimeError"
+    )
+    what = "Finds a second `scaler.unscale_(optimizer)` for the same optimizer in one update."
+    why = (
+        "`unscale_` may run once per optimizer between two `scaler.update()` calls. A second call "
+        "raises `RuntimeError: unscale_() has already been called on this optimizer since the "
+        "last update()`. It usually appears after a refactor moves clipping into a helper that "
+        "unscales on its own."
+    )
+    example = (
+        "scaler.unscale_(optimizer)\n"
+        "clip_gradients(model, scaler, optimizer)  # unscales again inside\n"
+        "scaler.step(optimizer)\n"
+    )
+    use_instead = (
+        "scaler.unscale_(optimizer)\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "scaler.step(optimizer)\n"
+        "scaler.update()\n"
+    )
+    fix_safety = "Safe: the redundant `unscale_` statement is removed; one unscale remains."
+    snippet_id = "amp-clip"
+    valid: ClassVar[list[str]] = [
+        """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+""",
+        """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    scaler.scale(loss_g(x) + loss_d(y)).backward()
+    scaler.unscale_(opt_g)
+    scaler.unscale_(opt_d)
+    scaler.step(opt_g)
+    scaler.step(opt_d)
+    scaler.update()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+""",
+            8,
+        ),
+        Invalid(
+            """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+def clip_gradients(model, optimizer):
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    scaler.unscale_(optimizer)
+    clip_gradients(model, optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+""",
+            11,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for unit in model.units:
+            unscales = unit.of_kind("unscale")
+            for index, second in enumerate(unscales):
+                first = next(
+                    (
+                        u
+                        for u in reversed(unscales[:index])
+                        if u.optimizer == second.optimizer and not exclusive(u, second)
+                    ),
+                    None,
+                )
+                if first is None or between(unit, first, second, {"scaler_update"}):
+                    continue
+                if first.inside(unit.micro) != second.inside(unit.micro):
+                    continue
+                patch = None
+                if movable(second.anchor_stmt) and not second.inlined:
+                    patch = Patch(remove=[second.anchor_stmt])
+                elif movable(first.anchor_stmt) and not first.inlined:
+                    patch = Patch(remove=[first.anchor_stmt])
+                yield RawFinding(
+                    node=second.anchor,
+                    message=self.message,
+                    evidence={
+                        "second": anchor_text(second),
+                        "second_line": second.anchor,
+                        "first_line": first.anchor,
+                        "optimizer": second.optimizer or "optimizer",
+                    },
+                    patch=patch,
+                    fix_description="Remove the redundant `unscale_` call.",
+                )

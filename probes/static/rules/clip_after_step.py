@@ -1,0 +1,166 @@
+"""clip-after-step: clipping called after the optimizer step (the update is unclipped)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel
+from probes.static.patches import Patch
+from probes.static.ruletools import (
+    anchor_text,
+    between,
+    movable,
+    optimizer_of,
+    previous,
+    scaled_backward,
+)
+
+
+class ClipAfterStep(Rule):
+    id = "clip-after-step"
+    severity = "critical"
+    message = "`{clip}` on line {clip_line} runs after `{step}` on line {step_line}"
+    what = "Finds gradient clipping that runs after the optimizer step of the same iteration."
+    why = (
+        "The optimizer step consumes the gradients. Clipping afterwards changes gradients that "
+        "are about to be zeroed, so the update that just happened was never clipped and the "
+        "clipping has no effect at all."
+    )
+    example = (
+        "loss.backward()\n"
+        "optimizer.step()\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\n"
+    )
+    use_instead = (
+        "loss.backward()\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\n"
+        "optimizer.step()\n"
+    )
+    fix_safety = (
+        "Safe: the clipping call is moved, unchanged, to just before the step (after "
+        "`scaler.unscale_` when a GradScaler is used, which the fix inserts if missing)."
+    )
+    snippet_id = "training-loop-order"
+    valid: ClassVar[list[str]] = [
+        """
+import torch
+for x, y in loader:
+    optimizer.zero_grad()
+    loss = criterion(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+""",
+        """
+import torch
+from torch.nn.utils import clip_grad_norm_ as clip
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    scaler.scale(criterion(model(x), y)).backward()
+    scaler.unscale_(opt)
+    clip(model.parameters(), max_norm=1.0)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+""",
+        """
+import torch
+class Trainer:
+    def _clip(self):
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+
+    def fit(self, loader):
+        for batch in loader:
+            self.model(batch).loss.backward()
+            self._clip()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+for x, y in loader:
+    optimizer.zero_grad()
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+""",
+            8,
+        ),
+        Invalid(
+            """
+import torch
+import torch.nn as nn
+scaler = torch.cuda.amp.GradScaler()
+for x, y in loader:
+    scaler.scale(criterion(model(x), y)).backward()
+    scaler.step(opt)
+    scaler.update()
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
+    opt.zero_grad()
+""",
+            9,
+        ),
+        Invalid(
+            """
+import torch
+class Trainer:
+    def _clip_gradients(self):
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+
+    def fit(self, loader):
+        for batch in loader:
+            self.model(batch).loss.backward()
+            self.optimizer.step()
+            self._clip_gradients()
+            self.optimizer.zero_grad()
+""",
+            11,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for unit in model.units:
+            for clip in unit.of_kind("clip"):
+                step = previous(unit, clip, {"step", "scaler_step"})
+                if step is None:
+                    continue
+                if between(unit, step, clip, {"backward"}):
+                    continue
+                if previous(unit, step, {"backward"}) is None:
+                    continue  # a rotated loop: this step uses the previous backward
+                patch = None
+                if (
+                    movable(clip.anchor_stmt)
+                    and not step.inlined
+                    and clip.anchor_stmt is not (step.anchor_stmt)
+                ):
+                    patch = Patch()
+                    backward = scaled_backward(unit, before=step)
+                    if (
+                        backward is not None
+                        and clip.framework is None
+                        and not between(unit, backward, step, {"unscale"})
+                    ):
+                        patch.insert_before(
+                            step.anchor_stmt,
+                            f"{backward.scaler}.unscale_({optimizer_of(step)})",
+                        )
+                    patch.move_before(clip.anchor_stmt, step.anchor_stmt)  # type: ignore[arg-type]
+                yield RawFinding(
+                    node=clip.anchor,
+                    message=self.message,
+                    evidence={
+                        "clip": anchor_text(clip),
+                        "clip_line": clip.anchor,
+                        "step": anchor_text(step),
+                        "step_line": step.anchor,
+                    },
+                    patch=patch,
+                    fix_description="Move the clipping call to just before the optimizer step.",
+                )

@@ -1,0 +1,119 @@
+"""clip-before-backward: clipping runs before ``backward()`` fills the gradients."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel
+from probes.static.patches import Patch
+from probes.static.ruletools import anchor_text, between, following, movable, previous
+
+
+class ClipBeforeBackward(Rule):
+    id = "clip-before-backward"
+    severity = "critical"
+    message = "`{clip}` on line {clip_line} runs before `{backward}` on line {backward_line}"
+    what = "Finds gradient clipping placed before the backward pass of the same iteration."
+    why = (
+        "Before `backward()` the gradients are empty (or zero, or still the previous "
+        "iteration's). Clipping them does nothing to the gradients the step will use, so "
+        "training runs unclipped."
+    )
+    example = (
+        "optimizer.zero_grad()\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "loss.backward()\n"
+        "optimizer.step()\n"
+    )
+    use_instead = (
+        "optimizer.zero_grad()\n"
+        "loss.backward()\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "optimizer.step()\n"
+    )
+    fix_safety = "Safe: the clipping call is moved, unchanged, to just before the optimizer step."
+    snippet_id = "training-loop-order"
+    valid: ClassVar[list[str]] = [
+        """
+import torch
+for x, y in loader:
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+""",
+        """
+import torch
+import lightning as L
+class Model(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = self.compute_loss(batch)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        self.clip_gradients(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        opt.step()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+for x, y in loader:
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    loss.backward()
+    optimizer.step()
+""",
+            6,
+        ),
+        Invalid(
+            """
+from torch.nn.utils import clip_grad_norm_
+def train(model, loader, opt):
+    for batch in loader:
+        opt.zero_grad()
+        clip_grad_norm_(model.parameters(), max_norm=5.0)
+        out = model(batch)
+        out.loss.backward()
+        opt.step()
+""",
+            6,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for unit in model.units:
+            for clip in unit.of_kind("clip"):
+                if previous(unit, clip, {"backward"}) is not None:
+                    continue
+                backward = following(unit, clip, {"backward"})
+                if backward is None or between(unit, clip, backward, {"step", "scaler_step"}):
+                    continue
+                step = following(unit, backward, {"step", "scaler_step"})
+                if step is None:
+                    continue
+                patch = None
+                if movable(clip.anchor_stmt) and not step.inlined:
+                    target = previous(unit, step, {"unscale"})
+                    anchor = step.anchor_stmt
+                    if target is not None and target.order > backward.order:
+                        anchor = step.anchor_stmt
+                    patch = Patch().move_before(clip.anchor_stmt, anchor)  # type: ignore[arg-type]
+                yield RawFinding(
+                    node=clip.anchor,
+                    message=self.message,
+                    evidence={
+                        "clip": anchor_text(clip),
+                        "clip_line": clip.anchor,
+                        "backward": anchor_text(backward),
+                        "backward_line": backward.anchor,
+                        "step_line": step.anchor,
+                    },
+                    patch=patch,
+                    fix_description="Move the clipping call after backward, before the step.",
+                )

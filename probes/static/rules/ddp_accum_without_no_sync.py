@@ -1,0 +1,162 @@
+"""ddp-accum-without-no-sync: DDP all-reduces on every micro-batch of an accumulation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+import libcst as cst
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel, Unit
+from probes.static.names import code_of
+from probes.static.patches import Patch
+from probes.static.ruletools import anchor_text, names_in
+
+
+class DdpAccumWithoutNoSync(Rule):
+    id = "ddp-accum-without-no-sync"
+    severity = "warning"
+    message = (
+        "`{backward}` on line {backward_line} runs under DistributedDataParallel on every "
+        "micro-batch without `no_sync()`: `{divisor}` gradient all-reduces per optimizer step "
+        "instead of 1"
+    )
+    what = "Finds DDP gradient accumulation that synchronises gradients on every micro-batch."
+    why = (
+        "DDP all-reduces gradients during every `backward()`. With accumulation only the last "
+        "micro-batch needs it; the others can skip communication with `model.no_sync()` (or "
+        "`model.require_backward_grad_sync = False`). Without it each step pays N all-reduces: "
+        "the result is the same but training is much slower."
+    )
+    example = (
+        "model = DDP(model)\n"
+        "for i, batch in enumerate(loader):\n"
+        "    (model(batch) / N).backward()\n"
+        "    if (i + 1) % N == 0:\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()\n"
+    )
+    use_instead = (
+        "model = DDP(model)\n"
+        "for i, batch in enumerate(loader):\n"
+        "    model.require_backward_grad_sync = (i + 1) % N == 0\n"
+        "    (model(batch) / N).backward()\n"
+        "    if (i + 1) % N == 0:\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()\n"
+    )
+    fix_safety = (
+        "Safe: sets `require_backward_grad_sync` (what `no_sync()` toggles) at the top of the "
+        "micro-step, so only the update's backward all-reduces; the gradients are identical."
+    )
+    snippet_id = "ddp-no-sync-accumulation"
+    valid: ClassVar[list[str]] = [
+        """
+from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(model)
+for i, batch in enumerate(loader):
+    if (i + 1) % N != 0:
+        with model.no_sync():
+            (model(batch) / N).backward()
+    else:
+        (model(batch) / N).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        """
+from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(model)
+for it in range(iters):
+    for micro_step in range(N):
+        model.require_backward_grad_sync = micro_step == N - 1
+        (model(next(data)) / N).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+from torch.nn.parallel import DistributedDataParallel as DDP
+model = DDP(model)
+for i, batch in enumerate(loader):
+    (model(batch) / N).backward()
+    if (i + 1) % N == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
+ddp_model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[rank])
+for it in range(iters):
+    for micro_step in range(accum):
+        loss = ddp_model(next(data)) / accum
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+            7,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        if not model.uses_ddp:
+            return
+        for unit in model.units:
+            acc = unit.accumulation
+            if acc is None or unit.framework is not None:
+                continue
+            if unit.of_kind("sync_flag") or any(
+                e.kind == "sync_flag" for e in model.expanded(unit.root)
+            ):
+                continue
+            for backward in unit.backwards:
+                if backward.framework is not None or not unit.in_micro_step(backward):
+                    continue
+                if any(f.tag in {"no_sync", "accumulate"} for f in backward.frames):
+                    continue
+                yield RawFinding(
+                    node=backward.anchor,
+                    message=self.message,
+                    evidence={
+                        "backward": anchor_text(backward),
+                        "backward_line": backward.anchor,
+                        "divisor": acc.divisor_text,
+                    },
+                    patch=self._patch(model, unit),
+                    fix_description="Skip the all-reduce on all but the last micro-batch.",
+                )
+                break
+
+    def _patch(self, model: FileModel, unit: Unit) -> Patch | None:
+        acc = unit.accumulation
+        loop = unit.micro.node if unit.micro is not None else None
+        if (
+            acc is None
+            or not isinstance(loop, cst.For)
+            or not isinstance(loop.body, cst.IndentedBlock)
+        ):
+            return None
+        wrapped = [name for name, kind in model.kinds.items() if kind == "ddp"]
+        if len(wrapped) != 1:
+            return None
+        targets = names_in(loop.target)
+        if acc.style == "nested":
+            if not isinstance(loop.target, cst.Name):
+                return None
+            condition = f"{loop.target.value} == {acc.divisor_text} - 1"
+        else:
+            if acc.condition is None or acc.gate is None or acc.gate.branch != 0:
+                return None
+            allowed = targets | names_in(acc.divisor) | names_in(loop.iter) | {"len"}
+            if not names_in(acc.condition) <= allowed:
+                return None
+            condition = code_of(acc.condition)
+        first = loop.body.body[0]
+        return Patch().insert_before(
+            first, f"{wrapped[0]}.require_backward_grad_sync = ({condition})"
+        )

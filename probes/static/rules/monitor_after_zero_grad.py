@@ -1,0 +1,100 @@
+"""monitor-after-zero-grad: gradient norms read after the gradients were zeroed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel
+from probes.static.patches import Patch
+from probes.static.ruletools import anchor_text, between, movable, previous
+
+
+class MonitorAfterZeroGrad(Rule):
+    id = "monitor-after-zero-grad"
+    severity = "warning"
+    message = (
+        "line {read_line} reads gradient norms after `{zero_grad}` on line {zero_line}: the "
+        "gradients are already zero (or None), so the logged norm is always 0"
+    )
+    what = "Finds gradient-norm logging placed after `zero_grad()` in the same iteration."
+    why = (
+        "Once `zero_grad()` ran, `.grad` is zero or None until the next `backward()`. A norm "
+        "read there reports 0 (or crashes on None) every step, hiding the real gradient "
+        "behaviour you wanted to watch. Read norms after `backward()` and before `zero_grad()`."
+    )
+    example = "loss.backward()\noptimizer.step()\noptimizer.zero_grad()\nlog_grad_norm(model)\n"
+    use_instead = "loss.backward()\nlog_grad_norm(model)\noptimizer.step()\noptimizer.zero_grad()\n"
+    fix_safety = "Safe: the statement that reads the norms moves to just before `zero_grad()`."
+    snippet_id = "grad-norm-monitor"
+    valid: ClassVar[list[str]] = [
+        """
+for x, y in loader:
+    loss_fn(model(x), y).backward()
+    norm = sum(p.grad.norm() ** 2 for p in model.parameters()) ** 0.5
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+        """
+for x, y in loader:
+    optimizer.zero_grad()
+    loss_fn(model(x), y).backward()
+    norm = sum(p.grad.norm() ** 2 for p in model.parameters()) ** 0.5
+    optimizer.step()
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+for x, y in loader:
+    loss_fn(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    norm = sum(p.grad.norm() ** 2 for p in model.parameters()) ** 0.5
+""",
+            6,
+        ),
+        Invalid(
+            """
+def grad_norm(model):
+    return sum(float(p.grad.norm()) for p in model.parameters() if p.grad is not None)
+
+for x, y in loader:
+    loss_fn(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
+    writer.add_scalar("grad_norm", grad_norm(model))
+""",
+            9,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for unit in model.units:
+            for read in unit.of_kind("norm_read"):
+                zero = previous(unit, read, {"zero_grad"})
+                if zero is None or between(unit, zero, read, {"backward"}):
+                    continue
+                if previous(unit, zero, {"backward"}) is None:
+                    continue
+                patch = None
+                same_block = read.inlined or read.frames == zero.frames
+                if (
+                    same_block
+                    and movable(read.anchor_stmt)
+                    and movable(zero.anchor_stmt)
+                    and not zero.inlined
+                ):
+                    patch = Patch().move_before(read.anchor_stmt, zero.anchor_stmt)  # type: ignore[arg-type]
+                yield RawFinding(
+                    node=read.anchor_stmt if not read.inlined else read.anchor,
+                    message=self.message,
+                    evidence={
+                        "read_line": read.anchor,
+                        "zero_grad": anchor_text(zero),
+                        "zero_line": zero.anchor,
+                    },
+                    patch=patch,
+                    fix_description="Read the gradient norms before `zero_grad()`.",
+                )

@@ -1,0 +1,222 @@
+"""unstable-loss-op: ``log`` / ``sqrt`` / division of unbounded values in a custom loss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import ClassVar
+
+import libcst as cst
+
+from probes.static.base import Invalid, RawFinding, Rule
+from probes.static.model import FileModel, FuncInfo
+from probes.static.names import code_of, dotted_name, method_name, parenthesize
+from probes.static.patches import Patch
+from probes.static.traverse import walk
+
+EPSILON = "1e-8"
+GUARDS = frozenset(
+    {"clamp", "clamp_min", "clip", "clamp_", "maximum", "max", "log1p", "abs", "softplus"}
+)
+REDUCTIONS = frozenset({"sum", "norm", "std", "var", "sqrt", "exp", "mean", "abs", "amax"})
+UNSTABLE = frozenset({"log", "sqrt", "log2", "log10"})
+
+
+class UnstableLossOp(Rule):
+    id = "unstable-loss-op"
+    severity = "warning"
+    message = (
+        "`{expression}` on line {line} in a loss can hit {hazard}: the loss becomes inf/NaN "
+        "and clipping cannot repair it; {remedy}"
+    )
+    what = (
+        "Finds `log`, `sqrt` or a division by a computed tensor inside a custom loss, with no "
+        "epsilon, clamp or numerically stable built-in."
+    )
+    why = (
+        "`log(0)` is -inf, the gradient of `sqrt` at 0 is infinite, and dividing by a sum or "
+        "norm that reaches 0 gives inf. Once the loss is non-finite, every gradient is NaN; "
+        "gradient clipping does not help because the NaN comes from the forward pass. Clamp "
+        "inputs, add an epsilon, or use stable built-ins (`log_softmax`, `logsumexp`, "
+        "`F.cross_entropy`, `F.binary_cross_entropy_with_logits`)."
+    )
+    example = (
+        "def nll_loss(probs, target):\n"
+        "    return -torch.log(probs.gather(1, target[:, None])).mean()\n"
+    )
+    use_instead = (
+        "def nll_loss(probs, target):\n"
+        "    return -torch.log(probs.gather(1, target[:, None]).clamp_min(1e-8)).mean()\n"
+    )
+    fix_safety = (
+        "Safe: values are clamped to at least 1e-8 (or 1e-8 is added to the denominator), which "
+        "changes the result only where it was already inf/NaN or about to be."
+    )
+    snippet_id = "stable-loss-ops"
+    valid: ClassVar[list[str]] = [
+        """
+import torch
+def nll_loss(probs, target):
+    return -torch.log(probs.gather(1, target[:, None]).clamp_min(1e-8)).mean()
+""",
+        """
+import torch
+import torch.nn.functional as F
+class FocalLoss(torch.nn.Module):
+    def forward(self, logits, target):
+        logp = F.log_softmax(logits, dim=-1)
+        return -(logp.gather(1, target[:, None])).mean() / (logits.norm() + 1e-6)
+""",
+        """
+import torch
+def features(x):
+    return torch.log(x)
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+def nll_loss(probs, target):
+    return -torch.log(probs.gather(1, target[:, None])).mean()
+""",
+            4,
+        ),
+        Invalid(
+            """
+import torch
+for x, y in loader:
+    p = torch.softmax(model(x), dim=-1)
+    loss = -(y * p.log()).sum() / y.sum()
+    loss.backward()
+""",
+            (5, 5),
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        for call, stmt, func in model.all_calls:
+            if not _in_loss(func, stmt):
+                continue
+            found = _unstable_call(call)
+            if found is not None:
+                target, hazard = found
+                yield self._finding(
+                    call, target, _clamped, hazard, "clamp the input (or use log_softmax)"
+                )
+        for division, stmt, func in model.divisions:
+            right = division.right
+            if _in_loss(func, stmt) and _is_reduction(right) and not _guarded(right):
+                yield self._finding(
+                    division,
+                    right,
+                    _plus_epsilon,
+                    "a division by zero",
+                    "add an epsilon to the denominator",
+                )
+
+    def _finding(
+        self,
+        node: cst.CSTNode,
+        target: cst.CSTNode,
+        fix: Callable[[cst.CSTNode], cst.CSTNode],
+        hazard: str,
+        remedy: str,
+    ) -> RawFinding:
+        return RawFinding(
+            node=node,
+            message=self.message,
+            evidence={
+                "expression": _short(code_of(node)),
+                "line": node,
+                "hazard": hazard,
+                "remedy": remedy,
+            },
+            patch=Patch().replace_node(target, fix),
+            fix_description="Clamp the input / add an epsilon to the denominator.",
+        )
+
+
+def _in_loss(func: FuncInfo, stmt: cst.CSTNode) -> bool:
+    """Code inside a loss: a function named ``*loss*``, ``forward`` of a ``*Loss`` class, or
+    the value assigned to a variable named ``*loss*``."""
+    name = func.name.lower()
+    if "loss" in name:
+        return True
+    if name == "forward" and func.class_name is not None and "loss" in func.class_name.lower():
+        return True
+    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
+        targets = [dotted_name(t.target) or "" for t in stmt.body[0].targets]
+        return any("loss" in t.lower() for t in targets)
+    return False
+
+
+def _unstable_call(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
+    """(the unguarded input, the hazard) for ``torch.log(x)`` / ``x.sqrt()`` and friends."""
+    name = method_name(call)
+    if name not in UNSTABLE:
+        return None
+    full = dotted_name(call.func) or ""
+    hazard = "log(0) = -inf" if name.startswith("log") else "an infinite gradient at 0"
+    if full.startswith(("math.", "np.", "numpy.")):
+        return None
+    if full in {f"torch.{name}", f"th.{name}"}:
+        if call.args and not _guarded(call.args[0].value):
+            return call.args[0].value, hazard
+        return None
+    assert isinstance(call.func, cst.Attribute)
+    base = call.func.value
+    if call.args or (isinstance(base, cst.Name) and base.value in {"torch", "F", "th"}):
+        return None
+    return (base, hazard) if not _guarded(base) else None
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _guarded(node: cst.CSTNode) -> bool:
+    """True when ``node`` clamps its value or adds a constant (an epsilon) to it."""
+    for current in walk(node):
+        if isinstance(current, cst.Call):
+            name = method_name(current) or (dotted_name(current.func) or "").rsplit(".", 1)[-1]
+            if name in GUARDS:
+                return True
+        elif isinstance(current, cst.BinaryOperation) and isinstance(
+            current.operator, cst.Add | cst.Subtract
+        ):
+            for side in (current.left, current.right):
+                if isinstance(side, cst.Float | cst.Integer):
+                    return True
+                if isinstance(side, cst.Name) and "eps" in side.value.lower():
+                    return True
+                if isinstance(side, cst.Attribute) and "eps" in side.attr.value.lower():
+                    return True
+    return False
+
+
+def _is_reduction(node: cst.BaseExpression) -> bool:
+    if not isinstance(node, cst.Call):
+        return False
+    name = method_name(node) or (dotted_name(node.func) or "").rsplit(".", 1)[-1]
+    return name in REDUCTIONS
+
+
+def _plus_epsilon(node: cst.CSTNode) -> cst.CSTNode:
+    assert isinstance(node, cst.BaseExpression)
+    return cst.BinaryOperation(
+        left=node.with_changes(lpar=[], rpar=[]),
+        operator=cst.Add(),
+        right=cst.Float(EPSILON),
+        lpar=[cst.LeftParen()],
+        rpar=[cst.RightParen()],
+    )
+
+
+def _clamped(node: cst.CSTNode) -> cst.CSTNode:
+    assert isinstance(node, cst.BaseExpression)
+    inner = node.with_changes(lpar=[], rpar=[]) if node.lpar else node
+    return cst.Call(
+        func=cst.Attribute(value=parenthesize(inner), attr=cst.Name("clamp_min")),
+        args=[cst.Arg(cst.Float(EPSILON))],
+    )

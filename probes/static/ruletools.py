@@ -1,0 +1,233 @@
+"""Queries over the training-loop model that several rules share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import libcst as cst
+
+from probes.static.model import STEP_KINDS, Event, FileModel, FuncInfo, Unit, exclusive
+from probes.static.names import code_of, dotted_name, method_name, parenthesize, receiver
+from probes.static.traverse import children, walk
+
+TENSOR_METHODS = frozenset(
+    {
+        "mean",
+        "sum",
+        "float",
+        "double",
+        "half",
+        "bfloat16",
+        "squeeze",
+        "view",
+        "reshape",
+        "to",
+        "cuda",
+        "contiguous",
+        "clone",
+        "get",
+        "nanmean",
+    }
+)
+SCALING_METHODS = frozenset({"div", "mul", "div_", "mul_", "true_divide", "multiply", "divide"})
+
+
+def movable(stmt: cst.CSTNode) -> bool:
+    """A one-statement line that a patch can move or remove on its own."""
+    return isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+
+
+def previous(unit: Unit, event: Event, kinds: Iterable[str]) -> Event | None:
+    """The nearest event of ``kinds`` before ``event`` that can run in the same pass."""
+    wanted = set(kinds)
+    for other in reversed(unit.events[: _index(unit, event)]):
+        if other.kind in wanted and not exclusive(other, event):
+            return other
+    return None
+
+
+def following(unit: Unit, event: Event, kinds: Iterable[str]) -> Event | None:
+    """The nearest event of ``kinds`` after ``event`` that can run in the same pass."""
+    wanted = set(kinds)
+    for other in unit.events[_index(unit, event) + 1 :]:
+        if other.kind in wanted and not exclusive(other, event):
+            return other
+    return None
+
+
+def between(unit: Unit, first: Event, last: Event, kinds: Iterable[str]) -> list[Event]:
+    """Events of ``kinds`` strictly between ``first`` and ``last`` (same pass as ``last``)."""
+    wanted = set(kinds)
+    start, end = _index(unit, first), _index(unit, last)
+    return [
+        e
+        for e in unit.events[start + 1 : end]
+        if e.kind in wanted and not exclusive(e, last) and not exclusive(e, first)
+    ]
+
+
+def _index(unit: Unit, event: Event) -> int:
+    for index, other in enumerate(unit.events):
+        if other is event:
+            return index
+    return len(unit.events)
+
+
+def call_text(event: Event) -> str:
+    """Short text of an event's call for messages: ``optimizer.step()``."""
+    node = event.call
+    if isinstance(node, cst.Call):
+        func = code_of(node.func)
+        return f"{func}()" if not node.args else f"{func}(...)"
+    text = code_of(node)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def anchor_text(event: Event) -> str:
+    node = event.anchor
+    if isinstance(node, cst.Call):
+        func = code_of(node.func)
+        return f"{func}()" if not node.args else f"{func}(...)"
+    return call_text(event)
+
+
+def optimizer_of(step: Event) -> str | None:
+    return step.optimizer or step.receiver
+
+
+def scaled_backward(unit: Unit, before: Event | None = None) -> Event | None:
+    """A ``scaler.scale(loss).backward()`` of the unit (before ``before`` when given)."""
+    for event in unit.backwards:
+        if event.scaler and (before is None or event.order < before.order):
+            return event
+    return None
+
+
+def divide(
+    expr: cst.BaseExpression, divisor: cst.BaseExpression, *, as_receiver: bool
+) -> cst.BaseExpression:
+    """``expr / divisor`` with parentheses where the surrounding code needs them."""
+    division: cst.BaseExpression = cst.BinaryOperation(
+        left=parenthesize(expr.with_changes(lpar=[], rpar=[])) if expr.lpar else parenthesize(expr),
+        operator=cst.Divide(),
+        right=parenthesize(divisor),
+    )
+    if as_receiver:
+        division = division.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return division
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """The variable names ``node`` reads (attribute names excluded: ``a`` for ``a.b``)."""
+    found: set[str] = set()
+    for current in walk(node, prune=lambda n: isinstance(n, cst.Attribute)):
+        if isinstance(current, cst.Name):
+            found.add(current.value)
+        elif isinstance(current, cst.Attribute):
+            found |= names_in(current.value)
+    return found
+
+
+def has_scaling(node: cst.CSTNode) -> bool:
+    """True when ``node`` divides or multiplies something (``/``, ``*``, ``.div()``...).
+
+    Call arguments are not searched: they are inputs of a fresh value (``model(x / 255)``),
+    not the scaling of the loss.
+    """
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.BinaryOperation) and isinstance(
+            current.operator, cst.Divide | cst.Multiply | cst.FloorDivide
+        ):
+            return True
+        if isinstance(current, cst.Call):
+            if method_name(current) in SCALING_METHODS:
+                return True
+            stack.append(current.func)
+            continue
+        stack.extend(children(current))
+    return False
+
+
+def loss_is_scaled(
+    model: FileModel, func: FuncInfo, expr: cst.BaseExpression | None, depth: int = 0
+) -> bool:
+    """True when the backpropagated loss ``expr`` is (or may be) divided or multiplied.
+
+    Errs towards True: anything the analyser cannot follow counts as scaled, so a rule that
+    needs "certainly not divided" stays silent.
+    """
+    if expr is None or depth > 6:
+        return True
+    if has_scaling(expr):
+        return True
+    for name in _lineage(expr):
+        if name in func.aug_scaled:
+            return True
+        values = func.assigns.get(name)
+        if not values:
+            # A parameter or a name from elsewhere: cannot tell.
+            return True
+        for value in values:
+            if isinstance(value, cst.Name) and value.value == "__unknown__":
+                return True
+            if _local_call(model, func, value):
+                return True
+            if loss_is_scaled(model, func, value, depth + 1):
+                return True
+    return False
+
+
+def _local_call(model: FileModel, func: FuncInfo, value: cst.BaseExpression) -> bool:
+    """A value computed by a function of this file whose body divides or multiplies."""
+    if not isinstance(value, cst.Call):
+        return False
+    target = model.function_for_call(value, func)
+    if target is None:
+        return False
+    return has_scaling(target.node)
+
+
+def _lineage(expr: cst.BaseExpression) -> list[str]:
+    """The variable(s) a loss expression is derived from: ``loss`` in ``loss.mean()``."""
+    if isinstance(expr, cst.Name):
+        return [expr.value]
+    if isinstance(expr, cst.Attribute | cst.Subscript):
+        return _lineage(expr.value)
+    if (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in TENSOR_METHODS
+    ):
+        return _lineage(expr.func.value)
+    if isinstance(expr, cst.BinaryOperation):
+        return _lineage(expr.left) + _lineage(expr.right)
+    return []
+
+
+def first_arg_of_constructor(model: FileModel, variable: str | None) -> str | None:
+    """``model.parameters()`` for ``opt = torch.optim.AdamW(model.parameters(), ...)``."""
+    if variable is None:
+        return None
+    call = model.constructors.get(variable)
+    if call is None or not call.args or call.args[0].keyword is not None:
+        return None
+    return code_of(call.args[0].value)
+
+
+def torch_name(model: FileModel) -> str | None:
+    """The local name bound to the ``torch`` module, if any."""
+    for local, full in model.aliases.items():
+        if full == "torch":
+            return local
+    return None
+
+
+def is_step(event: Event) -> bool:
+    return event.kind in STEP_KINDS
+
+
+def receiver_text(call: cst.Call) -> str | None:
+    recv = receiver(call)
+    return dotted_name(recv) if recv is not None else None

@@ -1,0 +1,235 @@
+"""Reading files for the static analyser: walk paths, decode sources, report unreadable ones.
+
+``lint_paths`` turns command-line paths into one :class:`FileReport` per Python file. Files
+that cannot be analysed (not Python, binary, unreadable, too large, undecodable, syntactically
+invalid) get an entry with a one-line ``error`` and the rest of the run goes on. Sources are
+read as bytes and decoded with the PEP 263 rules (coding cookie, UTF-8 with or without BOM), so
+the text handed to the engine, and the diffs made against it, match the file exactly.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import tokenize
+import warnings
+from collections.abc import Collection, Iterable, Iterator
+from pathlib import Path
+
+from probes.static.report import FileReport, LintReport
+
+MAX_FILE_BYTES = 5 * 1024 * 1024
+"""Files larger than this are reported, not analysed (no training script is this big)."""
+
+PYTHON_SUFFIXES = frozenset({".py", ".pyw"})
+SKIPPED_DIRS = frozenset({".venv", "venv", ".git", "__pycache__", "node_modules", "site-packages"})
+
+
+class SourceError(Exception):
+    """A file that cannot be analysed; ``str(exc)`` is the one-line reason."""
+
+
+def iter_python_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[Path, bool]]:
+    """Yield ``(path, named_explicitly)`` for every file the paths stand for.
+
+    Directories are walked recursively in sorted order, keeping ``.py`` files and skipping
+    virtual environments, VCS folders, caches and hidden directories. A file named explicitly
+    is always yielded, whatever its suffix, so the caller can explain why it is not analysed.
+    Each file is yielded once even when several arguments cover it.
+    """
+    seen: set[str] = set()
+
+    def first_time(path: Path) -> bool:
+        try:
+            key = str(path.resolve())
+        except OSError:
+            key = os.path.abspath(path)
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    for raw in paths:
+        root = Path(raw)
+        if root.is_dir():
+            for directory, subdirs, files in os.walk(root, onerror=None):
+                subdirs[:] = sorted(
+                    d for d in subdirs if d not in SKIPPED_DIRS and not d.startswith(".")
+                )
+                for name in sorted(files):
+                    candidate = Path(directory) / name
+                    if candidate.suffix in PYTHON_SUFFIXES and first_time(candidate):
+                        yield candidate, False
+        elif first_time(root):
+            yield root, True
+
+
+def _looks_like_python_script(data: bytes) -> bool:
+    first_line = data.split(b"\n", 1)[0]
+    return first_line.startswith(b"#!") and b"python" in first_line
+
+
+def read_source(path: str | os.PathLike[str], *, named_explicitly: bool = True) -> str:
+    """Read ``path`` and return its exact text; raise :class:`SourceError` with the reason.
+
+    The checks, in order: the path exists and is a regular file, it is a Python file (by
+    suffix, or a ``python`` shebang when the file was named explicitly), it is at most
+    :data:`MAX_FILE_BYTES`, it holds no NUL byte, and it decodes with its declared encoding.
+    Line endings are kept as they are in the file.
+    """
+    file = Path(path)
+    try:
+        info = file.stat()
+    except FileNotFoundError:
+        raise SourceError("no such file or directory") from None
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror or exc}") from None
+    if file.is_dir():
+        raise SourceError("is a directory")
+    if not file.is_file():
+        raise SourceError("not a regular file")
+    if info.st_size > MAX_FILE_BYTES:
+        raise SourceError(
+            f"file too large to analyse ({info.st_size / 1_048_576:.1f} MB; "
+            f"the limit is {MAX_FILE_BYTES // 1_048_576} MB)"
+        )
+    try:
+        with open(file, "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SourceError(f"file too large to analyse (over {MAX_FILE_BYTES // 1_048_576} MB)")
+    if file.suffix not in PYTHON_SUFFIXES and not (
+        named_explicitly and _looks_like_python_script(data)
+    ):
+        shown = file.suffix or "no suffix"
+        raise SourceError(f"not a Python file ({shown}); only .py files are analysed")
+    if b"\x00" in data:
+        raise SourceError("binary file (contains NUL bytes), not Python source")
+    return decode_source(data)
+
+
+def decode_source(data: bytes) -> str:
+    """Decode Python source bytes by the PEP 263 rules; :class:`SourceError` if they fail.
+
+    A UTF-8 byte-order mark is dropped (it is not part of the text a diff shows); everything
+    else, line endings included, is kept exactly.
+    """
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:
+        if "invalid or missing encoding declaration" not in str(exc):
+            raise SourceError(f"cannot decode: {_one_line(str(exc))}") from None
+        # Undecodable bytes in the first two lines: decoding as UTF-8 below names the byte.
+        encoding = "utf-8"
+    try:
+        # "utf-8-sig" is what detect_encoding returns when a BOM is present.
+        return data.decode(encoding)
+    except (UnicodeDecodeError, LookupError) as exc:
+        if isinstance(exc, UnicodeDecodeError):
+            line = data.count(b"\n", 0, exc.start) + 1
+            raise SourceError(
+                f"binary or undecodable file: byte 0x{data[exc.start]:02x} on line {line} "
+                f"is not valid {encoding}"
+            ) from None
+        raise SourceError(f"cannot decode: unknown encoding {encoding!r}") from None
+
+
+def check_syntax(source: str) -> str | None:
+    """Return a one-line syntax error for ``source``, or None when CPython accepts it.
+
+    CPython's own parser runs first because it rejects pathological nesting cleanly, where
+    libcst's native parser can overflow its stack and take the process down.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SyntaxWarning for odd escapes is not our concern.
+            ast.parse(source)
+    except SyntaxError as exc:
+        where = f"line {exc.lineno}:{exc.offset}" if exc.lineno else "unknown position"
+        return f"syntax error at {where}: {_one_line(exc.msg)}"
+    except (RecursionError, MemoryError):
+        return "syntax error: the code is nested too deeply to parse"
+    except ValueError as exc:
+        return f"syntax error: {_one_line(str(exc))}"
+    return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def lint_file(
+    path: str | os.PathLike[str],
+    *,
+    select: Collection[str] | None = None,
+    ignore: Collection[str] | None = None,
+    named_explicitly: bool = True,
+    display_path: str | None = None,
+) -> FileReport:
+    """Analyse one file; never raises. Problems reading or parsing it land in ``error``."""
+    from probes.static.engine import lint_source
+
+    shown = display_path if display_path is not None else str(path)
+    try:
+        source = read_source(path, named_explicitly=named_explicitly)
+    except SourceError as exc:
+        return FileReport(path=shown, error=str(exc))
+    syntax_error = check_syntax(source)
+    if syntax_error is not None:
+        return FileReport(path=shown, error=syntax_error)
+    try:
+        report = lint_source(source, shown, select=select, ignore=ignore)
+    except RecursionError:
+        return FileReport(path=shown, error="could not analyse: the code is nested too deeply")
+    except Exception as exc:  # The engine promises not to raise; one bad file must not end a run.
+        return FileReport(
+            path=shown,
+            error=f"internal analyser error: {type(exc).__name__}: {_one_line(str(exc))}",
+        )
+    if report.path != shown:
+        report = report.model_copy(update={"path": shown})
+    return report
+
+
+def check_rule_ids(select: Collection[str] | None, ignore: Collection[str] | None) -> None:
+    """Raise ValueError naming any id in ``select`` / ``ignore`` that is not a static rule."""
+    from probes.static.engine import all_rules
+
+    known = {rule.id for rule in all_rules()}
+    unknown = sorted({*(select or ()), *(ignore or ())} - known)
+    if unknown:
+        raise ValueError(f"unknown rule id(s): {', '.join(unknown)}")
+
+
+def lint_paths(
+    paths: Iterable[str | os.PathLike[str]] | str | os.PathLike[str],
+    *,
+    select: Collection[str] | None = None,
+    ignore: Collection[str] | None = None,
+) -> LintReport:
+    """Analyse every Python file under ``paths`` (files and directories); never raises.
+
+    One :class:`FileReport` per file, in walk order. A path that does not exist, a file that
+    is not Python, binary, unreadable, larger than 5 MB, undecodable or syntactically invalid
+    gets an entry whose ``error`` says why; the other files are analysed as usual.
+    The one thing it refuses is a rule id in ``select`` / ``ignore`` that does not exist
+    (ValueError naming it), since that is a mistake of the caller, not of the files.
+    """
+    check_rule_ids(select, ignore)
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]  # one path, not an iterable of characters
+    files: list[FileReport] = []
+    for path, explicit in iter_python_files(paths):
+        files.append(
+            lint_file(
+                path,
+                select=select,
+                ignore=ignore,
+                named_explicitly=explicit,
+                display_path=str(path),
+            )
+        )
+    return LintReport(files=files)

@@ -1,0 +1,105 @@
+"""``gradient-doctor check SCRIPT``: the one-shot diagnosis from the terminal.
+
+Static analysis + a short run under the gradient probe + the described symptom, merged into
+the Gradient Health Report (Markdown) or its JSON form. Exit codes: 0 nothing at or above
+``--fail-on``, 1 issues at or above it, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+
+from probes.findings import severity_at_least
+from skill_server.cli import EXIT_FINDINGS, EXIT_OK, UsageError
+from skill_server.safety import (
+    MAX_PROBE_STEPS,
+    MAX_PROBE_TIMEOUT_S,
+    InputError,
+    PathPolicy,
+    check_script_args,
+    check_text,
+)
+
+NAME = "check"
+HELP = "Diagnose a training script: static red flags + a short probed run, with fixes."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``check`` options."""
+    parser.add_argument("script", metavar="SCRIPT", help="training script to check")
+    parser.add_argument(
+        "script_args",
+        metavar="ARGS",
+        nargs="*",
+        help="arguments for the script, after `--`",
+    )
+    parser.add_argument(
+        "--no-probe", action="store_true", help="only read the script; do not run it"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=30, help="optimizer steps to observe (default 30)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="probe wall-clock limit, seconds (default 120)"
+    )
+    parser.add_argument(
+        "--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)"
+    )
+    parser.add_argument("--description", default=None, help="what goes wrong, in your words")
+    parser.add_argument(
+        "--format", choices=("markdown", "json"), default="markdown", help="output format"
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=("critical", "warning", "info"),
+        default="critical",
+        help="exit 1 when an issue is at least this severe (default critical)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the diagnosis and print the report."""
+    from skill_server import diagnosis as diag
+
+    if not 1 <= args.steps <= MAX_PROBE_STEPS:
+        raise UsageError(f"--steps must be between 1 and {MAX_PROBE_STEPS}")
+    if not 0 < args.timeout <= MAX_PROBE_TIMEOUT_S:
+        raise UsageError(f"--timeout must be above 0 and at most {MAX_PROBE_TIMEOUT_S:g}")
+    try:
+        # The terminal user may name any file they can read; only the server confines paths.
+        policy = PathPolicy.from_roots([Path(Path.cwd().anchor)])
+        script = policy.resolve_file(str(Path(args.script).absolute()) if args.script else "")
+        request = diag.DiagnoseRequest(
+            script=script,
+            display_path=args.script,
+            description=check_text(args.description, "--description") if args.description else None,
+            run_probe=not args.no_probe,
+            steps=args.steps,
+            timeout_s=args.timeout,
+            device=args.device,
+            args=check_script_args(args.script_args),
+            cwd=Path.cwd(),
+        )
+        progress = _progress_printer() if sys.stderr.isatty() else None
+        result = anyio.run(lambda: diag.diagnose(request, on_progress=progress))
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    if args.format == "json":
+        print(result.model_dump_json(indent=2))
+    else:
+        print(diag.render_report(result), end="")
+    worst = result.worst_severity
+    return EXIT_FINDINGS if worst and severity_at_least(worst, args.fail_on) else EXIT_OK
+
+
+def _progress_printer() -> Callable[[int, int], None]:
+    def show(done: int, total: int) -> None:
+        end = "\n" if done >= total else ""
+        print(f"\rprobe: {done}/{total} steps", end=end, file=sys.stderr, flush=True)
+
+    return show

@@ -1,0 +1,123 @@
+"""``gradient-doctor probe``: run a training script for N steps under the gradient probe."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from probes.findings import severity_at_least
+from skill_server.cli import EXIT_FINDINGS, EXIT_OK, UsageError
+
+NAME = "probe"
+HELP = (
+    "Run a PyTorch training script for a few optimizer steps under gradient hooks and "
+    "diagnose what its gradients do."
+)
+
+FAIL_ON_CHOICES = ("critical", "warning", "info", "never")
+
+EPILOG = """\
+The script runs unmodified in a child process (its own process group, its own folder as the
+working directory, its own argv after `--`), is stopped after --steps optimizer steps, and is
+never written to. Its stdout/stderr are kept out of the report (only a traceback tail).
+
+exit status:
+  0  the probe measured the run (status ok or stopped) and no finding is at or above
+     --fail-on (default: critical)
+  1  a finding at or above --fail-on, OR the run could not be measured cleanly: status
+     script-error (the script raised; its traceback tail is in the report), timeout,
+     out-of-memory or no-training-loop. These are results about the script, reported in the
+     output, so they are not usage errors; they still fail CI because nothing was verified.
+  2  usage or input error with a one-line reason on stderr: the script does not exist, is not
+     a readable text file, an option is out of range, the --profile is unknown, or
+     --device cuda without a CUDA device.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the options of ``gradient-doctor probe``."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.usage = "%(prog)s SCRIPT [options] [-- SCRIPT_ARGS...]"
+    parser.add_argument("script", metavar="SCRIPT", help="the training script to run")
+    parser.add_argument(
+        "script_args", nargs="*", metavar="SCRIPT_ARGS", help="arguments for the script, after --"
+    )
+    _pass_through_after_double_dash(parser)
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps (default: 30)")
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="wall-clock limit in seconds (default: 120)"
+    )
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--sample-every",
+        type=int,
+        default=10,
+        metavar="K",
+        help="richer statistics (dead units, NaN origin) every K steps (default: 10)",
+    )
+    parser.add_argument(
+        "--profile", default=None, help="threshold profile (default: the knowledge default)"
+    )
+    parser.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    parser.add_argument(
+        "--fail-on",
+        choices=FAIL_ON_CHOICES,
+        default="critical",
+        help="lowest severity that makes the exit status 1 (default: critical; never: only "
+        "an unmeasured run does)",
+    )
+
+
+def _pass_through_after_double_dash(parser: argparse.ArgumentParser) -> None:
+    """Send everything after ``--`` to the script, even when options follow SCRIPT.
+
+    argparse fills the ``*`` positional right after SCRIPT (empty, when options come next) and
+    then has no slot left for the words after ``--``; this hands them to ``script_args``.
+    """
+    original = parser.parse_known_args
+
+    def parse_known_args(
+        args: Any = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        words = list(sys.argv[1:] if args is None else args)
+        if "--" not in words:
+            return original(words, namespace)
+        cut = words.index("--")
+        parsed, extras = original(words[:cut], namespace)
+        parsed.script_args = [*getattr(parsed, "script_args", []), *words[cut + 1 :]]
+        return parsed, extras
+
+    setattr(parser, "parse_known_args", parse_known_args)  # noqa: B010 - instance override
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the probe and print the report; see the exit status in the command's help."""
+    from probes.runtime import ProbeInputError, run_probe
+
+    try:
+        result = run_probe(
+            args.script,
+            args.script_args,
+            steps=args.steps,
+            timeout_s=args.timeout,
+            device=args.device,
+            sample_every=args.sample_every,
+            profile=args.profile,
+        )
+    except ProbeInputError as exc:
+        raise UsageError(str(exc)) from None
+    if args.format == "json":
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    else:
+        from skill_server.views_probe import probe_markdown
+
+        sys.stdout.write(probe_markdown(result))
+    if not result.ok:
+        return EXIT_FINDINGS
+    if args.fail_on != "never" and any(
+        severity_at_least(f.severity, args.fail_on) for f in result.findings
+    ):
+        return EXIT_FINDINGS
+    return EXIT_OK

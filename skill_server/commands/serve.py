@@ -1,0 +1,189 @@
+"""``gradient-doctor serve``: run the MCP server over stdio (default) or streamable HTTP.
+
+HTTP binds to loopback by default, where the SDK checks Host and Origin headers against
+DNS rebinding. Binding any other address needs ``--allow-remote`` and a bearer token (from
+``--token-file`` or the environment variable named by ``--token-env``), checked by the SDK's
+bearer-auth middleware through :class:`StaticTokenVerifier`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import hmac
+import logging
+import os
+import sys
+from pathlib import Path
+
+from skill_server.cli import EXIT_OK, UsageError
+
+NAME = "serve"
+HELP = "Run the MCP server (stdio by default, or streamable HTTP with --http)."
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+DEFAULT_TOKEN_ENV = "GRADIENT_DOCTOR_TOKEN"
+MIN_TOKEN_CHARS = 16
+#: Test hook: when set, the server writes the names of its imported modules there at exit,
+#: so a test can check what the process loaded (torch must never be among them).
+MODULES_REPORT_ENV = "GRADIENT_DOCTOR_MODULES_REPORT"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` options."""
+    parser.add_argument(
+        "--http", action="store_true", help="serve streamable HTTP instead of stdio"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    parser.add_argument(
+        "--root",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="directory the tools may read (repeatable; default: the working directory)",
+    )
+    parser.add_argument(
+        "--no-exec", action="store_true", help="never run scripts (probe tools refuse)"
+    )
+    parser.add_argument(
+        "--max-probes",
+        type=int,
+        default=None,
+        help="concurrent probes per device kind (default 1 per GPU, 2 on CPU)",
+    )
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback --host (requires a bearer token)",
+    )
+    parser.add_argument("--token-file", type=Path, default=None, help="file holding the token")
+    parser.add_argument(
+        "--token-env",
+        default=DEFAULT_TOKEN_ENV,
+        help=f"environment variable holding the token (default {DEFAULT_TOKEN_ENV})",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=None,
+        metavar="HOST[:PORT]",
+        help="Host header accepted on a non-loopback bind (repeatable; enables the check)",
+    )
+    parser.add_argument("--log-level", default="WARNING", help="stderr log level")
+
+
+class StaticTokenVerifier:
+    """Accepts exactly one bearer token (compared in constant time)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def verify_token(self, token: str):  # type: ignore[no-untyped-def]
+        """An access record for the configured token; None for any other."""
+        from mcp.server.auth.provider import AccessToken
+
+        if hmac.compare_digest(token.encode(), self._token.encode()):
+            return AccessToken(token=token, client_id="gradient-doctor-user", scopes=[])
+        return None
+
+
+def _read_token(args: argparse.Namespace) -> str | None:
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read --token-file: {exc.strerror or exc}") from None
+    else:
+        token = os.environ.get(args.token_env, "").strip()
+    if not token:
+        return None
+    if len(token) < MIN_TOKEN_CHARS:
+        raise UsageError(f"the bearer token must be at least {MIN_TOKEN_CHARS} characters")
+    return token
+
+
+def _report_modules_at_exit() -> None:
+    target = os.environ.get(MODULES_REPORT_ENV)
+    if not target:
+        return
+
+    def write() -> None:
+        Path(target).write_text("\n".join(sorted(sys.modules)) + "\n", encoding="utf-8")
+
+    atexit.register(write)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the server and serve until the client disconnects (stdio) or Ctrl-C (HTTP)."""
+    from skill_server.safety import InputError
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    if not 1 <= args.port <= 65535:
+        raise UsageError("--port must be between 1 and 65535")
+    if args.max_probes is not None and args.max_probes < 1:
+        raise UsageError("--max-probes must be at least 1")
+    remote = args.http and args.host not in LOOPBACK_HOSTS
+    token = _read_token(args) if args.http else None
+    if remote and not args.allow_remote:
+        raise UsageError(
+            f"--host {args.host} is not loopback; pass --allow-remote and a bearer token "
+            f"(--token-file or ${args.token_env})"
+        )
+    if remote and token is None:
+        raise UsageError(
+            f"a non-loopback bind needs a bearer token: --token-file or ${args.token_env}"
+        )
+
+    from skill_server.server import build_server
+
+    verifier = auth = None
+    if token is not None:
+        from mcp.server.auth.settings import AuthSettings
+        from pydantic import AnyHttpUrl
+
+        verifier = StaticTokenVerifier(token)
+        auth = AuthSettings(
+            issuer_url=AnyHttpUrl(f"http://{_url_host(args.host)}:{args.port}"),
+            resource_server_url=None,
+        )
+    try:
+        server = build_server(
+            args.root,
+            allow_exec=not args.no_exec,
+            max_probes=args.max_probes,
+            token_verifier=verifier,
+            auth=auth,
+        )
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    _report_modules_at_exit()
+    if not args.http:
+        server.run()
+        return EXIT_OK
+    security = None
+    if remote and args.allowed_host:
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=[h if ":" in h else f"{h}:*" for h in args.allowed_host],
+            allowed_origins=[f"http://{h}" for h in args.allowed_host]
+            + [f"https://{h}" for h in args.allowed_host],
+        )
+    print(
+        f"gradient-doctor: serving MCP on http://{_url_host(args.host)}:{args.port}/mcp",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run(
+        "streamable-http",
+        host=args.host,
+        port=args.port,
+        transport_security=security,
+    )
+    return EXIT_OK
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

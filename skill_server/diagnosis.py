@@ -1,0 +1,518 @@
+"""The one-shot check behind the ``diagnose`` tool and ``gradient-doctor check``.
+
+Composes the static analyser, the runtime probe and the symptom matcher, merges what they
+found into one issue per catalogue id (keeping each source's evidence), and renders the
+check-gradients report through ``templates/report.md.j2``. Nothing here measures anything:
+numbers come from the probes, wording from the knowledge base. Never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probes.findings import SEVERITY_RANK, Finding, Severity
+from skill_server.results import (
+    CodeBlock,
+    Diagnosis,
+    Issue,
+    LintResult,
+    ProbeReport,
+    StatusMark,
+    SummaryRow,
+    SymptomMatch,
+)
+from skill_server.safety import InputError, one_line, tail
+
+ProgressCallback = Callable[[int, int], Awaitable[None] | None]
+
+#: Probe statuses after which the measurements describe real training steps.
+_PROBE_RAN = {"ok", "stopped"}
+_MAX_CODE_BLOCKS = 4
+_MAX_RAW_RECORD_CHARS = 200_000
+
+#: Summary table rows (check-gradients "Output Format") and the runtime ids behind each.
+_RUNTIME_ROWS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "Total grad norm",
+        (
+            "exploding-gradients",
+            "vanishing-gradients",
+            "grad-norm-rising",
+            "grad-norm-spikes",
+            "grad-norm-decaying",
+        ),
+    ),
+    (
+        "NaN / Inf",
+        ("nan-gradients", "inf-gradients", "nan-loss-before-backward", "nan-parameters"),
+    ),
+    ("Zero-grad parameters", ("zero-gradients",)),
+    ("Dead units", ("dead-neurons",)),
+    ("Layer balance", ("layer-norm-spread", "grad-param-ratio")),
+    ("Clipping / AMP", ("clip-too-aggressive", "clip-never-active", "amp-overflow-skips")),
+]
+
+_MARKS: dict[str, str] = {"ok": "✅", "warning": "⚠️", "critical": "❌", "not-run": "—"}
+
+
+def status_mark(status: str) -> str:
+    """The check-gradients status mark for a summary status."""
+    return _MARKS[status]
+
+
+def _worst(severities: Sequence[Severity]) -> Severity | None:
+    if not severities:
+        return None
+    worst: Severity = severities[0]
+    for severity in severities[1:]:
+        if SEVERITY_RANK[severity] > SEVERITY_RANK[worst]:
+            worst = severity
+    return worst
+
+
+def _status_of(severity: str | None) -> StatusMark:
+    if severity is None or severity == "info":
+        return "ok"
+    return "critical" if severity == "critical" else "warning"
+
+
+def _knowledge() -> Any:
+    from knowledge import load_knowledge
+
+    return load_knowledge()
+
+
+def lint_text(
+    source: str, display_path: str, *, select: Any = None, ignore: Any = None
+) -> LintResult:
+    """Run the static analyser over ``source``; an unanalysable file is an :class:`InputError`."""
+    try:
+        from probes.static import lint_source
+    except ImportError as exc:
+        raise InputError(f"the static analyser is not installed ({one_line(str(exc))})") from None
+    report = lint_source(source, display_path, select=select, ignore=ignore)
+    if report.error:
+        raise InputError(f"{display_path}: {one_line(report.error)}")
+    diffs = [f for f in report.findings if f.fix is not None and f.fix.diff]
+    combined = getattr(report, "combined_diff", None)
+    unmerged = []
+    if combined is not None:
+        unmerged = [
+            f.id
+            for f in diffs
+            if f.fix is not None and not _diff_body_in(f.fix.diff or "", combined)
+        ]
+    return LintResult(
+        path=display_path,
+        findings=list(report.findings),
+        combined_diff=combined,
+        unmerged_fixes=unmerged,
+    )
+
+
+def _diff_body_in(diff: str, combined: str) -> bool:
+    """Whether every added/removed line of ``diff`` also appears in ``combined``."""
+    changed = [
+        line
+        for line in diff.splitlines()
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    return all(line in combined for line in changed)
+
+
+async def probe(
+    script: Path,
+    display_path: str,
+    args: Sequence[str],
+    *,
+    steps: int,
+    timeout_s: float,
+    device: str,
+    cwd: Path | None,
+    on_progress: ProgressCallback | None = None,
+) -> ProbeReport:
+    """Run the runtime probe on ``script`` (in a child process) and keep its whole result."""
+    try:
+        from probes.runtime import run_probe_async
+    except ImportError as exc:
+        raise InputError(f"the runtime probe is not installed ({one_line(str(exc))})") from None
+    result = await run_probe_async(
+        str(script),
+        tuple(args),
+        steps=steps,
+        timeout_s=timeout_s,
+        device=device,
+        cwd=str(cwd) if cwd is not None else None,
+        on_progress=on_progress,
+    )
+    data = result.model_dump(mode="json")
+    if len(str(data.get("records", ""))) > _MAX_RAW_RECORD_CHARS:
+        # The raw per-step records can be large; the series derived from them stay.
+        data.pop("records", None)
+    findings = [Finding.model_validate(f) for f in data.pop("findings", [])]
+    for finding in findings:
+        if finding.path is None and finding.origin == "runtime":
+            finding.path = display_path
+    status = str(data.pop("status"))
+    observed = int(data.pop("steps", 0) or 0)
+    profile = data.pop("profile", None)
+    for key, value in list(data.items()):
+        if isinstance(value, str):
+            data[key] = tail(value)
+    return ProbeReport(
+        path=display_path,
+        status=status,
+        steps=observed,
+        steps_requested=steps,
+        profile=str(profile) if profile is not None else None,
+        findings=findings,
+        measurements=data,
+    )
+
+
+def match_text(
+    text: str, code: str | None = None, top_k: int = 5
+) -> tuple[list[SymptomMatch], bool, str | None]:
+    """Rank knowledge entries against ``text``, each with what to say / check / apply next."""
+    from knowledge.matcher import match
+
+    result = match(text, code=code, top_k=top_k)
+    kb = _knowledge()
+    out: list[SymptomMatch] = []
+    for m in result.matches:
+        entry = kb.entries.get(m.id)
+        out.append(
+            SymptomMatch(
+                id=m.id,
+                kind=m.kind,
+                score=round(float(m.score), 4),
+                title=m.title,
+                severity=m.severity,
+                reasons=list(m.reasons),
+                **(_advice(entry) if entry is not None else {}),
+            )
+        )
+    return out, bool(result.out_of_scope), result.pointer
+
+
+def _advice(entry: Any) -> dict[str, Any]:
+    """The 'say instead / red flags / next checks / snippets' of an entry, by its kind."""
+    kind = entry.kind
+    if kind == "rationalization":
+        return {
+            "say_instead": entry.say_instead,
+            "red_flags": list(entry.red_flags),
+            "next_checks": [],
+            "snippets": list(entry.snippets),
+        }
+    if kind == "symptom":
+        return {
+            "say_instead": None,
+            "red_flags": list(entry.causes),
+            "next_checks": list(entry.first_checks),
+            "snippets": list(entry.snippets),
+        }
+    return {
+        "say_instead": None,
+        "red_flags": list(getattr(entry, "related", [])),
+        "next_checks": list(getattr(entry, "confirm", [])),
+        "snippets": list(entry.snippets),
+    }
+
+
+def _location(finding: Finding) -> str | None:
+    if finding.line is not None:
+        where = f"line {finding.line}"
+        return f"{finding.path}:{finding.line}" if finding.path else where
+    parts = []
+    if finding.step is not None:
+        parts.append(f"step {finding.step}")
+    if finding.parameter:
+        parts.append(f"parameter `{finding.parameter}`")
+    if finding.module and finding.module != finding.parameter:
+        parts.append(f"module `{finding.module}`")
+    return ", ".join(parts) or None
+
+
+def merge_findings(findings: Sequence[Finding], kb: Any) -> list[Issue]:
+    """One issue per catalogue id, worst first, with every source's message and evidence."""
+    grouped: dict[str, list[Finding]] = {}
+    for finding in findings:
+        grouped.setdefault(finding.id, []).append(finding)
+    issues: list[Issue] = []
+    for issue_id, group in grouped.items():
+        entry = kb.entries.get(issue_id)
+        sources: list[Any] = []
+        for f in group:
+            if f.origin not in sources:
+                sources.append(f.origin)
+        messages: list[str] = []
+        for f in group:
+            if f.message not in messages:
+                messages.append(f.message)
+        locations = [loc for f in group if (loc := _location(f)) is not None]
+        evidence = [{"source": f.origin, **f.evidence} for f in group if f.evidence]
+        severity = _worst([f.severity for f in group]) or "info"
+        issues.append(
+            Issue(
+                id=issue_id,
+                title=entry.title if entry is not None else issue_id,
+                severity=severity,
+                sources=sorted(sources, key=["static", "runtime", "text"].index),
+                messages=messages,
+                locations=list(dict.fromkeys(locations)),
+                evidence=evidence,
+                snippets=list(entry.snippets) if entry is not None else [],
+                fix=getattr(entry, "fix", None) if entry is not None else None,
+            )
+        )
+    issues.sort(key=lambda i: (-SEVERITY_RANK[i.severity], i.id))
+    return issues
+
+
+def _static_row(lint: LintResult | None) -> SummaryRow:
+    if lint is None:
+        return SummaryRow(metric="Static red flags", value="not checked", status="not-run")
+    by_severity: dict[str, int] = {}
+    for f in lint.findings:
+        by_severity[f.severity] = by_severity.get(f.severity, 0) + 1
+    if not lint.findings:
+        value = "none"
+    else:
+        value = (
+            f"{len(lint.findings)} ("
+            + ", ".join(
+                f"{by_severity[s]} {s}" for s in ("critical", "warning", "info") if s in by_severity
+            )
+            + ")"
+        )
+    return SummaryRow(
+        metric="Static red flags",
+        value=value,
+        status=_status_of(_worst([f.severity for f in lint.findings])),
+    )
+
+
+def _norm_value(measurements: dict[str, Any]) -> str | None:
+    """A short 'median / max' text of the measured total norms, if the probe recorded them."""
+    for key in ("total_norm", "total_norms", "grad_norm", "grad_norms", "norms"):
+        series = measurements.get(key)
+        if isinstance(series, list):
+            numbers = sorted(float(v) for v in series if isinstance(v, int | float) and v == v)
+            if numbers:
+                middle = numbers[len(numbers) // 2]
+                return f"median {middle:.3g}, max {numbers[-1]:.3g} ({len(numbers)} steps)"
+    return None
+
+
+def _runtime_rows(report: ProbeReport | None, note: str | None) -> list[SummaryRow]:
+    if report is None:
+        return [SummaryRow(metric="Runtime probe", value=note or "not run", status="not-run")]
+    ran = report.status in _PROBE_RAN
+    probe_status: StatusMark = (
+        "ok" if ran else ("warning" if report.status == "no-training-loop" else "critical")
+    )
+    rows = [
+        SummaryRow(
+            metric="Runtime probe",
+            value=f"{report.status}, {report.steps} of {report.steps_requested} steps"
+            + (f", profile `{report.profile}`" if report.profile else ""),
+            status=probe_status,
+        )
+    ]
+    if not ran:
+        return rows
+    for metric, ids in _RUNTIME_ROWS:
+        hits = [f for f in report.findings if f.id in ids]
+        if hits:
+            worst = max(hits, key=lambda f: SEVERITY_RANK[f.severity])
+            value = f"`{worst.id}`" + (f" at {loc}" if (loc := _location(worst)) else "")
+        else:
+            value = "in range"
+        if metric == "Total grad norm" and (measured := _norm_value(report.measurements)):
+            value = measured if not hits else f"{measured}; `{hits[0].id}`"
+        rows.append(
+            SummaryRow(
+                metric=metric,
+                value=value,
+                status=_status_of(_worst([f.severity for f in hits])),
+            )
+        )
+    return rows
+
+
+def _code_blocks(issues: Sequence[Issue]) -> list[CodeBlock]:
+    """Fix snippets for issues the combined patch does not already fix."""
+    try:
+        from templates.snippets import render_snippet
+    except ImportError:
+        return []
+    blocks: list[CodeBlock] = []
+    seen: set[str] = set()
+    for issue in issues:
+        if issue.severity == "info" or issue.patched or not issue.snippets:
+            continue
+        snippet_id = issue.snippets[0]
+        if snippet_id in seen:
+            continue
+        seen.add(snippet_id)
+        try:
+            code = render_snippet(snippet_id)
+        except (KeyError, ValueError):
+            continue
+        blocks.append(CodeBlock(snippet_id=snippet_id, code=code.rstrip("\n")))
+        if len(blocks) >= _MAX_CODE_BLOCKS:
+            break
+    return blocks
+
+
+def _recommendations(issues: Sequence[Issue], has_patch: bool) -> list[str]:
+    recs: list[str] = []
+    for issue in issues:
+        where = f" ({issue.locations[0]})" if issue.locations else ""
+        action = issue.fix or issue.messages[0]
+        recs.append(f"`{issue.id}`{where}: {one_line(action, 400)}")
+    if has_patch:
+        recs.append("Apply the patch below, then run the check again to confirm.")
+    if not issues:
+        recs.append(
+            "Nothing to fix. Keep logging the total gradient norm each step so a change shows "
+            "up early."
+        )
+    return recs
+
+
+@dataclass
+class DiagnoseRequest:
+    """What one diagnosis covers; ``script`` is already confined by the caller."""
+
+    script: Path | None = None
+    display_path: str | None = None
+    description: str | None = None
+    run_probe: bool = True
+    exec_allowed: bool = True
+    steps: int = 30
+    timeout_s: float = 120.0
+    device: str = "auto"
+    args: list[str] = field(default_factory=list)
+    cwd: Path | None = None
+
+
+async def diagnose(
+    request: DiagnoseRequest,
+    *,
+    on_progress: ProgressCallback | None = None,
+    probe_runner: Callable[..., Awaitable[ProbeReport]] | None = None,
+) -> Diagnosis:
+    """Static + runtime + symptom matches for one script and/or description, merged."""
+    from skill_server.safety import read_source
+
+    if request.script is None and not (request.description or "").strip():
+        raise InputError("give a script path, a description, or both")
+    kb = _knowledge()
+    display = request.display_path or (str(request.script) if request.script else None)
+    source: str | None = None
+    lint: LintResult | None = None
+    if request.script is not None and display is not None:
+        source = read_source(request.script, display)
+        lint = lint_text(source, display)
+
+    report: ProbeReport | None = None
+    note: str | None = None
+    if request.script is None:
+        note = "no script given"
+    elif not request.run_probe:
+        note = "skipped on request"
+    elif not request.exec_allowed:
+        note = "script execution is disabled on this server (--no-exec)"
+    else:
+        runner = probe_runner or probe
+        assert display is not None
+        report = await runner(
+            request.script,
+            display,
+            request.args,
+            steps=request.steps,
+            timeout_s=request.timeout_s,
+            device=request.device,
+            cwd=request.cwd,
+            on_progress=on_progress,
+        )
+
+    matches: list[SymptomMatch] = []
+    if request.description and request.description.strip():
+        matches, _, _ = match_text(request.description, code=source, top_k=5)
+
+    findings: list[Finding] = list(lint.findings) if lint else []
+    if report is not None:
+        findings += report.findings
+    # "healthy" is a verdict, not an issue: the summary rows already say it.
+    findings = [f for f in findings if f.id != "healthy"]
+    issues = merge_findings(findings, kb)
+    combined = lint.combined_diff if lint else None
+    if lint is not None and combined is not None:
+        patched_ids = {
+            f.id
+            for f in lint.findings
+            if f.fix is not None and f.fix.diff and f.id not in lint.unmerged_fixes
+        }
+        for issue in issues:
+            issue.patched = issue.id in patched_ids
+    found = {i.id for i in issues}
+    for m in matches:
+        if m.id in found:
+            issue = next(i for i in issues if i.id == m.id)
+            if "text" not in issue.sources:
+                issue.sources.append("text")
+                issue.messages.append(f"Your description matches this ({', '.join(m.reasons)}).")
+
+    output_tail = None
+    if report is not None and report.status not in _PROBE_RAN:
+        for key in ("traceback_tail", "message"):
+            value = report.measurements.get(key)
+            if isinstance(value, str) and value.strip():
+                output_tail = tail(value, 2000)
+                break
+    return Diagnosis(
+        script=display,
+        description=request.description,
+        static_checked=lint is not None,
+        probe_status=report.status if report else None,
+        probe_note=note,
+        probe_steps=report.steps if report else None,
+        profile=report.profile if report else None,
+        summary=[_static_row(lint), *_runtime_rows(report, note)],
+        issues=issues,
+        recommendations=_recommendations(issues, combined is not None),
+        combined_diff=combined,
+        code_to_add=_code_blocks(issues),
+        matches=matches,
+        worst_severity=_worst([i.severity for i in issues]),
+        script_output_tail=output_tail,
+    )
+
+
+def render_report(diagnosis: Diagnosis) -> str:
+    """The check-gradients Markdown report of ``diagnosis``."""
+    from templates import render
+
+    return render("report.md.j2", d=diagnosis, mark=status_mark, evidence=format_evidence)
+
+
+def format_evidence(item: dict[str, Any]) -> str:
+    """``key=value`` pairs of one evidence record, numbers shortened."""
+    parts = []
+    for key, value in item.items():
+        if key == "source":
+            continue
+        if isinstance(value, float):
+            text = f"{value:.4g}"
+        elif isinstance(value, list | dict):
+            text = one_line(str(value), 80)
+        else:
+            text = one_line(str(value), 80)
+        parts.append(f"{key}={text}")
+    return ", ".join(parts[:8])

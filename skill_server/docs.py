@@ -1,0 +1,181 @@
+"""Generate the README's MCP sections from the server itself.
+
+``python -m skill_server.docs`` rewrites the text between ``<!-- mcp-setup:start -->`` /
+``<!-- mcp-setup:end -->`` and ``<!-- mcp-reference:start -->`` / ``<!-- mcp-reference:end -->``
+in README.md; ``--check`` only reports (exit 1) when the README is out of date. The reference
+lists what ``build_server()`` registers, so it cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SECTIONS = ("mcp-setup", "mcp-reference")
+
+SETUP = """\
+The server speaks MCP over stdio (the default) or streamable HTTP. It reads files only under
+its allowed roots (default: the directory it starts in; `--root DIR` adds more), never writes
+your files, and never imports torch itself: scripts run in a child process.
+
+**Claude Code**
+
+```bash
+claude mcp add gradient-doctor -- gradient-doctor serve
+# or, from a clone without installing:
+claude mcp add gradient-doctor -- /path/to/repo/.venv/bin/gradient-doctor serve \
+    --root /path/to/project
+```
+
+**Cursor** (`.cursor/mcp.json`) and other clients with an `mcpServers` file:
+
+```json
+{
+  "mcpServers": {
+    "gradient-doctor": {"command": "gradient-doctor", "args": ["serve"]}
+  }
+}
+```
+
+**VS Code** (`.vscode/mcp.json`):
+
+```json
+{
+  "servers": {
+    "gradient-doctor": {"type": "stdio", "command": "gradient-doctor", "args": ["serve"]}
+  }
+}
+```
+
+**Generic stdio**: run `gradient-doctor serve` with the client on its stdin/stdout.
+
+**Streamable HTTP**: `gradient-doctor serve --http [--host 127.0.0.1] [--port 8765]`; the
+endpoint is `http://127.0.0.1:8765/mcp`. On loopback the SDK refuses requests whose `Host` or
+`Origin` header is not local (DNS-rebinding protection). Binding any other address needs
+`--allow-remote` and a bearer token of at least 16 characters, from `--token-file FILE` or the
+`GRADIENT_DOCTOR_TOKEN` environment variable; clients send `Authorization: Bearer <token>`.
+`--allowed-host NAME` also turns on the Host/Origin check for a remote bind.
+
+Other options: `--no-exec` (never run scripts; the probe tools say so), `--max-probes N`
+(concurrent probes per device kind; default one per GPU and two on CPU).
+"""
+
+
+def _one_line(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+def _first_sentence(text: str | None) -> str:
+    flat = _one_line(text)
+    match = re.match(r"(.+?\.)(\s|$)", flat)
+    return match.group(1) if match else flat
+
+
+def _annotation_text(annotations: Any) -> str:
+    if annotations is None:
+        return ""
+    marks = []
+    if annotations.read_only_hint:
+        marks.append("read-only")
+    else:
+        marks.append("runs your script")
+    if annotations.idempotent_hint:
+        marks.append("idempotent")
+    if annotations.open_world_hint:
+        marks.append("open-world")
+    return ", ".join(marks)
+
+
+def _arguments(schema: dict[str, Any]) -> str:
+    required = set(schema.get("required", []))
+    names = []
+    for name in schema.get("properties", {}):
+        names.append(f"`{name}`" if name in required else f"`{name}?`")
+    return ", ".join(names)
+
+
+async def _listing() -> dict[str, Any]:
+    from skill_server.server import build_server
+
+    server = build_server()
+    return {
+        "tools": await server.list_tools(),
+        "resources": await server.list_resources(),
+        "templates": await server.list_resource_templates(),
+        "prompts": await server.list_prompts(),
+    }
+
+
+def reference_markdown() -> str:
+    """The tools, prompts and resources the server registers, as Markdown."""
+    listing = anyio.run(_listing)
+    lines = ["**Tools**", "", "| tool | arguments | what it does | hints |", "|---|---|---|---|"]
+    for tool in listing["tools"]:
+        lines.append(
+            f"| `{tool.name}` | {_arguments(tool.input_schema)} | "
+            f"{_first_sentence(tool.description)} | {_annotation_text(tool.annotations)} |"
+        )
+    lines += ["", "**Prompts** (slash commands)", "", "| prompt | arguments | what it does |"]
+    lines.append("|---|---|---|")
+    for prompt in listing["prompts"]:
+        args = ", ".join(
+            f"`{a.name}`" if a.required else f"`{a.name}?`" for a in (prompt.arguments or [])
+        )
+        lines.append(f"| `/{prompt.name}` | {args} | {_first_sentence(prompt.description)} |")
+    lines += ["", "**Resources** (Markdown)", "", "| URI | what it holds |", "|---|---|"]
+    for resource in listing["resources"]:
+        lines.append(f"| `{resource.uri}` | {_first_sentence(resource.description)} |")
+    for template in listing["templates"]:
+        lines.append(f"| `{template.uri_template}` | {_first_sentence(template.description)} |")
+    return "\n".join(lines) + "\n"
+
+
+def sections() -> dict[str, str]:
+    """The generated body of each README section."""
+    return {"mcp-setup": SETUP, "mcp-reference": reference_markdown()}
+
+
+def _pattern(section: str) -> re.Pattern[str]:
+    return re.compile(
+        rf"(<!-- {section}:start -->\n)(.*?)(<!-- {section}:end -->)", flags=re.DOTALL
+    )
+
+
+def updated_readme(text: str, bodies: dict[str, str]) -> str:
+    """``text`` with each generated section replaced by its body."""
+    for section, body in bodies.items():
+        pattern = _pattern(section)
+        if not pattern.search(text):
+            raise ValueError(f"README has no <!-- {section}:start/end --> markers")
+        match = pattern.search(text)
+        assert match is not None
+        text = text[: match.start(2)] + body + text[match.end(2) :]
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite (or ``--check``) the README's MCP sections."""
+    parser = argparse.ArgumentParser(prog="python -m skill_server.docs", description=__doc__)
+    parser.add_argument("--check", action="store_true", help="exit 1 if README is out of date")
+    parser.add_argument("--readme", type=Path, default=README)
+    args = parser.parse_args(argv)
+    current = args.readme.read_text(encoding="utf-8")
+    wanted = updated_readme(current, sections())
+    if args.check:
+        if wanted != current:
+            print(f"{args.readme}: MCP sections are out of date; run python -m skill_server.docs")
+            return 1
+        return 0
+    if wanted != current:
+        args.readme.write_text(wanted, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

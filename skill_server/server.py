@@ -1,0 +1,521 @@
+"""The Gradient Doctor MCP server (official ``mcp`` SDK, v2 ``MCPServer`` API).
+
+``build_server()`` returns a configured server: six tools over the knowledge base, the
+matcher, the fix snippets and the two probes; resources for the catalogue, entries, guides,
+thresholds and the two checklists; three prompts that clients show as slash commands.
+
+The server process never imports torch: the runtime probe runs the user's script in a child
+process. Every failure reaches the model as one readable line (``ToolError``) and the server
+keeps serving; paths are confined to the allowed roots; the user's files are never written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import anyio
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field
+
+from skill_server import diagnosis as diag
+from skill_server.results import (
+    Diagnosis,
+    ExplainResult,
+    FixResult,
+    LintResult,
+    MatchSymptomsResult,
+    ProbeReport,
+)
+from skill_server.safety import (
+    MAX_NAME_ENTRIES,
+    MAX_PROBE_STEPS,
+    MAX_PROBE_TIMEOUT_S,
+    MAX_TEXT_CHARS,
+    MAX_TOP_K,
+    InputError,
+    PathPolicy,
+    check_rule_ids,
+    check_script_args,
+    check_source_text,
+    check_text,
+    one_line,
+    read_source,
+)
+
+SERVER_NAME = "gradient-doctor"
+URI_PREFIX = "gradient-doctor://"
+log = logging.getLogger("gradient_doctor.server")
+
+INSTRUCTIONS = """\
+Gradient Doctor diagnoses gradient problems in PyTorch training: exploding or vanishing \
+gradients, NaN/Inf, dead units, and training-loop mistakes (clipping after the step, \
+accumulation without dividing the loss, clipping scaled AMP gradients, DDP accumulation \
+without no_sync). Use `diagnose` for a whole check of a script, `lint_script` to read code \
+without running it, `probe_script` to measure real gradients, `match_symptoms` for a \
+described symptom, `get_fix` for fix code written with the user's names, and `explain` for \
+one catalogue entry. Quote the ids the tools return; do not replace a tool's diagnosis with \
+generic advice such as "lower the learning rate" or "try another optimizer"."""
+
+READ_ONLY = ToolAnnotations(
+    read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+)
+# Running the user's script does whatever the script does (it may write checkpoints or read
+# data from anywhere), so these tools are not read-only and not closed-world.
+RUNS_SCRIPT = ToolAnnotations(
+    read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=True
+)
+
+DevicePattern = r"^(auto|cpu|cuda(:[0-9]{1,2})?|mps)$"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("gradient-doctor")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def count_gpus() -> int:
+    """Visible NVIDIA GPUs, read from the driver's /proc entries (no torch, no subprocess)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0
+    gpu_dir = Path("/proc/driver/nvidia/gpus")
+    try:
+        found = sum(1 for _ in gpu_dir.iterdir()) if gpu_dir.is_dir() else 0
+    except OSError:
+        found = 0
+    if visible is not None and found:
+        return min(found, len([v for v in visible.split(",") if v.strip()]))
+    return found
+
+
+@dataclass
+class ProbeQueue:
+    """How many probes run at once: ``gpu_slots`` on GPUs, ``cpu_slots`` on the CPU.
+
+    Waiting callers queue in arrival order. Limiters are created on first use because anyio
+    ties them to the running event loop.
+    """
+
+    gpu_slots: int
+    cpu_slots: int
+    _limiters: dict[str, anyio.CapacityLimiter] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def default(cls, gpu_count: int | None = None, cpu_slots: int = 2) -> ProbeQueue:
+        """One probe per GPU, ``cpu_slots`` on the CPU."""
+        gpus = count_gpus() if gpu_count is None else gpu_count
+        return cls(gpu_slots=gpus, cpu_slots=cpu_slots)
+
+    def kind_for(self, device: str) -> Literal["gpu", "cpu"]:
+        """Which queue a probe on ``device`` waits in."""
+        if device == "cpu" or self.gpu_slots == 0:
+            return "cpu"
+        return "gpu"
+
+    def limiter(self, device: str) -> anyio.CapacityLimiter:
+        """The limiter for ``device``."""
+        kind = self.kind_for(device)
+        if kind not in self._limiters:
+            slots = self.gpu_slots if kind == "gpu" else self.cpu_slots
+            self._limiters[kind] = anyio.CapacityLimiter(max(1, slots))
+        return self._limiters[kind]
+
+
+@dataclass
+class ServerConfig:
+    """What a server instance allows."""
+
+    policy: PathPolicy
+    allow_exec: bool = True
+    queue: ProbeQueue = field(default_factory=ProbeQueue.default)
+
+
+@contextmanager
+def tool_errors(tool: str) -> Iterator[None]:
+    """Turn any failure inside a tool into one readable ``ToolError`` line."""
+    try:
+        yield
+    except ToolError:
+        raise
+    except InputError as exc:
+        raise ToolError(str(exc)) from None
+    except KeyError as exc:
+        message = exc.args[0] if exc.args else str(exc)
+        raise ToolError(one_line(str(message))) from None
+    except ValueError as exc:
+        raise ToolError(one_line(str(exc))) from None
+    except Exception as exc:
+        log.exception("%s failed", tool)
+        raise ToolError(f"{tool} failed: {type(exc).__name__}: {one_line(str(exc), 300)}") from None
+
+
+def _result(model: BaseModel, markdown: str) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=markdown)],
+        structured_content=model.model_dump(mode="json"),
+    )
+
+
+def _render(template: str, **context: Any) -> str:
+    from templates import render
+
+    return render(template, **context)
+
+
+def _display_path(real: Path, policy: PathPolicy) -> str:
+    for root in policy.roots:
+        if real.is_relative_to(root):
+            return str(real.relative_to(root))
+    return str(real)
+
+
+def _root_of(real: Path, policy: PathPolicy) -> Path:
+    for root in policy.roots:
+        if real.is_relative_to(root):
+            return root
+    return real.parent
+
+
+def build_server(
+    roots: Sequence[str | os.PathLike[str]] | None = None,
+    *,
+    allow_exec: bool = True,
+    max_probes: int | None = None,
+    token_verifier: Any = None,
+    auth: Any = None,
+) -> MCPServer:
+    """A configured Gradient Doctor server.
+
+    ``roots``: directories whose files the tools may read (default: the working directory).
+    ``allow_exec``: False refuses to run scripts (``probe_script``, the probe of ``diagnose``).
+    ``max_probes``: concurrent probes per device kind (default 1 per GPU, 2 on CPU).
+    ``token_verifier`` / ``auth``: bearer-token checking for the HTTP transport.
+    """
+    queue = ProbeQueue.default()
+    if max_probes is not None:
+        queue = ProbeQueue(gpu_slots=max_probes if queue.gpu_slots else 0, cpu_slots=max_probes)
+    config = ServerConfig(policy=PathPolicy.from_roots(roots), allow_exec=allow_exec, queue=queue)
+    server = MCPServer(
+        SERVER_NAME,
+        title="Gradient Doctor",
+        description="Diagnose and fix gradient problems in PyTorch training scripts.",
+        instructions=INSTRUCTIONS,
+        version=_version(),
+        token_verifier=token_verifier,
+        auth=auth,
+    )
+    _add_tools(server, config)
+    _add_resources(server)
+    _add_prompts(server)
+    return server
+
+
+def _add_tools(server: MCPServer, config: ServerConfig) -> None:
+    policy = config.policy
+
+    @_tool(server, title="Match a symptom to the guidance", annotations=READ_ONLY)
+    def match_symptoms(
+        text: Annotated[
+            str,
+            Field(
+                description="What the user sees or claims, in their words "
+                "(e.g. 'loss goes NaN after 2k steps with AMP').",
+                min_length=1,
+                max_length=MAX_TEXT_CHARS,
+            ),
+        ],
+        code: Annotated[
+            str | None,
+            Field(description="Optional training-loop code to sharpen the match."),
+        ] = None,
+        top_k: Annotated[
+            int, Field(description="How many matches to return.", ge=1, le=MAX_TOP_K)
+        ] = 5,
+    ) -> Annotated[CallToolResult, MatchSymptomsResult]:
+        """Rank catalogue entries (symptoms, red flags, runtime signals, tempting-but-wrong
+        claims) against a described symptom. Each match says what to say instead, which red
+        flags to look for, what to check next and which fix snippets apply (see get_fix)."""
+        with tool_errors("match_symptoms"):
+            check_text(text, "text")
+            if code is not None:
+                check_source_text(code)
+            matches, out_of_scope, pointer = diag.match_text(text, code=code, top_k=top_k)
+            result = MatchSymptomsResult(
+                matches=matches, out_of_scope=out_of_scope, pointer=pointer
+            )
+            return _result(result, _render("server/match.md.j2", r=result, text=text))
+
+    @_tool(server, title="Read a training script for red flags", annotations=READ_ONLY)
+    async def lint_script(
+        path: Annotated[
+            str | None,
+            Field(description="Script to read, relative to the server's root or absolute."),
+        ] = None,
+        source: Annotated[
+            str | None,
+            Field(description="Script text to read instead of a file (≤ 2 MB)."),
+        ] = None,
+        select: Annotated[
+            list[str] | None,
+            Field(description="Only these rule ids (e.g. ['clip-after-step'])."),
+        ] = None,
+        ignore: Annotated[list[str] | None, Field(description="Skip these rule ids.")] = None,
+    ) -> Annotated[CallToolResult, LintResult]:
+        """Statically analyse a PyTorch training script (it is not run) and report each red
+        flag at its line with a unified diff that fixes it, plus all fixes as one diff. The
+        file is never modified."""
+        with tool_errors("lint_script"):
+            if (path is None) == (source is None):
+                raise InputError("give exactly one of path or source")
+            chosen_select = check_rule_ids(select, "select")
+            chosen_ignore = check_rule_ids(ignore, "ignore")
+            if path is not None:
+                real = policy.resolve_file(path)
+                display = _display_path(real, policy)
+                text = read_source(real, display)
+            else:
+                assert source is not None
+                display, text = "<source>", check_source_text(source)
+            result = await anyio.to_thread.run_sync(
+                lambda: diag.lint_text(text, display, select=chosen_select, ignore=chosen_ignore),
+                abandon_on_cancel=True,
+            )
+            return _result(result, _render("server/lint.md.j2", r=result))
+
+    @_tool(server, title="Run a script under the gradient probe", annotations=RUNS_SCRIPT)
+    async def probe_script(
+        path: Annotated[str, Field(description="Training script to run (inside the root).")],
+        ctx: Context,
+        args: Annotated[
+            list[str] | None, Field(description="Command-line arguments for the script.")
+        ] = None,
+        steps: Annotated[
+            int, Field(description="Optimizer steps to observe.", ge=1, le=MAX_PROBE_STEPS)
+        ] = 30,
+        timeout_s: Annotated[
+            float,
+            Field(description="Wall-clock limit in seconds.", gt=0, le=MAX_PROBE_TIMEOUT_S),
+        ] = 120.0,
+        device: Annotated[
+            str,
+            Field(description="auto, cpu, cuda, cuda:N or mps.", pattern=DevicePattern),
+        ] = "auto",
+    ) -> Annotated[CallToolResult, ProbeReport]:
+        """Run the script in a child process for a few optimizer steps under gradient hooks
+        and report what the gradients do (norms per step and layer, NaN/Inf, zero and dead
+        units, clipping and AMP behaviour). Reports progress; cancelling stops the script.
+        Probes wait in a queue (1 per GPU, 2 on CPU by default)."""
+        with tool_errors("probe_script"):
+            if not config.allow_exec:
+                raise InputError(
+                    "script execution is disabled on this server (--no-exec); "
+                    "lint_script reads the script without running it"
+                )
+            real = policy.resolve_file(path)
+            display = _display_path(real, policy)
+            script_args = check_script_args(args or [])
+            report = await _queued_probe(
+                config, ctx, real, display, script_args, steps, timeout_s, device
+            )
+            return _result(report, _render("server/probe.md.j2", r=report))
+
+    @_tool(server, title="Diagnose a training script", annotations=RUNS_SCRIPT)
+    async def diagnose(
+        ctx: Context,
+        path: Annotated[
+            str | None, Field(description="Training script to check (inside the root).")
+        ] = None,
+        description: Annotated[
+            str | None,
+            Field(description="What the user observes, in their words.", max_length=MAX_TEXT_CHARS),
+        ] = None,
+        run_probe: Annotated[
+            bool,
+            Field(description="Also run the script for a few steps under the gradient probe."),
+        ] = True,
+        steps: Annotated[
+            int, Field(description="Optimizer steps to observe.", ge=1, le=MAX_PROBE_STEPS)
+        ] = 30,
+        timeout_s: Annotated[
+            float,
+            Field(
+                description="Wall-clock limit for the probe, seconds.", gt=0, le=MAX_PROBE_TIMEOUT_S
+            ),
+        ] = 120.0,
+    ) -> Annotated[CallToolResult, Diagnosis]:
+        """The one-shot check: static analysis + a short run under the gradient probe +
+        matching the described symptom, merged into one issue per catalogue id with the
+        evidence of each, rendered as a Gradient Health Report (summary table, issues with
+        lines and layers, recommendations, a patch and fix code)."""
+        with tool_errors("diagnose"):
+            request = diag.DiagnoseRequest(
+                description=description,
+                run_probe=run_probe,
+                exec_allowed=config.allow_exec,
+                steps=steps,
+                timeout_s=timeout_s,
+            )
+            if path is not None:
+                real = policy.resolve_file(path)
+                request.script = real
+                request.display_path = _display_path(real, policy)
+                request.cwd = _root_of(real, policy)
+
+            async def queued(
+                script: Path,
+                display: str,
+                args: Sequence[str],
+                *,
+                steps: int,
+                timeout_s: float,
+                device: str,
+                cwd: Path | None,
+                on_progress: Any = None,
+            ) -> ProbeReport:
+                return await _queued_probe(
+                    config, ctx, script, display, list(args), steps, timeout_s, device
+                )
+
+            result = await diag.diagnose(request, probe_runner=queued)
+            return _result(result, diag.render_report(result))
+
+    @_tool(server, title="Fix code with your names", annotations=READ_ONLY)
+    def get_fix(
+        id: Annotated[
+            str,
+            Field(
+                description="A fix snippet id (e.g. 'accumulation-clip') or a catalogue id "
+                "whose first fix snippet is wanted."
+            ),
+        ],
+        names: Annotated[
+            dict[str, str] | None,
+            Field(
+                description="Your variable names, e.g. {'model': 'net', 'optimizer': 'opt', "
+                "'loss': 'loss', 'accum_steps': 'ACCUM'}."
+            ),
+        ] = None,
+    ) -> Annotated[CallToolResult, FixResult]:
+        """Render a fix snippet (correct loop order, accumulation, AMP + clipping, DDP no_sync,
+        monitoring, stable loss ops, ...) written with the user's own variable names."""
+        with tool_errors("get_fix"):
+            from templates.snippets import list_snippets, render_snippet
+
+            if names is not None and len(names) > MAX_NAME_ENTRIES:
+                raise InputError(f"{len(names)} names; the limit is {MAX_NAME_ENTRIES}")
+            snippet_id = _snippet_for(id, list_snippets())
+            code = render_snippet(snippet_id, names or None)
+            result = FixResult(snippet_id=snippet_id, code=code, names=dict(names or {}))
+            return _result(
+                result, f"Fix snippet `{snippet_id}`:\n\n```python\n{code.rstrip()}\n```\n"
+            )
+
+    @_tool(server, title="Explain a catalogue entry", annotations=READ_ONLY)
+    def explain(
+        id: Annotated[
+            str,
+            Field(
+                description="A catalogue id: red flag, runtime signal, rationalization or symptom."
+            ),
+        ],
+    ) -> Annotated[CallToolResult, ExplainResult]:
+        """The knowledge entry for one id: what it is, why it happens, how it shows up, how to
+        confirm it, the fix, related entries and sources."""
+        with tool_errors("explain"):
+            from knowledge import load_knowledge
+            from skill_server import views
+
+            entry = load_knowledge().get(id.strip())
+            markdown = views.entry_markdown(entry)
+            result = ExplainResult(
+                id=entry.id,
+                kind=entry.kind,
+                title=entry.title,
+                severity=entry.severity_or_none,
+                markdown=markdown,
+                entry=entry.model_dump(mode="json"),
+            )
+            return _result(result, markdown)
+
+
+def _tool(server: MCPServer, *, title: str, annotations: ToolAnnotations) -> Any:
+    """Register a tool whose description is its docstring as one paragraph."""
+
+    def decorator(fn: Any) -> Any:
+        description = " ".join((fn.__doc__ or "").split())
+        server.add_tool(fn, title=title, description=description, annotations=annotations)
+        return fn
+
+    return decorator
+
+
+def _snippet_for(requested: str, known: Any) -> str:
+    """``requested`` if it is a snippet id, else the first snippet of the catalogue entry."""
+    known_ids = {getattr(s, "id", s) for s in known}
+    wanted = requested.strip()
+    if wanted in known_ids:
+        return wanted
+    from knowledge import load_knowledge
+
+    kb = load_knowledge()
+    if wanted in kb.entries:
+        entry = kb.entries[wanted]
+        if entry.snippets:
+            return str(entry.snippets[0])
+        raise InputError(f"{wanted!r} has no fix snippet; see explain({wanted!r})")
+    near = kb.closest(wanted)
+    hint = f"; closest ids: {', '.join(near)}" if near else ""
+    raise InputError(f"unknown fix id {wanted!r}{hint}")
+
+
+async def _queued_probe(
+    config: ServerConfig,
+    ctx: Context,
+    script: Path,
+    display: str,
+    args: list[str],
+    steps: int,
+    timeout_s: float,
+    device: str,
+) -> ProbeReport:
+    async def progress(done: int, total: int) -> None:
+        await ctx.report_progress(done, total, f"{done} of {total} steps")
+
+    limiter = config.queue.limiter(device)
+    if limiter.available_tokens == 0:
+        log.info("probe of %s waits for a free %s slot", display, config.queue.kind_for(device))
+    async with limiter:
+        return await diag.probe(
+            script,
+            display,
+            args,
+            steps=steps,
+            timeout_s=timeout_s,
+            device=device,
+            cwd=_root_of(script, config.policy),
+            on_progress=progress,
+        )
+
+
+def _add_resources(server: MCPServer) -> None:
+    from skill_server import resources
+
+    resources.register(server, URI_PREFIX, ResourceError)
+
+
+def _add_prompts(server: MCPServer) -> None:
+    from skill_server import prompts
+
+    prompts.register(server)

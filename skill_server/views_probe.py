@@ -1,0 +1,129 @@
+"""Markdown view of a runtime probe result (never imports torch; no statistics computed here)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from probes.findings import Finding
+from probes.runtime.result import ProbeResult
+from templates import render
+
+SEVERITY_MARK = {"critical": "❌", "warning": "⚠️", "info": "ℹ️"}
+STATUS_TEXT = {
+    "ok": "the script finished by itself",
+    "stopped": "stopped by the probe after the requested steps",
+    "script-error": "the script raised an error",
+    "timeout": "the script ran past the time limit",
+    "no-training-loop": "no optimizer step happened",
+    "out-of-memory": "the script ran out of memory",
+}
+MAX_LAYER_ROWS = 12
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _snippet_code(snippet_id: str | None) -> str | None:
+    if snippet_id is None:
+        return None
+    try:
+        from templates.snippets import render_snippet
+
+        return render_snippet(snippet_id)
+    except Exception:  # a missing snippet must not break the report
+        return None
+
+
+def _finding_view(finding: Finding) -> dict[str, Any]:
+    where = []
+    if finding.step is not None:
+        where.append(f"step {finding.step}")
+    if finding.parameter:
+        where.append(f"parameter `{finding.parameter}`")
+    if finding.module:
+        where.append(f"module `{finding.module}`")
+    evidence = ", ".join(
+        f"{key}={_fmt(value)}" for key, value in finding.evidence.items() if key != "origin"
+    )
+    return {
+        "id": finding.id,
+        "severity": finding.severity,
+        "mark": SEVERITY_MARK[finding.severity],
+        "message": finding.message,
+        "where": ", ".join(where),
+        "evidence": evidence,
+        "fix": finding.fix.description if finding.fix else None,
+        "snippet_id": finding.fix.snippet_id if finding.fix else None,
+    }
+
+
+def probe_markdown(result: ProbeResult) -> str:
+    """The Markdown report of ``result``: status, summary numbers, findings, fix code."""
+    norms = [n for n in result.total_norm if math.isfinite(n)]
+    losses = [v for v in result.loss if v is not None and math.isfinite(v)]
+    summary = [
+        ("Steps measured", f"{result.steps} of {result.steps_requested}"),
+        ("Device", result.device),
+        ("Threshold profile", result.profile),
+    ]
+    if norms:
+        summary.append(
+            (
+                "Total gradient norm (as applied)",
+                f"median {statistics.median(norms):.4g}, min {min(norms):.4g}, "
+                f"max {max(norms):.4g}",
+            )
+        )
+    before = [n for n in result.total_norm_before_clip if n is not None]
+    if before:
+        summary.append(("Norm before the script's clipping", f"max {max(before):.4g}"))
+    if len(norms) != len(result.total_norm):
+        summary.append(("Non-finite steps", str(len(result.total_norm) - len(norms))))
+    if losses:
+        summary.append(("Loss", f"{losses[0]:.4g} → {losses[-1]:.4g}"))
+    if result.probe_s and result.script_s:
+        summary.append(("Time in the probe", f"{result.probe_s:.3f} s of {result.script_s:.2f} s"))
+    layers = []
+    for series in result.layer_norms[:MAX_LAYER_ROWS]:
+        values = [v for v in series.norms if v is not None]
+        finite = [v for v in values if math.isfinite(v)]
+        layers.append(
+            {
+                "layer": series.layer,
+                "first": _fmt(values[0]) if values else "—",
+                "last": _fmt(values[-1]) if values else "—",
+                "median": _fmt(statistics.median(finite)) if finite else "—",
+            }
+        )
+    findings = [_finding_view(f) for f in result.findings]
+    snippets: list[dict[str, str]] = []
+    seen: set[str] = set()
+    for finding in findings:
+        snippet_id = finding["snippet_id"]
+        if finding["severity"] == "info" or not snippet_id or snippet_id in seen:
+            continue
+        code = _snippet_code(snippet_id)
+        if code:
+            seen.add(snippet_id)
+            snippets.append({"id": snippet_id, "code": code.rstrip()})
+    return render(
+        "probe.md.j2",
+        r=result,
+        status_text=STATUS_TEXT[result.status],
+        summary=summary,
+        findings=findings,
+        layers=layers,
+        more_layers=max(0, len(result.layer_norms) - MAX_LAYER_ROWS),
+        snippets=snippets,
+    )

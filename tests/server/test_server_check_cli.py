@@ -1,0 +1,91 @@
+"""``gradient-doctor check`` through the real command line (``run_cli``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from subprocess import CompletedProcess
+
+import pytest
+from server_helpers import REPO
+
+Cli = Callable[..., CompletedProcess[str]]
+
+
+def test_check_no_probe_finds_the_example_bugs_and_exits_1(cli: Cli) -> None:
+    result = cli("check", "examples/buggy_train.py", "--no-probe")
+    assert result.returncode == 1, result.stderr
+    report = result.stdout
+    assert report.startswith("## Gradient Health Report")
+    assert "accum-unscaled-loss" in report and "clip-after-step" in report
+    assert "| Static red flags |" in report and "❌" in report
+    assert "```diff" in report
+
+
+def test_check_json_is_the_diagnosis(cli: Cli) -> None:
+    result = cli("check", "examples/buggy_train.py", "--no-probe", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    data = json.loads(result.stdout)
+    assert data["worst_severity"] == "critical"
+    assert data["probe_status"] is None
+    ids = [issue["id"] for issue in data["issues"]]
+    assert len(ids) == len(set(ids))
+    lines = (REPO / "examples/buggy_train.py").read_text().splitlines()
+    clip = next(i for i in data["issues"] if i["id"] == "clip-after-step")
+    line = int(clip["locations"][0].rsplit(":", 1)[1])
+    assert "clip_grad_norm_" in lines[line - 1]
+
+
+def test_fail_on_controls_the_exit_code(cli: Cli) -> None:
+    healthy = cli("check", "examples/healthy_train.py", "--no-probe")
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert "clip-after-step" not in healthy.stdout
+    strict = cli("check", "examples/healthy_train.py", "--no-probe", "--fail-on", "info")
+    data = json.loads(
+        cli("check", "examples/healthy_train.py", "--no-probe", "--format", "json").stdout
+    )
+    expected = 1 if data["issues"] else 0
+    assert strict.returncode == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("check", "does/not/exist.py"), "no such file"),
+        (("check", "examples"), "directory"),
+        (("check", "examples/buggy_train.py", "--steps", "0"), "--steps"),
+        (("check", "examples/buggy_train.py", "--format", "xml"), "invalid choice"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(cli: Cli, args: tuple[str, ...], fragment: str) -> None:
+    result = cli(*args)
+    assert result.returncode == 2
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_binary_file_exits_2(cli: Cli, tmp_path: Path) -> None:
+    script = tmp_path / "model.py"
+    script.write_bytes(b"\x7fELF\x00\x00binary")
+    result = cli("check", str(script), "--no-probe")
+    assert result.returncode == 2 and "binary" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_check_runs_the_example_under_the_probe(cli: Cli) -> None:
+    result = cli("check", "examples/buggy_train.py", "--steps", "12", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    data = json.loads(result.stdout)
+    assert data["probe_status"] in ("ok", "stopped"), data["summary"]
+    assert data["probe_steps"] == 12
+    merged = [i for i in data["issues"] if {"static", "runtime"} <= set(i["sources"])]
+    assert merged, [(i["id"], i["sources"]) for i in data["issues"]]
+
+
+@pytest.mark.slow
+def test_check_healthy_example_under_the_probe_is_not_critical(cli: Cli) -> None:
+    result = cli("check", "examples/healthy_train.py", "--steps", "12")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Runtime probe" in result.stdout
