@@ -142,8 +142,9 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
     for _ in range(3):
         plain()  # warm-up: allocator, kernels, optimizer state
     samples: dict[str, list[float]] = {"baseline": [], "probe": [], "loop": []}
-    probe_inside = 0.0
-    probe_steps = 0
+    # One collector for the whole run, as in the probe's child (one first step, then sampled
+    # steps every --sample-every); its hooks are installed only while the probe variant runs.
+    collector = Collector(sink, sample_every=args.sample_every)
     for trial in range(args.trials):
         order = ["baseline", "probe", "loop"]
         order = order[trial % 3 :] + order[: trial % 3]
@@ -153,15 +154,12 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
             elif mode == "loop":
                 samples[mode] += time_steps(naive, args.steps, device)
             else:
-                collector = Collector(sink, sample_every=args.sample_every)
                 uninstall = hooks.install(collector)
                 try:
                     samples[mode] += time_steps(plain, args.steps, device)
                     collector.flush()
                 finally:
                     uninstall()
-                probe_inside += collector.probe_s
-                probe_steps += collector.steps_done
     sink_file.close()
     base = statistics.median(samples["baseline"])
     probe = statistics.mean(samples["probe"])  # mean: sampled steps must count
@@ -180,7 +178,7 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
     )
     print(
         f"probe overhead (time inside the probe's hooks per step / baseline step): "
-        f"{probe_inside / max(probe_steps, 1) / base * 100:.2f} %"
+        f"{collector.probe_s / max(collector.steps_done, 1) / base * 100:.2f} %"
     )
     print(f"per-parameter .item() norm loop overhead (median): {(loop / base - 1) * 100:+.2f} %")
     print(

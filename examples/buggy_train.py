@@ -1,9 +1,10 @@
 """A small LSTM sequence classifier with two real gradient-management bugs.
 
-Runs on CPU in a few seconds. `gradient-doctor check examples/buggy_train.py` should find:
-  * the loss of each micro-batch is not divided by the accumulation steps, so every update
-    uses gradients ACCUM_STEPS times too large (accum-unscaled-loss);
-  * gradient clipping runs after optimizer.step(), when the update has already used the
+Runs on CPU in a few seconds. `gradient-doctor check examples/buggy_train.py` should find,
+in main() below:
+  * `loss.backward()` gets the loss of one micro-batch, not divided by ACCUM_STEPS, so every
+    update uses gradients ACCUM_STEPS times too large (accum-unscaled-loss);
+  * `clip_grad_norm_` runs after `optimizer.step()`, when the update has already used the
     unclipped gradients (clip-after-step).
 Compare with examples/healthy_train.py, the same training done right.
 """
@@ -37,7 +38,7 @@ def make_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     batches = []
     for _ in range(BATCHES_PER_EPOCH):
         tokens = torch.randint(0, VOCAB, (BATCH_SIZE, SEQ_LEN), generator=generator)
-        labels = tokens[:, :4].sum(dim=1) % CLASSES  # learnable from the first tokens
+        labels = tokens[:, -2:].sum(dim=1) % CLASSES  # learnable from the last tokens
         batches.append((tokens, labels))
     return batches
 
@@ -52,10 +53,10 @@ def main() -> None:
     for epoch in range(EPOCHS):
         for i, (tokens, labels) in enumerate(data):
             loss = loss_fn(model(tokens), labels)
-            loss.backward()  # BUG: the loss should be divided by ACCUM_STEPS
+            loss.backward()
             if (i + 1) % ACCUM_STEPS == 0:
                 optimizer.step()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)  # BUG: too late
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
                 optimizer.zero_grad()
         print(f"epoch {epoch}: last loss {loss.item():.3f}")
 

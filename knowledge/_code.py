@@ -3,13 +3,16 @@
 Private to ``knowledge.matcher``. This is not the static analyser (``probes.static`` reads
 whole scripts with libcst; ``knowledge`` must not depend on ``probes``): fragments here are
 partial, elided with ``...``, badly indented or embedded in prose, so the rules look at the
-order of a handful of call events and, where indentation survives, at which ones sit under an
-``if step % N`` gate.
+order of a handful of call events inside one function and, where indentation survives, at
+which ones run per micro-batch and which once per update (under an ``if step % N`` gate, or
+after a ``for micro_step in range(N)`` loop). It also holds the prose-order rules ("I clip
+after the optimizer step").
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Call events, in the order they appear in the fragment.
@@ -23,17 +26,30 @@ _EVENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("sched_step", re.compile(r"\b\w*(?:sched|lr_sched|scheduler|warmup)\w*\s*\.\s*step\s*\(")),
     ("opt_step", re.compile(r"\b\w*(?:optim|opt)\w*\s*\.\s*step\s*\(")),
     ("zero_grad", re.compile(r"zero_grad\s*\(|\.grad\s*=\s*None|\.grad\.zero_\s*\(")),
-    ("norm_read", re.compile(r"\.grad\w*\s*\.\s*norm\s*\(|\.grad\.data\.norm\s*\(|\bgrad_norm\b")),
-    ("grad_div", re.compile(r"\.grad\s*(?:/=|\*=|\.div_\s*\(|\.mul_\s*\(|=\s*[\w.]+\.grad\s*/)")),
+    (
+        "norm_read",
+        # A computation of the norm (not a later use of a variable that holds it).
+        re.compile(
+            r"\.grad\w*(?:\.data)?\s*\.\s*norm\s*\(|\b\w*(?:grad|total)_?norms?\w*\s*\("
+            r"|\b\w*norm\w*\s*=\s*[^=\n]*\.grad\b"
+        ),
+    ),
+    (
+        "grad_div",
+        re.compile(r"\.grad(?:\.data)?\s*(?:/=|\*=|\.div_\s*\(|\.mul_\s*\(|=\s*[\w.]+\.grad\s*/)"),
+    ),
     ("accum_gate", re.compile(r"\bif\b[^\n]*%[^\n]*")),
 )
-_BACKWARD_LINE_SKIP = re.compile(r"\.scale\s*\(")
 _SCALER = re.compile(r"GradScaler\s*\(|\bscaler\s*\.\s*scale\s*\(|\bscaler\b")
 _DDP = re.compile(r"DistributedDataParallel|\bDDP\s*\(|torchrun|init_process_group")
-_NO_SYNC = re.compile(r"no_sync\s*\(")
+_NO_SYNC = re.compile(r"no_sync\s*\(|require_backward_grad_sync")
 _LOSS_DIVIDED = re.compile(
     r"loss\w*\s*(?:/|\*\s*\(?\s*1(?:\.0)?\s*/|\.div)|loss\w*\s*/=|/\s*\w*(?:accum|grad_acc|gas|"
     r"n_micro|micro)\w*|\bloss\w*\s*=\s*[^\n]*/\s*[\w.()]+|\*\s*\(?\s*1\s*/\s*\w+"
+    # The divided expression itself is backpropagated: ``(model(b) / 4).backward()``.
+    r"|/\s*[\w.]+\s*\)\s*\.\s*backward\s*\("
+    # A loss helper that returns the divided loss.
+    r"|\breturn\s+[^\n]*/\s*[\w.()]+"
 )
 _MAX_NORM = re.compile(
     r"clip_grad_norm_?\s*\([^,()]*(?:\([^()]*\))?[^,()]*,\s*(?:max_norm\s*=\s*)?"
@@ -47,28 +63,28 @@ _SATURATING = re.compile(r"nn\.(?:Sigmoid|Tanh)\s*\(|torch\.(?:sigmoid|tanh)\s*\
 _DEEP_RANGE = re.compile(r"range\s*\(\s*(?P<n>\d+)\s*\)|\]\s*\*\s*(?P<m>\d+)")
 _UNSTABLE_OP = re.compile(
     r"torch\.log\s*\((?P<a>[^()\n]*(?:\([^()\n]*\))?[^()\n]*)\)|\.log\s*\(\s*\)|"
-    r"torch\.sqrt\s*\((?P<b>[^()\n]*)\)|torch\.exp\s*\("
+    r"torch\.sqrt\s*\((?P<b>[^\n]*)|torch\.exp\s*\("
 )
 _EPS = re.compile(r"eps|1e-|clamp|\+\s*\d")
-_TOKEN_MEAN = re.compile(r"ignore_index|attention_mask|padding|pad_token|num_tokens|n_tokens")
+_TOKEN_MEAN = re.compile(r"ignore_index|pad_token|pad_id|padding_idx|-100\b")
+_DIVIDED_BY_N = re.compile(
+    r"(?<!/)/\s*[\w.]*(?:accum|grad_acc|gas\b|n_micro|micro)\w*", re.IGNORECASE
+)
+#: ``from torch.nn.utils import clip_grad_norm_ as clip``: the alias is a clip call too.
+_CLIP_ALIAS = re.compile(r"\bclip_grad_(norm|value)_?\s+as\s+(\w+)")
 _LEFTOVER_HANDLED = re.compile(r"len\s*\(\s*\w*loader\w*\s*\)|is_last|last_batch|remainder")
 _LIGHTNING = re.compile(r"pl\.Trainer|Trainer\s*\(|LightningModule|on_after_backward")
-
-_CODE_HINT = re.compile(
-    r"```|\.backward\s*\(|\.step\s*\(|zero_grad|clip_grad_|GradScaler|unscale_|no_sync|"
-    r"^\s*(?:for|if|def|import|from)\b[^\n]*:?\s*$",
-    re.MULTILINE,
-)
 
 
 @dataclass(frozen=True)
 class Event:
-    """One call event: its kind, line number (0-based), indentation and text of its line."""
+    """One call event: its kind, line (0-based), indentation, line text and enclosing ``def``."""
 
     kind: str
     line: int
     indent: int
     text: str
+    scope: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,23 +94,36 @@ class CodeHit:
     entry_id: str
     strength: float
     reason: str
+    #: The rationalization to credit instead when the text gives this as advice.
+    advice_id: str | None = None
 
 
-def looks_like_code(text: str) -> bool:
-    """Whether ``text`` contains pasted code worth running the rules over."""
-    return bool(_CODE_HINT.search(text))
+_DEF = re.compile(r"^\s*(?:async\s+)?def\s")
+_MICRO_LOOP = re.compile(
+    r"^\s*for\b[^\n]*\bin\b[^\n]*(?:accum|micro|gas\b|grad_acc|n_acc|\bmbs?\b)"
+    r"|^\s*for\s+(?:micro\w*|mb)\b",
+    re.IGNORECASE,
+)
+_UNSCALE_ARG = re.compile(r"unscale_\s*\(\s*([^)]*)\)")
 
 
-def _events(code: str) -> list[Event]:
+def _events(lines: list[str]) -> list[Event]:
     events: list[Event] = []
-    for number, raw_line in enumerate(code.splitlines()):
+    scope = 0
+    patterns = list(_EVENTS)
+    for kind, alias in _CLIP_ALIAS.findall("\n".join(lines)):
+        event = "clip_norm" if kind == "norm" else "clip_value"
+        patterns.append((event, re.compile(rf"(?<![\w.]){re.escape(alias)}\s*\(")))
+    for number, raw_line in enumerate(lines):
         line = raw_line.split("#", 1)[0] if "#" in raw_line else raw_line
         if not line.strip():
             continue
+        if _DEF.match(line):
+            scope += 1
         indent = len(line) - len(line.lstrip(" \t"))
         hits: list[tuple[int, str]] = []
         taken: list[tuple[int, int]] = []
-        for kind, pattern in _EVENTS:
+        for kind, pattern in patterns:
             for m in pattern.finditer(line):
                 span = (m.start(), m.end())
                 if any(s < span[1] and span[0] < e for s, e in taken):
@@ -102,27 +131,89 @@ def _events(code: str) -> list[Event]:
                 taken.append(span)
                 hits.append((m.start(), kind))
         for _, kind in sorted(hits):
-            events.append(Event(kind, number, indent, line.strip()))
+            events.append(Event(kind, number, indent, line.strip(), scope))
     return events
 
 
-def _under_gate(event: Event, gates: list[Event]) -> bool:
-    """Whether ``event`` sits in the block of an ``if … % N`` gate (needs indentation)."""
-    for gate in gates:
-        if gate.line == event.line and ":" in gate.text and gate.text.rstrip().endswith(")"):
-            return True
-        if gate.line < event.line and event.indent > gate.indent:
-            return True
-        if gate.line == event.line and not gate.text.rstrip().endswith(":"):
-            # One-line form: ``if (i + 1) % n == 0: optimizer.step()``.
-            return True
-    return False
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _block_end(lines: list[str], header: int) -> int:
+    """The line after the indented block that starts below ``header`` (a ``for``/``if`` line)."""
+    base = _indent(lines[header])
+    for number in range(header + 1, len(lines)):
+        text = lines[number].split("#", 1)[0]
+        if text.strip() and _indent(text) <= base:
+            return number
+    return len(lines)
+
+
+@dataclass(frozen=True)
+class _Accumulation:
+    """Where the micro-steps and the update of an accumulation loop are."""
+
+    form: str  # "gate" (if step % N: …) or "loop" (for micro in range(N): …)
+    header: Event
+    end: int
+    indented: bool
+
+    def is_update(self, e: Event) -> bool:
+        """``e`` runs once per optimizer update."""
+        if self.form == "gate":
+            if e.line == self.header.line:
+                return not self.header.text.rstrip().endswith(":")
+            if self.indented:
+                return self.header.line < e.line < self.end
+            # No indentation left: the update is what follows the gate.
+            return e.line > self.header.line
+        return e.line >= self.end and e.scope == self.header.scope
+
+    def is_micro(self, e: Event, loop_indent: int) -> bool:
+        """``e`` runs on every micro-batch."""
+        if e.scope != self.header.scope:
+            return False
+        if self.form == "loop":
+            return self.header.line < e.line < self.end
+        if self.is_update(e):
+            return False
+        if self.indented:
+            return e.indent >= loop_indent and e.indent >= self.header.indent
+        return e.line < self.header.line
+
+
+def _accumulation(events: list[Event], lines: list[str]) -> _Accumulation | None:
+    indented = any(e.indent > 0 for e in events)
+    steps = [e for e in events if e.kind in ("opt_step", "scaler_step")]
+    for gate in (e for e in events if e.kind == "accum_gate"):
+        end = _block_end(lines, gate.line) if indented else len(lines)
+        candidate = _Accumulation("gate", gate, end, indented)
+        # A % gate that does not hold the optimizer step is logging or evaluation.
+        gated = [s for s in steps if candidate.is_update(s) and s.scope == gate.scope]
+        if gated and (indented or gated[0] == next((s for s in steps if s.line > gate.line), None)):
+            return candidate
+    for number, line in enumerate(lines):
+        if _MICRO_LOOP.match(line):
+            header = Event("micro_loop", number, _indent(line), line.strip(), 0)
+            scope = next((e.scope for e in events if e.line >= number), 0)
+            header = Event("micro_loop", number, _indent(line), line.strip(), scope)
+            end = _block_end(lines, number)
+            inside = {e.kind for e in events if number < e.line < end}
+            # The micro-step loop holds backward() but not the optimizer step (an outer loop
+            # over updates that mentions accumulation holds both).
+            if inside & {"backward", "scaled_backward"} and not inside & {
+                "opt_step",
+                "scaler_step",
+            }:
+                return _Accumulation("loop", header, end, True)
+    return None
 
 
 def analyse(code: str) -> list[CodeHit]:
     """The rules that fire on ``code`` (a fragment, possibly embedded in prose)."""
     code = code.replace("…", "...")
-    events = _events(code)
+    lines = code.splitlines()
+    events = _events(lines)
     kinds = [e.kind for e in events]
     hits: list[CodeHit] = []
 
@@ -131,28 +222,34 @@ def analyse(code: str) -> list[CodeHit]:
             hits.append(CodeHit(entry_id, strength, reason))
 
     scaler_in_use = bool(_SCALER.search(code)) or "scaled_backward" in kinds
-    steps = [i for i, k in enumerate(kinds) if k in ("opt_step", "scaler_step")]
     backwards = [i for i, k in enumerate(kinds) if k in ("backward", "scaled_backward")]
-    gates = [e for e in events if e.kind == "accum_gate"]
-    accumulating = bool(gates) and bool(backwards) and bool(steps)
+    steps = [i for i, k in enumerate(kinds) if k in ("opt_step", "scaler_step")]
+    order_kinds = ("backward", "scaled_backward", "opt_step", "scaler_step", "zero_grad")
 
-    for i, kind in enumerate(kinds):
-        if kind not in ("clip_norm", "clip_value"):
+    for i, event in enumerate(events):
+        if event.kind not in ("clip_norm", "clip_value"):
             continue
-        before = [k for k in kinds[:i] if k in ("backward", "scaled_backward", "opt_step",
-                                                  "scaler_step", "zero_grad")]
+        # Order is only meaningful inside one function: a helper defined above its caller
+        # says nothing about when it runs.
+        before = [e.kind for e in events[:i] if e.kind in order_kinds and e.scope == event.scope]
+        later_backward = any(
+            events[b].line > event.line and events[b].scope == event.scope for b in backwards
+        )
         last = before[-1] if before else None
         if last in ("opt_step", "scaler_step"):
             add("clip-after-step", 1.0, "code: the clip call comes after optimizer.step()")
-        elif (last in (None, "zero_grad")) and any(b > i for b in backwards):
+        elif last in (None, "zero_grad") and later_backward:
             add("clip-before-backward", 1.0, "code: the clip call comes before backward()")
-        if scaler_in_use and kind == "clip_norm" and "unscale" not in kinds[:i]:
+        unscaled_before = any(
+            e.kind == "unscale" for e in events[:i] if e.scope == event.scope
+        ) or any(e.kind == "unscale" for e in events if e.scope != event.scope)
+        if scaler_in_use and event.kind == "clip_norm" and not unscaled_before:
             add(
                 "amp-clip-without-unscale",
                 1.0,
                 "code: GradScaler in use and the clip runs without scaler.unscale_() before it",
             )
-        if kind == "clip_value":
+        if event.kind == "clip_value":
             add("value-clipping", 0.9, "code: clip_grad_value_ clips each element, not the norm")
 
     for m in _MAX_NORM.finditer(code):
@@ -171,64 +268,33 @@ def analyse(code: str) -> list[CodeHit]:
             "code: scaler.scale(loss).backward() but optimizer.step() instead of scaler.step()",
         )
     elif scaler_in_use and "opt_step" in kinds and "scaler_step" not in kinds:
-        add("amp-step-bypasses-scaler", 0.8, "code: a GradScaler exists but optimizer.step() "
-            "is called directly")
-    if kinds.count("unscale") >= 2:
-        add("amp-double-unscale", 0.9, "code: scaler.unscale_() is called twice")
+        add(
+            "amp-step-bypasses-scaler",
+            0.8,
+            "code: a GradScaler exists but optimizer.step() is called directly",
+        )
+    unscale_args = [" ".join(a.split()) for a in _UNSCALE_ARG.findall(code)]
+    if len(unscale_args) != len(set(unscale_args)):
+        add("amp-double-unscale", 0.9, "code: scaler.unscale_() is called twice on one optimizer")
 
-    if accumulating:
-        gated_steps = [e for e in events if e.kind in ("opt_step", "scaler_step")
-                       and _under_gate(e, gates)]
-        zero_events = [e for e in events if e.kind == "zero_grad"]
-        if not zero_events:
-            add("accum-missing-zero-grad", 0.9, "code: steps every N micro-batches but never "
-                "calls zero_grad()")
-        else:
-            first_back = events[backwards[0]]
-            outside = [z for z in zero_events if not _under_gate(z, gates)]
-            before_back = [z for z in outside if z.line < first_back.line]
-            if outside and (before_back or (gated_steps and gates[0].indent > 0)):
-                add(
-                    "accum-zero-grad-every-microstep",
-                    1.0,
-                    "code: zero_grad() runs on every micro-batch while the step is gated by % N",
-                )
-        divided = bool(_LOSS_DIVIDED.search(code))
-        if "grad_div" in kinds:
-            add("accum-manual-grad-scaling", 1.0, "code: .grad is divided by hand")
-        elif not divided:
-            add(
-                "accum-unscaled-loss",
-                1.0,
-                "code: backward() every micro-batch, step every N (% gate), loss never divided",
-            )
-        for e in events:
-            if e.kind in ("clip_norm", "clip_value") and not _under_gate(e, gates):
-                first_gate = gates[0]
-                if e.line < first_gate.line or (e.indent <= first_gate.indent and e.indent > 0):
-                    add("accum-clip-every-microstep", 0.8, "code: clipping runs on every "
-                        "micro-batch, outside the % N gate")
-            if e.kind == "sched_step" and not _under_gate(e, gates) and gated_steps:
-                add("accum-scheduler-per-microbatch", 0.8, "code: scheduler.step() runs on every "
-                    "micro-batch while the optimizer steps every N")
-        if _DDP.search(code) and not _NO_SYNC.search(code):
-            add("ddp-accum-without-no-sync", 0.9, "code: DDP with accumulation and no no_sync()")
-        if divided and _TOKEN_MEAN.search(code):
-            add("accum-token-mean-bias", 0.5, "code: a token-level mean loss divided by N per "
-                "micro-batch")
-        if not _LEFTOVER_HANDLED.search(code):
-            add("accum-leftover-batches", 0.2, "code: the % N gate ignores the last partial "
-                "window")
-    elif _DDP.search(code) and gates and not _NO_SYNC.search(code):
+    accumulation = _accumulation(events, lines) if backwards and steps else None
+    if accumulation is not None:
+        _accumulation_rules(code, lines, events, kinds, accumulation, add)
+    elif _DDP.search(code) and "accum_gate" in kinds and not _NO_SYNC.search(code):
         add("ddp-accum-without-no-sync", 0.6, "code: DDP with a % N gate and no no_sync()")
 
-    zero_idx = [i for i, k in enumerate(kinds) if k == "zero_grad"]
-    for i, kind in enumerate(kinds):
-        if kind == "norm_read" and zero_idx and zero_idx[0] < i:
-            between = kinds[zero_idx[-1] if zero_idx[-1] < i else zero_idx[0] : i]
-            if "backward" not in between and "scaled_backward" not in between:
-                add("monitor-after-zero-grad", 0.8, "code: the gradient norm is read after "
-                    "zero_grad()")
+    zero_events = [e for e in events if e.kind == "zero_grad"]
+    for i, event in enumerate(events):
+        if event.kind != "norm_read":
+            continue
+        earlier = [z for z in zero_events if z.line <= event.line and z.scope == event.scope]
+        if not earlier:
+            continue
+        between = [
+            e.kind for e in events[:i] if e.line >= earlier[-1].line and e.scope == event.scope
+        ]
+        if "backward" not in between and "scaled_backward" not in between:
+            add("monitor-after-zero-grad", 0.8, "code: the gradient norm is read after zero_grad()")
 
     has_clip = "clip_norm" in kinds or "clip_value" in kinds or "gradient_clip" in code
     if _SEQUENCE_MODEL.search(code) and not has_clip and (backwards or _LIGHTNING.search(code)):
@@ -240,11 +306,87 @@ def analyse(code: str) -> list[CodeHit]:
     for m in _UNSTABLE_OP.finditer(code):
         arg = m.group("a") or m.group("b") or ""
         if not _EPS.search(arg):
-            add("unstable-loss-op", 0.6, f"code: {m.group(0).strip()[:40]} without eps or clamp")
+            add("unstable-loss-op", 0.75, f"code: {m.group(0).strip()[:40]} without eps or clamp")
             break
-    if backwards and steps and "norm_read" not in kinds and "clip_norm" not in kinds:
-        add("no-grad-monitoring", 0.15, "code: the loop never measures the gradient norm")
+    # Only a whole loop shows that nothing is measured; a three-line excerpt does not.
+    has_loop = bool(re.search(r"^\s*(?:for|while)\b", code, re.MULTILINE))
+    if has_loop and backwards and steps and "norm_read" not in kinds and "clip_norm" not in kinds:
+        add("no-grad-monitoring", 0.45, "code: the loop never measures the gradient norm")
     return hits
+
+
+def _under_any_gate(e: Event, events: list[Event], lines: list[str], acc: _Accumulation) -> bool:
+    """``e`` is inside some ``if … % N`` block (zeroing when a window starts is fine)."""
+    if not acc.indented:
+        return False
+    return any(
+        g.kind == "accum_gate" and g.line < e.line < _block_end(lines, g.line) for g in events
+    )
+
+
+def _accumulation_rules(
+    code: str,
+    lines: list[str],
+    events: list[Event],
+    kinds: list[str],
+    acc: _Accumulation,
+    add: Callable[[str, float, str], None],
+) -> None:
+    """Rules that need to know which calls run per micro-batch and which per update."""
+    loop_indent = min(
+        (e.indent for e in events if e.kind in ("backward", "scaled_backward")), default=0
+    )
+    updates = [e for e in events if e.kind in ("opt_step", "scaler_step") and acc.is_update(e)]
+    zero_events = [e for e in events if e.kind == "zero_grad"]
+    in_loop = [z for z in zero_events if acc.is_update(z) or acc.is_micro(z, loop_indent)]
+    if not in_loop:
+        add(
+            "accum-missing-zero-grad",
+            0.9,
+            "code: steps every N micro-batches but never calls zero_grad() between updates",
+        )
+    elif any(
+        acc.is_micro(z, loop_indent) and not _under_any_gate(z, events, lines, acc)
+        for z in zero_events
+    ) and not any(acc.is_update(z) for z in zero_events):
+        add(
+            "accum-zero-grad-every-microstep",
+            1.0,
+            "code: zero_grad() runs on every micro-batch while the step runs every N",
+        )
+    divided = bool(_LOSS_DIVIDED.search(code))
+    if "grad_div" in kinds:
+        add("accum-manual-grad-scaling", 1.0, "code: .grad is divided by hand")
+    elif not divided:
+        add(
+            "accum-unscaled-loss",
+            1.0,
+            "code: backward() every micro-batch, step every N, loss never divided by N",
+        )
+    for e in events:
+        if e.kind in ("clip_norm", "clip_value") and acc.is_micro(e, loop_indent):
+            add(
+                "accum-clip-every-microstep",
+                0.8,
+                "code: clipping runs on every micro-batch, not once per update",
+            )
+        if e.kind == "sched_step" and acc.is_micro(e, loop_indent) and updates:
+            add(
+                "accum-scheduler-per-microbatch",
+                0.8,
+                "code: scheduler.step() runs every micro-batch while the optimizer steps every N",
+            )
+    if _DDP.search(code) and not _NO_SYNC.search(code):
+        add("ddp-accum-without-no-sync", 0.9, "code: DDP with accumulation and no no_sync()")
+    # A token-level mean (padding ignored) averaged again over the micro-batches.
+    if _DIVIDED_BY_N.search(code) and _TOKEN_MEAN.search(code):
+        add(
+            "accum-token-mean-bias",
+            0.5,
+            "code: a token-level mean loss divided by N per micro-batch",
+        )
+    if acc.form == "gate" and not _LEFTOVER_HANDLED.search(code):
+        add("accum-leftover-batches", 0.45, "code: the % N gate ignores the last partial window")
 
 
 _FENCED = re.compile(r"```[a-zA-Z0-9_+-]*\n?(.*?)(?:```|\Z)", re.DOTALL)
@@ -257,8 +399,9 @@ _CODE_LINE = re.compile(
     r"|\.\.\.|…)\s*$"
 )
 # Prose lines start with a pronoun or article far more often than code does.
-_PROSE_START = re.compile(r"^\s*(?:i|we|you|my|our|the|it|this|that|is|are|why|how|what|when)\b",
-                          re.IGNORECASE)
+_PROSE_START = re.compile(
+    r"^\s*(?:i|we|you|my|our|the|it|this|that|is|are|why|how|what|when)\b", re.IGNORECASE
+)
 
 
 def extract_code(text: str) -> str:
@@ -280,11 +423,35 @@ def extract_code(text: str) -> str:
     return "\n".join(p for p in parts if p.strip())
 
 
+#: "before or after", "wherever", "the order doesn't matter": the text says order is irrelevant.
+_ORDER_FREE = (
+    r"\b(?:before\s+or\s+after|after\s+or\s+before|either\s+before|same\s+(?:result|"
+    r"thing|effect)|wherever|anywhere|any\s+point|order\s+(?:does\s+not|is\s+not|doesn't|"
+    r"isn't)\s+(?:matter|important))"
+)
+_ORDER_FREE_RE = re.compile(_ORDER_FREE, re.IGNORECASE)
+
 # Order stated in words: "I clip after optimizer.step()", "the norm is read after zero_grad".
 _CLIP = r"clip\w*"
 _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE), entry_id, strength, reason)
     for pattern, entry_id, strength, reason in (
+        (
+            _ORDER_FREE,
+            "clip-anywhere",
+            0.5,
+            "text: says the position of the clip call does not matter",
+        ),
+        (
+            r"\b(?:divid\w*|averag\w*|scal\w*|rescal\w*|normali[sz]\w*)\s+(?:each\s+|the\s+|all\s+)?"
+            r"(?:accumulated\s+|parameter\S*\s+)?\.?(?:grad\w*|p\.grad)[^.;\n]{0,50}\b(?:instead\s+of|"
+            r"rather\s+than|than)\b[^.;\n]{0,30}\bloss"
+            r"|\b(?:instead\s+of|rather\s+than)\s+(?:divid\w*|scal\w*)\s+(?:the\s+)?loss\b[^.;\n]{0,40}"
+            r"\bgrad",
+            "accum-manual-grad-scaling",
+            0.6,
+            "text: the gradients, not the loss, are divided by N",
+        ),
         (
             rf"\b{_CLIP}\b[^.;\n]{{0,40}}\bafter\b[^.;\n]{{0,30}}(?:optimi[sz]\w*|\.step\b|"
             rf"\bstep\(\)|weights?\s+(?:have\s+)?(?:changed|updated)|update\b)"
@@ -293,6 +460,13 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "clip-after-step",
             0.6,
             "text: clipping is described as running after the optimizer step",
+        ),
+        (
+            r"(?:optimi[sz]\w*\.step\(\)|\.step\(\))[^;\n]{0,20}\b(?:first|and\s+then|then|"
+            r"followed\s+by|before)\b[^;\n]{0,40}clip",
+            "clip-after-step",
+            0.6,
+            "text: optimizer.step() is described as coming before the clip",
         ),
         (
             rf"\b{_CLIP}\b[^.;\n]{{0,40}}\bbefore\b[^.;\n]{{0,25}}backward"
@@ -346,7 +520,8 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: only the loss is watched, never the gradient norms",
         ),
         (
-            r"\bloss\b[^.;\n]{0,30}\b(?:nan|inf)\b[^.;\n]{0,30}\bbefore\b[^.;\n]{0,25}backward",
+            r"\bloss\b[^;\n]{0,30}\b(?:nan|inf|non-?finite|not\s+finite|false)\b[^;\n]{0,40}"
+            r"\bbefore\b[^;\n]{0,25}backward",
             "nan-loss-before-backward",
             0.9,
             "text: the loss is non-finite before backward()",
@@ -379,6 +554,36 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: a Transformer/RNN trained without clipping",
         ),
         (
+            r"\b(?:fine|perfect|good|great|stable|stably|smooth\w*|normal\w*|healthy)\b[^.;\n]{0,50}"
+            r"\b(?:then|until|before|but)\b[^.;\n]{0,40}\b(?:explod\w*|diverg\w*|skyrocket\w*|"
+            r"blows?\s+up|blew\s+up|shoots?\s+up|shot\s+up|spikes?\s+up|jumps?\s+up|goes\s+to\s+"
+            r"(?:nan|inf))",
+            "diverges-after-stable-start",
+            0.5,
+            "text: stable at first, then it diverges",
+        ),
+        (
+            r"\.scale\([^)]*\)\.backward\(\)[^;\n]{0,60}?(?<!scaler\.)\b(?:optimi[sz]er|optim|opt)"
+            r"\w*\.step\(",
+            "amp-step-bypasses-scaler",
+            0.7,
+            "text: scaler.scale(loss).backward() followed by a plain optimizer.step()",
+        ),
+        (
+            r"\w+Backward\d*'?\s+returned\s+(?:nan|inf)",
+            "nan-gradients",
+            0.6,
+            "text: autograd's anomaly mode saw a non-finite value produced during backward()",
+        ),
+        (
+            r"\b(?:improv\w*|decreas\w*|goes\s+down|went\s+down|drops?|dropped|falls?|fell|"
+            r"better)\b[^.;\n]{0,50}\b(?:then|afterwards|later|after\s+that)\b[^.;\n]{0,40}"
+            r"\b(?:worse|increas\w*|rises?|rising|rose|climb\w*|goes\s+up|went\s+up)",
+            "loss-down-then-up-with-accumulation",
+            0.5,
+            "text: the loss first improves, then gets worse, with accumulation",
+        ),
+        (
             r"\b(?:after\s+(?:a\s+)?(?:good|great|nice|promising|decent|fast|quick)\s+start|"
             r"(?:dropped|decreased|fell|improved|went\s+down)\s+(?:nicely|quickly|fast|well)?)"
             r"[^.;\n]{0,60}\b(?:flat|plateau\w*|stall\w*|stuck|stopped|levels?\s+off|"
@@ -393,6 +598,8 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
 
 #: Rules that also need a second pattern somewhere in the same sentence.
 _PROSE_REQUIRES: dict[str, re.Pattern[str]] = {
+    "loss-down-then-up-with-accumulation": re.compile(r"accum|micro-?batch", re.IGNORECASE),
+    "clip-anywhere": re.compile(r"\bclip", re.IGNORECASE),
     "no-clip-sequence-model": re.compile(
         r"\b(?:lstm|gru|rnn|transformer|seq2seq|gpt|bert|t5|llm|language\s+model|"
         r"policy\s+gradient)",
@@ -416,16 +623,43 @@ def segments(text: str) -> list[str]:
     return out
 
 
+#: Rules that stay silent when the same sentence also says the order does not matter.
+_ORDER_RULES = frozenset({"clip-after-step", "clip-before-backward"})
+#: Red flag → the rationalization that recommends it (credited when the text is advice).
+ADVICE_FOR: dict[str, str] = {
+    "accum-manual-grad-scaling": "scale-grads-not-loss",
+    "clip-too-aggressive": "clip-harder",
+    "clip-after-step": "clip-anywhere",
+}
+
+
+_DEPTH = re.compile(
+    r"\b(?P<n>\d{2,4})\s*[- ]?(?:layers?|deep|linear\b)[^.;\n]{0,50}\b(?:sigmoid|tanh)"
+    r"|\b(?:sigmoid|tanh)\b[^.;\n]{0,50}\b(?P<m>\d{2,4})\s*[- ]?layers?",
+    re.IGNORECASE,
+)
+
+
 def prose_hits(text: str) -> list[CodeHit]:
     """Evidence from the order of events as stated in words (sentence by sentence)."""
     hits: list[CodeHit] = []
     pieces = segments(text)
+    for piece in pieces:
+        depth = _DEPTH.search(piece)
+        if depth and int(depth.group("n") or depth.group("m")) > 20:
+            hits.append(
+                CodeHit("saturating-deep-net", 0.6, "text: more than 20 sigmoid/tanh layers")
+            )
+            break
     for pattern, entry_id, strength, reason in _PROSE_RULES:
         if any(h.entry_id == entry_id for h in hits):
             continue
         needs = _PROSE_REQUIRES.get(entry_id)
         for piece in pieces:
-            if pattern.search(piece) and (needs is None or needs.search(piece)):
-                hits.append(CodeHit(entry_id, strength, reason))
-                break
+            if not pattern.search(piece) or (needs is not None and not needs.search(piece)):
+                continue
+            if entry_id in _ORDER_RULES and _ORDER_FREE_RE.search(piece):
+                continue
+            hits.append(CodeHit(entry_id, strength, reason, ADVICE_FOR.get(entry_id)))
+            break
     return hits

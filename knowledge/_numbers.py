@@ -48,6 +48,12 @@ _NAN_GRADS = re.compile(
     r"\b[^.\n]{0,12}?\b(?:nan|inf)\b",
     re.IGNORECASE,
 )
+_NAN_PARAMS = re.compile(
+    r"\b(?:weights?|param(?:eter)?s?|biases?)\b[^.\n]{0,40}?\b(?:are|is|were|was|became|become|"
+    r"turn(?:ed)?|went|contain|have|has)\b[^.\n]{0,12}?\b(?:nan|inf)\b"
+    r"|\b(?:nan|inf)\s+(?:in\s+(?:the\s+|my\s+)?)?(?:weights?|param(?:eter)?s?)\b",
+    re.IGNORECASE,
+)
 _SCALE = re.compile(
     rf"\b(?:loss[_ ])?scale\b{_FILLER}{_NUM}\s*(?:→|->|=>|to|down\s+to|drops?\s+to|dropped\s+to|"
     r"fell\s+to|falls\s+to|falling\s+to|goes\s+to|went\s+to)\s*(?P<num2>[-+]?\d+(?:\.\d*)?"
@@ -55,7 +61,8 @@ _SCALE = re.compile(
     re.IGNORECASE,
 )
 _PERCENT_BEFORE = re.compile(
-    r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
+    r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*"
+    r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
     r"\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+fire)\b",
     re.IGNORECASE,
 )
@@ -85,7 +92,8 @@ _LAYER_RATIO = re.compile(
 class Quantity:
     """One number read from the text.
 
-    ``name`` is one of: loss, grad_norm, grad_nan (NaN/Inf said of gradients), amp_scale_from,
+    ``name`` is one of: loss, grad_norm, grad_nan (NaN/Inf said of gradients), param_nan (of
+    weights), amp_scale_from,
     amp_scale_to, dead_fraction, zero_grad_fraction, zero_activation_fraction, max_norm,
     grad_param_ratio, layer_ratio. Fractions are in [0, 1].
     """
@@ -128,8 +136,10 @@ def _is_logged(snippet: str, raw: str) -> bool:
 def _fraction_subject(subject: str, context: str, what: str) -> str:
     words = f"{subject} {context}".lower()
     if re.search(r"activation|neuron|unit|relu|feature", words):
-        return "dead_fraction" if "dead" in what or "inactive" in what else (
-            "zero_activation_fraction"
+        return (
+            "dead_fraction"
+            if "dead" in what or "inactive" in what
+            else ("zero_activation_fraction")
         )
     if re.search(r"grad|param|weight", words):
         return "zero_grad_fraction"
@@ -178,6 +188,8 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
         add(m.start(), "grad_norm", m.group("num"), m.group(0))
     for m in _NAN_GRADS.finditer(text):
         found.append((m.start(), Quantity("grad_nan", math.nan, m.group(0).strip())))
+    for m in _NAN_PARAMS.finditer(text):
+        found.append((m.start(), Quantity("param_nan", math.nan, m.group(0).strip())))
     for m in _SCALE.finditer(text):
         add(m.start(), "amp_scale_from", m.group("num"), m.group(0))
         add(m.start(), "amp_scale_to", m.group("num2"), m.group(0))
@@ -187,9 +199,7 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
             name = _fraction_subject(m.group("subject"), window, m.group("what"))
             value = parse_number(m.group("num"))
             if value is not None:
-                found.append(
-                    (m.start(), Quantity(name, value / 100.0, m.group(0).strip(), True))
-                )
+                found.append((m.start(), Quantity(name, value / 100.0, m.group(0).strip(), True)))
     for m in _MAX_NORM.finditer(text):
         add(m.start(), "max_norm", m.group("num"), m.group(0))
     for m in _RATIO.finditer(text):
@@ -206,5 +216,5 @@ def fmt(value: float) -> str:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     if value != 0 and (abs(value) >= 1e4 or abs(value) < 1e-3):
-        return f"{value:.2g}" if abs(value) < 1e-3 else f"{value:.2g}"
+        return f"{value:.2g}"
     return f"{value:g}"

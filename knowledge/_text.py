@@ -26,17 +26,24 @@ _NUMERIC = re.compile(r"^\d+e?$")
 def _keep(word: str) -> bool:
     return len(word) > 1 and word not in STOPWORDS and not _NUMERIC.match(word)
 
+
 # Words that carry no meaning for matching. Kept short on purpose: "not", "no", "never",
 # "still", "just" and "too" change what a sentence claims, so they stay.
 STOPWORDS: frozenset[str] = frozenset(
-    """a an the and or of to in on at for with by from as is are was were be been being it its
-    this that these those i me my we our you your he she they them their there here what which
-    who whom when where how why do does did doing done have has had having can could would should
-    will shall may might must am if then than so such into onto over under about after before
-    while during also very really quite some any all each every other both more most much many
-    out up down off again further once only own same s t d ll m re ve y get gets got getting
-    let lets one ones thing things way use used using like torch nn utils util functional
-    self few couple hundred hundreds thousand thousands several lot lots bit times""".split()
+    word
+    for line in (
+        "a an the and or of to in on at for with by from as is are was were be been being it its",
+        "this that these those i me my we our you your he she they them their there here what",
+        "which",
+        "who whom when where how why do does did doing done have has had having can could would",
+        "should will shall may might must am if then than so such into onto over under about after",
+        "before while during also very really quite some any all each every other more most",
+        "much many out up down off again further once only own same s t d ll m re ve y get gets",
+        "got getting let lets one ones thing things way use used using like torch nn utils util",
+        "functional self few couple hundred hundreds thousand thousands several lot lots bit",
+        "times",
+    )
+    for word in line.split()
 )
 
 _SUFFIXES: tuple[str, ...] = (
@@ -83,6 +90,13 @@ _SUFFIXES: tuple[str, ...] = (
     "s",
 )
 _VOWELS = frozenset("aeiouy")
+# Families the suffix rules would fold into another word: "normalize" must not become "norm"
+# (the gradient norm), nor "normal" (the normal range).
+_PROTECTED: tuple[tuple[str, str], ...] = (
+    ("normaliz", "normaliz"),
+    ("normalis", "normaliz"),
+    ("normal", "normal"),
+)
 _NO_UNDOUBLE = frozenset("lsz")
 
 
@@ -113,6 +127,9 @@ def stem(word: str) -> str:
     """
     if len(word) <= 3 or not word.isalpha():
         return word
+    for prefix, protected in _PROTECTED:
+        if word.startswith(prefix):
+            return protected
     current = word
     for _ in range(2):
         for suffix in _SUFFIXES:

@@ -6,12 +6,21 @@ text, best first, each with the reasons it was chosen. Three kinds of evidence a
 * **words** — a BM25F ranker over each entry's fields (title, claim, paraphrases, phrasings,
   keywords, what/why/shows-up …, each with its own weight), after lower-casing, domain
   synonyms (``data/synonyms.yaml``), stemming and typo repair; adjacent word pairs count as
-  phrases; the closest single paraphrase/phrasing adds a bonus; the form of the text (an
-  assertion or advice versus a report of what happened) tilts rationalizations vs symptoms.
+  phrases; the closest single title/claim/paraphrase/phrasing adds a bonus, and so does naming
+  the entry ("vanishing gradients"); the form of the text (an assertion or advice versus a
+  report or a question) tilts rationalizations against symptoms and red flags.
 * **numbers** — quantities read from the text (``loss: nan``, ``grad norm 3.4e+04``,
-  ``dead 63%``, ``scale 65536 → 1``) compared with the default threshold profile.
-* **code** — order rules over pasted code (clip after ``step()``, clip without ``unscale_``,
-  accumulation without dividing the loss …).
+  ``dead 63%``, ``scale 65536 → 1``) compared with a threshold profile (the default one
+  unless the :class:`Matcher` is built with another); each reason names the threshold, its
+  severity, the profile and the seed the number comes from.
+* **order** — rules over pasted code (clip after ``step()``, clip without ``unscale_``,
+  accumulation without dividing the loss …) and over the same order stated in words
+  ("I clip after the optimizer step").
+
+Learning-rate-only and data-only questions are flagged ``out_of_scope`` with a pointer; a
+question that also names a gradient problem ("I lowered the LR and still get NaN") stays in.
+Nothing here imports torch or ``probes.static``; the static analyser reads whole scripts, this
+module reads fragments.
 
 Learning-rate-only and data-only questions are flagged ``out_of_scope`` with a pointer.
 Nothing here imports torch or ``probes``.
@@ -19,6 +28,7 @@ Nothing here imports torch or ``probes``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import threading
@@ -30,7 +40,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from knowledge._code import CodeHit, analyse, extract_code, prose_hits
 from knowledge._numbers import Quantity, fmt, read_quantities
-from knowledge._text import Analyzer, Token, TypoCorrector, load_synonyms, vocabulary
+from knowledge._text import (
+    Analyzer,
+    TypoCorrector,
+    load_synonyms,
+    normalise,
+    vocabulary,
+)
 from knowledge.loader import KnowledgeBase, load_knowledge
 from knowledge.models import Entry, EntryKind, ThresholdProfile, ThresholdValue
 from probes.findings import Severity
@@ -75,6 +91,7 @@ _RATIONALIZATION_PRIOR = 1.3
 _SYMPTOM_PRIOR = 1.15
 _RED_FLAG_CODE_PRIOR = 1.2
 _RED_FLAG_ADVICE_PRIOR = 0.85
+_SYMPTOM_CLAIM_PRIOR = 0.85
 _MAX_TEXT = 20_000
 _GARBAGE_MIN_TERMS = 20
 _GARBAGE_KNOWN_FRACTION = 0.3
@@ -83,7 +100,9 @@ _ASSERTION = re.compile(
     r"(?:^|[.;:,!?]\s*)(?:just\s+|simply\s+)?(?:use|try|swap|switch|skip|reduce|divide|drop|lower|"
     r"raise|increase|bump|add|remove|set|avoid|pick|choose|rent|buy|shrink|simplify|rescale|"
     r"scale|cut|go|stick|forget|ignore)\b|"
-    r"\b(?:just|simply|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|i'd(?!\s+like)|"
+    r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\bso\s+(?:i|we|you)\b|\btherefore\b|"
+    r"\b(?:you'll|you\s+will|you'd|(?:have|has)\s+to|until\s+(?:we|i|you)\s+(?:get|buy|have))\b|"
+    r"\b(?:just|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|i'd(?!\s+like)|"
     r"i\s+would(?!\s+like)|"
     r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
     r"doesn't\s+matter|is\s+(?:a|just\s+a)\s+(?:hack|trick)|obviously|clearly|"
@@ -125,11 +144,12 @@ _DATA_QUESTION = re.compile(
     r"annotations?|scrap\w*|feature\s+engineering|outliers?\s+in\s+(?:the|my)\s+data)\b",
     re.IGNORECASE,
 )
-#: Terms (after normalisation) that put a question inside the gradient domain.
-_IN_SCOPE_TERMS: frozenset[str] = frozenset(
-    """nan inf explod vanish gradient grad clip accumul amp ddp norm spike diverg unstabl oom
-    backward zerograd unscal dead checkpointing stuck plateau overfit underfit
-    relu sigmoid tanh batchnorm residual initializ""".split()
+#: Words that put a question inside the gradient domain (normalised by the analyser at load).
+#: Problems and gradient mechanics only: an LR question about "a residual network" stays out.
+IN_SCOPE_WORDS = (
+    "nan inf exploding vanishing gradient grad clipping accumulation amp ddp norm spike diverge "
+    "unstable oom backward zero_grad unscale dead checkpointing stuck plateau overfitting "
+    "underfitting"
 )
 
 
@@ -141,9 +161,11 @@ class Match(BaseModel):
     id: str = Field(description="Catalogue identifier.")
     kind: EntryKind
     score: float = Field(
-        description="Relevance: BM25F word evidence (scaled by the kind prior) plus a bonus for "
-        "the closest paraphrase, plus 12 points per fully confident number or code rule. Only "
-        "comparable within one result."
+        description="Relevance, only comparable within one result: the BM25F word score "
+        "(times a kind prior between 0.85 and 1.3, from the form of the text), plus up to "
+        f"{_SENTENCE_BONUS:g} for the closest title/claim/paraphrase/phrasing and "
+        f"{_NAMED_BONUS:g} when the text names the entry, plus {_EVIDENCE_WEIGHT:g} times the "
+        "confidence (0-1) of each number, code or word-order rule that points at the entry."
     )
     title: str
     severity: Severity | None = None
@@ -212,7 +234,7 @@ def _field_texts(entry: Entry) -> Iterable[tuple[str, list[str]]]:
 
 
 def _bigrams(terms: Sequence[str]) -> list[str]:
-    return [f"{a} {b}" for a, b in zip(terms, terms[1:], strict=False) if a != b]
+    return [f"{a} {b}" for a, b in itertools.pairwise(terms) if a != b]
 
 
 def _severity_of(entry: Entry) -> Severity | None:
@@ -231,7 +253,7 @@ class Matcher:
         surface: Counter[str] = Counter()
         df: Counter[str] = Counter()
         for entry in kb.entries.values():
-            tf: Counter[str] = Counter()
+            tf: dict[str, float] = {}
             length = 0.0
             sentences: list[tuple[str, frozenset[str]]] = []  # idf sums added below
             for field_name, texts in _field_texts(entry):
@@ -241,9 +263,9 @@ class Matcher:
                     surface.update(t.raw for t in tokens if t.raw.isalpha())
                     terms = [t.term for t in tokens]
                     for term in terms:
-                        tf[term] += weight
+                        tf[term] = tf.get(term, 0.0) + weight
                     for gram in _bigrams(terms):
-                        tf[gram] += weight * _PHRASE_WEIGHT
+                        tf[gram] = tf.get(gram, 0.0) + weight * _PHRASE_WEIGHT
                     length += weight * len(terms)
                     if field_name in SENTENCE_FIELDS and terms:
                         sentences.append((text, frozenset(terms)))
@@ -264,8 +286,8 @@ class Matcher:
         self.norms: list[float] = []
         for index, doc in enumerate(self.docs):
             self.norms.append(_K1 * (1.0 - _B + _B * doc.length / self.avg_length))
-            for term, tf in doc.tf.items():
-                self.postings.setdefault(term, []).append((index, tf))
+            for term, frequency in doc.tf.items():
+                self.postings.setdefault(term, []).append((index, frequency))
         # The typo vocabulary is the surface words of the entries plus the synonym table, so
         # a misspelt variant ("mixed precison") is repaired to a word the analyser knows.
         synonyms = self.analyzer.synonyms
@@ -274,50 +296,56 @@ class Matcher:
             vocab[word] = vocab.get(word, 0) + n
         self.typos = TypoCorrector(vocab)
         self._default_idf = math.log(1.0 + (count + 0.5) / 0.5)
+        self.in_scope_terms = frozenset(self.analyzer.terms(IN_SCOPE_WORDS))
 
     # -- query side ------------------------------------------------------------------------
 
     def _query_terms(
         self, text: str
-    ) -> tuple[Counter[str], list[str], dict[str, str], dict[str, str]]:
-        """Query term weights, the terms in order, typo fixes (raw → fixed), term → surface."""
-        tokens = self.analyzer.tokens(text)
-        repaired: list[Token] = []
+    ) -> tuple[dict[str, float], list[str], dict[str, str], dict[str, str], str]:
+        """Term weights, terms in order, typo fixes (raw → fixed), term → surface, fixed text.
+
+        Misspellings are repaired in the text itself before it is analysed, so a repaired word
+        can still complete a synonym phrase ("almost no graident" → "almost no gradient").
+        """
         fixes: dict[str, str] = {}
-        for token in tokens:
+        for token in self.analyzer.tokens(text):
             if token.term in self.idf:
-                repaired.append(token)
                 # A word seen once or twice in the entries may itself be a deliberate typo
-                # there ("gradiants"); also count the common word it stands for.
+                # there ("gradiants"); read it as the common word it stands for.
                 if self.typos.counts.get(token.raw, 0) <= 2:
                     common = self.typos.correct(token.raw, rare=True)
                     if common is not None:
-                        repaired.extend(
-                            Token(t.term, token.raw) for t in self.analyzer.tokens(common)
-                        )
                         fixes[token.raw] = common
                 continue
             fixed = self.typos.correct(token.raw)
-            if fixed is None:
-                repaired.append(token)
-                continue
-            new_tokens = self.analyzer.tokens(fixed) or [token]
-            repaired.extend(Token(t.term, token.raw) for t in new_tokens)
-            fixes[token.raw] = fixed
+            if fixed is not None:
+                fixes[token.raw] = fixed
+        repaired_text = _apply_fixes(text, fixes)
+        repaired = self.analyzer.tokens(repaired_text)
         terms = [t.term for t in repaired]
         surface = {t.term: t.raw for t in repaired}
-        weights: Counter[str] = Counter()
+        # Show a rewritten phrase as the user wrote it ("blew up"), not as its canonical token.
+        synonyms = self.analyzer.synonyms
+        if synonyms.phrase_pattern is not None:
+            lowered = normalise(repaired_text)
+            for found in synonyms.phrase_pattern.finditer(lowered):
+                canonical = synonyms.phrase_to_canonical[found.group(0)]
+                for token in self.analyzer.tokens(canonical):
+                    if surface.get(token.term) == token.raw and token.raw not in lowered:
+                        surface[token.term] = found.group(0)
+        weights: dict[str, float] = {}
         for term in terms:
-            weights[term] = min(weights[term] + 1.0, 2.0)
+            weights[term] = min(weights.get(term, 0.0) + 1.0, 2.0)
         for term in list(weights):
             for rel in self.analyzer.related(term):
                 if rel not in weights:
                     weights[rel] = _RELATED_WEIGHT
         for gram in _bigrams(terms):
-            weights[gram] = max(weights[gram], 1.0)
-        return weights, terms, fixes, surface
+            weights[gram] = max(weights.get(gram, 0.0), 1.0)
+        return weights, terms, fixes, surface, repaired_text
 
-    def _lexical(self, weights: Counter[str], terms: Sequence[str]) -> dict[str, _Lexical]:
+    def _lexical(self, weights: dict[str, float], terms: Sequence[str]) -> dict[str, _Lexical]:
         """BM25F score, nearest-sentence and naming bonuses of every entry sharing a term."""
         term_set = frozenset(terms)
         query_idf = sum(self.idf.get(t, self._default_idf) for t in term_set)
@@ -328,9 +356,7 @@ class Matcher:
                 continue
             factor = qw * self.idf[term] * (_K1 + 1.0)
             for index, tf in postings:
-                found.setdefault(index, []).append(
-                    (factor * tf / (tf + self.norms[index]), term)
-                )
+                found.setdefault(index, []).append((factor * tf / (tf + self.norms[index]), term))
         out: dict[str, _Lexical] = {}
         for index, contributions in found.items():
             doc = self.docs[index]
@@ -354,7 +380,8 @@ class Matcher:
     def _lexical_reasons(entry_id: str, lex: _Lexical, surface: dict[str, str]) -> list[str]:
         reasons: list[str] = []
         ordered = sorted(lex.contributions, reverse=True)
-        words = [surface.get(t, t) for _, t in ordered if " " not in t][:5]
+        # Soft expansions (a related word the text does not contain) are not shown as words.
+        words = [surface[t] for _, t in ordered if " " not in t and t in surface][:5]
         phrases = [t for _, t in ordered if " " in t][:3]
         if words:
             reasons.append("words: " + ", ".join(dict.fromkeys(words)))
@@ -407,15 +434,23 @@ class Matcher:
                         )
                     )
             elif q.name in ("grad_norm", "grad_nan") and not math.isfinite(v):
-                target = "inf-gradients" if math.isinf(v) or "inf" in q.text.lower() else (
-                    "nan-gradients"
+                target = (
+                    "inf-gradients"
+                    if math.isinf(v) or "inf" in q.text.lower()
+                    else ("nan-gradients")
                 )
                 out.append(CodeHit(target, 1.0, f"gradients {shown} ({q.text!r})"))
+            elif q.name == "param_nan":
+                out.append(CodeHit("nan-parameters", 0.8, f"parameters non-finite ({q.text!r})"))
             elif q.name == "grad_norm":
                 out.extend(self._norm_evidence(v, shown, still_learning))
             elif q.name == "amp_scale_to":
                 start = next(
-                    (x.value for x in quantities if x.name == "amp_scale_from" and x.text == q.text),
+                    (
+                        x.value
+                        for x in quantities
+                        if x.name == "amp_scale_from" and x.text == q.text
+                    ),
                     None,
                 )
                 if start is not None and start > 0 and v < start / 4:
@@ -471,8 +506,14 @@ class Matcher:
             elif q.name == "max_norm" and 0 < v < 0.1:
                 # Advice to set it ("clip harder, max_norm=0.01") is the rationalization;
                 # a report of it is the red flag.
-                target = "clip-harder" if assertive else "clip-too-aggressive"
-                out.append(CodeHit(target, 0.9, f"max_norm {shown} < 0.1 (GM pitfall 10)"))
+                out.append(
+                    CodeHit(
+                        "clip-too-aggressive",
+                        0.9,
+                        f"max_norm {shown} < 0.1 (GM pitfall 10)",
+                        advice_id="clip-harder",
+                    )
+                )
             elif q.name == "grad_param_ratio":
                 if v > p.grad_param_ratio_high.value:
                     out.append(
@@ -532,7 +573,10 @@ class Matcher:
                 )
                 return out
         if v == 0.0:
-            out.append(CodeHit("zero-gradients", 0.9, "grad norm exactly 0: nothing flows back"))
+            # CG: a norm of exactly zero means nothing flows back (frozen, dead, disconnected).
+            out.append(CodeHit("zero-gradients", 1.0, "grad norm exactly 0: nothing flows back"))
+            out.append(CodeHit("vanishing-gradients", 0.7, "grad norm exactly 0"))
+            return out
         for level, limit in (
             ("critical", p.vanishing_critical),
             ("warning", p.vanishing_warning),
@@ -567,7 +611,7 @@ class Matcher:
     # -- scope ---------------------------------------------------------------------------------
 
     def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
-        if any(t in _IN_SCOPE_TERMS for t in terms):
+        if any(t in self.in_scope_terms for t in terms):
             return False
         return bool(_LR_QUESTION.search(text) or _DATA_QUESTION.search(text))
 
@@ -582,16 +626,15 @@ class Matcher:
         text = (text or "")[:_MAX_TEXT]
         code = (code or "")[:_MAX_TEXT] or None
         top_k = max(1, int(top_k))
-        weights, terms, fixes, surface = self._query_terms(text)
+        weights, terms, fixes, surface, repaired_text = self._query_terms(text)
         known = sum(1 for t in terms if t in self.idf)
         if len(terms) >= _GARBAGE_MIN_TERMS and known < _GARBAGE_KNOWN_FRACTION * len(terms):
             # Mostly words the knowledge never uses (random bytes, another language, a data
             # dump): word matches would be coincidences.
-            weights, terms, garbage = Counter(), [], True
+            weights, terms, garbage = {}, [], True
         else:
             garbage = False
         lexical = self._lexical(weights, terms)
-        repaired_text = _apply_fixes(text, fixes)
 
         quantities = read_quantities(repaired_text)
         assertive = bool(_ASSERTION.search(text))
@@ -602,7 +645,9 @@ class Matcher:
         if code_detected:
             evidence.extend(analyse(code_text))
 
-        reporting = bool(_REPORT.search(text))
+        # A question is someone asking about their own case, never a claim being made.
+        asking = text.rstrip().endswith("?")
+        reporting = bool(_REPORT.search(text)) or asking
         scores: dict[str, float] = {}
         reasons: dict[str, list[str]] = {}
         for entry_id, lex in lexical.items():
@@ -612,6 +657,9 @@ class Matcher:
                 score *= _RATIONALIZATION_PRIOR
             elif kind == "symptom" and reporting and not assertive:
                 score *= _SYMPTOM_PRIOR
+            elif kind == "symptom" and assertive and not asking:
+                # A claim about the cause is answered by the rationalization, not the symptom.
+                score *= _SYMPTOM_CLAIM_PRIOR
             elif kind == "red-flag" and code_detected:
                 score *= _RED_FLAG_CODE_PRIOR
             elif kind == "red-flag" and assertive:
@@ -619,6 +667,9 @@ class Matcher:
                 score *= _RED_FLAG_ADVICE_PRIOR
             scores[entry_id] = score
         for hit in evidence:
+            if assertive and hit.advice_id in self.kb.entries:
+                # Recommending the mistake is the rationalization, not the code red flag.
+                hit = CodeHit(hit.advice_id or "", hit.strength, hit.reason)
             if hit.entry_id not in self.kb.entries:
                 continue
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
@@ -629,7 +680,7 @@ class Matcher:
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
             best = max(scores, key=lambda k: scores[k])
             out_of_scope = best == OUT_OF_SCOPE_ID and not any(
-                t in _IN_SCOPE_TERMS for t in terms
+                t in self.in_scope_terms for t in terms
             )
         pointer = None
         if out_of_scope and OUT_OF_SCOPE_ID in self.kb.entries:
@@ -639,7 +690,7 @@ class Matcher:
                 0, "a learning-rate-only or data-only question, no gradient terms"
             )
             pointer = getattr(self.kb.entries[OUT_OF_SCOPE_ID], "pointer", None)
-        elif OUT_OF_SCOPE_ID in scores and any(t in _IN_SCOPE_TERMS for t in terms):
+        elif OUT_OF_SCOPE_ID in scores and any(t in self.in_scope_terms for t in terms):
             # Gradient words present: the question is ours even if it also mentions the LR.
             del scores[OUT_OF_SCOPE_ID]
 
@@ -650,7 +701,9 @@ class Matcher:
                     self._lexical_reasons(entry_id, lexical[entry_id], surface)
                 )
         if fixes:
-            note = "typo: " + "; ".join(f"read '{raw}' as '{fixed}'" for raw, fixed in fixes.items())
+            note = "typo: " + "; ".join(
+                f"read '{raw}' as '{fixed}'" for raw, fixed in fixes.items()
+            )
             for entry_id, _ in ranked:
                 reasons.setdefault(entry_id, []).append(note)
         matches = [
@@ -692,9 +745,8 @@ def _numbers(quantities: Sequence[Quantity]) -> dict[str, float]:
             continue
         old = out[q.name]
         if not math.isfinite(q.value) or (
-            math.isfinite(old) and abs(math.log10(abs(q.value) + 1e-300)) > abs(
-                math.log10(abs(old) + 1e-300)
-            )
+            math.isfinite(old)
+            and abs(math.log10(abs(q.value) + 1e-300)) > abs(math.log10(abs(old) + 1e-300))
         ):
             out[q.name] = q.value
     return out

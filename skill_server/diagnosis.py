@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from probes.findings import SEVERITY_RANK, Finding, Severity
+from skill_server.names import guess_names
 from skill_server.results import (
     CodeBlock,
     Diagnosis,
@@ -133,8 +134,13 @@ async def probe(
     device: str,
     cwd: Path | None,
     on_progress: ProgressCallback | None = None,
+    nproc: int | None = None,
 ) -> ProbeReport:
-    """Run the runtime probe on ``script`` (in a child process) and keep its whole result."""
+    """Run the runtime probe on ``script`` (in a child process) and keep its whole result.
+
+    ``nproc`` > 1 launches the script under torchrun with that many ranks. The pictures of the
+    run go to the tool's :func:`skill_server.images.collecting` block, if it opened one.
+    """
     try:
         from probes.runtime import run_probe_async
     except ImportError as exc:
@@ -147,7 +153,11 @@ async def probe(
         device=device,
         cwd=str(cwd) if cwd is not None else None,
         on_progress=on_progress,
+        nproc=nproc,
     )
+    from skill_server import images
+
+    await images.collect(result)
     data = result.model_dump(mode="json")
     if len(str(data.get("records", ""))) > _MAX_RAW_RECORD_CHARS:
         # The raw per-step records can be large; the series derived from them stay.
@@ -344,8 +354,8 @@ def _runtime_rows(report: ProbeReport | None, note: str | None) -> list[SummaryR
     return rows
 
 
-def _code_blocks(issues: Sequence[Issue]) -> list[CodeBlock]:
-    """Fix snippets for issues the combined patch does not already fix."""
+def _code_blocks(issues: Sequence[Issue], names: dict[str, str]) -> list[CodeBlock]:
+    """Fix snippets, in the script's own names, for issues the combined patch does not fix."""
     try:
         from templates.snippets import render_snippet
     except ImportError:
@@ -360,7 +370,11 @@ def _code_blocks(issues: Sequence[Issue]) -> list[CodeBlock]:
             continue
         seen.add(snippet_id)
         try:
-            code = render_snippet(snippet_id)
+            try:
+                code = render_snippet(snippet_id, names)
+            except ValueError:
+                # A guessed name the snippet does not accept: fall back to its defaults.
+                code = render_snippet(snippet_id)
         except (KeyError, ValueError):
             continue
         blocks.append(CodeBlock(snippet_id=snippet_id, code=code.rstrip("\n")))
@@ -369,7 +383,17 @@ def _code_blocks(issues: Sequence[Issue]) -> list[CodeBlock]:
     return blocks
 
 
-def _recommendations(issues: Sequence[Issue], has_patch: bool) -> list[str]:
+def _recommendations(
+    issues: Sequence[Issue], has_patch: bool, checked: bool, matches: Sequence[SymptomMatch]
+) -> list[str]:
+    if not checked:
+        hints = [
+            f"`{m.id}`: {one_line(m.next_checks[0], 300)}" for m in matches[:3] if m.next_checks
+        ]
+        hints.append(
+            "Run the check on the training script (path) to see which of these causes applies."
+        )
+        return hints
     recs: list[str] = []
     for issue in issues:
         where = f" ({issue.locations[0]})" if issue.locations else ""
@@ -486,9 +510,11 @@ async def diagnose(
         profile=report.profile if report else None,
         summary=[_static_row(lint), *_runtime_rows(report, note)],
         issues=issues,
-        recommendations=_recommendations(issues, combined is not None),
+        recommendations=_recommendations(
+            issues, combined is not None, lint is not None or report is not None, matches
+        ),
         combined_diff=combined,
-        code_to_add=_code_blocks(issues),
+        code_to_add=_code_blocks(issues, guess_names(source) if source else {}),
         matches=matches,
         worst_severity=_worst([i.severity for i in issues]),
         script_output_tail=output_tail,
@@ -506,13 +532,9 @@ def format_evidence(item: dict[str, Any]) -> str:
     """``key=value`` pairs of one evidence record, numbers shortened."""
     parts = []
     for key, value in item.items():
-        if key == "source":
+        # The source is named already; the profile is in the summary; the snippet in Code.
+        if key in ("source", "profile", "snippet_id"):
             continue
-        if isinstance(value, float):
-            text = f"{value:.4g}"
-        elif isinstance(value, list | dict):
-            text = one_line(str(value), 80)
-        else:
-            text = one_line(str(value), 80)
+        text = f"{value:.4g}" if isinstance(value, float) else one_line(str(value), 80)
         parts.append(f"{key}={text}")
     return ", ".join(parts[:8])

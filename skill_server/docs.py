@@ -28,9 +28,8 @@ your files, and never imports torch itself: scripts run in a child process.
 
 ```bash
 claude mcp add gradient-doctor -- gradient-doctor serve
-# or, from a clone without installing:
-claude mcp add gradient-doctor -- /path/to/repo/.venv/bin/gradient-doctor serve \
-    --root /path/to/project
+# or, from a clone (absolute paths), letting it read another project:
+claude mcp add gradient-doctor -- /repo/.venv/bin/gradient-doctor serve --root /project
 ```
 
 **Cursor** (`.cursor/mcp.json`) and other clients with an `mcpServers` file:

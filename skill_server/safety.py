@@ -21,6 +21,8 @@ MAX_PROBE_STEPS = 10_000
 MAX_PROBE_TIMEOUT_S = 3_600.0
 MAX_TOP_K = 50
 OUTPUT_TAIL_CHARS = 4_000
+#: Devices a probe may be asked to use.
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]{1,2})?|mps)$"
 
 
 class InputError(ValueError):

@@ -28,6 +28,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from skill_server import diagnosis as diag
+from skill_server import images
 from skill_server.results import (
     Diagnosis,
     ExplainResult,
@@ -37,6 +38,7 @@ from skill_server.results import (
     ProbeReport,
 )
 from skill_server.safety import (
+    DEVICE_PATTERN,
     MAX_NAME_ENTRIES,
     MAX_PROBE_STEPS,
     MAX_PROBE_TIMEOUT_S,
@@ -74,8 +76,6 @@ READ_ONLY = ToolAnnotations(
 RUNS_SCRIPT = ToolAnnotations(
     read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=True
 )
-
-DevicePattern = r"^(auto|cpu|cuda(:[0-9]{1,2})?|mps)$"
 
 
 def _version() -> str:
@@ -161,9 +161,25 @@ def tool_errors(tool: str) -> Iterator[None]:
         raise ToolError(f"{tool} failed: {type(exc).__name__}: {one_line(str(exc), 300)}") from None
 
 
-def _result(model: BaseModel, markdown: str) -> CallToolResult:
+#: Ranks a probe may launch (probe_script / diagnose ``nproc``).
+MAX_PROBE_NPROC = 8
+NPROC_HELP = (
+    "Launch the script like `torchrun --nproc-per-node N` (DDP/FSDP): every rank is probed, "
+    "rank 0 merges them (sharded global norms, diverging ranks, all-reduces per step)."
+)
+PLOTS_HELP = (
+    "Return pictures of the run as PNG images: gradient flow per layer, total norm over "
+    "steps, dead units per layer, ranks."
+)
+
+
+def _result(
+    model: BaseModel, markdown: str, pictures: Sequence[tuple[str, bytes]] = ()
+) -> CallToolResult:
+    from skill_server.images import image_content
+
     return CallToolResult(
-        content=[TextContent(type="text", text=markdown)],
+        content=[TextContent(type="text", text=markdown), *image_content(list(pictures))],
         structured_content=model.model_dump(mode="json"),
     )
 
@@ -310,8 +326,12 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
         ] = 120.0,
         device: Annotated[
             str,
-            Field(description="auto, cpu, cuda, cuda:N or mps.", pattern=DevicePattern),
+            Field(description="auto, cpu, cuda, cuda:N or mps.", pattern=DEVICE_PATTERN),
         ] = "auto",
+        nproc: Annotated[
+            int | None, Field(description=NPROC_HELP, ge=1, le=MAX_PROBE_NPROC)
+        ] = None,
+        plots: Annotated[bool, Field(description=PLOTS_HELP)] = True,
     ) -> Annotated[CallToolResult, ProbeReport]:
         """Run the script in a child process for a few optimizer steps under gradient hooks
         and report what the gradients do (norms per step and layer, NaN/Inf, zero and dead
@@ -326,10 +346,11 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
             real = policy.resolve_file(path)
             display = _display_path(real, policy)
             script_args = check_script_args(args or [])
-            report = await _queued_probe(
-                config, ctx, real, display, script_args, steps, timeout_s, device
-            )
-            return _result(report, _render("server/probe.md.j2", r=report))
+            with images.collecting(plots) as pictures:
+                report = await _queued_probe(
+                    config, ctx, real, display, script_args, steps, timeout_s, device, nproc
+                )
+            return _result(report, _render("server/probe.md.j2", r=report), pictures)
 
     @_tool(server, title="Diagnose a training script", annotations=RUNS_SCRIPT)
     async def diagnose(
@@ -354,6 +375,10 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
                 description="Wall-clock limit for the probe, seconds.", gt=0, le=MAX_PROBE_TIMEOUT_S
             ),
         ] = 120.0,
+        nproc: Annotated[
+            int | None, Field(description=NPROC_HELP, ge=1, le=MAX_PROBE_NPROC)
+        ] = None,
+        plots: Annotated[bool, Field(description=PLOTS_HELP)] = True,
     ) -> Annotated[CallToolResult, Diagnosis]:
         """The one-shot check: static analysis + a short run under the gradient probe +
         matching the described symptom, merged into one issue per catalogue id with the
@@ -385,11 +410,12 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
                 on_progress: Any = None,
             ) -> ProbeReport:
                 return await _queued_probe(
-                    config, ctx, script, display, list(args), steps, timeout_s, device
+                    config, ctx, script, display, list(args), steps, timeout_s, device, nproc
                 )
 
-            result = await diag.diagnose(request, probe_runner=queued)
-            return _result(result, diag.render_report(result))
+            with images.collecting(plots) as pictures:
+                result = await diag.diagnose(request, probe_runner=queued)
+            return _result(result, diag.render_report(result), pictures)
 
     @_tool(server, title="Fix code with your names", annotations=READ_ONLY)
     def get_fix(
@@ -404,7 +430,9 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
             dict[str, str] | None,
             Field(
                 description="Your variable names, e.g. {'model': 'net', 'optimizer': 'opt', "
-                "'loss': 'loss', 'accum_steps': 'ACCUM'}."
+                "'loss': 'loss', 'accumulation_steps': 'ACCUM'}. Keys: model, optimizer, loss, "
+                "criterion, scaler, scheduler, loader, accumulation_steps, max_norm, inputs, "
+                "targets, device_type, dtype (plus a snippet's own; errors name them)."
             ),
         ] = None,
     ) -> Annotated[CallToolResult, FixResult]:
@@ -489,13 +517,16 @@ async def _queued_probe(
     steps: int,
     timeout_s: float,
     device: str,
+    nproc: int | None = None,
 ) -> ProbeReport:
     async def progress(done: int, total: int) -> None:
         await ctx.report_progress(done, total, f"{done} of {total} steps")
 
     limiter = config.queue.limiter(device)
     if limiter.available_tokens == 0:
-        log.info("probe of %s waits for a free %s slot", display, config.queue.kind_for(device))
+        kind = config.queue.kind_for(device)
+        log.info("probe of %s waits for a free %s slot", display, kind)
+        await ctx.report_progress(0, steps, f"queued: waiting for a free {kind} probe slot")
     async with limiter:
         return await diag.probe(
             script,
@@ -506,6 +537,7 @@ async def _queued_probe(
             device=device,
             cwd=_root_of(script, config.policy),
             on_progress=progress,
+            nproc=nproc,
         )
 
 

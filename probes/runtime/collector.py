@@ -49,7 +49,6 @@ class _Call:
     name: str
     inputs_finite: torch.Tensor | None
     output_finite: torch.Tensor | None
-    params_finite: torch.Tensor | None = None
 
 
 @dataclass
@@ -66,6 +65,7 @@ class _Window:
     scaler: Any = None
     unscales: Counter[int] = field(default_factory=Counter)
     sampled: bool = False
+    traced: bool = False
     calls: list[_Call] = field(default_factory=list)
     grad_flags: list[tuple[str, torch.Tensor]] = field(default_factory=list)
     fired: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -149,8 +149,9 @@ class Collector:
         self.relu_modules: set[int] = set()
         self.ddp = False
         self._depth = 0
-        self._open_calls: list[_Call] = []
-        self.window = _Window(sampled=True)
+        self._root_input: torch.Tensor | None = None
+        self._leaves: dict[int, bool] = {}
+        self.window = _Window(sampled=True, traced=True)
         self._in_scaler_step = False
         self._stepped_in_scaler = False
         self._transfer = measure.HostTransfer()
@@ -244,7 +245,7 @@ class Collector:
             return
         self._check_stop()
         self._depth = 0
-        self._open_calls.clear()
+        self._root_input = None
         self.backward_calls += 1
         self._event("backward")
         loss = _first_tensor(tensors)
@@ -351,6 +352,13 @@ class Collector:
         """A module's forward is starting (global hooks are installed only when needed)."""
         if not self._mine():
             return
+        start = time.perf_counter()
+        try:
+            self._forward_pre(module, args)
+        finally:
+            self.probe_s += time.perf_counter() - start
+
+    def _forward_pre(self, module: nn.Module, args: Any) -> None:
         if self._depth == 0:
             self._check_stop()
             if id(module) not in self._root_ids:
@@ -365,28 +373,29 @@ class Collector:
         if isinstance(module, SATURATING):
             self._saturating_now += 1
             self.saturating_per_forward = max(self.saturating_per_forward, self._saturating_now)
-        if self.window.sampled and self._tracing():
+        if self._depth == 1 and self._tracing():
+            # Only the batch entering the model is checked on the way in; inside the model,
+            # a module's input is an earlier module's output, which is checked on the way out.
             tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
-            finite = None
             if tensors:
-                finite = torch.stack([torch.isfinite(t).all() for t in tensors]).all()
-            own = [measure.local_tensor(p.detach()) for p in module.parameters(recurse=False)]
-            params_finite = (
-                torch.stack([torch.isfinite(p).all() for p in own]).all() if own else None
-            )
-            self._open_calls.append(_Call(self._module_name(module), finite, None, params_finite))
+                self._root_input = torch.stack([measure.finite_flag(t) for t in tensors]).all()
 
     def on_forward_post(self, module: nn.Module, output: Any) -> None:
         """A module's forward returned ``output``."""
         if not self._mine():
             return
+        start = time.perf_counter()
+        try:
+            self._forward_post(module, output)
+        finally:
+            self.probe_s += time.perf_counter() - start
+
+    def _forward_post(self, module: nn.Module, output: Any) -> None:
         self._depth = max(0, self._depth - 1)
-        if not self.window.sampled:
+        if not (self.window.sampled or self.window.traced):
             return
         out = _first_tensor(output)
         if out is None or not out.is_floating_point():
-            if self._open_calls and self._tracing():
-                self._open_calls.pop()
             return
         if isinstance(module, RELU_FAMILY) and out.dim() >= 1 and out.numel() > 0:
             self.relu_modules.add(id(module))
@@ -397,23 +406,29 @@ class Collector:
             if previous is not None and previous.shape == fired.shape:
                 fired = fired | previous
             self.window.fired[name] = fired
-        if self._tracing() and self._open_calls:
-            # Calls are kept in completion order, so inner modules come before their parents
-            # and the first non-finite output is the innermost, earliest one.
-            call = self._open_calls.pop()
-            name = call.name
-            call.output_finite = torch.isfinite(out.detach()).all()
-            self.window.calls.append(call)
+        if self._tracing() and self._is_leaf(module):
+            # Leaf modules only: a container's output is its last child's output, checking it
+            # again would only double the cost. Calls are kept in completion order.
+            name = self._module_name(module)
+            inputs, self._root_input = self._root_input, None
+            self.window.calls.append(_Call(name, inputs, measure.finite_flag(out)))
             if out.requires_grad:
                 flags = self.window.grad_flags
 
                 def _grad_hook(grad: torch.Tensor, _name: str = name) -> None:
-                    flags.append((_name, torch.isfinite(grad).all()))
+                    flags.append((_name, measure.finite_flag(grad)))
 
                 out.register_hook(_grad_hook)
 
     def _tracing(self) -> bool:
-        return self.nan_origin is None
+        return self.window.traced and self.nan_origin is None
+
+    def _is_leaf(self, module: nn.Module) -> bool:
+        leaf = self._leaves.get(id(module))
+        if leaf is None:
+            leaf = next(module.children(), None) is None
+            self._leaves[id(module)] = leaf
+        return leaf
 
     # -- measurement ----------------------------------------------------------------------
     def _measure(self, opt: torch.optim.Optimizer, *, skipped: bool) -> None:
@@ -430,7 +445,8 @@ class Collector:
         window = self.window
         home = grouping.home
         with torch.no_grad():
-            parts = [measure.per_tensor_norms(grads, grouping)]
+            norms = measure.per_tensor_norms(grads, grouping)
+            parts = [norms]
             losses = [t for t in window.losses if t is not None]
             if losses:
                 parts.append(torch.stack([t.to(home, torch.float32) for t in losses]))
@@ -442,7 +458,7 @@ class Collector:
             details = None
             if window.sampled:
                 details = measure.tensor_details(
-                    grads, state.params, grouping, state.param_grouping
+                    grads, state.params, grouping, state.param_grouping, norms
                 )
                 parts.append(details.pack().to(home))
             fired_names = sorted(window.fired)
@@ -456,7 +472,6 @@ class Collector:
             trace_parts = (
                 [c.inputs_finite for c in window.calls]
                 + [c.output_finite for c in window.calls]
-                + [c.params_finite for c in window.calls]
                 + [flag for _, flag in window.grad_flags]
             )
             if trace_parts:
@@ -510,10 +525,14 @@ class Collector:
             self.stop_pending = True
             self._drain(self._transfer.flush())
         upcoming = self.steps_done + 1
-        sampled = upcoming % self.sample_every == 0 or self._armed > 0
+        # Sampled windows gather the richer statistics and dead units; traced windows also
+        # follow every module's output and gradient to locate a non-finite value: the first
+        # step and the steps right after the first anomaly.
+        traced = self._armed > 0
+        sampled = upcoming % self.sample_every == 0 or traced
         if self._armed > 0:
             self._armed -= 1
-        self.window = _Window(sampled=sampled)
+        self.window = _Window(sampled=sampled, traced=traced)
         if self.forward_hooks_wanted is not None:
             self.forward_hooks_wanted(sampled or self.stop_pending)
 
@@ -592,9 +611,8 @@ class Collector:
         n_calls = len(calls)
         inputs_ok = values[pos : pos + n_calls]
         outputs_ok = values[pos + n_calls : pos + 2 * n_calls]
-        params_ok = values[pos + 2 * n_calls : pos + 3 * n_calls]
-        grads_ok = values[pos + 3 * n_calls : pos + 3 * n_calls + len(grad_names)]
-        pos += 3 * n_calls + len(grad_names)
+        grads_ok = values[pos + 2 * n_calls : pos + 2 * n_calls + len(grad_names)]
+        pos += 2 * n_calls + len(grad_names)
         anomalous = not math.isfinite(total) or any(
             v is not None and not math.isfinite(v) for v in losses
         )
@@ -604,12 +622,18 @@ class Collector:
             if meta["params"] is not None:
                 record["nonfinite_params"] = self._nonfinite_params(meta["params"])
         if self.nan_origin is None and (calls or grad_names) and anomalous:
+            broken = list(record.get("nonfinite_params") or [])
+            for i, detail in zip(index, record.get("detail") or [], strict=False):
+                value = None if detail is None else detail.get("param_norm")
+                if value is not None and not math.isfinite(value):
+                    broken.append(self.parameters[i])
+            broken_layers = {self.layers[self.parameters.index(name)] for name in broken}
             self.nan_origin = _locate_origin(
                 meta["step"],
                 calls,
                 inputs_ok,
                 outputs_ok,
-                params_ok,
+                broken_layers,
                 grad_names,
                 grads_ok,
                 losses,
@@ -652,7 +676,7 @@ def _locate_origin(
     calls: list[str],
     inputs_ok: list[float],
     outputs_ok: list[float],
-    params_ok: list[float],
+    broken_layers: set[str],
     grad_names: list[str],
     grads_ok: list[float],
     losses: list[float | None],
@@ -664,7 +688,7 @@ def _locate_origin(
     for i, name in enumerate(calls):
         if outputs_ok[i] >= 0.5:
             continue
-        if params_ok[i] < 0.5:
+        if name in broken_layers:
             return {
                 "step": step,
                 "phase": "parameters",

@@ -34,7 +34,8 @@ from torch.nn.parallel import DistributedDataParallel
 from probes.runtime import measure
 from probes.runtime.channel import ChannelWriter
 from probes.runtime.collector import Collector
-from probes.runtime.ranks import DIVERGENCE_RTOL, LAUNCHER_GD, LAUNCHER_USER, RankEnv
+from probes.runtime.rank_models import LAUNCHER_GD, LAUNCHER_USER
+from probes.runtime.ranks import DIVERGENCE_RTOL, RankEnv
 
 #: Extra seconds the probe's own collective waits beyond the probe's timeout before giving up.
 GROUP_TIMEOUT_MARGIN_S = 30.0
@@ -116,15 +117,16 @@ class RankProbe:
         self._grouping_cache: dict[int, tuple[tuple[Any, ...], measure.Grouping]] = {}
 
     # -- DDP communication hook --------------------------------------------------------------
-    def _count(self, bucket: Any) -> None:
+    def _count(self, bucket: Any) -> bool:
         self.buckets += 1
         if bucket.is_last():
             self.rounds += 1
+        return True
 
     def _counting(self, hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         # DDP inspects the hook's signature: the parameters must be named (state, bucket) and
         # carry no annotation other than GradBucket, hence a lambda.
-        return lambda state, bucket: (self._count(bucket), hook(state, bucket))[1]
+        return lambda state, bucket: self._count(bucket) and hook(state, bucket)
 
     def _attach(self, ddp: Any, register: Callable[..., Any]) -> None:
         """Register a counting default all-reduce on a DDP model the script did not hook."""
@@ -162,7 +164,7 @@ class RankProbe:
             probe.counting = "builtin-hook"
             original_builtin(ddp, comm_hook_type)
 
-        cls.forward = forward  # type: ignore[method-assign]
+        cls.forward = forward  # type: ignore[method-assign,assignment]
         cls.register_comm_hook = register_comm_hook  # type: ignore[method-assign,assignment]
         cls._register_builtin_comm_hook = register_builtin  # type: ignore[method-assign]
 
@@ -272,7 +274,8 @@ class RankProbe:
 
         replicated_mask = [not s for s in sharded]
         replicated = [[v for v, k in zip(n, replicated_mask, strict=False) if k] for n in norms]
-        diverging, largest = ([], 0.0)
+        diverging: list[int] = []
+        largest = 0.0
         if any(replicated_mask):
             diverging, largest = _split_reference(replicated)
         param_vectors = [g["params"] for g in gathered]

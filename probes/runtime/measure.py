@@ -72,10 +72,25 @@ def local_tensor(tensor: Any) -> Any:
     return to_local() if callable(to_local) else tensor
 
 
+def _group_norms(members: list[torch.Tensor], ord: float, grouping: Grouping) -> torch.Tensor:
+    if ord == math.inf:
+        members = [m if m.numel() else m.new_zeros(1) for m in members]
+    norms = torch._foreach_norm(members, ord, dtype=torch.float32)  # type: ignore[arg-type]
+    stacked = torch.stack(list(norms))
+    if stacked.device != grouping.home:
+        stacked = stacked.to(grouping.home, non_blocking=True)
+    return stacked
+
+
 def per_tensor_norms(
     tensors: Sequence[torch.Tensor | None], grouping: Grouping, ord: float = 2.0
 ) -> torch.Tensor:
     """Norm of every tensor as one float32 vector on the home device (``MISSING`` for None)."""
+    if len(grouping.groups) == 1:
+        # The common case — every tensor present, one device and dtype — needs no scatter.
+        ((key, indices),) = grouping.groups.items()
+        if len(indices) == len(tensors):
+            return _group_norms([local_tensor(tensors[i]) for i in indices], ord, grouping)
     out = torch.full((len(tensors),), MISSING, dtype=torch.float32, device=grouping.home)
     for key, indices in grouping.groups.items():
         members = [local_tensor(tensors[i]) for i in indices]
@@ -110,41 +125,73 @@ class DetailVectors:
         )
 
 
+def finite_flag(tensor: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor, True when every element is finite (no host sync).
+
+    One reduction instead of ``isfinite(t).all()``'s elementwise mask plus reduction: a NaN or
+    Inf anywhere makes the float32 sum non-finite. (Finite values whose sum overflows float32
+    would read as non-finite; activations and gradients are far from 3e38.)
+    """
+    return torch.isfinite(tensor.detach().sum(dtype=torch.float32))
+
+
+def _max_abs(grads: Sequence[torch.Tensor | None], grouping: Grouping) -> torch.Tensor:
+    if grouping.home.type != "cpu":
+        return per_tensor_norms(grads, grouping, float("inf"))
+    # On the CPU the foreach inf-norm has no fast kernel; aminmax is one cheap pass.
+    out = torch.full((len(grads),), MISSING, dtype=torch.float32)
+    for index, g in enumerate(grads):
+        if g is not None and g.numel():
+            low, high = torch.aminmax(g.detach())
+            out[index] = torch.maximum(-low, high).float()
+    return out
+
+
 def tensor_details(
     grads: Sequence[torch.Tensor | None],
     params: Sequence[torch.Tensor],
     grouping: Grouping,
     param_grouping: Grouping,
+    norms: torch.Tensor,
 ) -> DetailVectors:
     """Max |g|, sum, non-zero count, NaN and Inf counts of every gradient, and ‖w‖.
 
-    Several passes over the gradients: run on sampled steps only.
+    A few passes over the gradients: run on sampled steps only. NaN and Inf are counted only in
+    tensors whose norm (``norms``, this step's per-tensor norms) is already non-finite — on
+    the CPU, where reading ``norms`` costs nothing; on an accelerator they are counted in every
+    tensor, which avoids a host sync.
     """
-    grads = [None if g is None else local_tensor(g) for g in grads]
-    params = [local_tensor(p) for p in params]
     n = len(grads)
     home = grouping.home
-    max_abs = per_tensor_norms(grads, grouping, float("inf"))
+    max_abs = _max_abs(grads, grouping)
     nonzero = per_tensor_norms(grads, grouping, 0.0)
+    if home.type == "cpu":
+        suspects = {i for i, value in enumerate(norms.tolist()) if not math.isfinite(value)}
+    else:
+        suspects = set(range(n))
     sums: list[torch.Tensor] = []
     nans: list[torch.Tensor] = []
     infs: list[torch.Tensor] = []
     zero = torch.zeros((), dtype=torch.float32, device=home)
-    for g in grads:
+    for index, g in enumerate(grads):
         if g is None:
             sums.append(zero)
             nans.append(zero)
             infs.append(zero)
             continue
         sums.append(g.sum(dtype=torch.float32).to(home, non_blocking=True))
-        nans.append(torch.isnan(g).sum().to(home, torch.float32, non_blocking=True))
-        infs.append(torch.isinf(g).sum().to(home, torch.float32, non_blocking=True))
+        if index in suspects:
+            nans.append(torch.isnan(g).sum().to(home, torch.float32, non_blocking=True))
+            infs.append(torch.isinf(g).sum().to(home, torch.float32, non_blocking=True))
+        else:
+            nans.append(zero)
+            infs.append(zero)
     with torch.no_grad():
         param_norm = per_tensor_norms([p.detach() for p in params], param_grouping)
     if param_norm.device != home:
         param_norm = param_norm.to(home, non_blocking=True)
     return DetailVectors(
-        max_abs=max_abs,
+        max_abs=max_abs.to(home),
         total=torch.stack(sums) if n else zero.new_zeros(0),
         nonzero=nonzero,
         nans=torch.stack(nans) if n else zero.new_zeros(0),

@@ -19,8 +19,10 @@ one parent each; every rank then writes its own channel, and rank 0's carries th
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import re
 import signal
 import statistics
 from collections.abc import Mapping, Sequence
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from probes.findings import Finding, Fix
-from probes.runtime.rank_models import LAUNCHER_GD, LAUNCHER_USER, DistributedInfo, RankStep
+from probes.runtime.rank_models import LAUNCHER_GD, DistributedInfo, RankStep
 from probes.runtime.result import ChildSummary, ProbeResult, StepRecord
 
 #: Relative difference of a replicated gradient's norm between two ranks that counts as
@@ -86,10 +88,9 @@ def pid_file(channel: str, rank: int) -> Path:
 def record_pid(channel: str, env: RankEnv) -> None:
     """Leave this rank's pid where the parent finds it (ranks launched by ``--nproc`` only)."""
     if env.launched_here:
-        try:
+        # Without the file the parent relies on torchrun alone to stop this rank.
+        with contextlib.suppress(OSError):
             pid_file(channel, env.rank).write_text(str(os.getpid()))
-        except OSError:
-            pass  # the parent then relies on torchrun to stop this rank
 
 
 def exit_code(env: RankEnv, status: str) -> int:
@@ -129,24 +130,41 @@ def merge_global_norms(
     return merged
 
 
+#: Error text of a rank that failed only because another rank went away first.
+COLLATERAL_FAILURE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|DistBackendError|DistNetworkError|"
+    r"Socket Timeout|Broken pipe|NCCL communicator was aborted|recvBytes|sendBytes|"
+    r"heartbeat|watchdog",
+    re.IGNORECASE,
+)
+
+
+def _collateral(summary: ChildSummary) -> bool:
+    text = f"{summary.message or ''}\n{summary.traceback_tail or ''}"
+    return bool(COLLATERAL_FAILURE.search(text))
+
+
 def merge_rank_summaries(
     summary: ChildSummary | None, others: Mapping[int, ChildSummary]
 ) -> ChildSummary | None:
-    """Rank 0's summary, or the first failed rank's when a rank failed (or rank 0 sent none).
+    """Rank 0's summary, or the failing rank's when a rank failed (or rank 0 sent none).
 
-    torchrun stops every rank when one fails, so rank 0 often dies without a summary while the
-    rank that failed explains why; its message is prefixed with its rank.
+    When one rank fails, the others fail next in a collective whose peer is gone (or torchrun
+    stops them, and rank 0 often dies without a summary); the root cause is the failed rank
+    whose error is not such a communication error. Its message is prefixed with its rank.
     """
-    failed = sorted((rank, s) for rank, s in others.items() if s.status not in ("ok", "stopped"))
-    rank0_ok = summary is not None and summary.status in ("ok", "stopped")
-    if failed and (summary is None or rank0_ok):
-        rank, worst = failed[0]
+    everyone = dict(others)
+    if summary is not None:
+        everyone[0] = summary
+    failed = sorted((rank, s) for rank, s in everyone.items() if s.status not in ("ok", "stopped"))
+    if failed:
+        primary = [(rank, s) for rank, s in failed if not _collateral(s)] or failed
+        rank, worst = primary[0]
         base = summary or worst
-        message = f"rank {rank}: {worst.message or worst.status}"
         return base.model_copy(
             update={
                 "status": worst.status,
-                "message": message,
+                "message": f"rank {rank}: {worst.message or worst.status}",
                 "traceback_tail": worst.traceback_tail,
             }
         )
@@ -403,8 +421,18 @@ def torchrun_command(python: str, nproc: int, child: Sequence[str]) -> list[str]
     ``--standalone`` runs a single-node rendezvous on a free port, so concurrent probes never
     collide on 29500.
     """
-    return [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--standalone", "--max-restarts", "0", "-m", *child]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--standalone",
+        "--max-restarts",
+        "0",
+        "-m",
+        *child,
+    ]
 
 
 class RankCollector:
@@ -429,6 +457,11 @@ class RankCollector:
             self.raw = dict(message)
             return True
         return False
+
+    def stop(self) -> None:
+        """SIGKILL the ranks still running (the launcher was stopped, or has exited)."""
+        if self.nproc > 1:
+            kill_ranks(self.channel, self.nproc)
 
     def finish(self) -> None:
         """After the launcher exited (or was stopped): read the ranks' files, stop stragglers.

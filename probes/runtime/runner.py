@@ -244,6 +244,7 @@ async def run_probe_async(
                         break
                 # Whatever the script spawned in its group goes with it.
                 _signal_group(process.pid, signal.SIGKILL)
+                ranks.stop()  # torchrun's ranks live in sessions of their own
                 with anyio.move_on_after(1.0):
                     await process.wait()
                 # A grandchild that left the group may hold the pipes open: do not wait on it.

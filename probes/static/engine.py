@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import libcst as cst
 
@@ -27,7 +28,7 @@ from probes.static.model import FileModel
 from probes.static.patches import (
     DiffError,
     Patch,
-    apply_patch,
+    Patcher,
     apply_unified_diff,
     combine,
     unified_diff,
@@ -122,15 +123,22 @@ def _check(module: cst.Module, path: str, rules: Sequence[Rule]) -> list[_Raw]:
     return found
 
 
+MAX_SINGLE_CHECKS = 16
+"""Patches verified one by one (a full re-analysis each) when the batch check fails."""
+
+
 class _Verifier:
-    """Re-analyses patched text, with a cache, to check that a patch does what it claims."""
+    """Checks patches: they apply to the exact text, the edited code parses, and re-analysing
+    the result no longer reports what they fix (and reports nothing new)."""
 
     def __init__(self, source: str, module: cst.Module, path: str, baseline: list[_Raw]) -> None:
         self.source = source
         self.module = module
         self.path = path
+        self.patcher = Patcher(source, module)
         self.baseline = _counts(baseline)
         self.cache: dict[str, Counter[str] | None] = {}
+        self.single_checks = 0
 
     def counts(self, code: str) -> Counter[str] | None:
         if code not in self.cache:
@@ -144,14 +152,15 @@ class _Verifier:
                     self.cache[code] = None
         return self.cache[code]
 
-    def diff_for(self, patch: Patch, fixes: Collection[str]) -> str | None:
-        """The verified diff of ``patch``, which must remove one finding of each id in
-        ``fixes`` and add no new warning or critical finding; None when it does not."""
+    def prepare(self, patch: Patch) -> tuple[str, str] | None:
+        """(patched text, its diff) when the patch applies and what it edits parses."""
         try:
-            code = apply_patch(self.module, patch)
+            code, changed = self.patcher.apply(patch)
         except Exception:
             return None
         if code == self.source:
+            return None
+        if any(_syntax_error(piece) is not None for piece in changed):
             return None
         diff = unified_diff(self.path, self.source, code)
         try:
@@ -159,16 +168,27 @@ class _Verifier:
                 return None
         except DiffError:
             return None
+        return code, diff
+
+    def removes(self, code: str, expected: Counter[str]) -> bool:
+        """True when ``code`` has ``expected[id]`` fewer findings of each id and no new ones."""
         after = self.counts(code)
         if after is None:
-            return None
-        for rule_id in fixes:
-            if after[rule_id] >= self.baseline[rule_id]:
-                return None
-        for rule_id, count in after.items():
-            if rule_id not in fixes and count > self.baseline[rule_id]:
-                return None
-        return diff
+            return False
+        for rule_id, count in expected.items():
+            if after[rule_id] > self.baseline[rule_id] - count:
+                return False
+        return all(
+            count <= self.baseline[rule_id]
+            for rule_id, count in after.items()
+            if rule_id not in expected
+        )
+
+    def single(self, code: str, rule_id: str) -> bool:
+        if self.single_checks >= MAX_SINGLE_CHECKS:
+            return False
+        self.single_checks += 1
+        return self.removes(code, Counter({rule_id: 1}))
 
 
 def _counts(raws: list[_Raw]) -> Counter[str]:
@@ -215,6 +235,15 @@ def lint_source(
         return FileReport(path=path, error="the file is too deeply nested to analyse")
 
 
+@dataclass
+class _Candidate:
+    index: int
+    rule_id: str
+    patch: Patch
+    code: str
+    diff: str
+
+
 def _report(
     source: str,
     module: cst.Module,
@@ -226,7 +255,8 @@ def _report(
     wanted = {r.id for r in rules}
     verifier = _Verifier(source, module, path, raws)
     findings: list[Finding] = []
-    patches: list[tuple[Finding, Patch]] = []
+    candidates: list[_Candidate] = []
+    fix_texts: list[tuple[str, bool]] = []
     seen: set[tuple[str, int, int]] = set()
     for item in raws:
         rule, raw = item.rule, item.raw
@@ -239,16 +269,6 @@ def _report(
         if key in seen:
             continue
         seen.add(key)
-        fix = None
-        if raw.patch is not None:
-            diff = verifier.diff_for(raw.patch, {rule.id})
-            if diff is not None:
-                fix = Fix(
-                    description=raw.fix_description or "Apply the suggested change.",
-                    diff=diff,
-                    safe=raw.fix_safe,
-                    snippet_id=rule.snippet_id,
-                )
         evidence = _evidence(raw.evidence, positions)
         try:
             message = raw.message.format(**evidence)
@@ -256,26 +276,86 @@ def _report(
             message = raw.message
         if rule.snippet_id is not None:
             evidence.setdefault("snippet_id", rule.snippet_id)
-        finding = Finding(
-            id=rule.id,
-            severity=raw.severity or rule.severity,
-            message=message,
-            origin="static",
-            path=path,
-            line=where.line,
-            col=where.column + 1,
-            end_line=where.end_line,
-            end_col=where.end_column + 1,
-            evidence=evidence,
-            fix=fix,
+        if raw.patch is not None:
+            prepared = verifier.prepare(raw.patch)
+            if prepared is not None:
+                candidates.append(_Candidate(len(findings), rule.id, raw.patch, *prepared))
+        fix_texts.append((raw.fix_description or "Apply the suggested change.", raw.fix_safe))
+        findings.append(
+            Finding(
+                id=rule.id,
+                severity=raw.severity or rule.severity,
+                message=message,
+                origin="static",
+                path=path,
+                line=where.line,
+                col=where.column + 1,
+                end_line=where.end_line,
+                end_col=where.end_column + 1,
+                evidence=evidence,
+                fix=None,
+            )
         )
-        findings.append(finding)
-        if fix is not None and raw.patch is not None:
-            patches.append((finding, raw.patch))
+    accepted, combined = _verify(verifier, candidates)
+    for candidate in accepted:
+        finding = findings[candidate.index]
+        description, safe = fix_texts[candidate.index]
+        finding.fix = Fix(
+            description=description,
+            diff=candidate.diff,
+            safe=safe,
+            snippet_id=finding.evidence.get("snippet_id"),
+        )
     findings.sort(key=lambda f: (f.line or 0, f.col or 0, f.id))
-    return FileReport(
-        path=path, findings=findings, combined_diff=_combined(verifier, patches, source)
-    )
+    return FileReport(path=path, findings=findings, combined_diff=combined)
+
+
+def _verify(
+    verifier: _Verifier, candidates: list[_Candidate]
+) -> tuple[list[_Candidate], str | None]:
+    """The candidates whose patches are verified, and the diff of all of them together.
+
+    Non-conflicting patches are checked together with one re-analysis; when that fails, or
+    for patches that conflict with the batch, each is checked alone (up to a budget).
+    """
+    if not candidates:
+        return [], None
+    batch: list[_Candidate] = []
+    rest: list[_Candidate] = []
+    for candidate in candidates:
+        if any(candidate.patch.conflicts_with(other.patch) for other in batch):
+            rest.append(candidate)
+        else:
+            batch.append(candidate)
+    accepted: list[_Candidate] = []
+    combined: str | None = None
+    if len(batch) == 1:
+        rest = batch + rest
+    else:
+        prepared = verifier.prepare(combine(c.patch for c in batch))
+        expected = Counter(c.rule_id for c in batch)
+        if prepared is not None and verifier.removes(prepared[0], expected):
+            accepted.extend(batch)
+            combined = prepared[1]
+        else:
+            rest = batch + rest
+    for candidate in rest:
+        if verifier.single(candidate.code, candidate.rule_id):
+            accepted.append(candidate)
+    if combined is None and accepted:
+        combined = _combined(verifier, accepted)
+    return accepted, combined
+
+
+def _combined(verifier: _Verifier, accepted: list[_Candidate]) -> str | None:
+    if len(accepted) == 1:
+        return accepted[0].diff
+    chosen: list[Patch] = []
+    for candidate in accepted:
+        if not any(candidate.patch.conflicts_with(other) for other in chosen):
+            chosen.append(candidate.patch)
+    prepared = verifier.prepare(combine(chosen))
+    return prepared[1] if prepared is not None else None
 
 
 def _nodes_in(evidence: dict[str, object]) -> list[cst.CSTNode]:
@@ -288,9 +368,9 @@ def _nodes_in(evidence: dict[str, object]) -> list[cst.CSTNode]:
     return nodes
 
 
-def _evidence(evidence: dict[str, object], positions: dict[int, Span]) -> dict[str, object]:
+def _evidence(evidence: dict[str, object], positions: dict[int, Span]) -> dict[str, Any]:
     """Evidence with every syntax node replaced by its 1-based line number."""
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     for key, value in evidence.items():
         if isinstance(value, cst.CSTNode):
             where = positions.get(id(value))
@@ -301,27 +381,3 @@ def _evidence(evidence: dict[str, object], positions: dict[int, Span]) -> dict[s
         else:
             out[key] = value
     return out
-
-
-def _combined(verifier: _Verifier, patches: list[tuple[Finding, Patch]], source: str) -> str | None:
-    if not patches:
-        return None
-    if len(patches) == 1:
-        return patches[0][0].fix.diff if patches[0][0].fix else None
-    chosen: list[Patch] = []
-    for _, patch in patches:
-        if not any(patch.conflicts_with(other) for other in chosen):
-            chosen.append(patch)
-    try:
-        code = apply_patch(verifier.module, combine(chosen))
-    except Exception:
-        return None
-    if _syntax_error(code) is not None:
-        return None
-    diff = unified_diff(verifier.path, source, code)
-    try:
-        if apply_unified_diff(source, diff) != code:
-            return None
-    except DiffError:
-        return None
-    return diff

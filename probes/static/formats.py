@@ -317,9 +317,6 @@ def _sarif_result(finding: Finding, uri: str, rule_index: int) -> dict[str, Any]
                 }
             }
         ],
-        "partialFingerprints": {
-            "gradientDoctor/v1": f"{finding.id}:{uri}:{finding.line or 0}",
-        },
     }
     properties: dict[str, Any] = {"severity": finding.severity}
     if finding.evidence:
@@ -380,7 +377,6 @@ def to_sarif(report: LintReport, rules: Sequence[RuleInfo] | None = None) -> dic
                     "driver": {
                         "name": TOOL_NAME,
                         "version": tool_version(),
-                        "informationUri": "https://pypi.org/project/gradient-doctor/",
                         "rules": descriptors,
                     }
                 },

@@ -132,10 +132,8 @@ class Event:
     """The statement that holds ``call`` in that function."""
     func: FuncInfo
     frames: tuple[Frame, ...] = ()
-    site_call: cst.CSTNode | None = None
-    """Where the event shows in the analysed function: the call itself, or the call of the
-    helper that contains it."""
-    site_stmt: cst.CSTNode | None = None
+    chain: tuple[HelperCall, ...] = ()
+    """The helper calls, from the analysed function down, through which this event runs."""
     order: int = 0
     receiver: str | None = None
     optimizer: str | None = None
@@ -149,16 +147,30 @@ class Event:
 
     @property
     def inlined(self) -> bool:
-        return self.site_call is not self.call
+        return bool(self.chain)
 
     @property
     def anchor(self) -> cst.CSTNode:
-        """The node a finding about this event points at."""
-        return self.site_call if self.site_call is not None else self.call
+        """Where the event shows in the analysed function: the call itself, or the call of
+        the outermost helper that contains it."""
+        return self.chain[0].call if self.chain else self.call
 
     @property
     def anchor_stmt(self) -> cst.CSTNode:
-        return self.site_stmt if self.site_stmt is not None else self.stmt
+        return self.chain[0].stmt if self.chain else self.stmt
+
+    def relative_to(self, other: Event) -> tuple[cst.CSTNode, cst.CSTNode, bool]:
+        """(node, statement, is-a-helper-call) of this event in the function that holds both
+        this event and ``other``: the statement that would move to fix their order."""
+        shared = 0
+        for mine, theirs in zip(self.chain, other.chain, strict=False):
+            if mine is not theirs:
+                break
+            shared += 1
+        if shared < len(self.chain):
+            helper = self.chain[shared]
+            return helper.call, helper.stmt, True
+        return self.call, self.stmt, False
 
     def inside(self, frame: Frame | None) -> bool:
         return frame is None or any(f.node is frame.node for f in self.frames)
@@ -198,8 +210,9 @@ class Accumulation:
     """Gradient accumulation recognised in a unit."""
 
     style: Literal["conditional", "nested"]
-    divisor: cst.BaseExpression
-    """``N``: the modulo operand of the gate or the ``range(N)`` of the micro-step loop."""
+    divisor: cst.BaseExpression | None
+    """``N``: the modulo operand of the gate or the ``range(N)`` of the micro-step loop
+    (None when the micro-step loop does not say how many micro-batches it runs)."""
     gate: Frame | None
     """The branch that runs the update (conditional style)."""
     condition: cst.BaseExpression | None = None
@@ -207,7 +220,7 @@ class Accumulation:
 
     @property
     def divisor_text(self) -> str:
-        return code_of(self.divisor)
+        return code_of(self.divisor) if self.divisor is not None else "N"
 
 
 @dataclass(eq=False)
@@ -376,18 +389,21 @@ class FileModel:
     # -- units -------------------------------------------------------------------------------
     def expanded(self, func: FuncInfo) -> list[Event]:
         """The events of ``func`` with local helpers inlined, in execution order."""
+        cached = self._expanded.get(id(func))
+        if cached is not None:
+            return cached
         events: list[Event] = []
-        self._expand(func, (), None, None, 0, (func,), events)
+        self._expand(func, (), (), 0, (func,), events)
         for order, event in enumerate(events):
             event.order = order
+        self._expanded[id(func)] = events
         return events
 
     def _expand(
         self,
         func: FuncInfo,
         prefix: tuple[Frame, ...],
-        site_call: cst.CSTNode | None,
-        site_stmt: cst.CSTNode | None,
+        chain: tuple[HelperCall, ...],
         depth: int,
         stack: tuple[FuncInfo, ...],
         out: list[Event],
@@ -400,24 +416,17 @@ class FileModel:
                     self._expand(
                         item.target,
                         frames,
-                        site_call if site_call is not None else item.call,
-                        site_stmt if site_stmt is not None else item.stmt,
+                        (*chain, item),
                         depth + 1,
                         (*stack, item.target),
                         out,
                     )
                 continue
-            out.append(
-                replace(
-                    item,
-                    frames=frames,
-                    site_call=site_call if site_call is not None else item.call,
-                    site_stmt=site_stmt if site_stmt is not None else item.stmt,
-                )
-            )
+            out.append(replace(item, frames=frames, chain=chain))
 
     def _build_units(self) -> None:
         self._inlined: set[int] = set()
+        self._expanded: dict[int, list[Event]] = {}
         per_root = [(func, self.expanded(func)) for func in [self.module_info, *self.functions]]
         for func, events in per_root:
             self.units.extend(self._units_of(func, events))
@@ -457,9 +466,8 @@ class FileModel:
         scope_events = [e for e in events if e.inside(outer)]
         unit = Unit(func, micro, outer, scope_events, framework=framework)
         steps_after = [e for e in scope_events if e.kind in STEP_KINDS and not e.inside(micro)]
-        divisor = _range_bound(micro.node) if micro is not None else None
-        if steps_after and divisor is not None:
-            unit.accumulation = Accumulation("nested", divisor, None)
+        if steps_after and micro is not None and _is_micro_step_loop(micro.node):
+            unit.accumulation = Accumulation("nested", _range_bound(micro.node), None)
         return unit
 
     def _conditional_accumulation(self, unit: Unit, steps: list[Event]) -> Accumulation | None:
@@ -485,6 +493,18 @@ class FileModel:
     _gate_info: dict[int, tuple[cst.BaseExpression, cst.BaseExpression, bool]]
 
 
+_MICRO_WORDS = re.compile(r"micro|accum|chunk|split|shard", re.I)
+
+
+def _is_micro_step_loop(node: cst.CSTNode) -> bool:
+    """A loop over micro-batches: ``range(N)``, or one whose names say so."""
+    if not isinstance(node, cst.For):
+        return False
+    if _range_bound(node) is not None:
+        return True
+    return bool(_MICRO_WORDS.search(code_of(node.target) + " " + code_of(node.iter)))
+
+
 def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
     """``N`` for ``for _ in range(N)`` (or ``range(0, N)``), else None."""
     if not isinstance(node, cst.For) or not isinstance(node.iter, cst.Call):
@@ -506,9 +526,6 @@ def modulo_divisor(test: cst.BaseExpression) -> cst.BaseExpression | None:
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
             return node.right
     return None
-
-
-_LAST_BATCH = re.compile(r"len\(|last|final|end|num_batches|total|steps_per_epoch", re.I)
 
 
 class _Collector:
@@ -839,7 +856,11 @@ class _EventWalker:
             self._header_calls(stmt, frames)
             tag: str | None = None
             for item in stmt.items:
-                for call in calls_in(item.item):
+                context: cst.CSTNode = item.item
+                if isinstance(context, cst.Name) and self.func.assigns.get(context.value):
+                    # `ctx = nullcontext() if last else model.no_sync()` then `with ctx:`
+                    context = self.func.assigns[context.value][-1]
+                for call in calls_in(context):
                     name = method_name(call)
                     if name == "no_sync" or name == "no_backward_sync":
                         tag = "no_sync"
@@ -871,8 +892,9 @@ class _EventWalker:
             if values:
                 divisor = modulo_divisor(values[-1])
         if divisor is not None:
-            last_batch = isinstance(stmt.test, cst.BooleanOperation) and bool(
-                _LAST_BATCH.search(code_of(stmt.test))
+            # `(i + 1) % N == 0 or i + 1 == len(loader)`: an `or` is the end-of-epoch step.
+            last_batch = isinstance(stmt.test, cst.BooleanOperation) and isinstance(
+                stmt.test.operator, cst.Or
             )
             self.model._gate_info[id(stmt)] = (divisor, stmt.test, last_batch)
             return Frame("if", stmt, branch, _GATE_TAG)

@@ -197,3 +197,92 @@ def apply_unified_diff(text: str, diff: str) -> str:
             index += 1
     result.extend(source[cursor:])
     return "".join(result)
+
+
+class Patcher:
+    """Applies patches to one parsed file quickly: only the top-level statements a patch
+    touches are transformed and regenerated; the rest of the text is reused as read."""
+
+    def __init__(self, source: str, module: cst.Module) -> None:
+        self.source = source
+        self.module = module
+        self._owner: dict[int, int] | None = None
+        self._spans: list[tuple[int, int]] | None = None
+        self._no_trailing_newline = False
+        self._layout_ok: bool | None = None
+
+    def _layout(self) -> bool:
+        if self._layout_ok is not None:
+            return self._layout_ok
+        module = self.module
+        codes = [module.code_for_node(stmt) for stmt in module.body]
+        footer = "".join(module.code_for_node(line) for line in module.footer)
+        total = "".join(codes) + footer
+        newline = module.default_newline
+        if self.source.endswith(total):
+            start = len(self.source) - len(total)
+        elif (
+            total.endswith(newline) and not footer and self.source.endswith(total[: -len(newline)])
+        ):
+            start = len(self.source) - len(total) + len(newline)
+            self._no_trailing_newline = True
+        else:
+            self._layout_ok = False
+            return False
+        spans: list[tuple[int, int]] = []
+        for code in codes:
+            spans.append((start, start + len(code)))
+            start += len(code)
+        if self._no_trailing_newline and spans:
+            last_start, last_end = spans[-1]
+            spans[-1] = (last_start, last_end - len(newline))
+        self._spans = spans
+        owner: dict[int, int] = {}
+        from probes.static.traverse import walk
+
+        for index, stmt in enumerate(module.body):
+            for node in walk(stmt):
+                owner[id(node)] = index
+        self._owner = owner
+        self._layout_ok = True
+        return True
+
+    def top_level_of(self, patch: Patch) -> set[int] | None:
+        """Indices of the top-level statements ``patch`` edits (None: edits the module)."""
+        if not self._layout():
+            return None
+        assert self._owner is not None
+        top_ids = {id(stmt) for stmt in self.module.body}
+        touched = patch.touched()
+        if touched & top_ids:
+            return None
+        indices = {self._owner.get(key, -1) for key in touched}
+        if -1 in indices:
+            return None
+        return indices
+
+    def apply(self, patch: Patch) -> tuple[str, list[str]]:
+        """The patched text, and the regenerated top-level statements (for a syntax check)."""
+        indices = self.top_level_of(patch)
+        if indices is None:
+            code = apply_patch(self.module, patch)
+            return code, [code]
+        assert self._spans is not None
+        transformer = _PatchTransformer(patch)
+        pieces: list[str] = []
+        changed: list[str] = []
+        cursor = 0
+        last_index = len(self.module.body) - 1
+        for index in sorted(indices):
+            start, end = self._spans[index]
+            stmt = self.module.body[index].visit(transformer)
+            assert isinstance(stmt, cst.CSTNode)
+            code = self.module.code_for_node(stmt)
+            if self._no_trailing_newline and index == last_index:
+                code = code.removesuffix(self.module.default_newline)
+            pieces.append(self.source[cursor:start])
+            pieces.append(code)
+            changed.append(code)
+            cursor = end
+        pieces.append(self.source[cursor:])
+        return "".join(pieces), changed

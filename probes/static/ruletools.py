@@ -83,6 +83,15 @@ def call_text(event: Event) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def label(node: cst.CSTNode) -> str:
+    """``optimizer.step()`` / ``clip_grad_norm_(...)`` for a call; short source otherwise."""
+    if isinstance(node, cst.Call):
+        func = code_of(node.func)
+        return f"{func}()" if not node.args else f"{func}(...)"
+    text = " ".join(code_of(node).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def anchor_text(event: Event) -> str:
     node = event.anchor
     if isinstance(node, cst.Call):

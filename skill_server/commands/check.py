@@ -8,6 +8,7 @@ the Gradient Health Report (Markdown) or its JSON form. Exit codes: 0 nothing at
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ import anyio
 from probes.findings import severity_at_least
 from skill_server.cli import EXIT_FINDINGS, EXIT_OK, UsageError
 from skill_server.safety import (
+    DEVICE_PATTERN,
     MAX_PROBE_STEPS,
     MAX_PROBE_TIMEOUT_S,
     InputError,
@@ -70,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps must be between 1 and {MAX_PROBE_STEPS}")
     if not 0 < args.timeout <= MAX_PROBE_TIMEOUT_S:
         raise UsageError(f"--timeout must be above 0 and at most {MAX_PROBE_TIMEOUT_S:g}")
+    if not re.match(DEVICE_PATTERN, args.device):
+        raise UsageError("--device must be auto, cpu, cuda, cuda:N or mps")
     try:
         # The terminal user may name any file they can read; only the server confines paths.
         policy = PathPolicy.from_roots([Path(Path.cwd().anchor)])

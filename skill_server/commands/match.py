@@ -147,7 +147,5 @@ def markdown(result: object) -> str:
         for check in (checks or [])[:3]:
             out.append(_bullet("check", check))
         if entry.snippets:
-            out.append(
-                _bullet("fix snippets", ", ".join(entry.snippets))
-            )
+            out.append(_bullet("fix snippets", ", ".join(entry.snippets)))
     return "".join(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from probes.findings import severity_at_least
@@ -60,6 +61,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile", default=None, help="threshold profile (default: the knowledge default)"
     )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="launch N ranks the way `torchrun --nproc-per-node N` does (DDP/FSDP scripts): "
+        "every rank is probed, rank 0 merges them (sharded norms, diverging ranks, "
+        "all-reduces per step)",
+    )
+    parser.add_argument(
+        "--plots",
+        default=None,
+        metavar="DIR",
+        help="also write PNG pictures into DIR: gradient flow per layer, total norm over "
+        "steps, dead units per layer, ranks",
+    )
     parser.add_argument("--format", choices=("markdown", "json"), default="markdown")
     parser.add_argument(
         "--fail-on",
@@ -96,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the probe and print the report; see the exit status in the command's help."""
     from probes.runtime import ProbeInputError, run_probe
 
+    plots_dir = _plots_folder(args.plots)
     try:
         result = run_probe(
             args.script,
@@ -105,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             sample_every=args.sample_every,
             profile=args.profile,
+            nproc=args.nproc,
         )
     except ProbeInputError as exc:
         raise UsageError(str(exc)) from None
@@ -114,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
         from skill_server.views_probe import probe_markdown
 
         sys.stdout.write(probe_markdown(result))
+    if plots_dir is not None:
+        _write_plots(result, plots_dir)
     if not result.ok:
         return EXIT_FINDINGS
     if args.fail_on != "never" and any(
@@ -121,3 +142,32 @@ def run(args: argparse.Namespace) -> int:
     ):
         return EXIT_FINDINGS
     return EXIT_OK
+
+
+def _plots_folder(folder: str | None) -> Path | None:
+    """The --plots folder, created before the run so a bad path fails fast (exit 2)."""
+    if folder is None:
+        return None
+    path = Path(folder).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the --plots folder {path}: {exc.strerror or exc}"
+        ) from None
+    return path
+
+
+def _write_plots(result: Any, folder: Path) -> None:
+    """Draw the pictures (matplotlib is imported only here) and name them on stderr."""
+    from probes.runtime.plots import write_plots
+
+    try:
+        written = write_plots(result, folder)
+    except OSError as exc:
+        sys.stderr.write(f"gradient-doctor probe: could not write plots: {exc}\n")
+        return
+    if written:
+        sys.stderr.write("plots: " + ", ".join(str(p) for p in written) + "\n")
+    else:
+        sys.stderr.write("plots: none (no optimizer step was measured)\n")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,8 +112,9 @@ def test_fsdp2_global_norm_is_merged_from_the_shards() -> None:
     for record, norms in zip(result.records, expected_layers, strict=True):
         assert record.grad_norms == pytest.approx(norms, rel=1e-4)
     # One rank's shard alone is not the global norm.
-    for step in info.steps:
-        assert all(n < t for n, t in zip(step.rank_norms, result.total_norm, strict=False))
+    for step, total in zip(info.steps, result.total_norm, strict=True):
+        assert all(0 < n < total for n in step.rank_norms)
+        assert math.sqrt(sum(n * n for n in step.rank_norms)) == pytest.approx(total, rel=1e-6)
 
 
 @pytest.mark.slow
@@ -121,7 +123,9 @@ def test_the_first_rank_to_see_a_nan_is_named() -> None:
     info = result.distributed
     assert info is not None
     assert (info.first_nonfinite_rank, info.first_nonfinite_step) == (1, 3)
-    nonfinite = [f for f in result.findings if f.id in ("nan-gradients", "nan-loss-before-backward")]
+    nonfinite = [
+        f for f in result.findings if f.id in ("nan-gradients", "nan-loss-before-backward")
+    ]
     assert nonfinite
     assert nonfinite[0].evidence["first_nonfinite_rank"] == 1
     assert "rank 1 at step 3" in nonfinite[0].message
@@ -131,11 +135,24 @@ def test_the_first_rank_to_see_a_nan_is_named() -> None:
 def test_a_script_launched_under_torchrun_by_the_user_is_probed_per_rank(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-        str(FIXTURES / "probe_each_rank.py"), str(FIXTURES / "ddp_diverge.py"), str(tmp_path),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        str(FIXTURES / "probe_each_rank.py"),
+        str(FIXTURES / "ddp_diverge.py"),
+        str(tmp_path),
     ]
-    process = subprocess.Popen(command, env=env, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        command,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         output, _ = process.communicate(timeout=150)
     finally:
@@ -182,8 +199,9 @@ def test_nproc_out_of_range_is_an_input_error() -> None:
 
 
 def test_rank_environment_and_channel_names() -> None:
-    env = RankEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"},
-                               {"launcher": "gradient-doctor"})
+    env = RankEnv.from_environ(
+        {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, {"launcher": "gradient-doctor"}
+    )
     assert env.distributed and env.launched_here and env.rank == 1
     assert channel_for_rank("/tmp/c.jsonl", env) == "/tmp/c.jsonl.rank1"
     user = RankEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2"}, {})
@@ -201,8 +219,86 @@ def test_global_norms_replace_shard_norms_and_the_total_is_recomputed() -> None:
     record = StepRecord(step=1, grad_norms=[3.0, None, 1.0], total_norm=math.sqrt(10))
     merged = merge_global_norms(
         [record],
-        [RankStep(step=1, world_size=2, rank_norms=[3.0, 4.0],
-                  global_grad_norms={0: 5.0}, sharded_parameters=1)],
+        [
+            RankStep(
+                step=1,
+                world_size=2,
+                rank_norms=[3.0, 4.0],
+                global_grad_norms={0: 5.0},
+                sharded_parameters=1,
+            )
+        ],
     )
     assert merged[0].grad_norms == [5.0, None, 1.0]
     assert merged[0].total_norm == pytest.approx(math.sqrt(26))
+
+
+def _processes_running(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find leftover processes")
+def test_a_hanging_rank_times_out_and_no_rank_is_left_behind(tmp_path: Path) -> None:
+    script = tmp_path / "hang_rank1.py"
+    script.write_text(
+        "import signal, time, torch, torch.distributed as dist\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a script that traps SIGTERM\n"
+        "from torch import nn\n"
+        "dist.init_process_group('gloo')\n"
+        "model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(100):\n"
+        "    if dist.get_rank() == 1 and step == 1:\n"
+        "        time.sleep(3600)  # rank 0 now waits in the all-reduce\n"
+        "    model(torch.randn(2, 4)).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+    )
+    result = run_probe(script, steps=10, nproc=2, timeout_s=15)
+    assert result.status == "timeout"
+    assert result.steps == 1
+    time.sleep(0.5)
+    assert _processes_running(str(script)) == []
+
+
+@pytest.mark.slow
+def test_cli_nproc_reports_the_ranks(tmp_path: Path, cli: Any) -> None:
+    done = cli("probe", str(FIXTURES / "ddp_diverge.py"), "--nproc", "2", "--steps", "3")
+    assert done.returncode == 1, done.stderr  # ranks-diverge is critical
+    assert "`ranks-diverge`" in done.stdout
+    assert "### Ranks" in done.stdout
+    assert "**differ** on 3 of 3 steps (first: step 1, ranks 1)" in done.stdout
+    as_json = cli(
+        "probe",
+        str(FIXTURES / "ddp_accum.py"),
+        "--nproc",
+        "2",
+        "--steps",
+        "2",
+        "--format",
+        "json",
+        "--fail-on",
+        "never",
+        "--",
+        "--no-sync",
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert [s["allreduces"] for s in data["distributed"]["steps"]] == [1, 1]
+
+
+def test_cli_rejects_nproc_zero(cli: Any) -> None:
+    done = cli("probe", str(FIXTURES / "ddp_accum.py"), "--nproc", "0")
+    assert done.returncode == 2
+    assert "nproc" in done.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -56,6 +58,8 @@ def test_fail_on_controls_the_exit_code(cli: Cli) -> None:
         (("check", "examples"), "directory"),
         (("check", "examples/buggy_train.py", "--steps", "0"), "--steps"),
         (("check", "examples/buggy_train.py", "--format", "xml"), "invalid choice"),
+        (("check", "examples/buggy_train.py", "--device", "tpu"), "--device"),
+        (("check", "examples/buggy_train.py", "--timeout", "-1"), "--timeout"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli: Cli, args: tuple[str, ...], fragment: str) -> None:
@@ -89,3 +93,20 @@ def test_check_healthy_example_under_the_probe_is_not_critical(cli: Cli) -> None
     result = cli("check", "examples/healthy_train.py", "--steps", "12")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Runtime probe" in result.stdout
+
+
+def test_the_reported_patch_applies_and_fixes_the_critical_issues(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "examples").mkdir()
+    shutil.copy(REPO / "examples/buggy_train.py", tmp_path / "examples/buggy_train.py")
+    before = cli("check", "examples/buggy_train.py", "--no-probe", "--format", "json", cwd=tmp_path)
+    assert before.returncode == 1, before.stderr
+    diff = json.loads(before.stdout)["combined_diff"]
+    (tmp_path / "fix.diff").write_text(diff)
+    applied = subprocess.run(
+        ["git", "apply", "fix.diff"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert applied.returncode == 0, applied.stderr
+    after = cli("check", "examples/buggy_train.py", "--no-probe", "--format", "json", cwd=tmp_path)
+    assert after.returncode == 0, after.stdout
+    remaining = {issue["id"] for issue in json.loads(after.stdout)["issues"]}
+    assert not remaining & {"accum-unscaled-loss", "clip-after-step"}

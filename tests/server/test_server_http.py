@@ -118,6 +118,11 @@ async def test_sdk_client_over_http(workspace: Path) -> None:
         (("--host", "0.0.0.0"), {}, "--allow-remote"),
         (("--host", "0.0.0.0", "--allow-remote"), {"GRADIENT_DOCTOR_TOKEN": ""}, "bearer token"),
         (("--host", "0.0.0.0", "--allow-remote"), {"GRADIENT_DOCTOR_TOKEN": "short"}, "16"),
+        (
+            ("--host", "0.0.0.0", "--allow-remote", "--token-file", "/nonexistent/token"),
+            {},
+            "cannot read --token-file",
+        ),
     ],
 )
 def test_remote_bind_needs_allow_remote_and_a_token(

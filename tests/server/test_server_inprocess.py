@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp import Client
 from server_helpers import dump, structured, text_of
@@ -146,6 +147,9 @@ async def test_diagnose_needs_a_path_or_description(workspace: Path) -> None:
     assert result.is_error and "description" in text_of(result)
     data = structured(text_only)
     assert data["script"] is None and data["matches"]
+    assert data["worst_severity"] is None and data["issues"] == []
+    assert "Nothing was checked" in text_of(text_only)
+    assert any(data["matches"][0]["id"] in rec for rec in data["recommendations"])
 
 
 @pytest.mark.slow
@@ -254,3 +258,28 @@ async def test_prompts_name_the_tools_and_the_claims_to_avoid(workspace: Path) -
     review_text = review.messages[0].content.text  # type: ignore[union-attr]
     assert "lint_script" in review_text and "loss.backward()" in review_text
     assert "Do not say" in review_text
+
+
+@pytest.mark.slow
+async def test_probes_wait_in_the_queue(workspace: Path) -> None:
+    messages: dict[int, list[str]] = {0: [], 1: []}
+    results: dict[int, object] = {}
+
+    async with Client(build_server([workspace], max_probes=1)) as client:
+
+        async def probe(index: int) -> None:
+            async def on_progress(done: float, total: float | None, message: str | None) -> None:
+                messages[index].append(message or "")
+
+            results[index] = await client.call_tool(
+                "probe_script",
+                {"path": "crash_train.py", "steps": 5, "device": "cpu"},
+                progress_callback=on_progress,
+            )
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(probe, 0)
+            group.start_soon(probe, 1)
+    queued = [i for i, seen in messages.items() if any("queued" in m for m in seen)]
+    assert len(queued) == 1, messages
+    assert all(structured(r)["status"] == "script-error" for r in results.values())

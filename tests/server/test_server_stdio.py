@@ -41,6 +41,17 @@ async def test_initialize_list_call_and_no_torch_in_the_server(
         assert bad.is_error and "outside the allowed roots" in bad.content[0].text  # type: ignore[union-attr]
         fix = await client.call_tool("get_fix", {"id": "clip-norm"})
         assert not fix.is_error
+        matched = await client.call_tool("match_symptoms", {"text": "loss is NaN"})
+        assert structured(matched)["matches"]
+        catalog = await client.read_resource("gradient-doctor://catalog")
+        assert "clip-after-step" in catalog.contents[0].text  # type: ignore[union-attr]
+        if mode == "auto":
+            # A probe runs torch in its child only; the parent side (and its pictures) stays
+            # torch-free.
+            probed = await client.call_tool(
+                "probe_script", {"path": "buggy_train.py", "steps": 3, "device": "cpu"}
+            )
+            assert structured(probed)["status"] in ("ok", "stopped")
     # The server wrote its module list on a clean exit after the client closed stdin.
     for _ in range(50):
         if modules_file.exists():

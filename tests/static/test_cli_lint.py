@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -90,7 +92,7 @@ def test_select_and_ignore(cli: Cli) -> None:
     ids = {f["id"] for file in json.loads(selected.stdout)["files"] for f in file["findings"]}
     assert ids == {"value-clipping", "clip-after-step"}
     ignored = cli("lint", str(CLIP_AFTER_STEP), "--ignore", "clip-after-step")
-    assert ignored.returncode == 0 and "clip-after-step" not in ignored.stdout
+    assert ignored.returncode == 0 and ": clip-after-step " not in ignored.stdout
 
 
 def test_unknown_rule_id_is_a_usage_error_naming_the_closest(cli: Cli) -> None:
@@ -155,3 +157,14 @@ def test_help_documents_formats_and_exit_codes(cli: Cli) -> None:
     ):
         assert needle in done.stdout
     assert "FILE NAMED ON THE COMMAND LINE" in done.stdout
+
+
+def test_lint_never_imports_torch() -> None:
+    code = (
+        "import sys\n"
+        "from skill_server.cli import main\n"
+        f"main(['lint', {str(BUGGY)!r}, '--format', 'sarif', '--output', '/dev/null'])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "False", done.stderr

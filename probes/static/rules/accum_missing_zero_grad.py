@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text, optimizer_of
+from probes.static.ruletools import label, optimizer_of
 
 
 class AccumMissingZeroGrad(Rule):
@@ -101,20 +101,20 @@ for it in range(iters):
                 continue
             step = steps[0]
             optimizer = optimizer_of(step) or "optimizer"
-            anchor = step.anchor_stmt
+            anchor = step.stmt
             following = [
                 e
                 for e in unit.of_kind("scaler_update")
-                if e.order > step.order and e.frames == step.frames and not e.inlined
+                if e.order > step.order and e.frames == step.frames and e.chain == step.chain
             ]
             if following:
-                anchor = following[0].anchor_stmt
+                anchor = following[0].stmt
             yield RawFinding(
-                node=step.anchor,
+                node=step.call,
                 message=self.message,
                 evidence={
-                    "step": anchor_text(step),
-                    "step_line": step.anchor,
+                    "step": label(step.call),
+                    "step_line": step.call,
                     "optimizer": optimizer,
                     "divisor": unit.accumulation.divisor_text,
                 },

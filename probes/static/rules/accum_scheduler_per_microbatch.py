@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text, movable
+from probes.static.ruletools import label, movable
 
 
 class AccumSchedulerPerMicrobatch(Rule):
@@ -101,16 +101,18 @@ for it in range(iters):
             for sched in unit.of_kind("sched_step"):
                 if not unit.in_micro_step(sched):
                     continue
+                sched_node, sched_stmt, sched_helper = sched.relative_to(step)
+                step_node, step_stmt, _ = step.relative_to(sched)
                 patch = None
-                if movable(sched.anchor_stmt) and not sched.inlined:
-                    patch = Patch().move_after(sched.anchor_stmt, step.anchor_stmt)  # type: ignore[arg-type]
+                if movable(sched_stmt) and not sched_helper:
+                    patch = Patch().move_after(sched_stmt, step_stmt)  # type: ignore[arg-type]
                 yield RawFinding(
-                    node=sched.anchor,
+                    node=sched_node,
                     message=self.message,
                     evidence={
-                        "scheduler": anchor_text(sched),
-                        "sched_line": sched.anchor,
-                        "step_line": step.anchor,
+                        "scheduler": label(sched_node),
+                        "sched_line": sched_node,
+                        "step_line": step_node,
                         "divisor": acc.divisor_text,
                     },
                     patch=patch,

@@ -94,9 +94,10 @@ for it in range(iters):
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         criteria = {name for name, call in model.constructors.items() if _token_mean(call)}
-        for name, value in model.module_info.assigns.items():
-            if any(isinstance(v, cst.Call) and _token_mean(v) for v in value):
-                criteria.add(name)
+        for func in [model.module_info, *model.functions]:
+            for name, values in func.assigns.items():
+                if any(isinstance(v, cst.Call) and _token_mean(v) for v in values):
+                    criteria.add(name)
         for unit in model.units:
             acc = unit.accumulation
             if acc is None:

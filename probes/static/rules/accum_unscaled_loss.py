@@ -11,14 +11,14 @@ from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.names import code_of, receiver
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text, divide, loss_is_scaled, names_in
+from probes.static.ruletools import divide, label, loss_is_scaled, names_in
 
 
 class AccumUnscaledLoss(Rule):
     id = "accum-unscaled-loss"
     severity = "critical"
     message = (
-        "`{backward}` on line {backward_line} accumulates {divisor} micro-batches per optimizer "
+        "`{backward}` on line {backward_line} accumulates `{divisor}` micro-batches per optimizer "
         "step (line {step_line}) but `{loss}` is never divided by `{divisor}`: the accumulated "
         "gradients are `{divisor}` times too large"
     )
@@ -150,6 +150,8 @@ class Trainer:
             steps = [s for s in unit.steps if unit.gated(s)]
             if not steps or any(s.framework == "deepspeed" for s in steps):
                 continue
+            if unit.of_kind("grad_div"):
+                continue  # the gradients are divided by hand (accum-manual-grad-scaling)
             for backward in unit.backwards:
                 if backward.framework in {"accelerator", "deepspeed"}:
                     continue
@@ -165,13 +167,11 @@ class Trainer:
                     node=backward.call,
                     message=self.message,
                     evidence={
-                        "backward": anchor_text(backward)
-                        if not backward.inlined
-                        else code_of(backward.call),
+                        "backward": label(backward.call),
                         "backward_line": backward.call,
                         "loss": code_of(loss),
                         "divisor": acc.divisor_text,
-                        "step_line": steps[0].anchor,
+                        "step_line": steps[0].relative_to(backward)[0],
                     },
                     patch=self._patch(model, unit, backward, acc.divisor),
                     fix_description=f"Divide the backpropagated loss by `{acc.divisor_text}`.",
@@ -180,7 +180,7 @@ class Trainer:
     def _patch(self, model, unit, backward, divisor):  # type: ignore[no-untyped-def]
         loss = backward.loss
         call = backward.call
-        if loss is None or not isinstance(call, cst.Call):
+        if loss is None or divisor is None or not isinstance(call, cst.Call):
             return None
         if backward.inlined:
             func = backward.func

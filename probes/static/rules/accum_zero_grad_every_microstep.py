@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text, movable
+from probes.static.ruletools import label, movable
 
 
 class AccumZeroGradEveryMicrostep(Rule):
@@ -103,19 +103,21 @@ for it in range(iters):
                 if not unit.in_micro_step(zero):
                     continue
                 step = steps[-1]
+                zero_node, zero_stmt, zero_helper = zero.relative_to(step)
+                step_node, step_stmt, _ = step.relative_to(zero)
                 patch = None
-                if movable(zero.anchor_stmt) and not zero.inlined:
+                if movable(zero_stmt) and not zero_helper:
                     if gated_zero:
-                        patch = Patch(remove=[zero.anchor_stmt])
+                        patch = Patch(remove=[zero_stmt])
                     else:
-                        patch = Patch().move_after(zero.anchor_stmt, step.anchor_stmt)  # type: ignore[arg-type]
+                        patch = Patch().move_after(zero_stmt, step_stmt)  # type: ignore[arg-type]
                 yield RawFinding(
-                    node=zero.anchor,
+                    node=zero_node,
                     message=self.message,
                     evidence={
-                        "zero_grad": anchor_text(zero),
-                        "zero_line": zero.anchor,
-                        "step_line": step.anchor,
+                        "zero_grad": label(zero_node),
+                        "zero_line": zero_node,
+                        "step_line": step_node,
                         "divisor": acc.divisor_text,
                     },
                     patch=patch,

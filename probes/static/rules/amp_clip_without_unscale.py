@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text, between, following, optimizer_of, previous
+from probes.static.ruletools import between, following, label, optimizer_of, previous
 
 
 class AmpClipWithoutUnscale(Rule):
@@ -137,21 +137,22 @@ class Trainer:
                 ):
                     continue
                 optimizer = optimizer_of(step) or "optimizer"
+                clip_node, clip_stmt, _ = clip.relative_to(backward)
                 patch = None
-                if clip.anchor_stmt is not step.anchor_stmt:
+                if clip_stmt is not step.relative_to(clip)[1]:
                     patch = Patch().insert_before(
-                        clip.anchor_stmt, f"{backward.scaler}.unscale_({optimizer})"
+                        clip_stmt, f"{backward.scaler}.unscale_({optimizer})"
                     )
                 yield RawFinding(
-                    node=clip.anchor,
+                    node=clip_node,
                     message=self.message,
                     evidence={
-                        "clip": anchor_text(clip),
-                        "clip_line": clip.anchor,
+                        "clip": label(clip_node),
+                        "clip_line": clip_node,
                         "scaler": backward.scaler,
                         "optimizer": optimizer,
-                        "backward_line": backward.anchor,
-                        "step_line": step.anchor,
+                        "backward_line": backward.relative_to(clip)[0],
+                        "step_line": step.relative_to(clip)[0],
                     },
                     patch=patch,
                     fix_description=(

@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel, exclusive
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text, between, movable
+from probes.static.ruletools import between, label, movable
 
 
 class AmpDoubleUnscale(Rule):
@@ -112,18 +112,20 @@ for x, y in loader:
                     continue
                 if first.inside(unit.micro) != second.inside(unit.micro):
                     continue
+                second_node, second_stmt, second_helper = second.relative_to(first)
+                first_node, first_stmt, first_helper = first.relative_to(second)
                 patch = None
-                if movable(second.anchor_stmt) and not second.inlined:
-                    patch = Patch(remove=[second.anchor_stmt])
-                elif movable(first.anchor_stmt) and not first.inlined:
-                    patch = Patch(remove=[first.anchor_stmt])
+                if movable(second_stmt) and not second_helper:
+                    patch = Patch(remove=[second_stmt])
+                elif movable(first_stmt) and not first_helper:
+                    patch = Patch(remove=[first_stmt])
                 yield RawFinding(
-                    node=second.anchor,
+                    node=second_node,
                     message=self.message,
                     evidence={
-                        "second": anchor_text(second),
-                        "second_line": second.anchor,
-                        "first_line": first.anchor,
+                        "second": label(second_node),
+                        "second_line": second_node,
+                        "first_line": first_node,
                         "optimizer": second.optimizer or "optimizer",
                     },
                     patch=patch,

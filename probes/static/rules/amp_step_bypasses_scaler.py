@@ -10,7 +10,7 @@ import libcst as cst
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text
+from probes.static.ruletools import label
 
 
 class AmpStepBypassesScaler(Rule):
@@ -104,15 +104,16 @@ def train(model, loader, opt):
                 )
                 if not has_update:
                     patch.insert_after(step.stmt, f"{scaler}.update()")
+                step_node = step.relative_to(backward)[0]
                 yield RawFinding(
-                    node=step.anchor,
+                    node=step_node,
                     message=self.message,
                     evidence={
-                        "step": anchor_text(step),
-                        "step_line": step.anchor,
+                        "step": label(step_node),
+                        "step_line": step_node,
                         "scaler": scaler,
                         "optimizer": optimizer,
-                        "backward_line": backward.anchor,
+                        "backward_line": backward.relative_to(step)[0],
                     },
                     patch=patch,
                     fix_description=f"Replace the direct step with `{scaler}.step({optimizer})`.",

@@ -9,8 +9,8 @@ from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
 from probes.static.ruletools import (
-    anchor_text,
     between,
+    label,
     movable,
     optimizer_of,
     previous,
@@ -134,12 +134,10 @@ class Trainer:
                     continue
                 if previous(unit, step, {"backward"}) is None:
                     continue  # a rotated loop: this step uses the previous backward
+                clip_node, clip_stmt, _ = clip.relative_to(step)
+                step_node, step_stmt, _ = step.relative_to(clip)
                 patch = None
-                if (
-                    movable(clip.anchor_stmt)
-                    and not step.inlined
-                    and clip.anchor_stmt is not (step.anchor_stmt)
-                ):
+                if movable(clip_stmt) and clip_stmt is not step_stmt:
                     patch = Patch()
                     backward = scaled_backward(unit, before=step)
                     if (
@@ -148,18 +146,17 @@ class Trainer:
                         and not between(unit, backward, step, {"unscale"})
                     ):
                         patch.insert_before(
-                            step.anchor_stmt,
-                            f"{backward.scaler}.unscale_({optimizer_of(step)})",
+                            step_stmt, f"{backward.scaler}.unscale_({optimizer_of(step)})"
                         )
-                    patch.move_before(clip.anchor_stmt, step.anchor_stmt)  # type: ignore[arg-type]
+                    patch.move_before(clip_stmt, step_stmt)  # type: ignore[arg-type]
                 yield RawFinding(
-                    node=clip.anchor,
+                    node=clip_node,
                     message=self.message,
                     evidence={
-                        "clip": anchor_text(clip),
-                        "clip_line": clip.anchor,
-                        "step": anchor_text(step),
-                        "step_line": step.anchor,
+                        "clip": label(clip_node),
+                        "clip_line": clip_node,
+                        "step": label(step_node),
+                        "step_line": step_node,
                     },
                     patch=patch,
                     fix_description="Move the clipping call to just before the optimizer step.",

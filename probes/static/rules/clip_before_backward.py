@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text, between, following, movable, previous
+from probes.static.ruletools import between, following, label, movable, previous
 
 
 class ClipBeforeBackward(Rule):
@@ -97,22 +97,21 @@ def train(model, loader, opt):
                 step = following(unit, backward, {"step", "scaler_step"})
                 if step is None:
                     continue
+                clip_node, clip_stmt, _ = clip.relative_to(backward)
+                backward_node = backward.relative_to(clip)[0]
+                step_stmt = step.relative_to(clip)[1]
                 patch = None
-                if movable(clip.anchor_stmt) and not step.inlined:
-                    target = previous(unit, step, {"unscale"})
-                    anchor = step.anchor_stmt
-                    if target is not None and target.order > backward.order:
-                        anchor = step.anchor_stmt
-                    patch = Patch().move_before(clip.anchor_stmt, anchor)  # type: ignore[arg-type]
+                if movable(clip_stmt) and clip_stmt is not step_stmt:
+                    patch = Patch().move_before(clip_stmt, step_stmt)  # type: ignore[arg-type]
                 yield RawFinding(
-                    node=clip.anchor,
+                    node=clip_node,
                     message=self.message,
                     evidence={
-                        "clip": anchor_text(clip),
-                        "clip_line": clip.anchor,
-                        "backward": anchor_text(backward),
-                        "backward_line": backward.anchor,
-                        "step_line": step.anchor,
+                        "clip": label(clip_node),
+                        "clip_line": clip_node,
+                        "backward": label(backward_node),
+                        "backward_line": backward_node,
+                        "step_line": step.relative_to(clip)[0],
                     },
                     patch=patch,
                     fix_description="Move the clipping call after backward, before the step.",

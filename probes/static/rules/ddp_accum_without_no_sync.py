@@ -11,7 +11,7 @@ from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel, Unit
 from probes.static.names import code_of
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text, names_in
+from probes.static.ruletools import label, names_in
 
 
 class DdpAccumWithoutNoSync(Rule):
@@ -114,17 +114,19 @@ for it in range(iters):
                 e.kind == "sync_flag" for e in model.expanded(unit.root)
             ):
                 continue
+            if any(f.tag == "no_sync" for b in unit.backwards for f in b.frames):
+                continue  # some micro-steps already skip the all-reduce
             for backward in unit.backwards:
                 if backward.framework is not None or not unit.in_micro_step(backward):
                     continue
                 if any(f.tag in {"no_sync", "accumulate"} for f in backward.frames):
                     continue
                 yield RawFinding(
-                    node=backward.anchor,
+                    node=backward.call,
                     message=self.message,
                     evidence={
-                        "backward": anchor_text(backward),
-                        "backward_line": backward.anchor,
+                        "backward": label(backward.call),
+                        "backward_line": backward.call,
                         "divisor": acc.divisor_text,
                     },
                     patch=self._patch(model, unit),
@@ -146,13 +148,14 @@ for it in range(iters):
             return None
         targets = names_in(loop.target)
         if acc.style == "nested":
-            if not isinstance(loop.target, cst.Name):
+            if not isinstance(loop.target, cst.Name) or acc.divisor is None:
                 return None
             condition = f"{loop.target.value} == {acc.divisor_text} - 1"
         else:
             if acc.condition is None or acc.gate is None or acc.gate.branch != 0:
                 return None
-            allowed = targets | names_in(acc.divisor) | names_in(loop.iter) | {"len"}
+            divisor_names = names_in(acc.divisor) if acc.divisor is not None else set()
+            allowed = targets | divisor_names | names_in(loop.iter) | {"len"}
             if not names_in(acc.condition) <= allowed:
                 return None
             condition = code_of(acc.condition)

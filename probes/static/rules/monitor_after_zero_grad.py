@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+import libcst as cst
+
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import anchor_text, between, movable, previous
+from probes.static.ruletools import between, label, movable, previous
 
 
 class MonitorAfterZeroGrad(Rule):
@@ -79,21 +81,21 @@ for x, y in loader:
                 if previous(unit, zero, {"backward"}) is None:
                     continue
                 patch = None
-                same_block = read.inlined or read.frames == zero.frames
-                if (
-                    same_block
-                    and movable(read.anchor_stmt)
-                    and movable(zero.anchor_stmt)
-                    and not zero.inlined
-                ):
-                    patch = Patch().move_before(read.anchor_stmt, zero.anchor_stmt)  # type: ignore[arg-type]
+                read_node, read_stmt, _ = read.relative_to(zero)
+                zero_node, zero_stmt, _ = zero.relative_to(read)
+                patch = None
+                if movable(read_stmt) and movable(zero_stmt):
+                    patch = Patch().move_before(read_stmt, zero_stmt)  # type: ignore[arg-type]
+                node = read_node if isinstance(read_node, cst.Call) else read_stmt
+                if isinstance(node, cst.SimpleStatementLine):
+                    node = node.body[0]
                 yield RawFinding(
-                    node=read.anchor_stmt if not read.inlined else read.anchor,
+                    node=node,
                     message=self.message,
                     evidence={
-                        "read_line": read.anchor,
-                        "zero_grad": anchor_text(zero),
-                        "zero_line": zero.anchor,
+                        "read_line": node,
+                        "zero_grad": label(zero_node),
+                        "zero_line": zero_node,
                     },
                     patch=patch,
                     fix_description="Read the gradient norms before `zero_grad()`.",

@@ -10,9 +10,9 @@ from probes.static.model import FileModel
 from probes.static.names import code_of
 from probes.static.patches import Patch
 from probes.static.ruletools import (
-    anchor_text,
     between,
     first_arg_of_constructor,
+    label,
     optimizer_of,
     scaled_backward,
     torch_name,
@@ -127,13 +127,13 @@ for batch in loader:
                 continue
             step = steps[0]
             yield RawFinding(
-                node=step.anchor,
+                node=step.call,
                 message=self.message,
                 evidence={
                     "model_call": code_of(seq.func),
                     "model_line": seq,
-                    "step": anchor_text(step),
-                    "step_line": step.anchor,
+                    "step": label(step.call),
+                    "step_line": step.call,
                 },
                 patch=self._patch(model, unit, step),
                 fix_description="Clip the gradient norm to 1.0 just before the optimizer step.",
@@ -143,13 +143,11 @@ for batch in loader:
         torch = torch_name(model)
         optimizer = optimizer_of(step)
         params = first_arg_of_constructor(model, optimizer)
-        if torch is None or params is None or step.inlined:
+        if torch is None or params is None:
             return None
         patch = Patch()
         backward = scaled_backward(unit, before=step)
         if backward is not None and not between(unit, backward, step, {"unscale"}):
-            patch.insert_before(step.anchor_stmt, f"{backward.scaler}.unscale_({optimizer})")
-        patch.insert_before(
-            step.anchor_stmt, f"{torch}.nn.utils.clip_grad_norm_({params}, max_norm=1.0)"
-        )
+            patch.insert_before(step.stmt, f"{backward.scaler}.unscale_({optimizer})")
+        patch.insert_before(step.stmt, f"{torch}.nn.utils.clip_grad_norm_({params}, max_norm=1.0)")
         return patch

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
-from probes.static.ruletools import anchor_text
+from probes.static.ruletools import label
 
 
 class NoGradMonitoring(Rule):
@@ -86,7 +86,7 @@ def train(model, loader, opt):
                 continue
             backward = unit.backwards[0]
             yield RawFinding(
-                node=backward.anchor,
+                node=backward.call,
                 message=self.message,
-                evidence={"backward": anchor_text(backward), "backward_line": backward.anchor},
+                evidence={"backward": label(backward.call), "backward_line": backward.call},
             )

@@ -92,10 +92,10 @@ model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in ran
                 seen.add(id(stmt))
                 yield self._finding(stmt, depth, act)
         for comp, stmt in model.comprehensions:
-            depth = _depth(model, comp.for_in.iter)
+            depth = _comprehension_depth(model, comp.for_in)
             if depth is None or depth <= DEPTH_LIMIT:
                 continue
-            act, normalised = _activations_in(comp.elt)
+            act, normalised = _activations_in(comp)
             if act is None or normalised:
                 continue
             node = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else stmt
@@ -146,6 +146,18 @@ def _depth(model: FileModel, iterable: cst.BaseExpression) -> int | None:
         constant = model.constants.get(value.value)
         number = number_value(constant) if constant is not None else None
     return int(number) if number is not None else None
+
+
+def _comprehension_depth(model: FileModel, clause: cst.CompFor) -> int | None:
+    """The largest ``range(K)`` among the ``for`` clauses of a comprehension."""
+    depths: list[int] = []
+    current: cst.CompFor | None = clause
+    while current is not None:
+        depth = _depth(model, current.iter)
+        if depth is not None:
+            depths.append(depth)
+        current = current.inner_for_in
+    return max(depths) if depths else None
 
 
 def _statement_with(body: cst.BaseSuite, activation: str) -> cst.CSTNode | None:

@@ -94,8 +94,9 @@ for x, y in loader:
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        loss_functions = _loss_functions(model)
         for call, stmt, func in model.all_calls:
-            if not _in_loss(func, stmt):
+            if not _in_loss(func, stmt, loss_functions):
                 continue
             found = _unstable_call(call)
             if found is not None:
@@ -105,7 +106,11 @@ for x, y in loader:
                 )
         for division, stmt, func in model.divisions:
             right = division.right
-            if _in_loss(func, stmt) and _is_reduction(right) and not _guarded(right):
+            if (
+                _in_loss(func, stmt, loss_functions)
+                and _has_reduction(right)
+                and not _guarded(right)
+            ):
                 yield self._finding(
                     division,
                     right,
@@ -136,18 +141,37 @@ for x, y in loader:
         )
 
 
-def _in_loss(func: FuncInfo, stmt: cst.CSTNode) -> bool:
-    """Code inside a loss: a function named ``*loss*``, ``forward`` of a ``*Loss`` class, or
-    the value assigned to a variable named ``*loss*``."""
-    name = func.name.lower()
-    if "loss" in name:
-        return True
-    if name == "forward" and func.class_name is not None and "loss" in func.class_name.lower():
-        return True
+LOSS_WORDS = ("loss", "entropy", "nll", "divergence", "likelihood")
+
+
+def _loss_functions(model: FileModel) -> set[int]:
+    """ids of the local functions whose result is assigned to a ``*loss*`` variable."""
+    found: set[int] = set()
+    for call, stmt, func in model.all_calls:
+        if _assigns_loss(stmt):
+            target = model.function_for_call(call, func)
+            if target is not None:
+                found.add(id(target))
+    return found
+
+
+def _assigns_loss(stmt: cst.CSTNode) -> bool:
     if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
         targets = [dotted_name(t.target) or "" for t in stmt.body[0].targets]
         return any("loss" in t.lower() for t in targets)
     return False
+
+
+def _in_loss(func: FuncInfo, stmt: cst.CSTNode, loss_functions: set[int]) -> bool:
+    """Code inside a loss: a function named like one (``*loss*``, ``*entropy*``...) or whose
+    result is assigned to a loss, ``forward`` of a ``*Loss`` class, or the value assigned to a
+    variable named ``*loss*``."""
+    name = func.name.lower()
+    if any(word in name for word in LOSS_WORDS) or id(func) in loss_functions:
+        return True
+    if name == "forward" and func.class_name is not None and "loss" in func.class_name.lower():
+        return True
+    return _assigns_loss(stmt)
 
 
 def _unstable_call(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
@@ -195,11 +219,14 @@ def _guarded(node: cst.CSTNode) -> bool:
     return False
 
 
-def _is_reduction(node: cst.BaseExpression) -> bool:
-    if not isinstance(node, cst.Call):
-        return False
-    name = method_name(node) or (dotted_name(node.func) or "").rsplit(".", 1)[-1]
-    return name in REDUCTIONS
+def _has_reduction(node: cst.BaseExpression) -> bool:
+    """True when the denominator ``node`` is computed from a tensor reduction (sum, norm...)."""
+    for current in walk(node):
+        if isinstance(current, cst.Call):
+            name = method_name(current) or (dotted_name(current.func) or "").rsplit(".", 1)[-1]
+            if name in REDUCTIONS:
+                return True
+    return False
 
 
 def _plus_epsilon(node: cst.CSTNode) -> cst.CSTNode:

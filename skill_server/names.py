@@ -1,0 +1,60 @@
+"""Best-effort guess of the user's own names (model, optimizer, loss...) for fix snippets.
+
+The report's "Code to Add" reads better in the user's vocabulary: ``net.parameters()`` rather
+than ``model.parameters()``. Each name is taken from a plain, unambiguous pattern in the script
+(an assignment from ``torch.optim.X(...)``, the receiver of ``.parameters()``...). A name that
+cannot be found is simply left out and the snippet keeps its default, so a wrong guess is
+never forced: the snippet renderer also rejects anything that is not a valid name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+_NAME = r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*"
+_ASSIGNED_FROM: dict[str, re.Pattern[str]] = {
+    "optimizer": re.compile(rf"^\s*({_NAME})\s*=\s*(?:torch\.)?optim\.[A-Z]\w*\(", re.M),
+    "criterion": re.compile(rf"^\s*({_NAME})\s*=\s*(?:torch\.)?nn\.\w*Loss\w*\(", re.M),
+    "scaler": re.compile(
+        rf"^\s*({_NAME})\s*=\s*(?:torch\.(?:cuda\.)?amp\.|amp\.)?GradScaler\(", re.M
+    ),
+    "scheduler": re.compile(
+        rf"^\s*({_NAME})\s*=\s*(?:torch\.optim\.|optim\.)?lr_scheduler\.\w+\(", re.M
+    ),
+}
+_PARAMETERS_OF = re.compile(rf"({_NAME})\.parameters\(\)")
+_BACKWARD_OF = re.compile(rf"(?<![\w.)])({_NAME})\.backward\(")
+_GATED_EVERY = re.compile(r"%\s*([A-Za-z_]\w*|\d+)\s*==\s*0")
+_LOOP_OVER = re.compile(rf"^\s*for\s+.+\s+in\s+(?:enumerate\()?({_NAME})\)?\s*:", re.M)
+_MAX_NORM = re.compile(r"max_norm\s*=\s*([0-9]+(?:\.[0-9]*)?(?:e-?[0-9]+)?)")
+
+
+def _most_common(pattern: re.Pattern[str], source: str, exclude: set[str]) -> str | None:
+    counts = Counter(m for m in pattern.findall(source) if m not in exclude)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def guess_names(source: str) -> dict[str, str]:
+    """The snippet parameters this script names unambiguously (see ``templates.snippets``)."""
+    names: dict[str, str] = {}
+    for key, pattern in _ASSIGNED_FROM.items():
+        found = set(pattern.findall(source))
+        if len(found) == 1:
+            names[key] = found.pop()
+    model = _most_common(_PARAMETERS_OF, source, exclude={"torch", "nn"})
+    if model is not None:
+        names["model"] = model
+    loss = _most_common(_BACKWARD_OF, source, exclude=set())
+    if loss is not None and "." not in loss:
+        names["loss"] = loss
+    every = set(_GATED_EVERY.findall(source))
+    if len(every) == 1:
+        names["accumulation_steps"] = every.pop()
+    loaders = [m for m in _LOOP_OVER.findall(source) if m not in ("range",)]
+    if len(set(loaders)) == 1:
+        names["loader"] = loaders[0]
+    norms = set(_MAX_NORM.findall(source))
+    if len(norms) == 1:
+        names["max_norm"] = norms.pop()
+    return names

@@ -1,0 +1,49 @@
+"""Guessing the user's names for fix snippets."""
+
+from __future__ import annotations
+
+from server_helpers import EXAMPLES
+
+from skill_server.names import guess_names
+from templates.snippets import render_snippet
+
+SCRIPT = """
+import torch
+net = Net()
+opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+crit = torch.nn.CrossEntropyLoss()
+scaler = torch.amp.GradScaler("cuda")
+for i, (x, y) in enumerate(train_dl):
+    out = crit(net(x), y)
+    scaler.scale(out).backward()
+    if (i + 1) % GRAD_ACC == 0:
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm=0.5)
+        scaler.step(opt)
+"""
+
+
+def test_names_come_from_the_script() -> None:
+    names = guess_names(SCRIPT)
+    assert names == {
+        "optimizer": "opt",
+        "criterion": "crit",
+        "scaler": "scaler",
+        "model": "net",
+        "accumulation_steps": "GRAD_ACC",
+        "loader": "train_dl",
+        "max_norm": "0.5",
+    }
+    code = render_snippet("amp-clip", names)
+    assert "scaler.unscale_(opt)" in code and "net.parameters()" in code
+
+
+def test_ambiguous_names_are_left_out() -> None:
+    two_optimizers = "a = torch.optim.SGD(m.parameters())\nb = torch.optim.Adam(m.parameters())\n"
+    assert "optimizer" not in guess_names(two_optimizers)
+    assert guess_names("print('no training here')\n") == {}
+
+
+def test_example_names() -> None:
+    names = guess_names((EXAMPLES / "buggy_train.py").read_text())
+    assert names["criterion"] == "loss_fn" and names["accumulation_steps"] == "ACCUM_STEPS"
