@@ -181,49 +181,44 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
         f"{collector.probe_s / max(collector.steps_done, 1) / base * 100:.2f} %"
     )
     print(f"per-parameter .item() norm loop overhead (median): {(loop / base - 1) * 100:+.2f} %")
-    print(
-        "RATIOS probe/baseline={:.4f} loop/baseline={:.4f}".format(
-            probe / base_mean, loop / base
-        )
-    )
+    print(f"RATIOS probe/baseline={probe / base_mean:.4f} loop/baseline={loop / base:.4f}")
+
+
+def _scaling_row(count: int, total: int, repeats: int, device: torch.device) -> tuple[float, float]:
+    """Median seconds per step: the probe's per-step measurement vs the ``.item()`` loop."""
+    size = total // count
+    grads: list[torch.Tensor | None] = [torch.randn(size, device=device) for _ in range(count)]
+    grouping = measure.group_tensors(grads)
+    transfer = measure.HostTransfer()
+
+    def probe_once() -> None:
+        transfer.submit(None, measure.per_tensor_norms(grads, grouping))
+        transfer.flush()
+
+    def loop_once() -> None:
+        math.sqrt(sum(g.norm(2).item() ** 2 for g in grads if g is not None))
+
+    probe_once()
+    loop_once()
+    probe_times: list[float] = []
+    loop_times: list[float] = []
+    for _ in range(repeats):
+        for fn, times in ((probe_once, probe_times), (loop_once, loop_times)):
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times.append(time.perf_counter() - start)
+    return statistics.median(probe_times), statistics.median(loop_times)
 
 
 def scaling(args: argparse.Namespace, device: torch.device) -> None:
     total = args.scaling_elements
     print(f"\nscaling: {total / 1e6:.0f} M gradient elements split into N tensors ({device})")
-    print(f"{'N':>6} {'probe norms/step':>18} {'item() loop/step':>18} {'ratio':>7}")
+    print(f"{'N':>6} {'probe norms/step':>18} {'item() loop/step':>18} {'loop/probe':>11}")
     for count in (10, 100, 1000, 5000):
-        size = total // count
-        grads: list[torch.Tensor | None] = [
-            torch.randn(size, device=device) for _ in range(count)
-        ]
-        grouping = measure.group_tensors(grads)
-        transfer = measure.HostTransfer()
-
-        def probe_once() -> None:
-            vector = measure.per_tensor_norms(grads, grouping)
-            transfer.submit(None, vector)
-            transfer.flush()
-
-        def loop_once() -> None:
-            math.sqrt(sum(g.norm(2).item() ** 2 for g in grads if g is not None))
-
-        for fn in (probe_once, loop_once):
-            fn()
-        probe_times = []
-        loop_times = []
-        for _ in range(args.scaling_repeats):
-            sync(device)
-            start = time.perf_counter()
-            probe_once()
-            sync(device)
-            probe_times.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            loop_once()
-            sync(device)
-            loop_times.append(time.perf_counter() - start)
-        p, q = statistics.median(probe_times), statistics.median(loop_times)
-        print(f"{count:>6} {p * 1e3:>15.2f} ms {q * 1e3:>15.2f} ms {q / p:>6.1f}x")
+        probe, loop = _scaling_row(count, total, args.scaling_repeats, device)
+        print(f"{count:>6} {probe * 1e3:>15.2f} ms {loop * 1e3:>15.2f} ms {loop / probe:>10.1f}x")
 
 
 def main() -> None:

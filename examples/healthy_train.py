@@ -36,7 +36,7 @@ def make_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     batches = []
     for _ in range(BATCHES_PER_EPOCH):
         tokens = torch.randint(0, VOCAB, (BATCH_SIZE, SEQ_LEN), generator=generator)
-        labels = tokens[:, -2:].sum(dim=1) % CLASSES
+        labels = tokens[:, -1] % CLASSES
         batches.append((tokens, labels))
     return batches
 
@@ -44,7 +44,7 @@ def make_batches(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def main() -> None:
     torch.manual_seed(0)
     model = SequenceClassifier()
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     loss_fn = nn.CrossEntropyLoss()
     data = make_batches(seed=0)
     grad_norms: list[float] = []

@@ -623,9 +623,9 @@ class Collector:
                 record["nonfinite_params"] = self._nonfinite_params(meta["params"])
         if self.nan_origin is None and (calls or grad_names) and anomalous:
             broken = list(record.get("nonfinite_params") or [])
-            for i, detail in zip(index, record.get("detail") or [], strict=False):
-                value = None if detail is None else detail.get("param_norm")
-                if value is not None and not math.isfinite(value):
+            for i, detail in enumerate(record.get("detail") or []):
+                weight_norm = None if detail is None else detail.get("param_norm")
+                if weight_norm is not None and not math.isfinite(weight_norm):
                     broken.append(self.parameters[i])
             broken_layers = {self.layers[self.parameters.index(name)] for name in broken}
             self.nan_origin = _locate_origin(

@@ -199,13 +199,15 @@ class RankProbe:
             return False
         return True
 
-    def _norms(self, key: int, tensors: list[torch.Tensor | None]) -> list[float | None]:
+    def _norms(
+        self, key: int, tensors: list[torch.Tensor | None], ord: float = 2.0
+    ) -> list[float | None]:
         layout = measure.layout_key(tensors)
         cached = self._grouping_cache.get(key)
         if cached is None or cached[0] != layout:
             cached = (layout, measure.group_tensors(tensors))
             self._grouping_cache[key] = cached
-        values = measure.per_tensor_norms(tensors, cached[1]).double().cpu().tolist()
+        values = measure.per_tensor_norms(tensors, cached[1], ord).double().cpu().tolist()
         return _optional(values)
 
     def on_step_pre(self, opt: torch.optim.Optimizer) -> None:
@@ -220,13 +222,22 @@ class RankProbe:
             loss_finite = True
             if losses:
                 loss_finite = bool(torch.stack([t.float() for t in losses]).isfinite().all())
-            param_norms = None
+            param_norms = shard_numel = shard_max = None
             if self.collector.window.sampled:
                 replicated = [p.detach() for p, s in zip(params, sharded, strict=True) if not s]
                 param_norms = self._norms(-id(opt), list(replicated))
+                if any(sharded):
+                    # For the whole tensor's max |g| and element count (the pictures' RMS |g|).
+                    grads = [p.grad for p in params]
+                    shard_max = self._norms(id(opt), grads, math.inf)
+                    shard_numel = [
+                        0 if g is None else measure.local_tensor(g).numel() for g in grads
+                    ]
         payload = {
             "norms": grad_norms,
             "params": param_norms,
+            "numel": shard_numel,
+            "max_abs": shard_max,
             "loss_finite": loss_finite,
             "rounds": self.rounds,
             "buckets": self.buckets,
@@ -266,6 +277,15 @@ class RankProbe:
                     global_norms[where] = math.sqrt(math.fsum(v * v for v in present))
             elif values and values[0] is not None:
                 global_norms[where] = values[0]
+        global_numel: dict[int, int] = {}
+        global_max: dict[int, float] = {}
+        if all(g.get("numel") is not None for g in gathered):
+            for i, where in enumerate(index):
+                if where >= 0 and sharded[i]:
+                    global_numel[where] = sum(int(g["numel"][i]) for g in gathered)
+                    peaks = [g["max_abs"][i] for g in gathered if g["max_abs"][i] is not None]
+                    if peaks:
+                        global_max[where] = max(peaks)
 
         def total(vector: list[float | None], keep: list[bool]) -> float:
             return math.sqrt(
@@ -302,6 +322,8 @@ class RankProbe:
             "allreduces": gathered[0]["rounds"] if counted else None,
             "allreduce_buckets": gathered[0]["buckets"] if counted else None,
             "global_grad_norms": global_norms,
+            "global_numel": global_numel,
+            "global_max_abs": global_max,
             "sharded_parameters": sum(sharded),
         }
 

@@ -73,10 +73,16 @@ def local_tensor(tensor: Any) -> Any:
 
 
 def _group_norms(members: list[torch.Tensor], ord: float, grouping: Grouping) -> torch.Tensor:
+    """Norms of same-device, same-dtype tensors: one foreach kernel, as float32 on home."""
     if ord == math.inf:
+        # A rank's shard can be empty (a 1-element bias split over 2 ranks), and the max
+        # of nothing is undefined for _foreach_norm: an empty shard's max |g| is 0.
         members = [m if m.numel() else m.new_zeros(1) for m in members]
-    norms = torch._foreach_norm(members, ord, dtype=torch.float32)  # type: ignore[arg-type]
-    stacked = torch.stack(list(norms))
+    # Low-precision and fp32 tensors accumulate in fp32; float64 keeps its own precision
+    # (foreach_norm refuses to narrow) and is cast afterwards.
+    wide = members[0].dtype in (torch.float64, torch.complex128)
+    norms = torch._foreach_norm(members, ord, dtype=None if wide else torch.float32)  # type: ignore[arg-type]
+    stacked = torch.stack(list(norms)).to(torch.float32)
     if stacked.device != grouping.home:
         stacked = stacked.to(grouping.home, non_blocking=True)
     return stacked
@@ -93,15 +99,7 @@ def per_tensor_norms(
             return _group_norms([local_tensor(tensors[i]) for i in indices], ord, grouping)
     out = torch.full((len(tensors),), MISSING, dtype=torch.float32, device=grouping.home)
     for key, indices in grouping.groups.items():
-        members = [local_tensor(tensors[i]) for i in indices]
-        if ord == math.inf:
-            # A rank's shard can be empty (a 1-element bias split over 2 ranks), and the max
-            # of nothing is undefined for _foreach_norm: an empty shard's max |g| is 0.
-            members = [m if m.numel() else m.new_zeros(1) for m in members]
-        norms = torch._foreach_norm(members, ord, dtype=torch.float32)  # type: ignore[arg-type]
-        stacked = torch.stack(list(norms))
-        if stacked.device != grouping.home:
-            stacked = stacked.to(grouping.home, non_blocking=True)
+        stacked = _group_norms([local_tensor(tensors[i]) for i in indices], ord, grouping)
         out.index_copy_(0, grouping.index_on_home[key], stacked)
     return out
 
@@ -161,6 +159,9 @@ def tensor_details(
     the CPU, where reading ``norms`` costs nothing; on an accelerator they are counted in every
     tensor, which avoids a host sync.
     """
+    # FSDP2 / tensor-parallel DTensors: this rank's shard (see local_tensor).
+    grads = [None if g is None else local_tensor(g) for g in grads]
+    params = [local_tensor(p) for p in params]
     n = len(grads)
     home = grouping.home
     max_abs = _max_abs(grads, grouping)

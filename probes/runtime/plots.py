@@ -104,6 +104,24 @@ def _png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def _integer_steps(axes: Axes, *, y: bool = False) -> None:
+    """Whole optimizer steps (and counts) on the axis: no "2.5" step."""
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if y:
+        axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _readable_log_ticks(axes: Axes) -> None:
+    """Labels at 1, 2 and 5 × 10^k only: a log axis spanning less than a decade otherwise
+    labels every minor tick and the labels run into each other."""
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    axes.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axes.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _subtitle(result: ProbeResult) -> str:
     script = Path(result.script).name
     ranks = f", {result.distributed.world_size} ranks" if result.distributed else ""
@@ -190,6 +208,7 @@ def gradient_flow_png(result: ProbeResult) -> bytes:
         bars.set_xscale("log")
         bars.set_title("‖g‖ per layer (median over steps)", fontsize=10)
     bars.set_xlabel("gradient magnitude (log scale)")
+    _readable_log_ticks(bars)
     bars.set_yticks(positions, labels, fontsize=8)
     bars.invert_yaxis()  # input layers at the top, as in the model
     bars.grid(axis="x", which="major", alpha=0.3)
@@ -217,6 +236,7 @@ def gradient_flow_png(result: ProbeResult) -> bytes:
         colorbar = figure.colorbar(image, ax=heat, shrink=0.9, pad=0.01)
         colorbar.set_label("layer gradient L2 norm ‖g‖ (log)")
         heat.set_xlabel("optimizer step")
+        _integer_steps(heat)
         heat.set_title("‖g‖ per layer and step (red: NaN/Inf, white: none)", fontsize=10)
     else:
         heat.text(
@@ -374,6 +394,7 @@ def total_norm_png(result: ProbeResult) -> bytes:
     if finite_raw:
         axes.set_yscale("log")
     axes.set_xlabel("optimizer step")
+    _integer_steps(axes)
     axes.set_ylabel("total gradient L2 norm ‖g‖ (log scale)")
     axes.grid(alpha=0.3, which="major")
     handles, labels = axes.get_legend_handles_labels()
@@ -489,15 +510,32 @@ def ranks_png(result: ProbeResult) -> bytes | None:
             markersize=3,
             label=f"rank {rank}",
         )
+    if not replicated:
+        # Shards are different by design; their merged norm is the model's.
+        by_step = {r.step: r.total_norm for r in result.records}
+        axes.plot(
+            steps,
+            [by_step.get(s, math.nan) for s in steps],
+            color="black",
+            linestyle="--",
+            linewidth=1.2,
+            label="global ‖g‖ (√Σ shards²)",
+        )
     diverging = [s.step for s in info.steps if s.diverging_ranks or s.param_diverging_ranks]
     for step in diverging:
         axes.axvspan(step - 0.5, step + 0.5, color=BAD, alpha=0.12, linewidth=0)
     axes.set_yscale("log")
     axes.set_xlabel("optimizer step")
+    _integer_steps(axes)
     what = "replicated gradient ‖g‖ after sync" if replicated else "local shard ‖g‖"
     axes.set_ylabel(f"{what} (log)")
-    title = "ranks disagree (red)" if diverging else "ranks agree"
-    axes.set_title(f"Per-rank gradient norm: {title}", fontsize=10)
+    if not replicated:
+        title = "Per-rank shard gradient norm (sharded: compared as a whole)"
+    elif diverging:
+        title = "Per-rank gradient norm: ranks disagree (red)"
+    else:
+        title = "Per-rank gradient norm: ranks agree"
+    axes.set_title(title, fontsize=10)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     if has_counts:
@@ -506,6 +544,7 @@ def ranks_png(result: ProbeResult) -> bytes | None:
         bars.axhline(1, color="black", linestyle=":", label="expected: 1 per step")
         bars.set_xlabel("optimizer step")
         bars.set_ylabel("gradient all-reduces")
+        _integer_steps(bars, y=True)
         bars.set_title("All-reduces per optimizer step (DDP hook)", fontsize=10)
         bars.legend(fontsize=8)
     figure.suptitle(f"Ranks\n{_subtitle(result)}", fontsize=11)

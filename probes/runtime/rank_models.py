@@ -56,6 +56,14 @@ class RankStep(_Model):
         description="Parameter index → global gradient norm (sqrt of the sum over ranks of "
         "squared local shard norms for sharded parameters, rank 0's norm otherwise).",
     )
+    global_numel: dict[int, int] = Field(
+        default_factory=dict,
+        description="Sampled steps: parameter index → elements of the whole sharded tensor.",
+    )
+    global_max_abs: dict[int, float] = Field(
+        default_factory=dict,
+        description="Sampled steps: parameter index → max |g| over every rank's shard.",
+    )
     sharded_parameters: int = 0
 
 

@@ -111,7 +111,8 @@ def merge_global_norms(
 
     Under FSDP a rank measures only its shard; the norm of the whole gradient is the square
     root of the sum of the squared shard norms of every rank. The total norm is recomputed from
-    the merged per-parameter norms. Records without a merged step are returned unchanged.
+    the merged per-parameter norms; on sampled steps the element count and max |g| of a sharded
+    tensor become the whole tensor's too. Records without a merged step are returned unchanged.
     """
     by_step = {s.step: s for s in rank_steps if s.global_grad_norms}
     merged: list[StepRecord] = []
@@ -126,7 +127,20 @@ def merge_global_norms(
                 norms[index] = value
         present = [v for v in norms if v is not None]
         total = math.sqrt(math.fsum(v * v for v in present)) if present else 0.0
-        merged.append(record.model_copy(update={"grad_norms": norms, "total_norm": total}))
+        update: dict[str, Any] = {"grad_norms": norms, "total_norm": total}
+        if record.detail and step.global_numel:
+            # Whole-tensor size and peak; the other statistics stay rank 0's shard.
+            detail = list(record.detail)
+            for index, count in step.global_numel.items():
+                item = detail[index] if 0 <= index < len(detail) else None
+                if item is None:
+                    continue
+                changes: dict[str, Any] = {"numel": count}
+                if index in step.global_max_abs:
+                    changes["max_abs"] = step.global_max_abs[index]
+                detail[index] = item.model_copy(update=changes)
+            update["detail"] = detail
+        merged.append(record.model_copy(update=update))
     return merged
 
 

@@ -169,8 +169,9 @@ class ProbeResult(_Series):
     probe_s: float = Field(default=0.0, description="Time spent inside the probe's hooks.")
     torch_version: str | None = None
     distributed: DistributedInfo | None = Field(
-        default=None, description="Rank series and merge details when the script ran under "
-        "torchrun (probe --nproc, or launched by the user); None for one process."
+        default=None,
+        description="Rank series and merge details when the script ran under "
+        "torchrun (probe --nproc, or launched by the user); None for one process.",
     )
 
     @property

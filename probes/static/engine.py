@@ -10,6 +10,7 @@ above); otherwise the finding keeps ``fix=None``.
 from __future__ import annotations
 
 import ast
+import gc
 import importlib
 import pkgutil
 import warnings
@@ -31,7 +32,6 @@ from probes.static.patches import (
     Patcher,
     apply_unified_diff,
     combine,
-    unified_diff,
 )
 from probes.static.positions import Span, spans_of
 from probes.static.report import FileReport
@@ -84,8 +84,8 @@ def _syntax_error(source: str) -> str | None:
             warnings.simplefilter("ignore")
             ast.parse(source)
     except SyntaxError as exc:
-        line = exc.lineno or 0
-        col = exc.offset or 0
+        line = max(exc.lineno or 1, 1)
+        col = max(exc.offset or 1, 1)
         return f"syntax error at line {line}:{col}: {exc.msg}"
     except (RecursionError, MemoryError):
         return "syntax error at line 1:1: the file is too deeply nested to analyse"
@@ -95,6 +95,8 @@ def _syntax_error(source: str) -> str | None:
 
 
 def _parse(source: str) -> cst.Module | str:
+    # A byte-order mark is not code; patches are still made against the exact text (with it).
+    source = source.removeprefix(BOM)
     error = _syntax_error(source)
     if error is not None:
         return error
@@ -118,11 +120,17 @@ def _check(module: cst.Module, path: str, rules: Sequence[Rule]) -> list[_Raw]:
     model = FileModel(module, path)
     found: list[_Raw] = []
     for rule in rules:
-        for raw in rule.check(model):
-            found.append(_Raw(rule, raw))
+        try:
+            found.extend(_Raw(rule, raw) for raw in rule.check(model))
+        except RecursionError:
+            raise
+        except Exception:  # pragma: no cover - a rule bug must not take the others down
+            # Precision first: a rule that cannot understand this file reports nothing.
+            continue
     return found
 
 
+BOM = "\ufeff"
 MAX_SINGLE_CHECKS = 16
 """Patches verified one by one (a full re-analysis each) when the batch check fails."""
 
@@ -155,14 +163,14 @@ class _Verifier:
     def prepare(self, patch: Patch) -> tuple[str, str] | None:
         """(patched text, its diff) when the patch applies and what it edits parses."""
         try:
-            code, changed = self.patcher.apply(patch)
+            code, changed, region = self.patcher.apply(patch)
         except Exception:
             return None
         if code == self.source:
             return None
         if any(_syntax_error(piece) is not None for piece in changed):
             return None
-        diff = unified_diff(self.path, self.source, code)
+        diff = self.patcher.diff(self.path, code, region)
         try:
             if apply_unified_diff(self.source, diff) != code:
                 return None
@@ -213,6 +221,18 @@ def lint_source(
     id). Never raises on bad source text: it returns a report with ``error`` set instead.
     """
     rules = _selected(select, ignore)
+    # The syntax tree is a large graph of small objects that lives only for this call: the
+    # cyclic garbage collector would rescan it again and again (cost growing with file size).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _lint(source, path, rules)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _lint(source: str, path: str, rules: list[Rule]) -> FileReport:
     if not isinstance(source, str):
         return FileReport(path=path, error="not text")
     parsed = _parse(source)
@@ -233,6 +253,8 @@ def lint_source(
         return _report(source, module, path, raws, rules, positions)
     except RecursionError:
         return FileReport(path=path, error="the file is too deeply nested to analyse")
+    except Exception as exc:  # pragma: no cover - last line of defence: never a traceback
+        return FileReport(path=path, error=f"internal analyser error ({type(exc).__name__})")
 
 
 @dataclass
@@ -322,11 +344,16 @@ def _verify(
         return [], None
     batch: list[_Candidate] = []
     rest: list[_Candidate] = []
+    changed: set[int] = set()
+    touched: set[int] = set()
     for candidate in candidates:
-        if any(candidate.patch.conflicts_with(other.patch) for other in batch):
+        patch = candidate.patch
+        if patch.changed() & touched or patch.touched() & changed:
             rest.append(candidate)
         else:
             batch.append(candidate)
+            changed |= patch.changed()
+            touched |= patch.touched()
     accepted: list[_Candidate] = []
     combined: str | None = None
     if len(batch) == 1:
@@ -351,9 +378,14 @@ def _combined(verifier: _Verifier, accepted: list[_Candidate]) -> str | None:
     if len(accepted) == 1:
         return accepted[0].diff
     chosen: list[Patch] = []
+    changed: set[int] = set()
+    touched: set[int] = set()
     for candidate in accepted:
-        if not any(candidate.patch.conflicts_with(other) for other in chosen):
-            chosen.append(candidate.patch)
+        patch = candidate.patch
+        if not (patch.changed() & touched or patch.touched() & changed):
+            chosen.append(patch)
+            changed |= patch.changed()
+            touched |= patch.touched()
     prepared = verifier.prepare(combine(chosen))
     return prepared[1] if prepared is not None else None
 

@@ -146,6 +146,11 @@ class Event:
     result_used: bool = False
 
     @property
+    def measures_only(self) -> bool:
+        """A norm clip with an infinite limit: it reads the norm and clips nothing."""
+        return self.kind == "clip" and self.limit is not None and "inf" in code_of(self.limit)
+
+    @property
     def inlined(self) -> bool:
         return bool(self.chain)
 
@@ -300,6 +305,10 @@ class FileModel:
         """ids of statements that read a ``.grad`` attribute."""
         self.all_calls: list[tuple[cst.Call, cst.CSTNode, FuncInfo]] = []
         self.constants: dict[str, cst.BaseExpression] = {}
+        """The first value bound to each name (assignments and parameter defaults)."""
+        self.clipping_hints: list[cst.Call] = []
+        """Calls that clip (or configure clipping) in a way the analyser does not model:
+        ``dispatch_clip_grad(...)``, ``loss_scaler(..., clip_grad=...)``, ``max_grad_norm=``."""
         self.constructors: dict[str, cst.Call] = {}
         """The constructor call that built each scaler / optimizer / model wrapper."""
         self.lightning_clipping = False
@@ -312,6 +321,9 @@ class FileModel:
         self.divisions: list[tuple[cst.BinaryOperation, cst.CSTNode, FuncInfo]] = []
         self.monitoring_calls: list[cst.Call] = []
         self.units: list[Unit] = []
+        self._gate_info: dict[int, tuple[cst.BaseExpression, cst.BaseExpression, bool]] = {}
+        """For each ``if`` that gates an accumulation update: (N, its test, handles the last
+        batch)."""
         module_info = FuncInfo(module, "<module>", None)
         self.module_info = module_info
         _Collector(self, module_info).collect()
@@ -489,8 +501,6 @@ class FileModel:
             return None
         divisor, condition, last_batch = info
         return Accumulation("conditional", divisor, gate, condition, last_batch)
-
-    _gate_info: dict[int, tuple[cst.BaseExpression, cst.BaseExpression, bool]]
 
 
 _MICRO_WORDS = re.compile(r"micro|accum|chunk|split|shard", re.I)
@@ -710,8 +720,7 @@ class _Collector:
             return
         if isinstance(target, cst.Name):
             func.assigns.setdefault(text, []).append(value)
-            if len(self.func_stack) == 1 or len(self.func_stack) >= 1:
-                self.model.constants.setdefault(text, value)
+            self.model.constants.setdefault(text, value)
         kind = self._constructed_kind(value)
         if kind is not None:
             self.model.kinds[text] = kind
@@ -776,6 +785,10 @@ class _Collector:
         keywords = {a.keyword.value for a in node.args if a.keyword is not None}
         if last == "Trainer" and keywords & {"gradient_clip_val"}:
             self.model.lightning_clipping = True
+        if "clip" in (last or "").lower() or any(
+            "clip" in k or k == "max_grad_norm" for k in keywords
+        ):
+            self.model.clipping_hints.append(node)
         if last in {"Trainer", "TrainingArguments", "SFTTrainer", "Seq2SeqTrainer"} and (
             "transformers" in qual or "trl" in qual or "max_grad_norm" in keywords
         ):
@@ -803,8 +816,6 @@ class _EventWalker:
     def __init__(self, model: FileModel, func: FuncInfo) -> None:
         self.model = model
         self.func = func
-        if not hasattr(model, "_gate_info"):
-            model._gate_info = {}
 
     def walk(self) -> None:
         node = self.func.node

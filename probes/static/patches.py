@@ -53,16 +53,22 @@ class Patch:
         self.replace.append((old, new))
         return self
 
+    def changed(self) -> set[int]:
+        """ids of the nodes this patch removes or replaces."""
+        return {id(n) for n in self.remove} | {id(o) for o, _ in self.replace}
+
+    def anchors(self) -> set[int]:
+        """ids of the statements this patch inserts next to."""
+        return {id(a) for a, _ in self.before} | {id(a) for a, _ in self.after}
+
     def touched(self) -> set[int]:
         """ids of every node this patch removes, replaces or anchors on."""
-        ids = {id(n) for n in self.remove}
-        ids |= {id(a) for a, _ in self.before}
-        ids |= {id(a) for a, _ in self.after}
-        ids |= {id(o) for o, _ in self.replace}
-        return ids
+        return self.changed() | self.anchors()
 
     def conflicts_with(self, other: Patch) -> bool:
-        return bool(self.touched() & other.touched())
+        """True when one patch removes or replaces a node the other one touches (two
+        insertions next to the same statement do not conflict)."""
+        return bool(self.changed() & other.touched() or other.changed() & self.touched())
 
 
 def combine(patches: Iterable[Patch]) -> Patch:
@@ -138,20 +144,43 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 NO_NEWLINE = "\\ No newline at end of file"
 
 
-def unified_diff(path: str, old: str, new: str) -> str:
-    """A unified diff from ``old`` to ``new`` with ``a/path`` and ``b/path`` headers."""
+CONTEXT = 3
+
+
+def unified_diff(path: str, old: str, new: str, *, offset: int = 0) -> str:
+    """A unified diff from ``old`` to ``new`` with ``a/path`` and ``b/path`` headers.
+
+    ``offset``: ``old`` and ``new`` start at that 0-based line of the file (hunk headers are
+    shifted so the diff applies to the whole file).
+    """
     name = path.lstrip("/") if path and not path.startswith("<") else "script.py"
     old_lines = old.splitlines(keepends=True)
     new_lines = new.splitlines(keepends=True)
     out: list[str] = []
     for line in difflib.unified_diff(
-        old_lines, new_lines, fromfile=f"a/{name}", tofile=f"b/{name}", n=3
+        old_lines, new_lines, fromfile=f"a/{name}", tofile=f"b/{name}", n=CONTEXT
     ):
+        if offset and line.startswith("@@"):
+            line = _shift_hunk(line, offset)
         if line.endswith("\n"):
             out.append(line)
         else:
             out.append(line + "\n" + NO_NEWLINE + "\n")
     return "".join(out)
+
+
+def _shift_hunk(header: str, offset: int) -> str:
+    match = _HUNK.match(header)
+    if match is None:
+        return header
+
+    def shifted(start: str, length: str | None) -> str:
+        value = int(start) + offset
+        return f"{value},{length}" if length is not None else f"{value}"
+
+    old = shifted(match.group(1), match.group(2))
+    new = shifted(match.group(3), match.group(4))
+    return f"@@ -{old} +{new} @@\n"
 
 
 class DiffError(ValueError):
@@ -247,6 +276,29 @@ class Patcher:
         self._layout_ok = True
         return True
 
+    def diff(self, path: str, new: str, region: tuple[int, int]) -> str:
+        """The unified diff from the text read to ``new``, a result of :meth:`apply` that
+        changed only ``source[start:end]`` (whole lines): only that region and its context
+        lines are compared, so the cost does not grow with the file."""
+        old = self.source
+        start, end = region
+        mid_new = new[start : len(new) - (len(old) - end)]
+        first = old.count("\n", 0, start)
+        last = first + old.count("\n", start, end)
+        if end == len(old) and not old.endswith("\n"):
+            last += 1
+        old_lines = old.splitlines(keepends=True)
+        window_start = max(0, first - CONTEXT)
+        window_end = min(len(old_lines), last + CONTEXT)
+        before = "".join(old_lines[window_start:first])
+        after = "".join(old_lines[last:window_end])
+        return unified_diff(
+            path,
+            before + old[start:end] + after,
+            before + mid_new + after,
+            offset=window_start,
+        )
+
     def top_level_of(self, patch: Patch) -> set[int] | None:
         """Indices of the top-level statements ``patch`` edits (None: edits the module)."""
         if not self._layout():
@@ -261,12 +313,15 @@ class Patcher:
             return None
         return indices
 
-    def apply(self, patch: Patch) -> tuple[str, list[str]]:
-        """The patched text, and the regenerated top-level statements (for a syntax check)."""
+    def apply(self, patch: Patch) -> tuple[str, list[str], tuple[int, int]]:
+        """The patched text, the regenerated top-level statements (for a syntax check), and
+        the range of the text read that changed."""
         indices = self.top_level_of(patch)
         if indices is None:
             code = apply_patch(self.module, patch)
-            return code, [code]
+            if self.source.startswith("\ufeff") and not code.startswith("\ufeff"):
+                code = "\ufeff" + code
+            return code, [code.removeprefix("\ufeff")], (0, len(self.source))
         assert self._spans is not None
         transformer = _PatchTransformer(patch)
         pieces: list[str] = []
@@ -285,4 +340,6 @@ class Patcher:
             changed.append(code)
             cursor = end
         pieces.append(self.source[cursor:])
-        return "".join(pieces), changed
+        first = self._spans[min(indices)][0]
+        last = self._spans[max(indices)][1]
+        return "".join(pieces), changed, (first, last)

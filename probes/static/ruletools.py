@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from probes.static.model import STEP_KINDS, Event, FileModel, FuncInfo, Unit, exclusive
-from probes.static.names import code_of, dotted_name, method_name, parenthesize, receiver
+from probes.static.model import Event, FileModel, FuncInfo, Unit, exclusive
+from probes.static.names import code_of, method_name, parenthesize
 from probes.static.traverse import children, walk
 
 TENSOR_METHODS = frozenset(
@@ -73,16 +73,6 @@ def _index(unit: Unit, event: Event) -> int:
     return len(unit.events)
 
 
-def call_text(event: Event) -> str:
-    """Short text of an event's call for messages: ``optimizer.step()``."""
-    node = event.call
-    if isinstance(node, cst.Call):
-        func = code_of(node.func)
-        return f"{func}()" if not node.args else f"{func}(...)"
-    text = code_of(node)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def label(node: cst.CSTNode) -> str:
     """``optimizer.step()`` / ``clip_grad_norm_(...)`` for a call; short source otherwise."""
     if isinstance(node, cst.Call):
@@ -90,14 +80,6 @@ def label(node: cst.CSTNode) -> str:
         return f"{func}()" if not node.args else f"{func}(...)"
     text = " ".join(code_of(node).split())
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def anchor_text(event: Event) -> str:
-    node = event.anchor
-    if isinstance(node, cst.Call):
-        func = code_of(node.func)
-        return f"{func}()" if not node.args else f"{func}(...)"
-    return call_text(event)
 
 
 def optimizer_of(step: Event) -> str | None:
@@ -179,8 +161,6 @@ def loss_is_scaled(
             # A parameter or a name from elsewhere: cannot tell.
             return True
         for value in values:
-            if isinstance(value, cst.Name) and value.value == "__unknown__":
-                return True
             if _local_call(model, func, value):
                 return True
             if loss_is_scaled(model, func, value, depth + 1):
@@ -231,12 +211,3 @@ def torch_name(model: FileModel) -> str | None:
         if full == "torch":
             return local
     return None
-
-
-def is_step(event: Event) -> bool:
-    return event.kind in STEP_KINDS
-
-
-def receiver_text(call: cst.Call) -> str | None:
-    recv = receiver(call)
-    return dotted_name(recv) if recv is not None else None

@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
+from probes.static.engine import all_rules, lint_source
 from probes.static.report import FileReport, LintReport
 
 MAX_FILE_BYTES = 5 * 1024 * 1024
@@ -170,8 +171,6 @@ def lint_file(
     display_path: str | None = None,
 ) -> FileReport:
     """Analyse one file; never raises. Problems reading or parsing it land in ``error``."""
-    from probes.static.engine import lint_source
-
     shown = display_path if display_path is not None else str(path)
     try:
         source = read_source(path, named_explicitly=named_explicitly)
@@ -189,15 +188,11 @@ def lint_file(
             path=shown,
             error=f"internal analyser error: {type(exc).__name__}: {_one_line(str(exc))}",
         )
-    if report.path != shown:
-        report = report.model_copy(update={"path": shown})
     return report
 
 
 def check_rule_ids(select: Collection[str] | None, ignore: Collection[str] | None) -> None:
     """Raise ValueError naming any id in ``select`` / ``ignore`` that is not a static rule."""
-    from probes.static.engine import all_rules
-
     known = {rule.id for rule in all_rules()}
     unknown = sorted({*(select or ()), *(ignore or ())} - known)
     if unknown:

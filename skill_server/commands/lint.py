@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from probes.findings import SEVERITY_RANK, severity_at_least
+from probes.findings import severity_at_least
 from skill_server.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError
 
 NAME = "lint"
@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--output {output}: directory {output.parent} does not exist")
 
     report = lint_paths(paths, select=select, ignore=ignore)
+    if output is not None and any(_same_file(output, Path(f.path)) for f in report.files):
+        raise UsageError(f"--output {output} is a file being analysed; refusing to overwrite it")
     rendered = render_report(report, args.format)
     if output is not None:
         try:
@@ -121,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(rendered)
         sys.stdout.flush()
 
+    if not report.files:
+        print("gradient-doctor: warning: no Python files found", file=sys.stderr)
     named_files = {str(p) for p in paths if not p.is_dir()}
     input_errors = [f for f in report.files if f.error and f.path in named_files]
     if input_errors:
@@ -130,6 +134,5 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.fail_on == "never":
         return EXIT_OK
-    assert args.fail_on in SEVERITY_RANK
     failing = any(severity_at_least(f.severity, args.fail_on) for f in report.findings)
     return EXIT_FINDINGS if failing else EXIT_OK

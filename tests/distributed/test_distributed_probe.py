@@ -99,11 +99,13 @@ def test_fsdp2_global_norm_is_merged_from_the_shards() -> None:
     spec.loader.exec_module(fixture)
     reference = fixture.build()
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)
-    expected_total, expected_layers = [], []
+    expected_total, expected_layers, first_peaks = [], [], []
     for step in range(5):
         x, y = fixture.batch(step)
         torch.nn.functional.mse_loss(reference(x), y).backward()
         norms = [p.grad.norm().item() for p in reference.parameters()]
+        if step == 0:
+            first_peaks = [(p.grad.abs().max().item(), p.numel()) for p in reference.parameters()]
         expected_layers.append(norms)
         expected_total.append(math.sqrt(sum(n * n for n in norms)))
         optimizer.step()
@@ -111,6 +113,12 @@ def test_fsdp2_global_norm_is_merged_from_the_shards() -> None:
     assert result.total_norm == pytest.approx(expected_total, rel=1e-4)
     for record, norms in zip(result.records, expected_layers, strict=True):
         assert record.grad_norms == pytest.approx(norms, rel=1e-4)
+    # Step 1 is sampled: its per-tensor max |g| and size are the whole tensor's, not a shard's.
+    detail = result.records[0].detail
+    assert detail is not None
+    for item, (peak, numel) in zip(detail, first_peaks, strict=True):
+        assert item is not None and item.numel == numel
+        assert item.max_abs == pytest.approx(peak, rel=1e-5)
     # One rank's shard alone is not the global norm.
     for step, total in zip(info.steps, result.total_norm, strict=True):
         assert all(0 < n < total for n in step.rank_norms)

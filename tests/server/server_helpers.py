@@ -26,3 +26,13 @@ def text_of(result: Any) -> str:
 def dump(value: Any) -> str:
     """Stable JSON for assertion messages."""
     return json.dumps(value, indent=1, default=str)[:2000]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting to be reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")

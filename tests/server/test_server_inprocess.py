@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client
-from server_helpers import dump, structured, text_of
+from server_helpers import dump, process_alive, structured, text_of
 
 from skill_server.server import build_server
 
@@ -283,3 +283,41 @@ async def test_probes_wait_in_the_queue(workspace: Path) -> None:
     queued = [i for i, seen in messages.items() if any("queued" in m for m in seen)]
     assert len(queued) == 1, messages
     assert all(structured(r)["status"] == "script-error" for r in results.values())
+
+
+async def test_explain_and_resources_cover_every_kind_and_guide(workspace: Path) -> None:
+    from knowledge import load_knowledge
+
+    kb = load_knowledge()
+    one_per_kind = {entry.kind: entry.id for entry in kb}
+    assert set(one_per_kind) == {"red-flag", "signal", "rationalization", "symptom"}
+    async with Client(build_server([workspace])) as client:
+        for kind, entry_id in one_per_kind.items():
+            data = structured(await client.call_tool("explain", {"id": entry_id}))
+            assert data["kind"] == kind and data["markdown"]
+        for topic, guide in kb.guides.items():
+            contents = (await client.read_resource(f"gradient-doctor://guide/{topic}")).contents
+            assert guide.title in contents[0].text  # type: ignore[union-attr]
+        with pytest.raises(Exception, match=r"topics"):
+            await client.read_resource("gradient-doctor://guide/astrology")
+
+
+@pytest.mark.slow
+async def test_hanging_script_times_out_and_is_stopped(workspace: Path, tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    async with Client(build_server([workspace])) as client:
+        result = await client.call_tool(
+            "probe_script",
+            {
+                "path": "forever_train.py",
+                "args": [str(pid_file)],
+                "steps": 10_000,
+                "timeout_s": 8,
+                "device": "cpu",
+                "plots": False,
+            },
+        )
+    data = structured(result)
+    assert data["status"] == "timeout", data["status"]
+    pid = int(pid_file.read_text())
+    assert not process_alive(pid)

@@ -89,3 +89,24 @@ def test_report_has_the_check_gradients_sections() -> None:
     assert "train.py:58; step 2" in report
     assert "steps_affected=11" in report and "spread=67.49" in report
     assert "### Code to Add" not in report
+
+
+def test_probe_text_block_for_a_failed_run_shows_the_output() -> None:
+    from skill_server.results import ProbeReport
+    from templates import render
+
+    report = ProbeReport(
+        path="train.py",
+        status="script-error",
+        steps=0,
+        steps_requested=30,
+        findings=[],
+        measurements={"message": "the script raised", "traceback_tail": "ValueError: bad batch"},
+    )
+    text = render("server/probe.md.j2", r=report)
+    assert "**script-error**, 0 of 30 optimizer steps" in text
+    assert "No findings." in text
+    assert "```text\nValueError: bad batch\n```" in text
+    # Measurements without the optional series still render.
+    bare = report.model_copy(update={"measurements": {}, "status": "timeout"})
+    assert "**timeout**" in render("server/probe.md.j2", r=bare)

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
-from server_helpers import REPO, structured
+from server_helpers import REPO, process_alive, structured
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -62,15 +62,6 @@ async def test_initialize_list_call_and_no_torch_in_the_server(
     assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to watch the child")
 async def test_cancelled_probe_kills_the_child_within_2s(workspace: Path, tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
@@ -99,14 +90,14 @@ async def test_cancelled_probe_kills_the_child_within_2s(workspace: Path, tmp_pa
                     await anyio.sleep(0.1)
             pid = int(pid_file.read_text())
             await anyio.sleep(1.0)  # let it train a little
-            assert _alive(pid)
+            assert process_alive(pid)
             scope.cancel()
             cancelled_at = time.monotonic()
-        while _alive(pid) and time.monotonic() - cancelled_at < 10:
+        while process_alive(pid) and time.monotonic() - cancelled_at < 10:
             await anyio.sleep(0.02)
         elapsed = time.monotonic() - cancelled_at
         assert "result" not in outcome
-        assert not _alive(pid), "the training script survived the cancellation"
+        assert not process_alive(pid), "the training script survived the cancellation"
         print(f"child gone {elapsed:.2f}s after the cancel")
         assert elapsed <= 2.0, f"child took {elapsed:.2f}s to die"
         # The server keeps serving after the cancelled call.

@@ -140,6 +140,8 @@ def test_output_file(cli: Cli, tmp_path: Path) -> None:
     shutil.copy(CLIP_AFTER_STEP, script)
     refused = cli("lint", str(script), "--output", str(script))
     assert refused.returncode == 2 and "refusing to overwrite" in refused.stderr
+    walked = cli("lint", str(tmp_path), "--output", str(script))  # a file found by the walk
+    assert walked.returncode == 2 and "refusing to overwrite" in walked.stderr
     assert script.read_bytes() == CLIP_AFTER_STEP.read_bytes()
 
 
@@ -168,3 +170,11 @@ def test_lint_never_imports_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_folder_without_python_files_warns_and_exits_0(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "notes.md").write_text("# notes\n")
+    done = cli("lint", str(tmp_path))
+    assert done.returncode == 0
+    assert done.stdout == "No findings in 0 analysed files.\n"
+    assert done.stderr.strip() == "gradient-doctor: warning: no Python files found"

@@ -225,3 +225,19 @@ def test_user_files_are_not_modified() -> None:
     before = {f.path: f.path.read_bytes() for f in [*GOLDEN_FIXTURES, *BUGGY_FIXTURES]}
     lint_paths([GOLDEN, BUGGY])
     assert {path: path.read_bytes() for path in before} == before
+
+
+def test_snippet_ids_of_findings_exist() -> None:
+    """A fix or evidence that points at a fix snippet names one that templates/ can render."""
+    from templates.snippets import list_snippets
+
+    known = {spec.id for spec in list_snippets()}
+    named = set()
+    for file in lint_paths([BUGGY]).files:
+        for finding in file.findings:
+            if finding.fix is not None and finding.fix.snippet_id:
+                named.add(finding.fix.snippet_id)
+            if isinstance(finding.evidence.get("snippet_id"), str):
+                named.add(finding.evidence["snippet_id"])
+    assert named, "no finding names a fix snippet"
+    assert named <= known, f"unknown snippet ids: {sorted(named - known)}"

@@ -100,6 +100,8 @@ for it in range(iters):
                 continue
             step = steps[0]
             for clip in unit.of_kind("clip"):
+                if clip.measures_only:
+                    continue
                 if not unit.in_micro_step(clip) or previous(unit, clip, {"backward"}) is None:
                     continue
                 clip_node, clip_stmt, clip_helper = clip.relative_to(step)

@@ -121,6 +121,8 @@ class Trainer:
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         for unit in model.units:
             for clip in unit.of_kind("clip"):
+                if clip.measures_only:
+                    continue
                 if clip.framework in {"accelerator", "fabric", "lightning"}:
                     continue
                 backward = previous(unit, clip, {"backward"})

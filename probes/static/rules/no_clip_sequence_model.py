@@ -116,7 +116,9 @@ for batch in loader:
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         if not model.sequence_models or model.lightning_clipping or model.hf_trainer:
             return
-        if any(e.kind == "clip" for e in model.direct_events()):
+        if model.clipping_hints:
+            return  # clipping exists in a form the analyser does not follow
+        if any(e.kind == "clip" and not e.measures_only for e in model.direct_events()):
             return
         seq = model.sequence_models[0]
         for unit in model.units:

@@ -141,7 +141,7 @@ for x, y in loader:
         )
 
 
-LOSS_WORDS = ("loss", "entropy", "nll", "divergence", "likelihood")
+LOSS_WORDS = ("loss", "cross_entropy", "crossentropy", "nll", "kl_div")
 
 
 def _loss_functions(model: FileModel) -> set[int]:

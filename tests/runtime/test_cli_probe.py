@@ -1,0 +1,125 @@
+"""``gradient-doctor probe`` through the real command line (slow: each call runs a script)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+from .conftest import fixture
+
+pytestmark = pytest.mark.slow
+
+
+def test_healthy_markdown_exit_0() -> None:
+    done = run_cli("probe", str(fixture("healthy_mlp")), "--steps", "8")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith("## Gradient probe:")
+    assert "`stopped`" in out
+    assert "`healthy`" in out
+    assert "❌" not in out and "⚠️" not in out
+    assert "| Threshold profile | default |" in out
+
+
+def test_exploding_json_exit_1_and_contract() -> None:
+    done = run_cli("probe", str(fixture("exploding")), "--steps", "6", "--format", "json")
+    assert done.returncode == 1, done.stderr
+    data = json.loads(done.stdout)
+    assert data["status"] == "stopped" and data["steps"] == 6
+    first = data["findings"][0]
+    assert first["id"] == "exploding-gradients" and first["severity"] == "critical"
+    assert first["evidence"]["profile"] == data["profile"] == "default"
+    assert len(data["total_norm"]) == 6 and len(data["records"]) == 6
+    assert {s["layer"] for s in data["layer_norms"]} == {str(i) for i in range(8)}
+
+
+def test_exploding_markdown_names_the_fix() -> None:
+    done = run_cli("probe", str(fixture("exploding")), "--steps", "4", "--fail-on", "never")
+    assert done.returncode == 0
+    assert "`exploding-gradients`" in done.stdout
+    assert "clip_grad_norm_" in done.stdout  # the fix snippet's code
+
+
+def test_profile_option_and_unknown_profile() -> None:
+    done = run_cli(
+        "probe",
+        str(fixture("healthy_mlp")),
+        "--steps",
+        "3",
+        "--profile",
+        "gs",
+        "--format",
+        "json",
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["profile"] == "gs"
+    bad = run_cli("probe", str(fixture("healthy_mlp")), "--profile", "nope")
+    assert bad.returncode == 2
+    assert "unknown threshold profile" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_script_args_after_double_dash() -> None:
+    done = run_cli(
+        "probe",
+        str(fixture("args_and_cwd")),
+        "--steps",
+        "3",
+        "--format",
+        "json",
+        "--",
+        "--lr",
+        "0.05",
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    data = json.loads(done.stdout)
+    assert data["status"] == "ok" and data["args"] == ["--lr", "0.05"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["does_not_exist.py"], "no such script"),
+        (["--steps", "0", "SCRIPT"], "steps must be at least 1"),
+        (["--timeout", "-1", "SCRIPT"], "timeout must be a positive"),
+        (["BINARY"], "binary file"),
+        (["--device", "cuda", "SCRIPT"], "CUDA"),
+    ],
+)
+def test_input_errors_exit_2_with_one_line(tmp_path: Path, args: list[str], fragment: str) -> None:
+    binary = tmp_path / "model.pt"
+    binary.write_bytes(b"\x00\x01\x02" * 100)
+    replaced = [
+        str(fixture("healthy_mlp")) if a == "SCRIPT" else str(binary) if a == "BINARY" else a
+        for a in args
+    ]
+    done = run_cli("probe", *replaced)
+    if fragment == "CUDA":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            if torch.cuda.is_available():
+                pytest.skip("CUDA is available here")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert fragment in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert done.stdout == ""
+
+
+def test_script_error_is_a_status_with_exit_1() -> None:
+    done = run_cli("probe", str(fixture("syntax_error")), "--format", "json")
+    assert done.returncode == 1
+    data = json.loads(done.stdout)
+    assert data["status"] == "script-error"
+    assert "SyntaxError" in data["message"]
+    markdown = run_cli("probe", str(fixture("raises_midway")))
+    assert markdown.returncode == 1
+    assert "`script-error`" in markdown.stdout
+    assert "shape mismatch in evaluation" in markdown.stdout
+    assert "Traceback" not in markdown.stderr

@@ -1,0 +1,362 @@
+"""The engine through ``lint_source``: bad input, positions, aliases, frameworks, helpers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from probes.findings import severity_at_least
+from probes.static import lint_source
+from probes.static.engine import rule_ids
+
+
+def _serious(source: str) -> list[tuple[str, int | None]]:
+    report = lint_source(source, "train.py")
+    assert report.error is None
+    return [(f.id, f.line) for f in report.findings if severity_at_least(f.severity, "warning")]
+
+
+def _ids(source: str) -> set[str]:
+    return {f.id for f in lint_source(source).findings}
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("def f(:\n    pass\n", "syntax error at line 1:"),
+        ("x = (\n", "syntax error at line 1:"),
+        ("x = 1\0\n", "syntax error at line 1:1:"),
+        ("x = " + "(" * 5000 + "1" + ")" * 5000 + "\n", "syntax error at line 1:"),
+        ("print 'python 2'\n", "syntax error at line 1:"),
+    ],
+)
+def test_unparsable_source_gives_one_line_error(source: str, expected: str) -> None:
+    report = lint_source(source, "bad.py")
+    assert report.error is not None and report.error.startswith(expected)
+    assert "\n" not in report.error
+    assert report.findings == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["", "\n\n", "# only a comment", "x = [[[[1]]]]\n" * 3, "\ufeffimport torch\n", "if x:\n  y"],
+)
+def test_odd_but_valid_source_never_raises(source: str) -> None:
+    report = lint_source(source)
+    assert report.error is None
+
+
+def test_unknown_rule_id_is_a_value_error_naming_it() -> None:
+    with pytest.raises(ValueError, match="no-such-rule"):
+        lint_source("x = 1\n", select=["no-such-rule"])
+    assert len(rule_ids()) == 21
+
+
+TWO_BUGS = """\
+import torch
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.01)
+    optimizer.zero_grad()
+"""
+
+
+def test_findings_point_at_the_call_and_are_sorted() -> None:
+    report = lint_source(TWO_BUGS, "train.py")
+    keys = [(f.line, f.col, f.id) for f in report.findings]
+    assert keys == sorted(keys)
+    by_id = {f.id: f for f in report.findings}
+    clip = by_id["clip-after-step"]
+    assert (clip.line, clip.col, clip.end_line) == (6, 5, 6)
+    assert (
+        clip.end_col
+        == len("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.01)") + 1
+    )
+    assert "line 5" in clip.message and "line 6" in clip.message
+    assert clip.evidence["step_line"] == 5 and clip.evidence["clip_line"] == 6
+    assert by_id["clip-too-aggressive"].evidence["limit"] == 0.01
+    json.dumps([f.model_dump() for f in report.findings])
+
+
+PARAMS = "model.parameters()"
+
+
+@pytest.mark.parametrize(
+    ("setup", "clip"),
+    [
+        ("scaler = torch.amp.GradScaler('cuda')", f"torch.nn.utils.clip_grad_norm_({PARAMS}, 1.0)"),
+        ("scaler = torch.cuda.amp.GradScaler()", f"nn.utils.clip_grad_norm_({PARAMS}, 1.0)"),
+        ("scaler = GradScaler(enabled=use_amp)", f"clip({PARAMS}, max_norm=1.0)"),
+        ("scaler = ShardedGradScaler()", "model.clip_grad_norm_(1.0)"),
+    ],
+)
+def test_alias_and_api_spellings_are_understood(setup: str, clip: str) -> None:
+    source = f"""\
+import torch
+import torch.nn as nn
+from torch.amp import GradScaler
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.nn.utils import clip_grad_norm_ as clip
+{setup}
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    {clip}
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+"""
+    assert ("amp-clip-without-unscale", 9) in _serious(source)
+    fixed = source.replace(f"    {clip}", f"    scaler.unscale_(optimizer)\n    {clip}")
+    assert _serious(fixed) == []
+
+
+def test_disabled_scaler_literal_is_not_amp() -> None:
+    source = """\
+import torch
+scaler = torch.amp.GradScaler("cuda", enabled=False)
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+"""
+    assert _serious(source) == []
+
+
+NANOGPT_SHAPE = """\
+import torch
+from contextlib import nullcontext
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+scaler = torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))
+if ddp:
+    model = DDP(model, device_ids=[local_rank])
+X, Y = get_batch("train")
+while True:
+    lr = get_lr(iter_num) if decay_lr else learning_rate
+    for param_group in optimizer.param_groups:
+        param_group["lr"] = lr
+    if iter_num % eval_interval == 0:
+        losses = estimate_loss()
+    for micro_step in range(gradient_accumulation_steps):
+        if ddp:
+            model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+        with ctx:
+            logits, loss = model(X, Y)
+            loss = loss / gradient_accumulation_steps
+        X, Y = get_batch("train")
+        scaler.scale(loss).backward()
+    if grad_clip != 0.0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    iter_num += 1
+    if iter_num > max_iters:
+        break
+
+
+@torch.no_grad()
+def estimate_loss():
+    out = {}
+    model.eval()
+    for split in ["train", "val"]:
+        losses = torch.zeros(eval_iters)
+        for k in range(eval_iters):
+            X, Y = get_batch(split)
+            with ctx:
+                logits, loss = model(X, Y)
+            losses[k] = loss.item()
+        out[split] = losses.mean()
+    model.train()
+    return out
+"""
+
+
+def test_nanogpt_shaped_loop_gets_no_warning() -> None:
+    assert _serious(NANOGPT_SHAPE) == []
+
+
+def test_nanogpt_shape_without_the_division_is_reported_at_backward() -> None:
+    broken = NANOGPT_SHAPE.replace("            loss = loss / gradient_accumulation_steps\n", "")
+    assert _serious(broken) == [("accum-unscaled-loss", 21)]
+
+
+FRAMEWORKS = {
+    "accelerate": """\
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=4, mixed_precision="fp16")
+model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+for batch in loader:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+""",
+    "lightning": """\
+import lightning as L
+import torch
+from torch import nn
+
+class LitModel(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(32, 64)
+
+    def training_step(self, batch, batch_idx):
+        return self.loss(batch)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters())
+
+trainer = L.Trainer(gradient_clip_val=1.0, accumulate_grad_batches=4)
+trainer.fit(LitModel())
+""",
+    "lightning-manual": """\
+import lightning as L
+
+class Manual(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = self.compute_loss(batch) / 2
+        self.manual_backward(loss)
+        if (batch_idx + 1) % 2 == 0:
+            self.clip_gradients(opt, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+            opt.step()
+            opt.zero_grad()
+""",
+    "deepspeed": """\
+import deepspeed
+model_engine, optimizer, _, _ = deepspeed.initialize(model=model, config=ds_config)
+for step, batch in enumerate(loader):
+    loss = model_engine(batch)
+    model_engine.backward(loss)
+    model_engine.step()
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FRAMEWORKS))
+def test_frameworks_that_do_the_work_are_not_flagged(name: str) -> None:
+    assert _serious(FRAMEWORKS[name]) == []
+
+
+def test_clipping_in_a_helper_between_backward_and_step_is_correct() -> None:
+    source = """\
+import torch
+
+class Trainer:
+    def _clip(self):
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+
+    def _update(self):
+        self._clip()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    def train_step(self, batch):
+        loss = self.model(batch).loss
+        loss.backward()
+        return loss
+
+    def fit(self, loader):
+        for batch in loader:
+            self.train_step(batch)
+            self._update()
+"""
+    assert _serious(source) == []
+    broken = source.replace(
+        "        self._clip()\n        self.optimizer.step()\n",
+        "        self.optimizer.step()\n        self._clip()\n",
+    )
+    # The loop is split across methods; the finding points at the moved call, in `_update`.
+    assert _serious(broken) == [("clip-after-step", 9)]
+
+
+def test_unrecognised_update_condition_stays_silent() -> None:
+    source = """\
+for i, batch in enumerate(loader):
+    loss = model(batch)
+    loss.backward()
+    if should_step(i):
+        optimizer.step()
+"""
+    assert _serious(source) == []
+
+
+def test_evaluation_loops_are_ignored() -> None:
+    source = """\
+import torch
+model.eval()
+with torch.no_grad():
+    for x, y in val_loader:
+        loss = torch.log(model(x)).mean()
+        total += loss.item()
+"""
+    assert "no-grad-monitoring" not in _ids(source)
+    assert {i for i in _ids(source) if i.startswith(("accum", "clip", "amp"))} == set()
+
+
+def test_continue_guard_is_an_accumulation_gate() -> None:
+    source = """\
+for i, batch in enumerate(loader):
+    optimizer.zero_grad()
+    (model(batch) / accum).backward()
+    if (i + 1) % accum != 0:
+        continue
+    optimizer.step()
+"""
+    assert _serious(source) == [("accum-zero-grad-every-microstep", 2)]
+
+
+@pytest.mark.parametrize(
+    "division",
+    [
+        "loss = loss / accum_steps",
+        "loss /= accum_steps",
+        "loss = loss * (1 / accum_steps)",
+        "loss = loss * loss_scale",
+        "loss = loss.div(accum_steps)",
+    ],
+)
+def test_every_spelling_of_the_loss_division_is_recognised(division: str) -> None:
+    source = f"""\
+loss_scale = 1.0 / accum_steps
+for step, batch in enumerate(loader):
+    loss = model(batch).loss
+    {division}
+    loss.backward()
+    if step % accum_steps == accum_steps - 1 or step == last_step:
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+    assert _serious(source) == []
+    undivided = source.replace(f"    {division}\n", "")
+    assert _serious(undivided) == [("accum-unscaled-loss", 4)]
+
+
+def test_division_inside_scaler_scale_is_recognised() -> None:
+    source = """\
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for it in range(iters):
+    for micro_step in range(accum):
+        scaler.scale(model(next(batches)) / accum).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+"""
+    assert _serious(source) == []
