@@ -132,7 +132,10 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
     channel = Path(tempfile.mkdtemp()) / "channel.jsonl"
     sink_file = channel.open("w")
 
+    overheads: list[tuple[bool, float]] = []
+
     def sink(record: dict[str, object]) -> None:
+        overheads.append((bool(record["sampled"]), float(record["overhead_s"])))  # type: ignore[arg-type]
         # What the child does with every record: one JSON line on the side channel.
         sink_file.write(json.dumps(record, allow_nan=True) + "\n")
         sink_file.flush()
@@ -141,47 +144,70 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
     naive = make_step(model, optimizer, data, naive_norm_loop)
     for _ in range(3):
         plain()  # warm-up: allocator, kernels, optimizer state
-    samples: dict[str, list[float]] = {"baseline": [], "probe": [], "loop": []}
     # One collector for the whole run, as in the probe's child (one first step, then sampled
     # steps every --sample-every); its hooks are installed only while the probe variant runs.
     collector = Collector(sink, sample_every=args.sample_every)
-    for trial in range(args.trials):
-        order = ["baseline", "probe", "loop"]
-        order = order[trial % 3 :] + order[: trial % 3]
-        for mode in order:
-            if mode == "baseline":
-                samples[mode] += time_steps(plain, args.steps, device)
-            elif mode == "loop":
-                samples[mode] += time_steps(naive, args.steps, device)
-            else:
-                uninstall = hooks.install(collector)
-                try:
-                    samples[mode] += time_steps(plain, args.steps, device)
-                    collector.flush()
-                finally:
-                    uninstall()
+
+    def probed() -> None:
+        uninstall = hooks.install(collector)
+        try:
+            plain()
+        finally:
+            uninstall()
+
+    variants: dict[str, Callable[[], None]] = {"baseline": plain, "probe": probed, "loop": naive}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    # Round robin, one step each, rotating the order: load on a shared machine hits every
+    # variant alike, and each round gives paired timings.
+    for round_index in range(args.trials * args.steps):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name] += time_steps(variants[name], 1, device)
+    collector.flush()
     sink_file.close()
     base = statistics.median(samples["baseline"])
-    probe = statistics.mean(samples["probe"])  # mean: sampled steps must count
     base_mean = statistics.mean(samples["baseline"])
     loop = statistics.median(samples["loop"])
+    pairs = list(zip(samples["baseline"], samples["probe"], samples["loop"], strict=True))
+    sampled_flags = [sampled for sampled, _ in overheads]
+    # Robust to a shared machine's load spikes: medians of paired (same-round) ratios, taken
+    # separately over the probe's plain and sampled steps and weighted by how often each occurs.
+    plain_ratios = [p / b for (b, p, _), s in zip(pairs, sampled_flags, strict=False) if not s]
+    sampled_ratios = [p / b for (b, p, _), s in zip(pairs, sampled_flags, strict=False) if s]
+    share = len(sampled_ratios) / max(len(pairs), 1)
+    probe_ratio = (1 - share) * statistics.median(plain_ratios) + share * (
+        statistics.median(sampled_ratios) if sampled_ratios else 1.0
+    )
+    loop_ratio = statistics.median(q / b for b, _, q in pairs)
+    plain_cost = [o for sampled, o in overheads if not sampled]
+    sampled_cost = [o for sampled, o in overheads if sampled]
+    inside = (
+        (1 - share) * statistics.median(plain_cost)
+        + share * (statistics.median(sampled_cost) if sampled_cost else 0.0)
+    ) / base
     print(
         f"model: GPT-2-style, {args.layers} layers, width {args.width}, {args.heads} heads, "
         f"vocab {args.vocab}, context {args.context}, batch 8: {n_params / 1e6:.1f} M "
         f"parameters in {n_tensors} tensors; device {device}; "
-        f"{args.trials}x{args.steps} steps per variant"
+        f"{args.trials * args.steps} interleaved steps per variant"
     )
     print(f"baseline step: median {base * 1e3:.1f} ms, mean {base_mean * 1e3:.1f} ms")
     print(
-        f"probe overhead (wall clock, mean vs mean, sample_every={args.sample_every}): "
-        f"{(probe / base_mean - 1) * 100:+.2f} %"
+        f"probe overhead, wall clock (paired medians, sample_every={args.sample_every}): "
+        f"{(probe_ratio - 1) * 100:+.2f} %"
     )
     print(
-        f"probe overhead (time inside the probe's hooks per step / baseline step): "
-        f"{collector.probe_s / max(collector.steps_done, 1) / base * 100:.2f} %"
+        f"probe overhead, time inside the probe (per-step medians, weighted): {inside * 100:.2f} %"
+        f" — plain steps {statistics.median(plain_cost) * 1e3:.2f} ms, sampled steps "
+        f"{(statistics.median(sampled_cost) if sampled_cost else 0.0) * 1e3:.1f} ms "
+        f"({len(sampled_cost)} of {len(overheads)} steps sampled)"
     )
-    print(f"per-parameter .item() norm loop overhead (median): {(loop / base - 1) * 100:+.2f} %")
-    print(f"RATIOS probe/baseline={probe / base_mean:.4f} loop/baseline={loop / base:.4f}")
+    print(
+        "per-parameter .item() norm loop overhead, wall clock (paired median): "
+        f"{(loop_ratio - 1) * 100:+.2f} % (median step {loop * 1e3:.1f} ms)"
+    )
+    print(f"RATIOS probe/baseline={probe_ratio:.4f} loop/baseline={loop_ratio:.4f}")
 
 
 def _scaling_row(count: int, total: int, repeats: int, device: torch.device) -> tuple[float, float]:
@@ -226,8 +252,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--sample-every", type=int, default=10)

@@ -150,6 +150,7 @@ class Collector:
         self.ddp = False
         self._depth = 0
         self._root_input: torch.Tensor | None = None
+        self._window_probe_start = 0.0
         self._leaves: dict[int, bool] = {}
         self.window = _Window(sampled=True, traced=True)
         self._in_scaler_step = False
@@ -432,6 +433,7 @@ class Collector:
 
     # -- measurement ----------------------------------------------------------------------
     def _measure(self, opt: torch.optim.Optimizer, *, skipped: bool) -> None:
+        measure_start = time.perf_counter()
         state = self._register_params(opt)
         grads = [p.grad for p in state.params]
         layout = measure.layout_key(grads)
@@ -514,6 +516,10 @@ class Collector:
             "grad_names": [name for name, _ in window.grad_flags],
             "params": state.params if home.type == "cpu" else None,
         }
+        # Probe time of this window so far: hooks during the window plus this measurement.
+        meta["overhead_s"] = (
+            self.probe_s - self._window_probe_start + time.perf_counter() - measure_start
+        )
         self._transfer.submit(meta, vector)
         self._drain(self._transfer.ready())
 
@@ -533,6 +539,7 @@ class Collector:
         if self._armed > 0:
             self._armed -= 1
         self.window = _Window(sampled=sampled, traced=traced)
+        self._window_probe_start = self.probe_s
         if self.forward_hooks_wanted is not None:
             self.forward_hooks_wanted(sampled or self.stop_pending)
 
@@ -638,7 +645,7 @@ class Collector:
                 grads_ok,
                 losses,
             )
-        record["overhead_s"] = 0.0
+        record["overhead_s"] = meta["overhead_s"]
         return record
 
     def _nonfinite_params(self, params: list[torch.Tensor]) -> list[str]:

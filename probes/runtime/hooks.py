@@ -185,7 +185,8 @@ def install(collector: Collector) -> Callable[[], None]:
             forward_handles.clear()
 
     collector.forward_hooks_wanted = want_forward_hooks
-    want_forward_hooks(True)
+    window = collector.window
+    want_forward_hooks(window.sampled or window.traced or collector.stop_pending)
 
     def uninstall() -> None:
         want_forward_hooks(False)

@@ -77,12 +77,18 @@ def _selected(select: Collection[str] | None, ignore: Collection[str] | None) ->
 
 
 def _syntax_error(source: str) -> str | None:
-    """A one-line reason when CPython cannot parse ``source`` (checked before libcst, whose
-    native parser can crash on pathological nesting)."""
+    """A one-line reason when CPython cannot parse ``source``, else None."""
+    tree = _python_ast(source)
+    return tree if isinstance(tree, str) else None
+
+
+def _python_ast(source: str) -> ast.Module | str:
+    """CPython's tree of ``source``, or a one-line reason it cannot be parsed (checked before
+    libcst, whose native parser can crash on pathological nesting)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ast.parse(source)
+            return ast.parse(source)
     except SyntaxError as exc:
         line = max(exc.lineno or 1, 1)
         col = max(exc.offset or 1, 1)
@@ -91,17 +97,16 @@ def _syntax_error(source: str) -> str | None:
         return "syntax error at line 1:1: the file is too deeply nested to analyse"
     except ValueError as exc:  # e.g. NUL bytes
         return f"syntax error at line 1:1: {str(exc).splitlines()[0] if str(exc) else 'invalid'}"
-    return None
 
 
-def _parse(source: str) -> cst.Module | str:
+def _parse(source: str) -> tuple[cst.Module, ast.Module] | str:
     # A byte-order mark is not code; patches are still made against the exact text (with it).
     source = source.removeprefix(BOM)
-    error = _syntax_error(source)
-    if error is not None:
-        return error
+    tree = _python_ast(source)
+    if isinstance(tree, str):
+        return tree
     try:
-        return cst.parse_module(source)
+        return cst.parse_module(source), tree
     except cst.ParserSyntaxError as exc:
         return f"syntax error at line {exc.raw_line}:{exc.raw_column + 1}: {exc.message}"
     except (RecursionError, MemoryError):
@@ -117,7 +122,10 @@ class _Raw:
 
 
 def _check(module: cst.Module, path: str, rules: Sequence[Rule]) -> list[_Raw]:
-    model = FileModel(module, path)
+    return _run_rules(FileModel(module, path), rules)
+
+
+def _run_rules(model: FileModel, rules: Sequence[Rule]) -> list[_Raw]:
     found: list[_Raw] = []
     for rule in rules:
         try:
@@ -155,7 +163,7 @@ class _Verifier:
                 self.cache[code] = None
             else:
                 try:
-                    self.cache[code] = _counts(_check(parsed, self.path, all_rules()))
+                    self.cache[code] = _counts(_check(parsed[0], self.path, all_rules()))
                 except RecursionError:
                     self.cache[code] = None
         return self.cache[code]
@@ -238,9 +246,10 @@ def _lint(source: str, path: str, rules: list[Rule]) -> FileReport:
     parsed = _parse(source)
     if isinstance(parsed, str):
         return FileReport(path=path, error=parsed)
-    module = parsed
+    module, tree = parsed
     try:
-        raws = _check(module, path, all_rules())
+        model = FileModel(module, path)
+        raws = _run_rules(model, all_rules())
         if not raws:
             return FileReport(path=path)
         wanted = {rule.id for rule in rules}
@@ -249,7 +258,7 @@ def _lint(source: str, path: str, rules: list[Rule]) -> FileReport:
             if item.rule.id in wanted:
                 nodes.append(item.raw.node)
                 nodes.extend(_nodes_in(item.raw.evidence))
-        positions = spans_of(module, nodes)
+        positions = spans_of(module, nodes, top_level=model.top_level, tree=tree)
         return _report(source, module, path, raws, rules, positions)
     except RecursionError:
         return FileReport(path=path, error="the file is too deeply nested to analyse")

@@ -306,6 +306,8 @@ class FileModel:
         self.all_calls: list[tuple[cst.Call, cst.CSTNode, FuncInfo]] = []
         self.constants: dict[str, cst.BaseExpression] = {}
         """The first value bound to each name (assignments and parameter defaults)."""
+        self.top_level: dict[int, int] = {}
+        """For each node, the index of the top-level statement that holds it."""
         self.clipping_hints: list[cst.Call] = []
         """Calls that clip (or configure clipping) in a way the analyser does not model:
         ``dispatch_clip_grad(...)``, ``loss_scaler(..., clip_grad=...)``, ``max_grad_norm=``."""
@@ -359,7 +361,7 @@ class FileModel:
             return None
         known = self.kinds.get(text)
         if known is not None:
-            return known
+            return known if known != "other" else None
         last = text.rsplit(".", 1)[-1].lower()
         if "scaler" in last:
             return "scaler"
@@ -555,7 +557,12 @@ class _Collector:
         self._handlers: dict[type, tuple[Callable[..., object] | None, ...]] = {}
 
     def collect(self) -> None:
-        stack: list[tuple[cst.CSTNode, bool]] = [(self.model.module, False)]
+        top_level = self.model.top_level
+        for index, statement in enumerate(self.model.module.body):
+            self._collect(statement, index, top_level)
+
+    def _collect(self, root: cst.CSTNode, index: int, top_level: dict[int, int]) -> None:
+        stack: list[tuple[cst.CSTNode, bool]] = [(root, False)]
         handlers = self._handlers
         while stack:
             node, leaving = stack.pop()
@@ -572,6 +579,7 @@ class _Collector:
                 if leave is not None:
                     leave(node)
                 continue
+            top_level[id(node)] = index
             descend = visit is None or visit(node) is not False
             if leave is not None:
                 stack.append((node, True))
@@ -739,6 +747,8 @@ class _Collector:
         name = method_name(value)
         if last == "GradScaler" or last == "ShardedGradScaler":
             return "scaler"
+        if last.endswith("Scaler"):
+            return "other"  # StandardScaler and friends: data scalers, not loss scalers
         is_optimizer = last in OPTIMIZER_CLASSES or (
             qual.startswith("torch.optim.") and last[:1].isupper()
         )
@@ -897,15 +907,20 @@ class _EventWalker:
     def _if_frame(self, stmt: cst.If, branch: int) -> Frame:
         divisor = modulo_divisor(stmt.test)
         test = stmt.test
-        if divisor is None and isinstance(test, cst.Name):
-            # `if do_step:` where `do_step = (i + 1) % N == 0` earlier in the function.
-            values = self.func.assigns.get(test.value, [])
-            if values:
-                divisor = modulo_divisor(values[-1])
+        condition: cst.BaseExpression = test
+        if divisor is None:
+            # `if do_step:` / `if not accumulating:` where the flag is `(i + 1) % N == 0`.
+            for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
+                if isinstance(node, cst.Name) and self.func.assigns.get(node.value):
+                    condition = self.func.assigns[node.value][-1]
+                    divisor = modulo_divisor(condition)
+                    if divisor is not None:
+                        break
         if divisor is not None:
             # `(i + 1) % N == 0 or i + 1 == len(loader)`: an `or` is the end-of-epoch step.
-            last_batch = isinstance(stmt.test, cst.BooleanOperation) and isinstance(
-                stmt.test.operator, cst.Or
+            last_batch = any(
+                isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.Or)
+                for expr in (stmt.test, condition)
             )
             self.model._gate_info[id(stmt)] = (divisor, stmt.test, last_batch)
             return Frame("if", stmt, branch, _GATE_TAG)

@@ -27,14 +27,18 @@ class Patch:
     after: list[tuple[cst.CSTNode, cst.BaseStatement]] = field(default_factory=list)
     replace: list[tuple[cst.CSTNode, Replacement]] = field(default_factory=list)
 
-    def move_before(self, stmt: cst.BaseStatement, anchor: cst.CSTNode) -> Patch:
-        """Move ``stmt`` to just before ``anchor`` (a statement)."""
+    def move_before(self, stmt: cst.CSTNode, anchor: cst.CSTNode) -> Patch:
+        """Move ``stmt`` (a statement) to just before ``anchor`` (a statement)."""
+        if not isinstance(stmt, cst.BaseStatement):
+            raise TypeError(f"only statements move, not {type(stmt).__name__}")
         self.remove.append(stmt)
         self.before.append((anchor, _without_blank_lines(stmt)))
         return self
 
-    def move_after(self, stmt: cst.BaseStatement, anchor: cst.CSTNode) -> Patch:
-        """Move ``stmt`` to just after ``anchor`` (a statement)."""
+    def move_after(self, stmt: cst.CSTNode, anchor: cst.CSTNode) -> Patch:
+        """Move ``stmt`` (a statement) to just after ``anchor`` (a statement)."""
+        if not isinstance(stmt, cst.BaseStatement):
+            raise TypeError(f"only statements move, not {type(stmt).__name__}")
         self.remove.append(stmt)
         self.after.append((anchor, _without_blank_lines(stmt)))
         return self

@@ -9,6 +9,7 @@ for those nodes alone. Ranges follow ``PositionProvider``'s conventions: 1-based
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -54,10 +55,16 @@ class _State(CodegenState):
             self.column += len(token)
 
     def add_token(self, value: str) -> None:
-        newlines = value.count("\n")
+        if "\r" in value:
+            # "\r\n", "\n" and a lone "\r" each end a line, as in libcst and CPython.
+            newlines = value.count("\n") + value.count("\r") - value.count("\r\n")
+            last = max(value.rfind("\n"), value.rfind("\r"))
+        else:
+            newlines = value.count("\n")
+            last = value.rfind("\n")
         if newlines:
             self.line += newlines
-            self.column = len(value) - value.rfind("\n") - 1
+            self.column = len(value) - last - 1
         else:
             self.column += len(value)
 
@@ -106,11 +113,49 @@ class _Recorder:
         self.state.spans[self.key] = Span(line, column, self.state.line, self.state.column)
 
 
-def spans_of(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> dict[int, Span]:
-    """Spans of ``nodes`` (keyed by ``id(node)``) in ``module``."""
+def spans_of(
+    module: cst.Module,
+    nodes: Iterable[cst.CSTNode],
+    *,
+    top_level: dict[int, int] | None = None,
+    tree: ast.Module | None = None,
+) -> dict[int, Span]:
+    """Spans of ``nodes`` (keyed by ``id(node)``) in ``module``.
+
+    With ``top_level`` (node id → index of its top-level statement) and the file's ``ast``
+    tree, only the top-level statements that hold the nodes are generated, each starting at
+    the line CPython's parser gives it; otherwise the whole module is.
+    """
     wanted = {id(node) for node in nodes}
     if not wanted:
         return {}
     state = _State(module, wanted)
-    module._codegen(state)
+    starts = statement_lines(module, tree) if tree is not None and top_level else None
+    if starts is None or top_level is None or any(key not in top_level for key in wanted):
+        module._codegen(state)
+        return state.spans
+    for index in sorted({top_level[key] for key in wanted}):
+        state.line = starts[index]
+        state.column = 0
+        module.body[index]._codegen(state)
     return state.spans
+
+
+def statement_lines(module: cst.Module, tree: ast.Module) -> list[int] | None:
+    """The 1-based line where each top-level statement's code starts (its leading blank and
+    comment lines included), from CPython's positions; None if the two trees disagree."""
+    starts: list[int] = []
+    body = tree.body
+    index = 0
+    for statement in module.body:
+        count = len(statement.body) if isinstance(statement, cst.SimpleStatementLine) else 1
+        if index + count > len(body):
+            return None
+        node = body[index]
+        index += count
+        first = node.lineno
+        decorators = getattr(node, "decorator_list", None)
+        if decorators:
+            first = min(first, *(d.lineno for d in decorators))
+        starts.append(first - len(statement.leading_lines))
+    return starts if index == len(body) else None

@@ -360,3 +360,58 @@ for it in range(iters):
     optimizer.zero_grad()
 """
     assert _serious(source) == []
+
+
+def test_update_flag_computed_earlier_is_an_accumulation_gate() -> None:
+    source = """\
+for i, batch in enumerate(loader):
+    accumulating = (i + 1) % accum != 0 and i + 1 != len(loader)
+    optimizer.zero_grad()
+    (model(batch) / accum).backward()
+    if not accumulating:
+        optimizer.step()
+"""
+    assert _serious(source) == [("accum-zero-grad-every-microstep", 3)]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # LBFGS: backward inside the closure the optimizer calls.
+        """\
+import torch
+optimizer = torch.optim.LBFGS(model.parameters())
+for x, y in loader:
+    def closure():
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+""",
+        # Two optimizers, each with its own backward and step.
+        """\
+import torch
+for x in loader:
+    opt_d.zero_grad()
+    d_loss(x).backward()
+    torch.nn.utils.clip_grad_norm_(disc.parameters(), 1.0)
+    opt_d.step()
+    opt_g.zero_grad()
+    g_loss(x).backward()
+    torch.nn.utils.clip_grad_norm_(gen.parameters(), 1.0)
+    opt_g.step()
+""",
+        # Clipping measured with an infinite max_norm after the step is only a measurement.
+        """\
+import torch
+for x, y in loader:
+    loss_fn(model(x), y).backward()
+    optimizer.step()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+    optimizer.zero_grad()
+""",
+    ],
+)
+def test_other_correct_shapes_get_no_warning(source: str) -> None:
+    assert _serious(source) == []

@@ -84,3 +84,10 @@ def test_select_runs_only_the_selected_rule(rule: Rule) -> None:
     assert {f.id for f in report.findings} == {rule.id}
     ignored = lint_source(example.code, ignore=[rule.id])
     assert rule.id not in {f.id for f in ignored.findings}
+
+
+def test_every_snippet_id_is_a_known_fix_snippet() -> None:
+    from templates.snippets import list_snippets
+
+    known = {getattr(s, "id", s) for s in list_snippets()}
+    assert {rule.snippet_id for rule in RULES} <= known

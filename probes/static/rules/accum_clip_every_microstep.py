@@ -113,8 +113,8 @@ for it in range(iters):
                     if unscale is not None and unit.in_micro_step(unscale):
                         unscale_stmt = unscale.relative_to(step)[1]
                         if movable(unscale_stmt):
-                            patch.move_before(unscale_stmt, step_stmt)  # type: ignore[arg-type]
-                    patch.move_before(clip_stmt, step_stmt)  # type: ignore[arg-type]
+                            patch.move_before(unscale_stmt, step_stmt)
+                    patch.move_before(clip_stmt, step_stmt)
                 yield RawFinding(
                     node=clip_node,
                     message=self.message,

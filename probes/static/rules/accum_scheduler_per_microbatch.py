@@ -105,7 +105,7 @@ for it in range(iters):
                 step_node, step_stmt, _ = step.relative_to(sched)
                 patch = None
                 if movable(sched_stmt) and not sched_helper:
-                    patch = Patch().move_after(sched_stmt, step_stmt)  # type: ignore[arg-type]
+                    patch = Patch().move_after(sched_stmt, step_stmt)
                 yield RawFinding(
                     node=sched_node,
                     message=self.message,

@@ -8,7 +8,7 @@ from typing import ClassVar
 import libcst as cst
 
 from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import FileModel
+from probes.static.model import Event, FileModel, Unit
 from probes.static.names import code_of, receiver
 from probes.static.patches import Patch
 from probes.static.ruletools import divide, label, loss_is_scaled, names_in
@@ -177,7 +177,13 @@ class Trainer:
                     fix_description=f"Divide the backpropagated loss by `{acc.divisor_text}`.",
                 )
 
-    def _patch(self, model, unit, backward, divisor):  # type: ignore[no-untyped-def]
+    def _patch(
+        self,
+        model: FileModel,
+        unit: Unit,
+        backward: Event,
+        divisor: cst.BaseExpression | None,
+    ) -> Patch | None:
         loss = backward.loss
         call = backward.call
         if loss is None or divisor is None or not isinstance(call, cst.Call):

@@ -110,7 +110,7 @@ for it in range(iters):
                     if gated_zero:
                         patch = Patch(remove=[zero_stmt])
                     else:
-                        patch = Patch().move_after(zero_stmt, step_stmt)  # type: ignore[arg-type]
+                        patch = Patch().move_after(zero_stmt, step_stmt)
                 yield RawFinding(
                     node=zero_node,
                     message=self.message,

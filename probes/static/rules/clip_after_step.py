@@ -160,7 +160,7 @@ class Trainer:
                         patch.insert_before(
                             step_stmt, f"{backward.scaler}.unscale_({optimizer_of(step)})"
                         )
-                    patch.move_before(clip_stmt, step_stmt)  # type: ignore[arg-type]
+                    patch.move_before(clip_stmt, step_stmt)
                 yield RawFinding(
                     node=clip_node,
                     message=self.message,

@@ -115,7 +115,7 @@ def train(model, loader, opt):
                 step_stmt = step.relative_to(clip)[1]
                 patch = None
                 if movable(clip_stmt) and clip_stmt is not step_stmt:
-                    patch = Patch().move_before(clip_stmt, step_stmt)  # type: ignore[arg-type]
+                    patch = Patch().move_before(clip_stmt, step_stmt)
                 yield RawFinding(
                     node=clip_node,
                     message=self.message,

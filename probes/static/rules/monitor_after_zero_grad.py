@@ -85,7 +85,7 @@ for x, y in loader:
                 zero_node, zero_stmt, _ = zero.relative_to(read)
                 patch = None
                 if movable(read_stmt) and movable(zero_stmt):
-                    patch = Patch().move_before(read_stmt, zero_stmt)  # type: ignore[arg-type]
+                    patch = Patch().move_before(read_stmt, zero_stmt)
                 node = read_node if isinstance(read_node, cst.Call) else read_stmt
                 if isinstance(node, cst.SimpleStatementLine):
                     node = node.body[0]

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import FileModel
+from probes.static.model import Event, FileModel, Unit
 from probes.static.names import code_of
 from probes.static.patches import Patch
 from probes.static.ruletools import (
@@ -141,7 +141,7 @@ for batch in loader:
                 fix_description="Clip the gradient norm to 1.0 just before the optimizer step.",
             )
 
-    def _patch(self, model, unit, step):  # type: ignore[no-untyped-def]
+    def _patch(self, model: FileModel, unit: Unit, step: Event) -> Patch | None:
         torch = torch_name(model)
         optimizer = optimizer_of(step)
         params = first_arg_of_constructor(model, optimizer)
