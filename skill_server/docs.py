@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-SECTIONS = ("mcp-setup", "mcp-reference")
+SECTIONS = ("mcp-setup", "mcp-reference", "cli-reference", "catalogue")
 
 SETUP = """\
 The server speaks MCP over stdio (the default) or streamable HTTP. It reads files only under
@@ -135,9 +135,76 @@ def reference_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def cli_markdown() -> str:
+    """Every ``gradient-doctor`` sub-command with its usage line, from the real parser."""
+    import argparse as _argparse
+
+    from skill_server.cli import build_parser
+
+    parser = build_parser()
+    lines = ["| command | what it does |", "|---|---|"]
+    usages = []
+    for action in parser._actions:
+        if not isinstance(action, _argparse._SubParsersAction):
+            continue
+        helps = {a.dest: a.help for a in action._choices_actions}
+        for name, sub in action.choices.items():
+            lines.append(f"| `gradient-doctor {name}` | {_one_line(helps.get(name))} |")
+            usage = " ".join(sub.format_usage().split())
+            usages.append(usage.removeprefix("usage: "))
+    lines += ["", "```text", *usages, "```", "", "`gradient-doctor COMMAND --help` says more."]
+    lines.append(
+        "Exit codes for `lint`, `probe` and `check`: 0 no finding at or above `--fail-on` "
+        "(default critical), 1 findings at or above it, 2 usage or input error (one line on "
+        "stderr)."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def catalogue_markdown() -> str:
+    """Every catalogue identifier, by kind, from the knowledge base."""
+    from knowledge import load_knowledge
+
+    kb = load_knowledge()
+    titles = {
+        "red-flag": "Red flags (S: static analyser, R: runtime probe, T: free text)",
+        "signal": "Runtime signals",
+        "rationalization": "Rationalizations (claims not to make)",
+        "symptom": "Symptoms",
+    }
+    lines = [
+        f"{len(kb.entries)} entries, each with its sources: `gradient-doctor catalog` lists them, "
+        "`gradient-doctor explain ID` shows one."
+    ]
+    for kind, title in titles.items():
+        lines += ["", f"**{title}**", ""]
+        entries = kb.by_kind(kind)
+        if kind == "red-flag":
+            lines += ["| id | severity | where | what |", "|---|---|---|---|"]
+            for e in entries:
+                where = " ".join(getattr(e, "where", []))
+                lines.append(f"| `{e.id}` | {e.severity_or_none} | {where} | {e.title} |")
+        elif kind == "signal":
+            lines += ["| id | severity | what |", "|---|---|---|"]
+            for e in entries:
+                levels = getattr(e, "severities", None) or [e.severity_or_none]
+                ordered = [s for s in ("critical", "warning", "info") if s in levels]
+                lines.append(f"| `{e.id}` | {'/'.join(ordered)} | {e.title} |")
+        else:
+            lines += ["| id | what |", "|---|---|"]
+            for e in entries:
+                lines.append(f"| `{e.id}` | {e.title} |")
+    return "\n".join(lines) + "\n"
+
+
 def sections() -> dict[str, str]:
     """The generated body of each README section."""
-    return {"mcp-setup": SETUP, "mcp-reference": reference_markdown()}
+    return {
+        "mcp-setup": SETUP,
+        "mcp-reference": reference_markdown(),
+        "cli-reference": cli_markdown(),
+        "catalogue": catalogue_markdown(),
+    }
 
 
 def _pattern(section: str) -> re.Pattern[str]:
@@ -159,7 +226,7 @@ def updated_readme(text: str, bodies: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite (or ``--check``) the README's MCP sections."""
+    """Rewrite (or ``--check``) the README's generated sections."""
     parser = argparse.ArgumentParser(prog="python -m skill_server.docs", description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if README is out of date")
     parser.add_argument("--readme", type=Path, default=README)
@@ -168,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = updated_readme(current, sections())
     if args.check:
         if wanted != current:
-            print(f"{args.readme}: MCP sections are out of date; run python -m skill_server.docs")
+            print(f"{args.readme}: generated sections are stale; run python -m skill_server.docs")
             return 1
         return 0
     if wanted != current:

@@ -12,7 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """Run ``gradient-doctor ARGS`` exactly as a user would (a fresh interpreter)."""
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")

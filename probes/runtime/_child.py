@@ -15,7 +15,7 @@ import runpy
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from probes.runtime.channel import CHANNEL_ENV, SETTINGS_ENV, ChannelWriter
 from probes.runtime.ranks import RankEnv, channel_for_rank, exit_code, record_pid
@@ -41,6 +41,14 @@ def _one_line(exc: BaseException) -> str:
     if isinstance(exc, SyntaxError) and exc.lineno:
         first = f"SyntaxError: {exc.msg} (line {exc.lineno})"
     return first[:300]
+
+
+def _is_cpu_oom(exc: BaseException) -> bool:
+    """The CPU allocator reports exhaustion as a plain RuntimeError, not OutOfMemoryError."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text.lower()
+    )
 
 
 def main() -> None:
@@ -93,6 +101,42 @@ def main() -> None:
 
         rank_probe = distributed.install(collector, writer, rank_env, settings)
 
+    def finish() -> NoReturn:
+        """Send the summary and end the process (also called from inside a hook)."""
+        script_s = time.perf_counter() - start
+        try:
+            collector.flush()
+        except Exception as exc:  # the device may be unusable after an error in the script
+            summary["message"] = summary["message"] or f"could not read the last step: {exc}"
+        if collector.steps_done == 0 and summary["status"] in ("ok", "stopped"):
+            summary["status"] = "no-training-loop"
+            why = summary["message"] or "the script finished"
+            summary["message"] = (
+                f"{why} without any optimizer step ({collector.backward_calls} backward() calls)"
+            )
+        summary.update(collector.summary())
+        summary["torch_version"] = torch.__version__
+        summary["script_s"] = script_s
+        if rank_probe is not None:
+            writer.send("distributed", rank_probe.report())
+        writer.send("summary", summary)
+        writer.close()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        # os._exit: the script's non-daemon threads or atexit handlers must not keep us alive.
+        os._exit(exit_code(rank_env, summary["status"]))
+
+    def stop_ignored() -> None:
+        # The script swallowed ProbeStop (a bare ``except:``) and kept training: end it here.
+        summary["status"] = "stopped"
+        summary["message"] = (
+            "the script caught the probe's stop request (a bare except?) and was ended "
+            "after the requested steps"
+        )
+        finish()
+
+    collector.on_stop_ignored = stop_ignored
     sys.argv = [script, *script_args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     start = time.perf_counter()
@@ -114,32 +158,10 @@ def main() -> None:
         summary["message"] = _one_line(exc)
         summary["traceback_tail"] = _traceback_tail(exc)
     except BaseException as exc:
-        summary["status"] = "script-error"
+        summary["status"] = "out-of-memory" if _is_cpu_oom(exc) else "script-error"
         summary["message"] = _one_line(exc)
         summary["traceback_tail"] = _traceback_tail(exc)
-    script_s = time.perf_counter() - start
-    try:
-        collector.flush()
-    except Exception as exc:  # the device may be unusable after an error in the script
-        summary["message"] = summary["message"] or f"could not read the last step: {exc}"
-    if collector.steps_done == 0 and summary["status"] in ("ok", "stopped"):
-        summary["status"] = "no-training-loop"
-        why = summary["message"] or "the script finished"
-        summary["message"] = (
-            f"{why} without any optimizer step ({collector.backward_calls} backward() calls)"
-        )
-    summary.update(collector.summary())
-    summary["torch_version"] = torch.__version__
-    summary["script_s"] = script_s
-    if rank_probe is not None:
-        writer.send("distributed", rank_probe.report())
-    writer.send("summary", summary)
-    writer.close()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    # os._exit: the script's non-daemon threads or atexit handlers must not keep us alive.
-    os._exit(exit_code(rank_env, summary["status"]))
+    finish()
 
 
 if __name__ == "__main__":

@@ -151,6 +151,10 @@ class Collector:
         self._depth = 0
         self._root_input: torch.Tensor | None = None
         self._window_probe_start = 0.0
+        self._stops_raised = 0
+        #: Called when the script keeps training after swallowing ProbeStop (the child ends
+        #: the process there); None raises ProbeStop again.
+        self.on_stop_ignored: Callable[[], None] | None = None
         self._leaves: dict[int, bool] = {}
         self.window = _Window(sampled=True, traced=True)
         self._in_scaler_step = False
@@ -172,13 +176,17 @@ class Collector:
 
     def _check_stop(self) -> None:
         if self.stop_pending:
+            self._stops_raised += 1
+            if self._stops_raised > 1 and self.on_stop_ignored is not None:
+                self.on_stop_ignored()  # the first ProbeStop was swallowed by the script
             raise ProbeStop()
 
     def _module_name(self, module: nn.Module) -> str:
         name = self._module_names.get(id(module))
         if name is None:
             self._resolve_module_names()
-            name = self._module_names.get(id(module), type(module).__name__)
+            # Remember modules outside every model (a loss module) so they are looked up once.
+            name = self._module_names.setdefault(id(module), type(module).__name__)
         return name
 
     def _resolve_module_names(self) -> None:
@@ -468,7 +476,7 @@ class Collector:
                 fired = window.fired[name]
                 parts.append(
                     torch.stack(
-                        [(~fired).sum(), torch.tensor(fired.numel(), device=fired.device)]
+                        [(~fired).sum(), torch.full((), fired.numel(), device=fired.device)]
                     ).to(home, torch.float32)
                 )
             trace_parts = (
@@ -480,9 +488,11 @@ class Collector:
                 parts.append(
                     torch.stack(
                         [
-                            (t if t is not None else torch.ones((), dtype=torch.bool)).to(
-                                home, torch.float32
-                            )
+                            (
+                                t
+                                if t is not None
+                                else torch.ones((), dtype=torch.bool, device=home)
+                            ).to(home, torch.float32)
                             for t in trace_parts
                         ]
                     )
@@ -755,7 +765,8 @@ def _locate_origin(
         return {
             "step": step,
             "phase": "backward",
-            "module": name,
+            # The module where the non-finite gradient was born: the consumer when known.
+            "module": consumer or name,
             "detail": f"the gradient w.r.t. the output of `{name}` is the first "
             f"non-finite one: it was born in the backward of what consumes it{where}",
         }

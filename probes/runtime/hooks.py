@@ -72,9 +72,22 @@ def install(collector: Collector) -> Callable[[], None]:
 
         return make
 
+    # Newer torch splits the norm clip in two public halves (get_total_norm, then
+    # clip_grads_with_norm_(parameters, max_norm, total_norm)); the second is the clip.
+    def make_split_clip(original: Any) -> Any:
+        def clip_grads_with_norm_(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            total = args[2] if len(args) > 2 else kwargs.get("total_norm")
+            collector.on_clip("norm", _limit(args, kwargs, "max_norm"), total)
+            return result
+
+        return clip_grads_with_norm_
+
     for owner in (torch.nn.utils, clip_grad_module):
         patch(owner, "clip_grad_norm_", make_clip("norm", "max_norm"))
         patch(owner, "clip_grad_value_", make_clip("value", "clip_value"))
+        if hasattr(owner, "clip_grads_with_norm_"):
+            patch(owner, "clip_grads_with_norm_", make_split_clip)
 
     # GradScaler (torch.cuda.amp.GradScaler subclasses torch.amp.GradScaler).
     scaler_cls = grad_scaler.GradScaler

@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=10,
         metavar="K",
-        help="richer statistics (dead units, NaN origin) every K steps (default: 10)",
+        help="richer statistics (max |g|, mean, std, zeros, ‖w‖, dead units) every K steps "
+        "(default: 10)",
     )
     parser.add_argument(
         "--profile", default=None, help="threshold profile (default: the knowledge default)"

@@ -140,3 +140,23 @@ def test_forked_copies_stay_silent(probe: Any) -> None:
     model(torch.randn(4, 6)).sum().backward()
     optimizer.step()
     assert records == [] and collector.steps_done == 0
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.nn.utils, "clip_grads_with_norm_"), reason="torch without split clipping"
+)
+def test_split_clipping_api_is_seen(probe: Any) -> None:
+    _, records = probe(sample_every=100)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    model(torch.randn(8, 6)).pow(2).mean().backward()
+    params = list(model.parameters())
+    total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    torch.nn.utils.clip_grads_with_norm_(params, 1e-3, total)
+    optimizer.step()
+    (record,) = records
+    assert record["events"] == ["zero-grad", "backward", "clip", "step"]
+    assert record["total_norm_before_clip"] == pytest.approx(float(total))
+    assert record["clipped"] is True
+    assert record["total_norm"] == pytest.approx(1e-3, rel=1e-3)

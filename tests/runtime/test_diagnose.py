@@ -279,3 +279,22 @@ def test_other_profiles_change_verdicts() -> None:
     records = [record(s, [30.0, 0.1, 1.0, 0.1]) for s in range(1, 6)]
     assert "exploding-gradients" in ids(diagnose(records, summary(), gs))
     assert "exploding-gradients" not in ids(diagnose(records, summary(), default))
+
+
+def test_clip_never_active_while_unstable(profile: ThresholdProfile) -> None:
+    records = [
+        record(
+            s,
+            [0.5, 0.1, 0.4, 0.1],
+            loss=1.0 + 0.5 * s,
+            events=["backward", "clip", "step"],
+            total_norm_before_clip=0.66,
+            clip_max_norm=100.0,
+            clipped=False,
+        )
+        for s in range(1, 10)
+    ]
+    found = {f.id: f for f in diagnose(records, summary(), profile)}
+    assert found["clip-never-active"].severity == "info"
+    calm = [r.model_copy(update={"losses": [1.0]}) for r in records]
+    assert "clip-never-active" not in ids(diagnose(calm, summary(), profile))

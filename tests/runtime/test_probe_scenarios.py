@@ -53,6 +53,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "spawns_child",
         "prints_megabytes",
         "raises_midway",
+        "out_of_memory",
+        "swallows_stop",
     )
 }
 SCENARIOS["infinite_loop"] = {"timeout_s": 8.0}
@@ -168,6 +170,8 @@ def test_nan_gradient_origin_names_the_module(results: dict[str, ProbeResult]) -
     assert first.step == 1 and first.parameter == "0.weight"
     assert result.nan_origin is not None
     assert result.nan_origin.phase == "backward"
+    assert result.nan_origin.module == "3"
+    assert first.module == "3"
     assert "`3`" in result.nan_origin.detail  # the Distance module, index 3 of the Sequential
 
 
@@ -219,6 +223,7 @@ def test_statistics_match_brute_force_reference(results: dict[str, ProbeResult])
         ("never_trains", "no-training-loop", "5 backward() calls"),
         ("infinite_loop", "timeout", "8 s limit"),
         ("raises_midway", "script-error", "shape mismatch in evaluation"),
+        ("out_of_memory", "out-of-memory", "can't allocate memory"),
     ],
 )
 def test_awkward_scripts_get_a_clear_status(
@@ -238,7 +243,7 @@ def test_script_error_keeps_the_traceback_tail(results: dict[str, ProbeResult]) 
     assert "probes/runtime" not in result.traceback_tail
 
 
-@pytest.mark.parametrize("name", ["spawns_child", "prints_megabytes"])
+@pytest.mark.parametrize("name", ["spawns_child", "prints_megabytes", "swallows_stop"])
 def test_noisy_and_spawning_scripts_are_measured(
     results: dict[str, ProbeResult], name: str
 ) -> None:

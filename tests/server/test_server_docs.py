@@ -32,9 +32,22 @@ def test_docs_check_flags_a_stale_readme(tmp_path: Path) -> None:
     stale.write_text(
         "x\n<!-- mcp-setup:start -->\nold\n<!-- mcp-setup:end -->\n"
         "<!-- mcp-reference:start -->\n<!-- mcp-reference:end -->\n"
+        "<!-- cli-reference:start -->\n<!-- cli-reference:end -->\n"
+        "<!-- catalogue:start -->\n<!-- catalogue:end -->\n"
     )
     check = [sys.executable, "-m", "skill_server.docs", "--readme", str(stale)]
     assert subprocess.run([*check, "--check"], cwd=REPO).returncode == 1
     assert subprocess.run(check, cwd=REPO).returncode == 0
     assert subprocess.run([*check, "--check"], cwd=REPO).returncode == 0
     assert "claude mcp add" in stale.read_text()
+
+
+def test_cli_and_catalogue_sections_cover_every_command_and_entry() -> None:
+    from knowledge import load_knowledge
+
+    cli = docs.cli_markdown()
+    for command in ("catalog", "check", "explain", "lint", "match", "probe", "serve"):
+        assert f"`gradient-doctor {command}`" in cli
+    catalogue = docs.catalogue_markdown()
+    for entry_id in load_knowledge().entries:
+        assert f"`{entry_id}`" in catalogue
