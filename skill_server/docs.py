@@ -164,9 +164,10 @@ def cli_markdown() -> str:
 def catalogue_markdown() -> str:
     """Every catalogue identifier, by kind, from the knowledge base."""
     from knowledge import load_knowledge
+    from knowledge.models import EntryKind
 
     kb = load_knowledge()
-    titles = {
+    titles: dict[EntryKind, str] = {
         "red-flag": "Red flags (S: static analyser, R: runtime probe, T: free text)",
         "signal": "Runtime signals",
         "rationalization": "Rationalizations (claims not to make)",

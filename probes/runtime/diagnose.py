@@ -334,7 +334,11 @@ class _Diagnosis:
             return
         above = sum(1 for n, _ in norms if n > warn)
         severity: Severity = "critical" if peak > crit else "warning"
-        clipped = peak_record.clipped and peak_record.total_norm <= warn
+        # A clip outside backward..step changes nothing the optimizer uses.
+        clip_misplaced = self.has("clip-after-step") or self.has("clip-before-backward")
+        clipped = (
+            not clip_misplaced and bool(peak_record.clipped) and peak_record.total_norm <= warn
+        )
         if clipped and severity == "critical":
             severity = "warning"
         self.add(
@@ -346,7 +350,7 @@ class _Diagnosis:
             step=peak_record.step,
             fix="Clip the total norm after backward() and before the step (max_norm 1.0 for "
             "Transformers, 5–10 for RNNs) and check the learning rate.",
-            max_norm=_num(peak),
+            peak_norm=_num(peak),
             steps_above=above,
             steps=len(norms),
             threshold_warning=warn,
@@ -845,7 +849,10 @@ class _Diagnosis:
 
     def check_clip_activity(self) -> None:
         clipped = [r for r in self.records if r.clipped is not None]
-        if len(clipped) < 5 or self.has("amp-clip-without-unscale"):
+        # Clip activity says nothing about max_norm when the clip is misplaced or sees scaled
+        # gradients: those findings are the ones to fix first.
+        misplaced = ("amp-clip-without-unscale", "clip-after-step", "clip-before-backward")
+        if len(clipped) < 5 or any(self.has(entry_id) for entry_id in misplaced):
             return
         active = [r for r in clipped if r.clipped]
         fraction = len(active) / len(clipped)

@@ -75,7 +75,7 @@ def test_exploding_severity_follows_profile(profile: ThresholdProfile) -> None:
     high = [record(s, [crit * 2, 0.1, 1.0, 0.1]) for s in range(1, 6)]
     (finding,) = [f for f in diagnose(high, summary(), profile) if f.id == "exploding-gradients"]
     assert finding.severity == "critical"
-    assert finding.evidence["max_norm"] == pytest.approx(crit * 2, rel=1e-3)
+    assert finding.evidence["peak_norm"] == pytest.approx(crit * 2, rel=1e-3)
 
 
 def test_nan_order_loss_before_gradients(profile: ThresholdProfile) -> None:
