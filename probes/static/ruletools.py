@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Literal, NamedTuple
 
 import libcst as cst
 
-from probes.static.model import Event, FileModel, FuncInfo, Unit, exclusive
+from probes.static.model import Accumulation, Event, FileModel, FuncInfo, Unit, exclusive
 from probes.static.names import code_of, method_name, parenthesize
 from probes.static.traverse import children, walk
 
@@ -35,6 +36,90 @@ SCALING_METHODS = frozenset({"div", "mul", "div_", "mul_", "true_divide", "multi
 def movable(stmt: cst.CSTNode) -> bool:
     """A one-statement line that a patch can move or remove on its own."""
     return isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+
+
+class Placement(NamedTuple):
+    """Where an event shows in the function that also holds another event."""
+
+    node: cst.CSTNode
+    """The event's call, or the call of the helper function that contains it."""
+    stmt: cst.CSTNode
+    """The statement holding ``node``: what a patch moves or removes."""
+    via_helper: bool
+
+    @property
+    def standalone(self) -> bool:
+        """A one-statement line of its own (not a helper call): safe to move or remove."""
+        return not self.via_helper and movable(self.stmt)
+
+
+def placement(event: Event, other: Event) -> Placement:
+    """``event`` as it appears in the function that also holds ``other``."""
+    return Placement(*event.relative_to(other))
+
+
+def placements(event: Event, other: Event) -> tuple[Placement, Placement]:
+    """``event`` and ``other`` as they appear in the one function that holds both."""
+    return placement(event, other), placement(other, event)
+
+
+class AccumulatingUnit(NamedTuple):
+    """A unit that accumulates gradients, with the optimizer steps that run on the update."""
+
+    unit: Unit
+    accumulation: Accumulation
+    steps: list[Event]
+    """The unit's steps that run only on the update (never empty), in source order."""
+
+
+def accumulating_units(
+    model: FileModel, *, skip_deepspeed: bool = False
+) -> Iterator[AccumulatingUnit]:
+    """The units of ``model`` that accumulate gradients and step on the update.
+
+    ``skip_deepspeed`` leaves out units stepped by a DeepSpeed engine, whose ``step()``
+    zeroes the gradients and divides the loss by the accumulation count itself.
+    """
+    for unit in model.units:
+        accumulation = unit.accumulation
+        if accumulation is None:
+            continue
+        steps = [s for s in unit.steps if unit.gated(s)]
+        if not steps:
+            continue
+        if skip_deepspeed and any(s.framework == "deepspeed" for s in steps):
+            continue
+        yield AccumulatingUnit(unit, accumulation, steps)
+
+
+def micro_step_backwards(unit: Unit) -> list[Event]:
+    """The unit's plain ``backward()`` calls (no framework's) that run on every micro-batch."""
+    return [b for b in unit.backwards if b.framework is None and unit.in_micro_step(b)]
+
+
+def micro_step_for(unit: Unit) -> cst.For | None:
+    """The ``for`` statement of the unit's micro-step loop (None: no loop, or another kind)."""
+    loop = unit.micro.node if unit.micro is not None else None
+    return loop if isinstance(loop, cst.For) else None
+
+
+def clipping(unit: Unit) -> list[Event]:
+    """The unit's clipping calls that change the gradients (an infinite limit only measures)."""
+    return [clip for clip in unit.of_kind("clip") if not clip.measures_only]
+
+
+def direct_clip_calls(
+    model: FileModel, clip_kind: Literal["norm", "value"]
+) -> Iterator[tuple[Event, cst.Call]]:
+    """Every ``clip_kind`` clipping call of the file, where it is written (helpers not inlined)."""
+    for event in model.direct_events():
+        # Clip events are always recorded on a call; the isinstance check narrows the type.
+        if (
+            event.kind == "clip"
+            and event.clip_kind == clip_kind
+            and isinstance(event.call, cst.Call)
+        ):
+            yield event, event.call
 
 
 def previous(unit: Unit, event: Event, kinds: Iterable[str]) -> Event | None:
@@ -78,7 +163,12 @@ def label(node: cst.CSTNode) -> str:
     if isinstance(node, cst.Call):
         func = code_of(node.func)
         return f"{func}()" if not node.args else f"{func}(...)"
-    text = " ".join(code_of(node).split())
+    return shorten(code_of(node))
+
+
+def shorten(text: str) -> str:
+    """Source text on one line, cut to 60 characters so that it fits in a message."""
+    text = " ".join(text.split())
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -92,6 +182,18 @@ def scaled_backward(unit: Unit, before: Event | None = None) -> Event | None:
         if event.scaler and (before is None or event.order < before.order):
             return event
     return None
+
+
+def missing_unscale(unit: Unit, step: Event) -> str | None:
+    """The ``scaler.unscale_(optimizer)`` statement that clipping just before ``step`` needs.
+
+    None when no GradScaler scales the unit's backward or the gradients are already unscaled
+    before the step.
+    """
+    backward = scaled_backward(unit, before=step)
+    if backward is None or between(unit, backward, step, {"unscale"}):
+        return None
+    return f"{backward.scaler}.unscale_({optimizer_of(step)})"
 
 
 def divide(

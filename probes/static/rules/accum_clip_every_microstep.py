@@ -8,7 +8,14 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import label, movable, previous
+from probes.static.ruletools import (
+    accumulating_units,
+    clipping,
+    label,
+    movable,
+    placements,
+    previous,
+)
 
 
 class AccumClipEveryMicrostep(Rule):
@@ -91,37 +98,28 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        for unit in model.units:
-            acc = unit.accumulation
-            if acc is None:
-                continue
-            steps = [s for s in unit.steps if unit.gated(s)]
-            if not steps:
-                continue
+        for unit, acc, steps in accumulating_units(model):
             step = steps[0]
-            for clip in unit.of_kind("clip"):
-                if clip.measures_only:
-                    continue
+            for clip in clipping(unit):
                 if not unit.in_micro_step(clip) or previous(unit, clip, {"backward"}) is None:
                     continue
-                clip_node, clip_stmt, clip_helper = clip.relative_to(step)
-                step_node, step_stmt, _ = step.relative_to(clip)
+                clip_at, step_at = placements(clip, step)
                 patch = None
-                if movable(clip_stmt) and not clip_helper:
+                if clip_at.standalone:
                     patch = Patch()
                     unscale = previous(unit, clip, {"unscale"})
                     if unscale is not None and unit.in_micro_step(unscale):
                         unscale_stmt = unscale.relative_to(step)[1]
                         if movable(unscale_stmt):
-                            patch.move_before(unscale_stmt, step_stmt)
-                    patch.move_before(clip_stmt, step_stmt)
+                            patch.move_before(unscale_stmt, step_at.stmt)
+                    patch.move_before(clip_at.stmt, step_at.stmt)
                 yield RawFinding(
-                    node=clip_node,
+                    node=clip_at.node,
                     message=self.message,
                     evidence={
-                        "clip": label(clip_node),
-                        "clip_line": clip_node,
-                        "step_line": step_node,
+                        "clip": label(clip_at.node),
+                        "clip_line": clip_at.node,
+                        "step_line": step_at.node,
                         "divisor": acc.divisor_text,
                     },
                     patch=patch,

@@ -10,6 +10,7 @@ import libcst as cst
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import STEP_KINDS, FileModel
 from probes.static.names import code_of
+from probes.static.ruletools import micro_step_for
 
 
 class AccumLeftoverBatches(Rule):
@@ -106,8 +107,8 @@ def train(model, train_loader, optimizer, accum):
                 continue
             if acc.condition is None or acc.gate is None or acc.gate.branch != 0:
                 continue
-            loop = unit.micro.node if unit.micro is not None else None
-            if not isinstance(loop, cst.For) or not isinstance(loop.iter, cst.Call):
+            loop = micro_step_for(unit)
+            if loop is None or not isinstance(loop.iter, cst.Call):
                 continue
             func = loop.iter.func
             if not (isinstance(func, cst.Name) and func.value == "enumerate"):

@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import label, optimizer_of
+from probes.static.ruletools import accumulating_units, label, optimizer_of
 
 
 class AccumMissingZeroGrad(Rule):
@@ -91,12 +91,7 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        for unit in model.units:
-            if unit.accumulation is None:
-                continue
-            steps = [s for s in unit.steps if unit.gated(s)]
-            if not steps or any(s.framework == "deepspeed" for s in steps):
-                continue
+        for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
             if unit.of_kind("zero_grad"):
                 continue
             step = steps[0]
@@ -116,7 +111,7 @@ for it in range(iters):
                     "step": label(step.call),
                     "step_line": step.call,
                     "optimizer": optimizer,
-                    "divisor": unit.accumulation.divisor_text,
+                    "divisor": acc.divisor_text,
                 },
                 patch=Patch().insert_after(anchor, f"{optimizer}.zero_grad()"),
                 fix_description=f"Insert `{optimizer}.zero_grad()` after the update.",

@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import label, movable
+from probes.static.ruletools import accumulating_units, label, placements
 
 
 class AccumSchedulerPerMicrobatch(Rule):
@@ -90,29 +90,22 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        for unit in model.units:
-            acc = unit.accumulation
-            if acc is None:
-                continue
-            steps = [s for s in unit.steps if unit.gated(s)]
-            if not steps:
-                continue
+        for unit, acc, steps in accumulating_units(model):
             step = steps[-1]
             for sched in unit.of_kind("sched_step"):
                 if not unit.in_micro_step(sched):
                     continue
-                sched_node, sched_stmt, sched_helper = sched.relative_to(step)
-                step_node, step_stmt, _ = step.relative_to(sched)
+                sched_at, step_at = placements(sched, step)
                 patch = None
-                if movable(sched_stmt) and not sched_helper:
-                    patch = Patch().move_after(sched_stmt, step_stmt)
+                if sched_at.standalone:
+                    patch = Patch().move_after(sched_at.stmt, step_at.stmt)
                 yield RawFinding(
-                    node=sched_node,
+                    node=sched_at.node,
                     message=self.message,
                     evidence={
-                        "scheduler": label(sched_node),
-                        "sched_line": sched_node,
-                        "step_line": step_node,
+                        "scheduler": label(sched_at.node),
+                        "sched_line": sched_at.node,
+                        "step_line": step_at.node,
                         "divisor": acc.divisor_text,
                     },
                     patch=patch,

@@ -10,7 +10,7 @@ import libcst as cst
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel, FuncInfo
 from probes.static.names import call_arg, code_of, dotted_name, keyword_names
-from probes.static.ruletools import has_scaling
+from probes.static.ruletools import has_scaling, micro_step_backwards
 from probes.static.traverse import calls_in, children
 
 TOKEN_COUNT_HINTS = ("token", "num_items", "n_items", "count", "mask.sum", "numel")
@@ -102,9 +102,7 @@ for it in range(iters):
             acc = unit.accumulation
             if acc is None:
                 continue
-            for backward in unit.backwards:
-                if backward.framework is not None or not unit.in_micro_step(backward):
-                    continue
+            for backward in micro_step_backwards(unit):
                 found = _derivation(model, backward.func, backward.loss, criteria)
                 if found is None:
                     continue

@@ -11,7 +11,13 @@ from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import Event, FileModel, Unit
 from probes.static.names import code_of, receiver
 from probes.static.patches import Patch
-from probes.static.ruletools import divide, label, loss_is_scaled, names_in
+from probes.static.ruletools import (
+    accumulating_units,
+    divide,
+    label,
+    loss_is_scaled,
+    names_in,
+)
 
 
 class AccumUnscaledLoss(Rule):
@@ -143,13 +149,7 @@ class Trainer:
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        for unit in model.units:
-            acc = unit.accumulation
-            if acc is None:
-                continue
-            steps = [s for s in unit.steps if unit.gated(s)]
-            if not steps or any(s.framework == "deepspeed" for s in steps):
-                continue
+        for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
             if unit.of_kind("grad_div"):
                 continue  # the gradients are divided by hand (accum-manual-grad-scaling)
             for backward in unit.backwards:

@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import label, movable
+from probes.static.ruletools import accumulating_units, label, placements
 
 
 class AccumZeroGradEveryMicrostep(Rule):
@@ -91,33 +91,25 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        for unit in model.units:
-            acc = unit.accumulation
-            if acc is None:
-                continue
-            steps = [s for s in unit.steps if unit.gated(s)]
-            if not steps or any(s.framework == "deepspeed" for s in steps):
-                continue
+        for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
             gated_zero = [z for z in unit.of_kind("zero_grad") if not unit.in_micro_step(z)]
             for zero in unit.of_kind("zero_grad"):
                 if not unit.in_micro_step(zero):
                     continue
-                step = steps[-1]
-                zero_node, zero_stmt, zero_helper = zero.relative_to(step)
-                step_node, step_stmt, _ = step.relative_to(zero)
+                zero_at, step_at = placements(zero, steps[-1])
                 patch = None
-                if movable(zero_stmt) and not zero_helper:
+                if zero_at.standalone:
                     if gated_zero:
-                        patch = Patch(remove=[zero_stmt])
+                        patch = Patch(remove=[zero_at.stmt])
                     else:
-                        patch = Patch().move_after(zero_stmt, step_stmt)
+                        patch = Patch().move_after(zero_at.stmt, step_at.stmt)
                 yield RawFinding(
-                    node=zero_node,
+                    node=zero_at.node,
                     message=self.message,
                     evidence={
-                        "zero_grad": label(zero_node),
-                        "zero_line": zero_node,
-                        "step_line": step_node,
+                        "zero_grad": label(zero_at.node),
+                        "zero_line": zero_at.node,
+                        "step_line": step_at.node,
                         "divisor": acc.divisor_text,
                     },
                     patch=patch,

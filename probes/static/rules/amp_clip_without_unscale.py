@@ -8,7 +8,16 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import between, following, label, optimizer_of, previous
+from probes.static.ruletools import (
+    between,
+    clipping,
+    following,
+    label,
+    optimizer_of,
+    placement,
+    placements,
+    previous,
+)
 
 
 class AmpClipWithoutUnscale(Rule):
@@ -120,9 +129,7 @@ class Trainer:
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         for unit in model.units:
-            for clip in unit.of_kind("clip"):
-                if clip.measures_only:
-                    continue
+            for clip in clipping(unit):
                 if clip.framework in {"accelerator", "fabric", "lightning"}:
                     continue
                 backward = previous(unit, clip, {"backward"})
@@ -139,22 +146,23 @@ class Trainer:
                 ):
                     continue
                 optimizer = optimizer_of(step) or "optimizer"
-                clip_node, clip_stmt, _ = clip.relative_to(backward)
+                clip_at, backward_at = placements(clip, backward)
+                step_at = placement(step, clip)
                 patch = None
-                if clip_stmt is not step.relative_to(clip)[1]:
+                if clip_at.stmt is not step_at.stmt:
                     patch = Patch().insert_before(
-                        clip_stmt, f"{backward.scaler}.unscale_({optimizer})"
+                        clip_at.stmt, f"{backward.scaler}.unscale_({optimizer})"
                     )
                 yield RawFinding(
-                    node=clip_node,
+                    node=clip_at.node,
                     message=self.message,
                     evidence={
-                        "clip": label(clip_node),
-                        "clip_line": clip_node,
+                        "clip": label(clip_at.node),
+                        "clip_line": clip_at.node,
                         "scaler": backward.scaler,
                         "optimizer": optimizer,
-                        "backward_line": backward.relative_to(clip)[0],
-                        "step_line": step.relative_to(clip)[0],
+                        "backward_line": backward_at.node,
+                        "step_line": step_at.node,
                     },
                     patch=patch,
                     fix_description=(

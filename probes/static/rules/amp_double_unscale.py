@@ -8,7 +8,7 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel, exclusive
 from probes.static.patches import Patch
-from probes.static.ruletools import between, label, movable
+from probes.static.ruletools import between, label, placements
 
 
 class AmpDoubleUnscale(Rule):
@@ -112,20 +112,19 @@ for x, y in loader:
                     continue
                 if first.inside(unit.micro) != second.inside(unit.micro):
                     continue
-                second_node, second_stmt, second_helper = second.relative_to(first)
-                first_node, first_stmt, first_helper = first.relative_to(second)
+                second_at, first_at = placements(second, first)
                 patch = None
-                if movable(second_stmt) and not second_helper:
-                    patch = Patch(remove=[second_stmt])
-                elif movable(first_stmt) and not first_helper:
-                    patch = Patch(remove=[first_stmt])
+                if second_at.standalone:
+                    patch = Patch(remove=[second_at.stmt])
+                elif first_at.standalone:
+                    patch = Patch(remove=[first_at.stmt])
                 yield RawFinding(
-                    node=second_node,
+                    node=second_at.node,
                     message=self.message,
                     evidence={
-                        "second": label(second_node),
-                        "second_line": second_node,
-                        "first_line": first_node,
+                        "second": label(second_at.node),
+                        "second_line": second_at.node,
+                        "first_line": first_at.node,
                         "optimizer": second.optimizer or "optimizer",
                     },
                     patch=patch,

@@ -10,7 +10,7 @@ import libcst as cst
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import label
+from probes.static.ruletools import label, placements
 
 
 class AmpStepBypassesScaler(Rule):
@@ -104,16 +104,16 @@ def train(model, loader, opt):
                 )
                 if not has_update:
                     patch.insert_after(step.stmt, f"{scaler}.update()")
-                step_node = step.relative_to(backward)[0]
+                step_at, backward_at = placements(step, backward)
                 yield RawFinding(
-                    node=step_node,
+                    node=step_at.node,
                     message=self.message,
                     evidence={
-                        "step": label(step_node),
-                        "step_line": step_node,
+                        "step": label(step_at.node),
+                        "step_line": step_at.node,
                         "scaler": scaler,
                         "optimizer": optimizer,
-                        "backward_line": backward.relative_to(step)[0],
+                        "backward_line": backward_at.node,
                     },
                     patch=patch,
                     fix_description=f"Replace the direct step with `{scaler}.step({optimizer})`.",

@@ -10,11 +10,12 @@ from probes.static.model import FileModel
 from probes.static.patches import Patch
 from probes.static.ruletools import (
     between,
+    clipping,
     label,
+    missing_unscale,
     movable,
-    optimizer_of,
+    placements,
     previous,
-    scaled_backward,
 )
 
 
@@ -136,9 +137,7 @@ class Trainer:
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         for unit in model.units:
-            for clip in unit.of_kind("clip"):
-                if clip.measures_only:
-                    continue
+            for clip in clipping(unit):
                 step = previous(unit, clip, {"step", "scaler_step"})
                 if step is None:
                     continue
@@ -146,29 +145,24 @@ class Trainer:
                     continue
                 if previous(unit, step, {"backward"}) is None:
                     continue  # a rotated loop: this step uses the previous backward
-                clip_node, clip_stmt, _ = clip.relative_to(step)
-                step_node, step_stmt, _ = step.relative_to(clip)
+                clip_at, step_at = placements(clip, step)
                 patch = None
-                if movable(clip_stmt) and clip_stmt is not step_stmt:
+                # A helper call that clips may move too: it moves as a whole, before the step.
+                if movable(clip_at.stmt) and clip_at.stmt is not step_at.stmt:
                     patch = Patch()
-                    backward = scaled_backward(unit, before=step)
-                    if (
-                        backward is not None
-                        and clip.framework is None
-                        and not between(unit, backward, step, {"unscale"})
-                    ):
-                        patch.insert_before(
-                            step_stmt, f"{backward.scaler}.unscale_({optimizer_of(step)})"
-                        )
-                    patch.move_before(clip_stmt, step_stmt)
+                    # A framework's clipping call unscales the gradients itself.
+                    unscale = missing_unscale(unit, step) if clip.framework is None else None
+                    if unscale is not None:
+                        patch.insert_before(step_at.stmt, unscale)
+                    patch.move_before(clip_at.stmt, step_at.stmt)
                 yield RawFinding(
-                    node=clip_node,
+                    node=clip_at.node,
                     message=self.message,
                     evidence={
-                        "clip": label(clip_node),
-                        "clip_line": clip_node,
-                        "step": label(step_node),
-                        "step_line": step_node,
+                        "clip": label(clip_at.node),
+                        "clip_line": clip_at.node,
+                        "step": label(step_at.node),
+                        "step_line": step_at.node,
                     },
                     patch=patch,
                     fix_description="Move the clipping call to just before the optimizer step.",

@@ -8,7 +8,16 @@ from typing import ClassVar
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import between, following, label, movable, previous
+from probes.static.ruletools import (
+    between,
+    clipping,
+    following,
+    label,
+    movable,
+    placement,
+    placements,
+    previous,
+)
 
 
 class ClipBeforeBackward(Rule):
@@ -99,9 +108,7 @@ def train(model, loader, opt):
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         for unit in model.units:
-            for clip in unit.of_kind("clip"):
-                if clip.measures_only:
-                    continue
+            for clip in clipping(unit):
                 if previous(unit, clip, {"backward"}) is not None:
                     continue
                 backward = following(unit, clip, {"backward"})
@@ -110,21 +117,20 @@ def train(model, loader, opt):
                 step = following(unit, backward, {"step", "scaler_step"})
                 if step is None:
                     continue
-                clip_node, clip_stmt, _ = clip.relative_to(backward)
-                backward_node = backward.relative_to(clip)[0]
-                step_stmt = step.relative_to(clip)[1]
+                clip_at, backward_at = placements(clip, backward)
+                step_at = placement(step, clip)
                 patch = None
-                if movable(clip_stmt) and clip_stmt is not step_stmt:
-                    patch = Patch().move_before(clip_stmt, step_stmt)
+                if movable(clip_at.stmt) and clip_at.stmt is not step_at.stmt:
+                    patch = Patch().move_before(clip_at.stmt, step_at.stmt)
                 yield RawFinding(
-                    node=clip_node,
+                    node=clip_at.node,
                     message=self.message,
                     evidence={
-                        "clip": label(clip_node),
-                        "clip_line": clip_node,
-                        "backward": label(backward_node),
-                        "backward_line": backward_node,
-                        "step_line": step.relative_to(clip)[0],
+                        "clip": label(clip_at.node),
+                        "clip_line": clip_at.node,
+                        "backward": label(backward_at.node),
+                        "backward_line": backward_at.node,
+                        "step_line": step_at.node,
                     },
                     patch=patch,
                     fix_description="Move the clipping call after backward, before the step.",

@@ -11,6 +11,7 @@ from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.names import code_of, number_value
 from probes.static.patches import Patch
+from probes.static.ruletools import direct_clip_calls
 
 THRESHOLD = 0.1
 
@@ -68,8 +69,8 @@ for batch in loader:
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        for event in model.direct_events():
-            if event.kind != "clip" or event.clip_kind != "norm" or event.limit is None:
+        for event, call in direct_clip_calls(model, "norm"):
+            if event.limit is None:
                 continue
             limit = event.limit
             value = number_value(limit)
@@ -78,8 +79,6 @@ for batch in loader:
                 value = number_value(constant) if constant is not None else None
             if value is None or not 0 < value < THRESHOLD:
                 continue
-            call = event.call
-            assert isinstance(call, cst.Call)
             patch = None
             if number_value(limit) is not None:
                 patch = Patch().replace_node(limit, cst.Float("1.0"))

@@ -11,7 +11,7 @@ from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel, Unit
 from probes.static.names import code_of
 from probes.static.patches import Patch
-from probes.static.ruletools import label, names_in
+from probes.static.ruletools import label, micro_step_backwards, micro_step_for, names_in
 
 
 class DdpAccumWithoutNoSync(Rule):
@@ -116,9 +116,7 @@ for it in range(iters):
                 continue
             if any(f.tag == "no_sync" for b in unit.backwards for f in b.frames):
                 continue  # some micro-steps already skip the all-reduce
-            for backward in unit.backwards:
-                if backward.framework is not None or not unit.in_micro_step(backward):
-                    continue
+            for backward in micro_step_backwards(unit):
                 if any(f.tag in {"no_sync", "accumulate"} for f in backward.frames):
                     continue
                 yield RawFinding(
@@ -136,12 +134,8 @@ for it in range(iters):
 
     def _patch(self, model: FileModel, unit: Unit) -> Patch | None:
         acc = unit.accumulation
-        loop = unit.micro.node if unit.micro is not None else None
-        if (
-            acc is None
-            or not isinstance(loop, cst.For)
-            or not isinstance(loop.body, cst.IndentedBlock)
-        ):
+        loop = micro_step_for(unit)
+        if acc is None or loop is None or not isinstance(loop.body, cst.IndentedBlock):
             return None
         wrapped = [name for name, kind in model.kinds.items() if kind == "ddp"]
         if len(wrapped) != 1:

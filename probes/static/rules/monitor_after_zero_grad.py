@@ -10,7 +10,7 @@ import libcst as cst
 from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.patches import Patch
-from probes.static.ruletools import between, label, movable, previous
+from probes.static.ruletools import between, label, movable, placements, previous
 
 
 class MonitorAfterZeroGrad(Rule):
@@ -80,13 +80,12 @@ for x, y in loader:
                     continue
                 if previous(unit, zero, {"backward"}) is None:
                     continue
+                read_at, zero_at = placements(read, zero)
                 patch = None
-                read_node, read_stmt, _ = read.relative_to(zero)
-                zero_node, zero_stmt, _ = zero.relative_to(read)
-                patch = None
-                if movable(read_stmt) and movable(zero_stmt):
-                    patch = Patch().move_before(read_stmt, zero_stmt)
-                node = read_node if isinstance(read_node, cst.Call) else read_stmt
+                # A helper call that reads the norms may move: it only reads.
+                if movable(read_at.stmt) and movable(zero_at.stmt):
+                    patch = Patch().move_before(read_at.stmt, zero_at.stmt)
+                node = read_at.node if isinstance(read_at.node, cst.Call) else read_at.stmt
                 if isinstance(node, cst.SimpleStatementLine):
                     node = node.body[0]
                 yield RawFinding(
@@ -94,8 +93,8 @@ for x, y in loader:
                     message=self.message,
                     evidence={
                         "read_line": node,
-                        "zero_grad": label(zero_node),
-                        "zero_line": zero_node,
+                        "zero_grad": label(zero_at.node),
+                        "zero_line": zero_at.node,
                     },
                     patch=patch,
                     fix_description="Read the gradient norms before `zero_grad()`.",

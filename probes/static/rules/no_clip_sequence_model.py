@@ -10,11 +10,10 @@ from probes.static.model import Event, FileModel, Unit
 from probes.static.names import code_of
 from probes.static.patches import Patch
 from probes.static.ruletools import (
-    between,
     first_arg_of_constructor,
     label,
+    missing_unscale,
     optimizer_of,
-    scaled_backward,
     torch_name,
 )
 
@@ -148,8 +147,8 @@ for batch in loader:
         if torch is None or params is None:
             return None
         patch = Patch()
-        backward = scaled_backward(unit, before=step)
-        if backward is not None and not between(unit, backward, step, {"unscale"}):
-            patch.insert_before(step.stmt, f"{backward.scaler}.unscale_({optimizer})")
+        unscale = missing_unscale(unit, step)
+        if unscale is not None:
+            patch.insert_before(step.stmt, unscale)
         patch.insert_before(step.stmt, f"{torch}.nn.utils.clip_grad_norm_({params}, max_norm=1.0)")
         return patch

@@ -11,6 +11,7 @@ from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel, FuncInfo
 from probes.static.names import code_of, dotted_name, method_name, parenthesize
 from probes.static.patches import Patch
+from probes.static.ruletools import shorten
 from probes.static.traverse import walk
 
 EPSILON = "1e-8"
@@ -142,7 +143,7 @@ for x, y in loader:
             node=node,
             message=self.message,
             evidence={
-                "expression": _short(code_of(node)),
+                "expression": shorten(code_of(node)),
                 "line": node,
                 "hazard": hazard,
                 "remedy": remedy,
@@ -226,17 +227,11 @@ def _unstable_call(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
     return (base, hazard) if not _guarded(base) else None
 
 
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _guarded(node: cst.CSTNode) -> bool:
     """True when ``node`` clamps its value or adds a constant (an epsilon) to it."""
     for current in walk(node):
         if isinstance(current, cst.Call):
-            name = method_name(current) or (dotted_name(current.func) or "").rsplit(".", 1)[-1]
-            if name in GUARDS:
+            if _called_name(current) in GUARDS:
                 return True
         elif isinstance(current, cst.BinaryOperation) and isinstance(
             current.operator, cst.Add | cst.Subtract
@@ -254,11 +249,14 @@ def _guarded(node: cst.CSTNode) -> bool:
 def _has_reduction(node: cst.BaseExpression) -> bool:
     """True when the denominator ``node`` is computed from a tensor reduction (sum, norm...)."""
     for current in walk(node):
-        if isinstance(current, cst.Call):
-            name = method_name(current) or (dotted_name(current.func) or "").rsplit(".", 1)[-1]
-            if name in REDUCTIONS:
-                return True
+        if isinstance(current, cst.Call) and _called_name(current) in REDUCTIONS:
+            return True
     return False
+
+
+def _called_name(call: cst.Call) -> str:
+    """The last part of the called name: ``clamp`` for ``x.clamp(...)`` or ``torch.clamp(...)``."""
+    return method_name(call) or (dotted_name(call.func) or "").rsplit(".", 1)[-1]
 
 
 def _plus_epsilon(node: cst.CSTNode) -> cst.CSTNode:

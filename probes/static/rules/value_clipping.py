@@ -11,7 +11,7 @@ from probes.static.base import Invalid, RawFinding, Rule
 from probes.static.model import FileModel
 from probes.static.names import code_of, dotted_name
 from probes.static.patches import Patch
-from probes.static.ruletools import torch_name
+from probes.static.ruletools import direct_clip_calls, torch_name
 
 
 class ValueClipping(Rule):
@@ -68,11 +68,7 @@ clip_grad_value_(model.parameters(), 1.0)
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        for event in model.direct_events():
-            if event.kind != "clip" or event.clip_kind != "value":
-                continue
-            call = event.call
-            assert isinstance(call, cst.Call)
+        for event, call in direct_clip_calls(model, "value"):
             limit = code_of(event.limit) if event.limit is not None else "clip_value"
             yield RawFinding(
                 node=call,
