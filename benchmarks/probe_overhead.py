@@ -5,7 +5,9 @@ Prints:
    token + position embeddings, pre-LayerNorm attention and 4x MLP blocks, tied head — with
    fewer/narrower layers so a step takes well under a second on 2 CPU cores), at the probe's
    default settings (per-tensor norms every step, richer statistics every 10 steps);
-2. the common per-parameter loop that computes only norms with ``.item()`` vs no probe;
+2. the common per-parameter loop that computes only norms with ``.item()`` vs no probe, and the
+   time spent inside each per step, measured directly in the same run (the probe's plain and
+   sampled steps, its channel write included, and the loop);
 3. per-step measurement cost for 10 → 5,000 gradient tensors (same total size), probe vs loop.
 
 Timings are interleaved (baseline, probe, loop, repeated) and summarised by medians, so machine
@@ -133,15 +135,26 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
     sink_file = channel.open("w")
 
     overheads: list[tuple[bool, float]] = []
+    #: Probe cost per record including what the child then does with it (the channel write).
+    costs: list[tuple[bool, float]] = []
+    loop_costs: list[float] = []
 
     def sink(record: dict[str, object]) -> None:
+        start = time.perf_counter()
         overheads.append((bool(record["sampled"]), float(record["overhead_s"])))  # type: ignore[arg-type]
         # What the child does with every record: one JSON line on the side channel.
-        sink_file.write(json.dumps(record, allow_nan=True) + "\n")
+        sink_file.write(json.dumps({"kind": "step", **record}, allow_nan=True) + "\n")
         sink_file.flush()
+        costs.append((overheads[-1][0], overheads[-1][1] + time.perf_counter() - start))
+
+    def timed_loop(module: nn.Module) -> float:
+        start = time.perf_counter()
+        total = naive_norm_loop(module)
+        loop_costs.append(time.perf_counter() - start)
+        return total
 
     plain = make_step(model, optimizer, data, None)
-    naive = make_step(model, optimizer, data, naive_norm_loop)
+    naive = make_step(model, optimizer, data, timed_loop)
     for _ in range(3):
         plain()  # warm-up: allocator, kernels, optimizer state
     # One collector for the whole run, as in the probe's child (one first step, then sampled
@@ -206,6 +219,17 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
     print(
         "per-parameter .item() norm loop overhead, wall clock (paired median): "
         f"{(loop_ratio - 1) * 100:+.2f} % (median step {loop * 1e3:.1f} ms)"
+    )
+    plain_total = statistics.median(c for sampled, c in costs if not sampled)
+    sampled_total = statistics.median(c for sampled, c in costs if sampled) if sampled_cost else 0.0
+    loop_step = statistics.median(loop_costs)
+    print(
+        f"per-step monitoring time, measured in this run at {n_tensors} tensors: plain-step probe "
+        f"{plain_total * 1e3:.2f} ms vs .item() loop {loop_step * 1e3:.2f} ms "
+        f"(loop/probe {loop_step / plain_total:.2f}x); sampled-step probe "
+        f"{sampled_total * 1e3:.2f} ms; probe averaged over steps (weighted) "
+        f"{((1 - share) * plain_total + share * sampled_total) * 1e3:.2f} ms "
+        "(probe times include the channel write)"
     )
     print(f"RATIOS probe/baseline={probe_ratio:.4f} loop/baseline={loop_ratio:.4f}")
 

@@ -21,6 +21,11 @@ CHANNEL_ENV = "GRADIENT_DOCTOR_CHANNEL"
 SETTINGS_ENV = "GRADIENT_DOCTOR_PROBE"
 
 
+#: One encoder for every message (``json.dumps`` with options builds a new one per call);
+#: allow_nan keeps NaN/Infinity as bare tokens, which json.loads reads back.
+_ENCODER = json.JSONEncoder(allow_nan=True, separators=(",", ":"))
+
+
 class ChannelWriter:
     """Appends JSON-line messages; only the process that opened it may write.
 
@@ -37,8 +42,7 @@ class ChannelWriter:
         if os.getpid() != self._pid:
             return
         message = {"kind": kind, **payload}
-        # allow_nan keeps NaN/Infinity as bare tokens, which json.loads reads back.
-        self._file.write(json.dumps(message, allow_nan=True, separators=(",", ":")) + "\n")
+        self._file.write(_ENCODER.encode(message) + "\n")
         self._file.flush()
 
     def close(self) -> None:

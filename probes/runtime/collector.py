@@ -78,6 +78,10 @@ class _OptimizerState:
     grouping: measure.Grouping | None = None
     param_grouping: measure.Grouping | None = None
     last_grad: Any = None
+    #: Position of each of ``params`` in the collector's parameter list.
+    index: list[int] = field(default_factory=list)
+    #: ``(id, length)`` of each param group's list when ``params`` was built.
+    groups_key: tuple[tuple[int, int], ...] = ()
 
 
 def _op_name(tensor: torch.Tensor) -> str:
@@ -224,9 +228,17 @@ class Collector:
         self._resolve_module_names()
 
     def _register_params(self, opt: torch.optim.Optimizer) -> _OptimizerState:
-        params = [p for group in opt.param_groups for p in group["params"]]
+        # Called every step: the parameter list is rebuilt only when a param group's list was
+        # replaced or changed length (add_param_group, or a script that edits the groups).
+        groups_key = tuple(
+            (id(group["params"]), len(group["params"])) for group in opt.param_groups
+        )
         state = self._opt_state.get(id(opt))
+        if state is not None and state.groups_key == groups_key:
+            return state
+        params = [p for group in opt.param_groups for p in group["params"]]
         if state is not None and len(state.params) == len(params):
+            state.groups_key = groups_key
             return state
         if id(opt) not in self.optimizers:
             self.optimizers[id(opt)] = len(self.optimizers)
@@ -243,7 +255,11 @@ class Collector:
             layer = name.rsplit(".", 1)[0] if "." in name else "(root)"
             self.layers.append(layer)
             self.layer_types.setdefault(layer, self._module_types.get(layer, ""))
-        state = _OptimizerState(params=params)
+        state = _OptimizerState(
+            params=params,
+            index=[self._param_index[id(p)] for p in params],
+            groups_key=groups_key,
+        )
         self._opt_state[id(opt)] = state
         return state
 
@@ -449,9 +465,9 @@ class Collector:
             state.layout = layout
             state.grouping = measure.group_tensors(grads)
             state.param_grouping = measure.group_tensors([p.detach() for p in state.params])
+            self.device = str(state.grouping.home)
         grouping = state.grouping
         assert state.param_grouping is not None
-        self.device = str(grouping.home)
         window = self.window
         home = grouping.home
         with torch.no_grad():
@@ -498,7 +514,9 @@ class Collector:
                     )
                 )
             vector = torch.cat(parts)
-        first_grad = next((g for g in grads if g is not None), None)
+        first_grad = grads[0] if grads and grads[0] is not None else None
+        if first_grad is None:
+            first_grad = next((g for g in grads if g is not None), None)
         reused = None
         if first_grad is not None:
             reused = state.last_grad is not None and state.last_grad() is first_grad
@@ -507,7 +525,7 @@ class Collector:
         meta = {
             "step": self.steps_done + 1,
             "optimizer": self.optimizers[id(opt)],
-            "index": [self._param_index[id(p)] for p in state.params],
+            "index": state.index,
             "n_losses": len(losses),
             "loss_slots": [t is not None for t in window.losses],
             "loss_ops": list(window.loss_ops),

@@ -133,16 +133,67 @@ def finite_flag(tensor: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(tensor.detach().sum(dtype=torch.float32))
 
 
-def _max_abs(grads: Sequence[torch.Tensor | None], grouping: Grouping) -> torch.Tensor:
-    if grouping.home.type != "cpu":
-        return per_tensor_norms(grads, grouping, float("inf"))
-    # On the CPU the foreach inf-norm has no fast kernel; aminmax is one cheap pass.
-    out = torch.full((len(grads),), MISSING, dtype=torch.float32)
-    for index, g in enumerate(grads):
-        if g is not None and g.numel():
-            low, high = torch.aminmax(g.detach())
-            out[index] = torch.maximum(-low, high).float()
-    return out
+#: Integer dtype of each float width, to count non-zero elements on their bits.
+_SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _cpu_details(
+    grads: list[torch.Tensor | None],
+    params: list[torch.Tensor],
+    param_grouping: Grouping,
+    norms: torch.Tensor,
+) -> DetailVectors:
+    """:func:`tensor_details` on the CPU: one sweep per gradient, while it is still in cache.
+
+    The passes run back to back on each tensor (a tensor of a few MB stays in the cores' caches
+    between them) and their 0-dim results are stacked once per statistic instead of written
+    element by element. The CPU ``_foreach_norm`` has no fast kernel for the 0- and inf-"norms",
+    and ``count_nonzero`` is about three times slower on floats than on integers, so max |g|
+    and the non-zero count both come from one transient ``|g|`` (freed before the next tensor):
+    its max, and the non-zero count of its bits read as integers (``|g|`` has no ``-0.0``, so a
+    zero bit pattern is exactly a zero; a NaN's bits are non-zero, as ``NaN != 0``).
+    """
+    n = len(grads)
+    suspects = {i for i, value in enumerate(norms.tolist()) if not math.isfinite(value)}
+    present = [i for i, g in enumerate(grads) if g is not None and g.numel()]
+    peaks: list[torch.Tensor] = []
+    nonzeros: list[torch.Tensor] = []
+    sums: list[torch.Tensor] = []
+    nans = torch.zeros(n, dtype=torch.float32)
+    infs = torch.zeros(n, dtype=torch.float32)
+    for index in present:
+        g = grads[index]
+        assert g is not None
+        g = g.detach()
+        magnitude = g.abs()
+        peaks.append(magnitude.amax())
+        bits = _SAME_WIDTH_INT.get(magnitude.element_size())
+        nonzeros.append(
+            torch.count_nonzero(magnitude.view(bits) if bits is not None else magnitude)
+        )
+        del magnitude
+        sums.append(g.sum(dtype=torch.float32))
+        if index in suspects:
+            nans[index] = torch.isnan(g).sum()
+            infs[index] = torch.isinf(g).sum()
+    max_abs = torch.full((n,), MISSING, dtype=torch.float32)
+    nonzero = torch.full((n,), MISSING, dtype=torch.float32)
+    total = torch.zeros(n, dtype=torch.float32)
+    if present:
+        max_abs[present] = torch.stack(peaks).float()
+        nonzero[present] = torch.stack(nonzeros).float()
+        total[present] = torch.stack(sums)
+    with torch.no_grad():
+        param_norm = per_tensor_norms([p.detach() for p in params], param_grouping)
+    return DetailVectors(
+        max_abs=max_abs,
+        total=total,
+        nonzero=nonzero,
+        nans=nans,
+        infs=infs,
+        param_norm=param_norm.to("cpu"),
+        numel=[0 if g is None else g.numel() for g in grads],
+    )
 
 
 def tensor_details(
@@ -160,45 +211,40 @@ def tensor_details(
     tensor, which avoids a host sync.
     """
     # FSDP2 / tensor-parallel DTensors: this rank's shard (see local_tensor).
-    grads = [None if g is None else local_tensor(g) for g in grads]
-    params = [local_tensor(p) for p in params]
-    n = len(grads)
+    local_grads = [None if g is None else local_tensor(g) for g in grads]
+    local_params = [local_tensor(p) for p in params]
     home = grouping.home
-    max_abs = _max_abs(grads, grouping)
-    nonzero = per_tensor_norms(grads, grouping, 0.0)
     if home.type == "cpu":
-        suspects = {i for i, value in enumerate(norms.tolist()) if not math.isfinite(value)}
-    else:
-        suspects = set(range(n))
+        return _cpu_details(local_grads, local_params, param_grouping, norms)
+    n = len(local_grads)
+    # foreach kernels: the inf-"norm" is max |g|, the 0-"norm" counts the non-zero elements.
+    max_abs = per_tensor_norms(local_grads, grouping, float("inf"))
+    nonzero = per_tensor_norms(local_grads, grouping, 0.0)
     sums: list[torch.Tensor] = []
     nans: list[torch.Tensor] = []
     infs: list[torch.Tensor] = []
     zero = torch.zeros((), dtype=torch.float32, device=home)
-    for index, g in enumerate(grads):
+    for g in local_grads:
         if g is None:
             sums.append(zero)
             nans.append(zero)
             infs.append(zero)
             continue
         sums.append(g.sum(dtype=torch.float32).to(home, non_blocking=True))
-        if index in suspects:
-            nans.append(torch.isnan(g).sum().to(home, torch.float32, non_blocking=True))
-            infs.append(torch.isinf(g).sum().to(home, torch.float32, non_blocking=True))
-        else:
-            nans.append(zero)
-            infs.append(zero)
+        nans.append(torch.isnan(g).sum().to(home, torch.float32, non_blocking=True))
+        infs.append(torch.isinf(g).sum().to(home, torch.float32, non_blocking=True))
     with torch.no_grad():
-        param_norm = per_tensor_norms([p.detach() for p in params], param_grouping)
+        param_norm = per_tensor_norms([p.detach() for p in local_params], param_grouping)
     if param_norm.device != home:
         param_norm = param_norm.to(home, non_blocking=True)
     return DetailVectors(
-        max_abs=max_abs.to(home),
+        max_abs=max_abs,
         total=torch.stack(sums) if n else zero.new_zeros(0),
         nonzero=nonzero,
         nans=torch.stack(nans) if n else zero.new_zeros(0),
         infs=torch.stack(infs) if n else zero.new_zeros(0),
         param_norm=param_norm,
-        numel=[0 if g is None else g.numel() for g in grads],
+        numel=[0 if g is None else g.numel() for g in local_grads],
     )
 
 
