@@ -53,7 +53,31 @@ _RUNTIME_ROWS: list[tuple[str, tuple[str, ...]]] = [
     ("Zero-grad parameters", ("zero-gradients",)),
     ("Dead units", ("dead-neurons",)),
     ("Layer balance", ("layer-norm-spread", "grad-param-ratio")),
-    ("Clipping / AMP", ("clip-too-aggressive", "clip-never-active", "amp-overflow-skips")),
+    (
+        "Clipping / AMP",
+        (
+            "clip-after-step",
+            "clip-before-backward",
+            "amp-clip-without-unscale",
+            "amp-step-bypasses-scaler",
+            "amp-double-unscale",
+            "clip-too-aggressive",
+            "clip-never-active",
+            "amp-overflow-skips",
+        ),
+    ),
+    (
+        "Accumulation / DDP",
+        (
+            "accum-unscaled-loss",
+            "accum-missing-zero-grad",
+            "accum-zero-grad-every-microstep",
+            "accum-clip-every-microstep",
+            "accum-scheduler-per-microbatch",
+            "ddp-accum-without-no-sync",
+            "ranks-diverge",
+        ),
+    ),
 ]
 
 _MARKS: dict[str, str] = {"ok": "✅", "warning": "⚠️", "critical": "❌", "not-run": "—"}

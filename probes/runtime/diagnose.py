@@ -580,17 +580,26 @@ class _Diagnosis:
                 continue
             if norms[i + 1] > factor * median:
                 continue  # not isolated: a level shift or a rise, not a spike
-            spikes.append((self.records[i].step, norms[i], median))
+            spikes.append((i, norms[i], median))
         if not spikes:
             return
-        step, value, median = spikes[0]
+        index, value, median = spikes[0]
+        step = self.records[index].step
+        # Spikes that a correctly placed clip capped are what clipping is for: worth knowing,
+        # not a warning.
+        misplaced = self.has("clip-after-step") or self.has("clip-before-backward")
+        contained = not misplaced and all(self.records[i].clipped for i, _, _ in spikes)
         self.add(
             "grad-norm-spikes",
-            "warning",
+            "info" if contained else "warning",
             f"{len(spikes)} isolated gradient-norm spike(s); the first at step {step}: "
-            f"{value:.3g} against a running median of {median:.3g} ({value / median:.3g}×).",
+            f"{value:.3g} against a running median of {median:.3g} ({value / median:.3g}×)."
+            + (" The script's clipping capped each of them." if contained else ""),
             step=step,
-            fix="Clip the total norm; check the batch of the spike step for outliers.",
+            fix="Keep the clipping; if spikes are frequent, check the batches of the spike steps."
+            if contained
+            else "Clip the total norm; check the batch of the spike step for outliers.",
+            contained_by_clipping=contained,
             spikes=len(spikes),
             first_spike=_num(value),
             running_median=_num(median),

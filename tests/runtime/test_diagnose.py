@@ -298,3 +298,35 @@ def test_clip_never_active_while_unstable(profile: ThresholdProfile) -> None:
     assert found["clip-never-active"].severity == "info"
     calm = [r.model_copy(update={"losses": [1.0]}) for r in records]
     assert "clip-never-active" not in ids(diagnose(calm, summary(), profile))
+
+
+def test_spikes_capped_by_a_well_placed_clip_are_info(profile: ThresholdProfile) -> None:
+    def clipped_run(events: list[str]) -> list[StepRecord]:
+        runs = []
+        for s in range(1, 17):
+            raw = 100.0 if s == 9 else 0.5
+            runs.append(
+                record(
+                    s,
+                    [min(raw, 1.0), 0.1, 0.4, 0.1],
+                    events=events,
+                    total_norm_before_clip=raw,
+                    clip_max_norm=1.0,
+                    clipped=raw > 1.0,
+                )
+            )
+        return runs
+
+    found = {
+        f.id: f for f in diagnose(clipped_run(["backward", "clip", "step"]), summary(), profile)
+    }
+    assert found["grad-norm-spikes"].severity == "info"
+    assert found["grad-norm-spikes"].evidence["contained_by_clipping"] is True
+    unclipped = [record(s, [100.0 if s == 9 else 0.5, 0.1, 0.4, 0.1]) for s in range(1, 17)]
+    found = {f.id: f for f in diagnose(unclipped, summary(), profile)}
+    assert found["grad-norm-spikes"].severity == "warning"
+    # A clip after the step caps nothing the optimizer used: still a warning.
+    late = clipped_run(["clip", "zero-grad", "backward", "step"])
+    found = {f.id: f for f in diagnose(late, summary(), profile)}
+    assert "clip-after-step" in found
+    assert found["grad-norm-spikes"].severity == "warning"
