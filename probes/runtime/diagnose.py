@@ -405,17 +405,21 @@ class _Diagnosis:
                 per_layer.setdefault(layer, []).append(norm)
         return {k: statistics.median(v) for k, v in per_layer.items() if v}
 
-    def _early_late(self) -> tuple[float | None, str | None, str | None]:
+    def _weight_layer_medians(self) -> tuple[dict[str, float], list[str]]:
+        """Median norm per layer, and the weight layers (in order) with a non-zero median."""
         medians = self._median_layer_norms()
         layers = [layer for layer in self.weight_layers() if medians.get(layer, 0) > 0]
+        return medians, layers
+
+    def _early_late(self) -> tuple[float | None, str | None, str | None]:
+        medians, layers = self._weight_layer_medians()
         if len(layers) < 2:
             return None, None, None
         early, late = layers[0], layers[-1]
         return medians[late] / medians[early], early, late
 
     def check_layers(self) -> None:
-        medians = self._median_layer_norms()
-        layers = [layer for layer in self.weight_layers() if medians.get(layer, 0) > 0]
+        medians, layers = self._weight_layer_medians()
         if len(layers) < 2:
             return
         high = max(layers, key=lambda layer: medians[layer])
