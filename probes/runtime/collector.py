@@ -471,7 +471,13 @@ class Collector:
         window = self.window
         home = grouping.home
         with torch.no_grad():
-            norms = measure.per_tensor_norms(grads, grouping)
+            details = None
+            if window.sampled:
+                norms, details = measure.sampled_statistics(
+                    grads, state.params, grouping, state.param_grouping
+                )
+            else:
+                norms = measure.per_tensor_norms(grads, grouping)
             parts = [norms]
             losses = [t for t in window.losses if t is not None]
             if losses:
@@ -481,11 +487,7 @@ class Collector:
             scaler_scale = getattr(window.scaler, "_scale", None)
             if isinstance(scaler_scale, torch.Tensor):
                 parts.append(scaler_scale.reshape(1).to(home, torch.float32))
-            details = None
-            if window.sampled:
-                details = measure.tensor_details(
-                    grads, state.params, grouping, state.param_grouping, norms
-                )
+            if details is not None:
                 parts.append(details.pack().to(home))
             fired_names = sorted(window.fired)
             for name in fired_names:

@@ -72,16 +72,64 @@ def local_tensor(tensor: Any) -> Any:
     return to_local() if callable(to_local) else tensor
 
 
+#: CPU tensors at least this large get their L2 norm from a BLAS dot product (see
+#: :func:`_cpu_l2_norms`); smaller ones stay in the foreach kernel, whose per-tensor cost is
+#: lower than a Python-level call.
+CPU_DOT_MIN_NUMEL = 16_384
+
+_BLAS_DTYPES = (torch.float32, torch.float64)
+
+
+def _norm_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """Accumulation dtype for a norm: low-precision and fp32 tensors accumulate in fp32;
+    float64 keeps its own precision (the norm kernels refuse to narrow) and is cast afterwards;
+    complex tensors give their real counterpart's precision."""
+    if dtype == torch.float64 or dtype.is_complex:
+        return None
+    return torch.float32
+
+
+def _cpu_l2_norms(members: list[torch.Tensor]) -> torch.Tensor | None:
+    """L2 norms of same-dtype CPU tensors, large ones through ``torch.dot`` (None: not faster).
+
+    On the CPU ``_foreach_norm`` runs ATen's generic norm reduction once per tensor; for float32
+    and float64 a BLAS dot product of the flattened tensor with itself is the same sum of
+    squares about 1.7x faster on cache-cold gradients (measured on the benchmark model's 52
+    tensors: 1.05 ms against 1.75 ms) and more accurate (it keeps many partial sums: 4e-5
+    relative error at 38 M elements against 2.6e-3 for the norm kernel, float64 reference).
+    NaN and Inf propagate as with the norm (``inf·inf = inf``, ``nan`` stays ``nan``).
+    """
+    if members[0].dtype not in _BLAS_DTYPES:
+        return None
+    large: list[int] = []
+    small: list[int] = []
+    for i, m in enumerate(members):
+        (large if m.numel() >= CPU_DOT_MIN_NUMEL and m.is_contiguous() else small).append(i)
+    if not large:
+        return None
+    # Per element the same ops as _cpu_l2_norm (dot, cast, sqrt), so the values are identical;
+    # batched, the cast and the root are one call each instead of one per tensor.
+    flats = [members[i].view(-1) for i in large]
+    large_norms = torch.stack([torch.dot(flat, flat) for flat in flats]).to(torch.float32).sqrt_()
+    if not small:
+        return large_norms
+    small_norms = torch.stack(torch._foreach_norm([members[i] for i in small], 2.0))
+    order = torch.empty(len(members), dtype=torch.long)
+    order[large + small] = torch.arange(len(members))
+    return torch.cat([large_norms, small_norms.to(torch.float32)]).index_select(0, order)
+
+
 def _group_norms(members: list[torch.Tensor], ord: float, grouping: Grouping) -> torch.Tensor:
     """Norms of same-device, same-dtype tensors: one foreach kernel, as float32 on home."""
+    if ord == 2.0 and members[0].device.type == "cpu":
+        fast = _cpu_l2_norms(members)
+        if fast is not None:
+            return fast
     if ord == math.inf:
         # A rank's shard can be empty (a 1-element bias split over 2 ranks), and the max
         # of nothing is undefined for _foreach_norm: an empty shard's max |g| is 0.
         members = [m if m.numel() else m.new_zeros(1) for m in members]
-    # Low-precision and fp32 tensors accumulate in fp32; float64 keeps its own precision
-    # (foreach_norm refuses to narrow) and is cast afterwards.
-    wide = members[0].dtype in (torch.float64, torch.complex128)
-    norms = torch._foreach_norm(members, ord, dtype=None if wide else torch.float32)  # type: ignore[arg-type]
+    norms = torch._foreach_norm(members, ord, dtype=_norm_dtype(members[0].dtype))  # type: ignore[arg-type]
     stacked = torch.stack(list(norms)).to(torch.float32)
     if stacked.device != grouping.home:
         stacked = stacked.to(grouping.home, non_blocking=True)
@@ -137,55 +185,152 @@ def finite_flag(tensor: torch.Tensor) -> torch.Tensor:
 _SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _cpu_details(
+def _sum(g: torch.Tensor) -> torch.Tensor:
+    """Sum of the elements (of the real parts for a complex tensor), in at least float32."""
+    if g.is_complex():
+        return g.sum().real
+    return g.sum() if g.dtype in _BLAS_DTYPES else g.sum(dtype=torch.float32)
+
+
+def _cpu_l2_norm(g: torch.Tensor) -> torch.Tensor:
+    """One CPU tensor's L2 norm by the same rule as :func:`_cpu_l2_norms` (float32, 0-dim)."""
+    if g.dtype in _BLAS_DTYPES and g.numel() >= CPU_DOT_MIN_NUMEL and g.is_contiguous():
+        flat = g.view(-1)
+        return torch.dot(flat, flat).to(torch.float32).sqrt()
+    return torch.linalg.vector_norm(g, dtype=_norm_dtype(g.dtype)).to(torch.float32)
+
+
+#: Size of the pieces a large contiguous gradient is swept in on the CPU: small enough that a
+#: piece and its ``|g|`` stay in the cores' L2 caches between the passes over it.
+CPU_SWEEP_CHUNK_BYTES = 1 << 20
+
+
+@dataclass
+class _Sweep:
+    """One gradient's sampled statistics as 0-dim tensors (norm, max |g|, non-zeros, sum)."""
+
+    norm: torch.Tensor
+    peak: torch.Tensor
+    nonzero: torch.Tensor
+    total: torch.Tensor
+
+
+def _sweep_piece(piece: torch.Tensor, scratch: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """Max |g|, non-zero count and sum of one tensor or piece, ``|g|`` written to ``scratch``."""
+    if scratch is None:
+        magnitude = piece.abs()  # complex: |g| is real, so no scratch of the tensor's dtype
+    else:
+        magnitude = torch.abs(piece, out=scratch[: piece.numel()].view(piece.shape))
+    bits = _SAME_WIDTH_INT.get(magnitude.element_size())
+    nonzero = torch.count_nonzero(magnitude.view(bits) if bits is not None else magnitude)
+    return magnitude.amax(), nonzero, _sum(piece)
+
+
+def _sweep_tensor(g: torch.Tensor, scratch: torch.Tensor | None) -> _Sweep:
+    """All passes over one gradient; a large contiguous one piece by piece.
+
+    A tensor of at most one piece gets its norm by :func:`_cpu_l2_norm`, the plain steps' rule,
+    so both kinds of step agree exactly; a larger one sums its pieces' squares.
+    """
+    chunk = CPU_SWEEP_CHUNK_BYTES // g.element_size()
+    if scratch is None or g.numel() <= chunk or not g.is_contiguous():
+        peak, nonzero, total = _sweep_piece(g, scratch)
+        return _Sweep(_cpu_l2_norm(g), peak, nonzero, total)
+    flat = g.view(-1)
+    squares: list[torch.Tensor] = []
+    parts: list[tuple[torch.Tensor, ...]] = []
+    for start in range(0, flat.numel(), chunk):
+        piece = flat[start : start + chunk]
+        if g.dtype in _BLAS_DTYPES:
+            squares.append(torch.dot(piece, piece))
+        else:
+            squares.append(torch.linalg.vector_norm(piece, dtype=torch.float32).square())
+        parts.append(_sweep_piece(piece, scratch))
+    peaks, nonzeros, sums = (torch.stack(column) for column in zip(*parts, strict=True))
+    return _Sweep(
+        torch.stack(squares).sum().to(torch.float32).sqrt(),
+        peaks.amax(),
+        nonzeros.sum(),
+        sums.sum(),
+    )
+
+
+def _cpu_sweep(
     grads: list[torch.Tensor | None],
     params: list[torch.Tensor],
     param_grouping: Grouping,
-    norms: torch.Tensor,
-) -> DetailVectors:
-    """:func:`tensor_details` on the CPU: one sweep per gradient, while it is still in cache.
+) -> tuple[torch.Tensor, DetailVectors]:
+    """Norms and details on the CPU: one sweep per gradient, each piece while it is in cache.
 
-    The passes run back to back on each tensor (a tensor of a few MB stays in the cores' caches
-    between them) and their 0-dim results are stacked once per statistic instead of written
-    element by element. The CPU ``_foreach_norm`` has no fast kernel for the 0- and inf-"norms",
-    and ``count_nonzero`` is about three times slower on floats than on integers, so max |g|
-    and the non-zero count both come from one transient ``|g|`` (freed before the next tensor):
-    its max, and the non-zero count of its bits read as integers (``|g|`` has no ``-0.0``, so a
-    zero bit pattern is exactly a zero; a NaN's bits are non-zero, as ``NaN != 0``).
+    The passes (sum of squares, ``|g|``, its max and non-zero count, the sum) run back to back
+    on each tensor, or on each 1 MiB piece of a large contiguous one, so the later passes read
+    the cores' caches rather than memory; their 0-dim results are stacked once per statistic.
+    Doing the norm inside the sweep makes a sampled step one read of each gradient from
+    memory, not two. Measured: 3.1 ms against 1.05 ms + 3.15 ms as separate sweeps on the
+    benchmark model's 4.3 M parameters; 63 ms against 131 ms for whole-tensor passes on
+    GPT-2-124M's gradients.
+
+    The CPU ``_foreach_norm`` has no fast kernel for the 0- and inf-"norms", and
+    ``count_nonzero`` is about three times slower on floats than on integers, so max |g| and
+    the non-zero count both come from ``|g|``, written into one scratch buffer per dtype that
+    is reused for every tensor (no allocation and page faults per tensor) and freed on return:
+    its max, and the non-zero count of its bits read as integers (``|g|`` has no ``-0.0``, so
+    a zero bit pattern is exactly a zero; a NaN's bits are non-zero, as ``NaN != 0``).
     """
     n = len(grads)
-    suspects = {i for i, value in enumerate(norms.tolist()) if not math.isfinite(value)}
-    present = [i for i, g in enumerate(grads) if g is not None and g.numel()]
+    present = [i for i, g in enumerate(grads) if g is not None]
+    largest: dict[torch.dtype, int] = {}
+    for i in present:
+        g = grads[i]
+        assert g is not None
+        if not g.is_complex():
+            piece = g.numel()
+            if g.is_contiguous():
+                piece = min(piece, CPU_SWEEP_CHUNK_BYTES // g.element_size())
+            largest[g.dtype] = max(largest.get(g.dtype, 0), piece)
+    scratch = {dtype: torch.empty(size, dtype=dtype) for dtype, size in largest.items()}
+    found_norms: list[torch.Tensor] = []
     peaks: list[torch.Tensor] = []
     nonzeros: list[torch.Tensor] = []
     sums: list[torch.Tensor] = []
-    nans = torch.zeros(n, dtype=torch.float32)
-    infs = torch.zeros(n, dtype=torch.float32)
+    with_values: list[int] = []
     for index in present:
         g = grads[index]
         assert g is not None
         g = g.detach()
-        magnitude = g.abs()
-        peaks.append(magnitude.amax())
-        bits = _SAME_WIDTH_INT.get(magnitude.element_size())
-        nonzeros.append(
-            torch.count_nonzero(magnitude.view(bits) if bits is not None else magnitude)
-        )
-        del magnitude
-        sums.append(g.sum(dtype=torch.float32))
-        if index in suspects:
-            nans[index] = torch.isnan(g).sum()
-            infs[index] = torch.isinf(g).sum()
+        if not g.numel():
+            found_norms.append(_cpu_l2_norm(g))
+            continue
+        swept = _sweep_tensor(g, scratch.get(g.dtype))
+        found_norms.append(swept.norm)
+        with_values.append(index)
+        peaks.append(swept.peak)
+        nonzeros.append(swept.nonzero)
+        sums.append(swept.total)
+    del scratch
+    norms = torch.full((n,), MISSING, dtype=torch.float32)
     max_abs = torch.full((n,), MISSING, dtype=torch.float32)
     nonzero = torch.full((n,), MISSING, dtype=torch.float32)
     total = torch.zeros(n, dtype=torch.float32)
+    nans = torch.zeros(n, dtype=torch.float32)
+    infs = torch.zeros(n, dtype=torch.float32)
     if present:
-        max_abs[present] = torch.stack(peaks).float()
-        nonzero[present] = torch.stack(nonzeros).float()
-        total[present] = torch.stack(sums)
+        norms[present] = torch.stack(found_norms)
+    if with_values:
+        max_abs[with_values] = torch.stack(peaks).float()
+        nonzero[with_values] = torch.stack(nonzeros).float()
+        total[with_values] = torch.stack(sums).float()
+    # NaN and Inf are counted only where the norm says there are some (reading it is free on
+    # the CPU): a clean step pays nothing for them.
+    for index, value in enumerate(norms.tolist()):
+        if not math.isfinite(value):
+            g = grads[index]
+            assert g is not None
+            nans[index] = torch.isnan(g).sum()
+            infs[index] = torch.isinf(g).sum()
     with torch.no_grad():
         param_norm = per_tensor_norms([p.detach() for p in params], param_grouping)
-    return DetailVectors(
+    details = DetailVectors(
         max_abs=max_abs,
         total=total,
         nonzero=nonzero,
@@ -194,6 +339,28 @@ def _cpu_details(
         param_norm=param_norm.to("cpu"),
         numel=[0 if g is None else g.numel() for g in grads],
     )
+    return norms, details
+
+
+def sampled_statistics(
+    grads: Sequence[torch.Tensor | None],
+    params: Sequence[torch.Tensor],
+    grouping: Grouping,
+    param_grouping: Grouping,
+) -> tuple[torch.Tensor, DetailVectors]:
+    """A sampled step's per-tensor norms (as :func:`per_tensor_norms`) and details together.
+
+    On the CPU both come from one sweep over the gradients (:func:`_cpu_sweep`); on an
+    accelerator the norms are one foreach kernel per group, then :func:`tensor_details`.
+    """
+    if grouping.home.type == "cpu":
+        return _cpu_sweep(
+            [None if g is None else local_tensor(g) for g in grads],
+            [local_tensor(p) for p in params],
+            param_grouping,
+        )
+    norms = per_tensor_norms(grads, grouping)
+    return norms, tensor_details(grads, params, grouping, param_grouping, norms)
 
 
 def tensor_details(
@@ -205,17 +372,17 @@ def tensor_details(
 ) -> DetailVectors:
     """Max |g|, sum, non-zero count, NaN and Inf counts of every gradient, and ‖w‖.
 
-    A few passes over the gradients: run on sampled steps only. NaN and Inf are counted only in
-    tensors whose norm (``norms``, this step's per-tensor norms) is already non-finite — on
-    the CPU, where reading ``norms`` costs nothing; on an accelerator they are counted in every
-    tensor, which avoids a host sync.
+    A few passes over the gradients: run on sampled steps only (the probe calls
+    :func:`sampled_statistics`). On an accelerator NaN and Inf are counted in every tensor,
+    which avoids a host sync; on the CPU, where reading a norm costs nothing, only in tensors
+    whose norm is non-finite, and ``norms`` is not needed (the CPU sweep computes its own).
     """
     # FSDP2 / tensor-parallel DTensors: this rank's shard (see local_tensor).
     local_grads = [None if g is None else local_tensor(g) for g in grads]
     local_params = [local_tensor(p) for p in params]
     home = grouping.home
     if home.type == "cpu":
-        return _cpu_details(local_grads, local_params, param_grouping, norms)
+        return _cpu_sweep(local_grads, local_params, param_grouping)[1]
     n = len(local_grads)
     # foreach kernels: the inf-"norm" is max |g|, the 0-"norm" counts the non-zero elements.
     max_abs = per_tensor_norms(local_grads, grouping, float("inf"))
@@ -230,7 +397,7 @@ def tensor_details(
             nans.append(zero)
             infs.append(zero)
             continue
-        sums.append(g.sum(dtype=torch.float32).to(home, non_blocking=True))
+        sums.append(_sum(g).to(home, torch.float32, non_blocking=True))
         nans.append(torch.isnan(g).sum().to(home, torch.float32, non_blocking=True))
         infs.append(torch.isinf(g).sum().to(home, torch.float32, non_blocking=True))
     with torch.no_grad():

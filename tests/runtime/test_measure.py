@@ -132,3 +132,86 @@ def test_cuda_transfer_is_one_async_copy() -> None:
     ((_tag, values),) = transfer.flush()
     expected = [g.double().norm().item() for g in grads if g is not None]
     assert values == pytest.approx(expected, rel=1e-5)
+
+
+def _awkward_gradients() -> list[torch.Tensor | None]:
+    """Both CPU norm paths (BLAS dot for large float tensors, the norm kernel otherwise)."""
+    torch.manual_seed(2)
+    large = torch.randn(300, 200)  # 60,000 elements: dot path
+    large[0, :7] = 0.0
+    large[1, :5] = -0.0  # a negative zero is a zero
+    with_nan = torch.randn(40_000)
+    with_nan[123] = math.nan
+    with_nan[9] = math.inf
+    with_inf = torch.randn(20_000, dtype=torch.float64)
+    with_inf[5] = -math.inf
+    return [
+        large,
+        None,
+        torch.randn(200, 300).t(),  # large but not contiguous: norm kernel
+        with_nan,
+        with_inf,
+        torch.randn(17),
+        torch.zeros(0),
+        torch.randn(30_000, dtype=torch.bfloat16),
+        torch.randn(4, 5, dtype=torch.complex64),
+    ]
+
+
+def test_cpu_norm_paths_agree_with_reference() -> None:
+    grads = _awkward_gradients()
+    norms = measure.per_tensor_norms(grads, measure.group_tensors(grads)).tolist()
+    assert norms[1] == measure.MISSING
+    assert math.isnan(norms[3])  # NaN wins over Inf on the dot path too
+    assert math.isinf(norms[4])
+    for value, g in zip(norms, grads, strict=True):
+        if g is None or not torch.isfinite(g).all():
+            continue
+        rel = 1e-2 if g.dtype == torch.bfloat16 else _tolerance(g.numel())
+        assert value == pytest.approx(_reference_norm(g.abs()), rel=rel, abs=1e-30)
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 4096], ids=["default-pieces", "small-pieces"])
+def test_sampled_statistics_match_brute_force_and_the_plain_norms(
+    chunk_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if chunk_bytes is not None:
+        # Every tensor above 1,024 float32 elements is then swept in many pieces.
+        monkeypatch.setattr(measure, "CPU_SWEEP_CHUNK_BYTES", chunk_bytes)
+    grads = _awkward_gradients()
+    params = [torch.randn(g.shape) if g is not None else torch.randn(3) for g in grads]
+    grouping = measure.group_tensors(grads)
+    plain = measure.per_tensor_norms(grads, grouping).tolist()
+    norms_tensor, details = measure.sampled_statistics(
+        grads, params, grouping, measure.group_tensors(params)
+    )
+    norms = norms_tensor.tolist()
+    # Same rule as the plain steps (exactly so for a tensor swept whole): a series mixing
+    # plain and sampled steps is consistent.
+    for got, want, g in zip(norms, plain, grads, strict=True):
+        if math.isnan(want):
+            assert math.isnan(got)
+        elif g is not None and g.numel() * g.element_size() > measure.CPU_SWEEP_CHUNK_BYTES:
+            assert got == pytest.approx(want, rel=1e-5)
+        else:
+            assert got == want
+    unpacked = measure.unpack_details(details.pack().tolist(), details.numel, norms)
+    for g, p, got in zip(grads, params, unpacked, strict=True):
+        if g is None or g.numel() == 0:
+            assert got is None
+            continue
+        assert got is not None
+        g64 = g.detach().to(torch.complex128 if g.is_complex() else torch.float64).flatten()
+        finite = g64[torch.isfinite(g64)] if not g.is_complex() else g64
+        assert got["nans"] == int(torch.isnan(g64).sum())
+        assert got["infs"] == int(torch.isinf(g64).sum())
+        assert got["zeros"] == int((g64 == 0).sum())
+        if got["nans"]:
+            assert math.isnan(got["max_abs"])
+            continue
+        assert got["max_abs"] == pytest.approx(g64.abs().max().item(), rel=1e-6)
+        if got["infs"]:
+            continue
+        rel = 1e-2 if g.dtype == torch.bfloat16 else 1e-5
+        assert got["mean"] == pytest.approx(finite.real.mean().item(), rel=rel, abs=1e-6)
+        assert got["param_norm"] == pytest.approx(p.double().norm().item(), rel=1e-5)
