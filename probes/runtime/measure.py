@@ -215,15 +215,39 @@ class _Sweep:
     total: torch.Tensor
 
 
+#: Each float width's integer mask that clears the sign bit: ``bits & mask`` is ``|g|``'s bits.
+_MAGNITUDE_MASK = {
+    torch.int16: 0x7FFF,
+    torch.int32: 0x7FFF_FFFF,
+    torch.int64: 0x7FFF_FFFF_FFFF_FFFF,
+}
+
+
+def _magnitude_bits_dtype(g: torch.Tensor) -> torch.dtype | None:
+    """The integer dtype ``|g|``'s bits are computed in (None: complex or an odd width)."""
+    if g.is_complex():
+        return None
+    return _SAME_WIDTH_INT.get(g.element_size())
+
+
 def _sweep_piece(piece: torch.Tensor, scratch: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    """Max |g|, non-zero count and sum of one tensor or piece, ``|g|`` written to ``scratch``."""
+    """Max |g|, non-zero count and sum of one tensor or piece; ``|g|``'s bits go to ``scratch``.
+
+    Clearing the sign bit is ``|g|`` on the bits (about twice as fast as ``abs``, which runs
+    single-threaded here). For non-negative floats the integer order of the bits is the float
+    order, and a NaN's bits lie above Inf's, so the integer max read back as a float is max |g|,
+    NaN included. ``|g|`` has no ``-0.0``, so a zero bit pattern is exactly a zero, and
+    ``count_nonzero`` is about three times faster on integers than on floats.
+    """
     if scratch is None:
-        magnitude = piece.abs()  # complex: |g| is real, so no scratch of the tensor's dtype
-    else:
-        magnitude = torch.abs(piece, out=scratch[: piece.numel()].view(piece.shape))
-    bits = _SAME_WIDTH_INT.get(magnitude.element_size())
-    nonzero = torch.count_nonzero(magnitude.view(bits) if bits is not None else magnitude)
-    return magnitude.amax(), nonzero, _sum(piece)
+        magnitude = piece.abs()  # complex (|g| is real) or a width without an integer twin
+        return magnitude.amax(), torch.count_nonzero(magnitude), _sum(piece)
+    bits = torch.bitwise_and(
+        piece.view(scratch.dtype),
+        _MAGNITUDE_MASK[scratch.dtype],
+        out=scratch[: piece.numel()].view(piece.shape),
+    )
+    return bits.amax().view(piece.dtype), torch.count_nonzero(bits), _sum(piece)
 
 
 def _sweep_tensor(g: torch.Tensor, scratch: torch.Tensor | None) -> _Sweep:
@@ -270,12 +294,10 @@ def _cpu_sweep(
     benchmark model's 4.3 M parameters; 63 ms against 131 ms for whole-tensor passes on
     GPT-2-124M's gradients.
 
-    The CPU ``_foreach_norm`` has no fast kernel for the 0- and inf-"norms", and
-    ``count_nonzero`` is about three times slower on floats than on integers, so max |g| and
-    the non-zero count both come from ``|g|``, written into one scratch buffer per dtype that
-    is reused for every tensor (no allocation and page faults per tensor) and freed on return:
-    its max, and the non-zero count of its bits read as integers (``|g|`` has no ``-0.0``, so
-    a zero bit pattern is exactly a zero; a NaN's bits are non-zero, as ``NaN != 0``).
+    The CPU ``_foreach_norm`` has no fast kernel for the 0- and inf-"norms", so max |g| and
+    the non-zero count both come from ``|g|``'s bits (:func:`_sweep_piece`), written into one
+    scratch buffer per integer width that is reused for every tensor (no allocation and page
+    faults per tensor) and freed on return.
     """
     n = len(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
@@ -283,11 +305,12 @@ def _cpu_sweep(
     for i in present:
         g = grads[i]
         assert g is not None
-        if not g.is_complex():
+        bits = _magnitude_bits_dtype(g)
+        if bits is not None:
             piece = g.numel()
             if g.is_contiguous():
                 piece = min(piece, CPU_SWEEP_CHUNK_BYTES // g.element_size())
-            largest[g.dtype] = max(largest.get(g.dtype, 0), piece)
+            largest[bits] = max(largest.get(bits, 0), piece)
     scratch = {dtype: torch.empty(size, dtype=dtype) for dtype, size in largest.items()}
     found_norms: list[torch.Tensor] = []
     peaks: list[torch.Tensor] = []
@@ -301,7 +324,8 @@ def _cpu_sweep(
         if not g.numel():
             found_norms.append(_cpu_l2_norm(g))
             continue
-        swept = _sweep_tensor(g, scratch.get(g.dtype))
+        bits = _magnitude_bits_dtype(g)
+        swept = _sweep_tensor(g, None if bits is None else scratch[bits])
         found_norms.append(swept.norm)
         with_values.append(index)
         peaks.append(swept.peak)
