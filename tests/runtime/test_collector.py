@@ -160,3 +160,36 @@ def test_split_clipping_api_is_seen(probe: Any) -> None:
     assert record["total_norm_before_clip"] == pytest.approx(float(total))
     assert record["clipped"] is True
     assert record["total_norm"] == pytest.approx(1e-3, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("activation", "expect_hooks"), [(nn.ReLU, True), (nn.GELU, False)], ids=["relu", "gelu"]
+)
+def test_sampled_windows_hook_forwards_only_when_there_are_units_to_count(
+    probe: Any, activation: type[nn.Module], expect_hooks: bool
+) -> None:
+    collector, records = probe(sample_every=2)
+    wanted: list[bool] = []
+    install_hooks = collector.forward_hooks_wanted
+    assert install_hooks is not None
+
+    def spy(on: bool) -> None:
+        wanted.append(on)
+        install_hooks(on)
+
+    collector.forward_hooks_wanted = spy
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 12), activation(), nn.Linear(12, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 6), torch.randn(16, 1)
+    for _ in range(5):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    # Windows after steps 1..5: step 2 and 4 are sampled, 3 and 5 are plain.
+    assert wanted == [expect_hooks, False, expect_hooks, False, expect_hooks]
+    sampled = [r for r in records if r["sampled"] and r["step"] > 1]
+    assert [r["step"] for r in sampled] == [2, 4]
+    # Dead units are still counted where there are ReLU units; norms and details everywhere.
+    assert all(("dead_units" in r) == expect_hooks for r in sampled)
+    assert all(r["detail"] is not None for r in sampled)
