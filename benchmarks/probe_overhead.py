@@ -25,7 +25,6 @@ noise hits every variant alike. ``--device cuda`` runs the same on a GPU when on
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import tempfile
@@ -37,6 +36,7 @@ import torch
 from torch import nn
 
 from probes.runtime import hooks, measure
+from probes.runtime.channel import ChannelWriter
 from probes.runtime.collector import Collector
 
 
@@ -137,8 +137,8 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
     data = torch.randint(0, args.vocab, (256, args.context + 1), device=device)
     n_params = sum(p.numel() for p in model.parameters())
     n_tensors = sum(1 for _ in model.parameters())
-    channel = Path(tempfile.mkdtemp()) / "channel.jsonl"
-    sink_file = channel.open("w")
+    # The child's own side channel: every record becomes one flushed JSON line.
+    channel = ChannelWriter(Path(tempfile.mkdtemp()) / "channel.jsonl")
 
     #: Whether each recorded step was a sampled one, by step number.
     sampled_steps: dict[int, bool] = {}
@@ -146,9 +146,7 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
 
     def sink(record: dict[str, object]) -> None:
         sampled_steps[int(record["step"])] = bool(record["sampled"])  # type: ignore[call-overload]
-        # What the child does with every record: one JSON line on the side channel.
-        sink_file.write(json.dumps({"kind": "step", **record}, allow_nan=True) + "\n")
-        sink_file.flush()
+        channel.send("step", record)
 
     def timed_loop(module: nn.Module) -> float:
         start = time.perf_counter()
@@ -182,7 +180,7 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
         for name in names[shift:] + names[:shift]:
             samples[name] += time_steps(variants[name], 1, device)
     collector.flush()
-    sink_file.close()
+    channel.close()
     base = statistics.median(samples["baseline"])
     base_mean = statistics.mean(samples["baseline"])
     loop = statistics.median(samples["loop"])
