@@ -2,10 +2,12 @@
 
 Cost model (issue 4): every step gathers only the per-tensor L2 norms, one
 ``torch._foreach_norm`` per (device, dtype) group, so the number of kernel launches grows with
-the number of groups and not the number of tensors. A NaN or Inf anywhere in a tensor makes its
-norm non-finite (NaN wins over Inf), which names the tensor; a zero norm marks a frozen or dead
-tensor. The richer statistics (:func:`tensor_details`) are several passes over the gradients and
-run only on sampled steps and at the first anomaly.
+the number of groups and not the number of tensors (on the CPU, where foreach kernels are loops,
+large float tensors take a faster BLAS dot product instead: :func:`_cpu_l2_norms`). A NaN or Inf
+anywhere in a tensor makes its norm non-finite (NaN wins over Inf), which names the tensor; a
+zero norm marks a frozen or dead tensor. The richer statistics (:func:`sampled_statistics`) are
+several passes over the gradients and run only on sampled steps and at the first anomaly; on the
+CPU they run piece by piece while each piece is in cache (:func:`_cpu_sweep`).
 
 Nothing here keeps a reference to a gradient after returning, and everything that goes to the
 host is packed into one vector so a step costs one device→host transfer (:class:`HostTransfer`).
