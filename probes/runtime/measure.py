@@ -91,6 +91,11 @@ def _norm_dtype(dtype: torch.dtype) -> torch.dtype | None:
     return torch.float32
 
 
+def _takes_dot(t: torch.Tensor) -> bool:
+    """Whether a CPU tensor's L2 norm comes from a BLAS dot product (the rule of both paths)."""
+    return t.dtype in _BLAS_DTYPES and t.numel() >= CPU_DOT_MIN_NUMEL and t.is_contiguous()
+
+
 def _cpu_l2_norms(members: list[torch.Tensor]) -> torch.Tensor | None:
     """L2 norms of same-dtype CPU tensors, large ones through ``torch.dot`` (None: not faster).
 
@@ -106,7 +111,7 @@ def _cpu_l2_norms(members: list[torch.Tensor]) -> torch.Tensor | None:
     large: list[int] = []
     small: list[int] = []
     for i, m in enumerate(members):
-        (large if m.numel() >= CPU_DOT_MIN_NUMEL and m.is_contiguous() else small).append(i)
+        (large if _takes_dot(m) else small).append(i)
     if not large:
         return None
     # Per element the same ops as _cpu_l2_norm (dot, cast, sqrt), so the values are identical;
@@ -196,7 +201,7 @@ def _sum(g: torch.Tensor) -> torch.Tensor:
 
 def _cpu_l2_norm(g: torch.Tensor) -> torch.Tensor:
     """One CPU tensor's L2 norm by the same rule as :func:`_cpu_l2_norms` (float32, 0-dim)."""
-    if g.dtype in _BLAS_DTYPES and g.numel() >= CPU_DOT_MIN_NUMEL and g.is_contiguous():
+    if _takes_dot(g):
         flat = g.view(-1)
         return torch.dot(flat, flat).to(torch.float32).sqrt()
     return torch.linalg.vector_norm(g, dtype=_norm_dtype(g.dtype)).to(torch.float32)
