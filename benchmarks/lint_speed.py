@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     pinned = _pin_to_one_core()
-    from probes.static import lint_paths, lint_source
+    from gradient_doctor.probes.static import lint_paths, lint_source
 
     one = generate_script(args.lines)
     ten = generate_script(args.lines * 10)

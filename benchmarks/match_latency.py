@@ -37,8 +37,8 @@ P50_TARGET_MS = 5.0
 _FRESH_PROBE = """
 import json, sys, time
 t0 = time.process_time()
-import knowledge.matcher as matcher
-from knowledge import load_knowledge
+import gradient_doctor.knowledge.matcher as matcher
+from gradient_doctor.knowledge import load_knowledge
 t1 = time.process_time()
 kb = load_knowledge()
 t2 = time.process_time()
@@ -88,7 +88,7 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
 
 def measure_queries(repeats: int) -> dict[str, Any]:
     """Per-query CPU time over the evaluation set, after the matcher is built."""
-    from knowledge.matcher import get_matcher
+    from gradient_doctor.knowledge.matcher import get_matcher
 
     items = yaml.safe_load(EVAL_FILE.read_text("utf-8"))["items"]
     matcher = get_matcher()

@@ -35,9 +35,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from probes.runtime import hooks, measure
-from probes.runtime.channel import ChannelWriter
-from probes.runtime.collector import Collector
+from gradient_doctor.probes.runtime.child import hooks, measure
+from gradient_doctor.probes.runtime.child.channel import ChannelWriter
+from gradient_doctor.probes.runtime.child.collector import Collector
 
 
 class Block(nn.Module):

@@ -37,7 +37,7 @@ def time_initialize() -> float:
     """Seconds from spawning the server to reading its initialize response."""
     started = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "skill_server", "serve"],
+        [sys.executable, "-m", "gradient_doctor.skill_server", "serve"],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

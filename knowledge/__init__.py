@@ -6,8 +6,13 @@ matcher lives in ``knowledge.matcher``.
 
 from __future__ import annotations
 
-from knowledge.loader import KnowledgeBase, KnowledgeError, build_knowledge, load_knowledge
-from knowledge.models import (
+from gradient_doctor.knowledge.loader import (
+    KnowledgeBase,
+    KnowledgeError,
+    build_knowledge,
+    load_knowledge,
+)
+from gradient_doctor.knowledge.models import (
     SNIPPET_IDS,
     Entry,
     Guide,

@@ -212,7 +212,9 @@ class Synonyms:
 @lru_cache(maxsize=1)
 def load_synonyms() -> Synonyms:
     """The packaged synonym table (cached)."""
-    text = (importlib.resources.files("knowledge") / "data" / SYNONYMS_FILE).read_text("utf-8")
+    text = (
+        importlib.resources.files("gradient_doctor.knowledge") / "data" / SYNONYMS_FILE
+    ).read_text("utf-8")
     raw = yaml.safe_load(text) or {}
     return Synonyms.from_mapping(raw)
 

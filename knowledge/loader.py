@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from knowledge.models import (
+from gradient_doctor.knowledge.models import (
     SNIPPET_IDS,
     Entry,
     EntryKind,
@@ -113,7 +113,7 @@ def _data_files(data_dir: Path | None) -> list[_DataFile]:
         if not data_dir.is_dir():
             raise KnowledgeError(f"knowledge data directory not found: {data_dir}")
         return sorted(data_dir.glob("*.yaml"), key=lambda p: p.name)
-    root = importlib.resources.files("knowledge") / "data"
+    root = importlib.resources.files("gradient_doctor.knowledge") / "data"
     files = [f for f in root.iterdir() if f.name.endswith(".yaml")]
     return sorted(files, key=lambda f: f.name)
 

@@ -38,18 +38,18 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from knowledge._code import CodeHit, analyse, extract_code, prose_hits
-from knowledge._numbers import Quantity, fmt, read_quantities
-from knowledge._text import (
+from gradient_doctor.knowledge._code import CodeHit, analyse, extract_code, prose_hits
+from gradient_doctor.knowledge._numbers import Quantity, fmt, read_quantities
+from gradient_doctor.knowledge._text import (
     Analyzer,
     TypoCorrector,
     load_synonyms,
     normalise,
     vocabulary,
 )
-from knowledge.loader import KnowledgeBase, load_knowledge
-from knowledge.models import Entry, EntryKind, ThresholdProfile, ThresholdValue
-from probes.findings import Severity
+from gradient_doctor.knowledge.findings import Severity
+from gradient_doctor.knowledge.loader import KnowledgeBase, load_knowledge
+from gradient_doctor.knowledge.models import Entry, EntryKind, ThresholdProfile, ThresholdValue
 
 __all__ = ["Match", "MatchResult", "Matcher", "get_matcher", "match"]
 

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from probes.findings import Severity
+from gradient_doctor.knowledge.findings import Severity
 
 EntryId = Annotated[str, Field(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$")]
 EntryKind = Literal["red-flag", "signal", "rationalization", "symptom"]

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from probes.findings import Finding, Fix, Severity
+from gradient_doctor.knowledge.findings import Finding, Fix, Severity
 
 if TYPE_CHECKING:
-    from probes.runtime.monitor import GradientMonitor
+    from gradient_doctor.probes.runtime.monitor import GradientMonitor
 
 __all__ = ["Finding", "Fix", "GradientMonitor", "Severity"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "GradientMonitor":
-        from probes.runtime.monitor import GradientMonitor
+        from gradient_doctor.probes.runtime.monitor import GradientMonitor
 
         return GradientMonitor
     raise AttributeError(f"module 'probes' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 import sys
 
-from skill_server.cli import main
+from gradient_doctor.skill_server.cli import main
 
 sys.exit(main())

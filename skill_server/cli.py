@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from skill_server import commands
+from gradient_doctor.skill_server import commands
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1

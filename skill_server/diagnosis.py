@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.findings import SEVERITY_RANK, Finding, Severity
-from skill_server.names import guess_names
-from skill_server.results import (
+from gradient_doctor.knowledge.findings import SEVERITY_RANK, Finding, Severity
+from gradient_doctor.skill_server.names import guess_names
+from gradient_doctor.skill_server.results import (
     CodeBlock,
     Diagnosis,
     Issue,
@@ -25,7 +25,7 @@ from skill_server.results import (
     SummaryRow,
     SymptomMatch,
 )
-from skill_server.safety import InputError, one_line, tail
+from gradient_doctor.skill_server.safety import InputError, one_line, tail
 
 ProgressCallback = Callable[[int, int], Awaitable[None] | None]
 
@@ -105,7 +105,7 @@ def _status_of(severity: str | None) -> StatusMark:
 
 
 def _knowledge() -> Any:
-    from knowledge import load_knowledge
+    from gradient_doctor.knowledge import load_knowledge
 
     return load_knowledge()
 
@@ -115,7 +115,7 @@ def lint_text(
 ) -> LintResult:
     """Run the static analyser over ``source``; an unanalysable file is an :class:`InputError`."""
     try:
-        from probes.static import lint_source
+        from gradient_doctor.probes.static import lint_source
     except ImportError as exc:
         raise InputError(f"the static analyser is not installed ({one_line(str(exc))})") from None
     report = lint_source(source, display_path, select=select, ignore=ignore)
@@ -166,7 +166,7 @@ async def probe(
     run go to the tool's :func:`skill_server.images.collecting` block, if it opened one.
     """
     try:
-        from probes.runtime import run_probe_async
+        from gradient_doctor.probes.runtime import run_probe_async
     except ImportError as exc:
         raise InputError(f"the runtime probe is not installed ({one_line(str(exc))})") from None
     result = await run_probe_async(
@@ -179,7 +179,7 @@ async def probe(
         on_progress=on_progress,
         nproc=nproc,
     )
-    from skill_server import images
+    from gradient_doctor.skill_server import images
 
     await images.collect(result)
     data = result.model_dump(mode="json")
@@ -211,7 +211,7 @@ def match_text(
     text: str, code: str | None = None, top_k: int = 5
 ) -> tuple[list[SymptomMatch], bool, str | None]:
     """Rank knowledge entries against ``text``, each with what to say / check / apply next."""
-    from knowledge.matcher import match
+    from gradient_doctor.knowledge.matcher import match
 
     result = match(text, code=code, top_k=top_k)
     kb = _knowledge()
@@ -381,7 +381,7 @@ def _runtime_rows(report: ProbeReport | None, note: str | None) -> list[SummaryR
 def _code_blocks(issues: Sequence[Issue], names: dict[str, str]) -> list[CodeBlock]:
     """Fix snippets, in the script's own names, for issues the combined patch does not fix."""
     try:
-        from templates.snippets import render_snippet
+        from gradient_doctor.templates.snippets import render_snippet
     except ImportError:
         return []
     blocks: list[CodeBlock] = []
@@ -456,7 +456,7 @@ async def diagnose(
     probe_runner: Callable[..., Awaitable[ProbeReport]] | None = None,
 ) -> Diagnosis:
     """Static + runtime + symptom matches for one script and/or description, merged."""
-    from skill_server.safety import read_source
+    from gradient_doctor.skill_server.safety import read_source
 
     if request.script is None and not (request.description or "").strip():
         raise InputError("give a script path, a description, or both")
@@ -547,7 +547,7 @@ async def diagnose(
 
 def render_report(diagnosis: Diagnosis) -> str:
     """The check-gradients Markdown report of ``diagnosis``."""
-    from templates import render
+    from gradient_doctor.templates import render
 
     return render("report.md.j2", d=diagnosis, mark=status_mark, evidence=format_evidence)
 

@@ -1,6 +1,7 @@
 """Generate the README's MCP sections from the server itself.
 
-``python -m skill_server.docs`` rewrites the text between ``<!-- mcp-setup:start -->`` /
+``python -m gradient_doctor.skill_server.docs`` rewrites the text between
+``<!-- mcp-setup:start -->`` /
 ``<!-- mcp-setup:end -->`` and ``<!-- mcp-reference:start -->`` / ``<!-- mcp-reference:end -->``
 in README.md; ``--check`` only reports (exit 1) when the README is out of date. The reference
 lists what ``build_server()`` registers, so it cannot drift from the code.
@@ -100,7 +101,7 @@ def _arguments(schema: dict[str, Any]) -> str:
 
 
 async def _listing() -> dict[str, Any]:
-    from skill_server.server import build_server
+    from gradient_doctor.skill_server.server import build_server
 
     server = build_server()
     return {
@@ -139,7 +140,7 @@ def cli_markdown() -> str:
     """Every ``gradient-doctor`` sub-command with its usage line, from the real parser."""
     import argparse as _argparse
 
-    from skill_server.cli import build_parser
+    from gradient_doctor.skill_server.cli import build_parser
 
     parser = build_parser()
     lines = ["| command | what it does |", "|---|---|"]
@@ -163,8 +164,8 @@ def cli_markdown() -> str:
 
 def catalogue_markdown() -> str:
     """Every catalogue identifier, by kind, from the knowledge base."""
-    from knowledge import load_knowledge
-    from knowledge.models import EntryKind
+    from gradient_doctor.knowledge import load_knowledge
+    from gradient_doctor.knowledge.models import EntryKind
 
     kb = load_knowledge()
     titles: dict[EntryKind, str] = {
@@ -228,7 +229,9 @@ def updated_readme(text: str, bodies: dict[str, str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Rewrite (or ``--check``) the README's generated sections."""
-    parser = argparse.ArgumentParser(prog="python -m skill_server.docs", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m gradient_doctor.skill_server.docs", description=__doc__
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if README is out of date")
     parser.add_argument("--readme", type=Path, default=README)
     args = parser.parse_args(argv)
@@ -236,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     wanted = updated_readme(current, sections())
     if args.check:
         if wanted != current:
-            print(f"{args.readme}: generated sections are stale; run python -m skill_server.docs")
+            print(
+                f"{args.readme}: generated sections are stale; "
+                "run python -m gradient_doctor.skill_server.docs"
+            )
             return 1
         return 0
     if wanted != current:

@@ -23,7 +23,7 @@ import anyio
 from mcp.types import ImageContent, TextContent
 
 if TYPE_CHECKING:
-    from probes.runtime.result import ProbeResult
+    from gradient_doctor.probes.runtime.result import ProbeResult
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ async def collect(result: ProbeResult) -> None:
         return
 
     def draw() -> list[tuple[str, bytes]]:
-        from probes.runtime.plots import plot_pngs
+        from gradient_doctor.probes.runtime.plots import plot_pngs
 
         return plot_pngs(result)
 

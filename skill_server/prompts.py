@@ -25,7 +25,7 @@ _GUARDED_CLAIMS = (
 
 
 def _do_not_say() -> str:
-    from knowledge import load_knowledge
+    from gradient_doctor.knowledge import load_knowledge
 
     kb = load_knowledge()
     lines = []

@@ -14,13 +14,13 @@ MARKDOWN = "text/markdown"
 
 
 def _kb() -> Any:
-    from knowledge import load_knowledge
+    from gradient_doctor.knowledge import load_knowledge
 
     return load_knowledge()
 
 
 def _views() -> Any:
-    from skill_server import views
+    from gradient_doctor.skill_server import views
 
     return views
 

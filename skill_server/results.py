@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from probes.findings import Finding, Severity
+from gradient_doctor.knowledge.findings import Finding, Severity
 
 StatusMark = Literal["ok", "warning", "critical", "not-run"]
 

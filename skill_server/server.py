@@ -27,9 +27,9 @@ from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from skill_server import diagnosis as diag
-from skill_server import images
-from skill_server.results import (
+from gradient_doctor.skill_server import diagnosis as diag
+from gradient_doctor.skill_server import images
+from gradient_doctor.skill_server.results import (
     Diagnosis,
     ExplainResult,
     FixResult,
@@ -37,7 +37,7 @@ from skill_server.results import (
     MatchSymptomsResult,
     ProbeReport,
 )
-from skill_server.safety import (
+from gradient_doctor.skill_server.safety import (
     DEVICE_PATTERN,
     MAX_NAME_ENTRIES,
     MAX_PROBE_STEPS,
@@ -176,7 +176,7 @@ PLOTS_HELP = (
 def _result(
     model: BaseModel, markdown: str, pictures: Sequence[tuple[str, bytes]] = ()
 ) -> CallToolResult:
-    from skill_server.images import image_content
+    from gradient_doctor.skill_server.images import image_content
 
     return CallToolResult(
         content=[TextContent(type="text", text=markdown), *image_content(list(pictures))],
@@ -185,7 +185,7 @@ def _result(
 
 
 def _render(template: str, **context: Any) -> str:
-    from templates import render
+    from gradient_doctor.templates import render
 
     return render(template, **context)
 
@@ -439,7 +439,7 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
         """Render a fix snippet (correct loop order, accumulation, AMP + clipping, DDP no_sync,
         monitoring, stable loss ops, ...) written with the user's own variable names."""
         with tool_errors("get_fix"):
-            from templates.snippets import list_snippets, render_snippet
+            from gradient_doctor.templates.snippets import list_snippets, render_snippet
 
             if names is not None and len(names) > MAX_NAME_ENTRIES:
                 raise InputError(f"{len(names)} names; the limit is {MAX_NAME_ENTRIES}")
@@ -462,8 +462,8 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
         """The knowledge entry for one id: what it is, why it happens, how it shows up, how to
         confirm it, the fix, related entries and sources."""
         with tool_errors("explain"):
-            from knowledge import load_knowledge
-            from skill_server import views
+            from gradient_doctor.knowledge import load_knowledge
+            from gradient_doctor.skill_server import views
 
             entry = load_knowledge().get(id.strip())
             markdown = views.entry_markdown(entry)
@@ -495,7 +495,7 @@ def _snippet_for(requested: str, known: Any) -> str:
     wanted = requested.strip()
     if wanted in known_ids:
         return wanted
-    from knowledge import load_knowledge
+    from gradient_doctor.knowledge import load_knowledge
 
     kb = load_knowledge()
     if wanted in kb.entries:
@@ -542,12 +542,12 @@ async def _queued_probe(
 
 
 def _add_resources(server: MCPServer) -> None:
-    from skill_server import resources
+    from gradient_doctor.skill_server import resources
 
     resources.register(server, URI_PREFIX, ResourceError)
 
 
 def _add_prompts(server: MCPServer) -> None:
-    from skill_server import prompts
+    from gradient_doctor.skill_server import prompts
 
     prompts.register(server)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from knowledge.loader import KnowledgeBase
-from knowledge.models import (
+from gradient_doctor.knowledge.loader import KnowledgeBase
+from gradient_doctor.knowledge.models import (
     Entry,
     EntryKind,
     Guide,
@@ -19,7 +19,7 @@ from knowledge.models import (
     ThresholdProfile,
     ThresholdSet,
 )
-from templates import render
+from gradient_doctor.templates import render
 
 _SEVERITY_ORDER = ("critical", "warning", "info")
 _KIND_ORDER: tuple[EntryKind, ...] = ("red-flag", "signal", "rationalization", "symptom")
@@ -80,7 +80,7 @@ def entry_markdown(entry: Entry, thresholds: ThresholdSet | None = None) -> str:
     keys = getattr(entry, "thresholds", [])
     if keys:
         if thresholds is None:
-            from knowledge.loader import load_knowledge
+            from gradient_doctor.knowledge.loader import load_knowledge
 
             thresholds = load_knowledge().thresholds
         profile = thresholds.profile()

@@ -6,9 +6,9 @@ import math
 import statistics
 from typing import Any
 
-from probes.findings import Finding
-from probes.runtime.result import ProbeResult
-from templates import render
+from gradient_doctor.knowledge.findings import Finding
+from gradient_doctor.probes.runtime.result import ProbeResult
+from gradient_doctor.templates import render
 
 SEVERITY_MARK = {"critical": "❌", "warning": "⚠️", "info": "ℹ️"}
 STATUS_TEXT = {
@@ -38,7 +38,7 @@ def _snippet_code(snippet_id: str | None) -> str | None:
     if snippet_id is None:
         return None
     try:
-        from templates.snippets import render_snippet
+        from gradient_doctor.templates.snippets import render_snippet
 
         return render_snippet(snippet_id)
     except Exception:  # a missing snippet must not break the report

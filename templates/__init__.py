@@ -12,7 +12,7 @@ import jinja2
 def environment() -> jinja2.Environment:
     """The shared Jinja2 environment over the templates shipped in this package."""
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("templates", "."),
+        loader=jinja2.PackageLoader("gradient_doctor.templates", "."),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

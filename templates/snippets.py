@@ -33,7 +33,7 @@ import jinja2.meta
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from templates import environment
+from gradient_doctor.templates import environment
 
 __all__ = [
     "STANDARD_PARAMETERS",
@@ -141,7 +141,7 @@ def _template_name(snippet_id: str) -> str:
 
 
 def _snippet_ids_on_disk() -> list[str]:
-    folder = resources.files("templates").joinpath(SNIPPET_DIR)
+    folder = resources.files("gradient_doctor.templates").joinpath(SNIPPET_DIR)
     return sorted(
         entry.name.removesuffix(SNIPPET_SUFFIX)
         for entry in folder.iterdir()

@@ -19,7 +19,7 @@ def run_cli(
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return subprocess.run(
-        [sys.executable, "-m", "skill_server", *args],
+        [sys.executable, "-m", "gradient_doctor.skill_server", *args],
         cwd=cwd or REPO,
         env=env,
         capture_output=True,

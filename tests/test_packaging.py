@@ -44,9 +44,14 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path: Path) -> None:
     )
     (wheel,) = dist.glob("gradient_doctor-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.startswith("knowledge/data/") and n.endswith(".yaml") for n in names)
-    assert any(n.startswith("templates/") and n.endswith(".j2") for n in names)
-    assert not any(n.startswith("tests/") for n in names)
+    assert any(
+        n.startswith("gradient_doctor/knowledge/data/") and n.endswith(".yaml") for n in names
+    )
+    assert any(n.startswith("gradient_doctor/templates/") and n.endswith(".j2") for n in names)
+    assert "gradient_doctor/probes/runtime/child/__main__.py" in names
+    # One import namespace: nothing at the top level that a user project could collide with.
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"gradient_doctor"}, tops
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -87,7 +92,7 @@ def test_wheel_installs_and_runs_outside_the_repo(tmp_path: Path) -> None:
     assert payload["matches"][0]["id"] == "loss-nan"
     # The installed package, not the checkout, answered.
     where = subprocess.run(
-        [str(py), "-c", "import knowledge; print(knowledge.__file__)"],
+        [str(py), "-c", "import gradient_doctor.knowledge as k; print(k.__file__)"],
         cwd=outside,
         env=env,
         capture_output=True,

@@ -21,9 +21,9 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from knowledge.models import ThresholdProfile
-from probes.findings import Finding, Fix, Severity, severity_at_least
-from probes.runtime.result import ChildSummary, LayerSeries, ProbeResult, StepRecord
+from gradient_doctor.knowledge.findings import Finding, Fix, Severity, severity_at_least
+from gradient_doctor.knowledge.models import ThresholdProfile
+from gradient_doctor.probes.runtime.result import ChildSummary, LayerSeries, ProbeResult, StepRecord
 
 #: autograd nodes that mean the loss was divided/multiplied (by 1/N) before backward().
 SCALED_LOSS_OPS = frozenset({"DivBackward0", "DivBackward1", "MulBackward0", "MulBackward1"})
@@ -38,14 +38,14 @@ LOSS_IMPROVING = 0.05
 
 def resolve_profile(name: str | None = None) -> ThresholdProfile:
     """The threshold profile ``name`` (default profile when None) from the knowledge base."""
-    from knowledge import load_knowledge
+    from gradient_doctor.knowledge import load_knowledge
 
     return load_knowledge().thresholds.profile(name)
 
 
 def _snippet(entry_id: str) -> str | None:
     try:
-        from knowledge import load_knowledge
+        from gradient_doctor.knowledge import load_knowledge
 
         snippets = load_knowledge().get(entry_id).snippets
     except Exception:  # the diagnosis must not fail because the knowledge base is incomplete

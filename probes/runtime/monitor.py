@@ -30,9 +30,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from probes.runtime.collector import Collector
-from probes.runtime.diagnose import build_result, resolve_profile
-from probes.runtime.result import ChildSummary, ProbeResult, StepRecord
+from gradient_doctor.probes.runtime.child.collector import Collector
+from gradient_doctor.probes.runtime.diagnose import build_result, resolve_profile
+from gradient_doctor.probes.runtime.result import ChildSummary, ProbeResult, StepRecord
 
 
 class GradientMonitor:
@@ -78,7 +78,7 @@ class GradientMonitor:
         if self._log_path is not None and self._log is None:
             self._log = self._log_path.open("a", encoding="utf-8")
         if self._capture_calls:
-            from probes.runtime import hooks
+            from gradient_doctor.probes.runtime.child import hooks
 
             self._uninstall = hooks.install(self.collector)
             return

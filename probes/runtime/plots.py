@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard
 
-from probes.runtime.result import ProbeResult, StepRecord
+from gradient_doctor.probes.runtime.result import ProbeResult, StepRecord
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -299,7 +299,7 @@ def spike_steps(steps: Sequence[int], norms: Sequence[float], factor: float) -> 
 def _thresholds(profile_name: str) -> tuple[float | None, float | None, float]:
     """(exploding warning, exploding critical, spike factor) of the profile, when loadable."""
     try:
-        from knowledge import load_knowledge
+        from gradient_doctor.knowledge import load_knowledge
 
         profile = load_knowledge().thresholds.profile(profile_name)
     except Exception:  # pictures must not fail because the knowledge base is incomplete
@@ -473,7 +473,7 @@ def dead_units_png(result: ProbeResult) -> bytes | None:
 
 def _dead_thresholds(profile_name: str) -> tuple[float, float]:
     try:
-        from knowledge import load_knowledge
+        from gradient_doctor.knowledge import load_knowledge
 
         profile = load_knowledge().thresholds.profile(profile_name)
         return profile.dead_fraction_warning.value, profile.dead_fraction_critical.value

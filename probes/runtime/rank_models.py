@@ -1,19 +1,17 @@
 """Typed series of a probe run under data parallelism (no torch; shared by parent and result).
 
-Rank 0 writes one :class:`RankStep` per optimizer step (``probes.runtime.distributed``); the
+Rank 0 writes one :class:`RankStep` per optimizer step (``probes.runtime.child.distributed``); the
 parent assembles them into :class:`DistributedInfo` (``probes.runtime.ranks``), which
 ``ProbeResult.distributed`` carries.
 """
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: Who started the ranks: ``gradient-doctor probe --nproc`` or the user's own torchrun.
-LAUNCHER_GD: Final = "gradient-doctor"
-LAUNCHER_USER: Final = "user"
+from gradient_doctor.probes.runtime.child.rankenv import LAUNCHER_USER
 
 
 class _Model(BaseModel):

@@ -1,6 +1,7 @@
 """Data parallelism, parent side: rank environment, merged rank series, findings (no torch).
 
-Under ``torchrun`` every rank runs the probe (``probes.runtime.distributed``, child side). At each
+Under ``torchrun`` every rank runs the probe (``probes.runtime.child.distributed``, child side).
+At each
 optimizer step the ranks send their local measurements to rank 0 through a ``torch.distributed``
 collective; rank 0 merges them and writes one ``{"kind": "ranks", ...}`` message per step to the
 side channel. This module reads those messages back, puts the global (shard-merged) gradient
@@ -19,87 +20,20 @@ one parent each; every rank then writes its own channel, and rank 0's carries th
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
 import signal
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from probes.findings import Finding, Fix
-from probes.runtime.rank_models import LAUNCHER_GD, DistributedInfo, RankStep
-from probes.runtime.result import ChildSummary, ProbeResult, StepRecord
-
-#: Relative difference of a replicated gradient's norm between two ranks that counts as
-#: divergence. Synchronised gradients are bit-identical after an all-reduce; 1e-4 leaves room for
-#: reductions that are not (hierarchical or compressed all-reduce) without missing a real bug.
-DIVERGENCE_RTOL = 1e-4
-
-
-@dataclass(frozen=True)
-class RankEnv:
-    """Where this process stands in a distributed run (read from torchrun's variables)."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    #: True when ``gradient-doctor probe --nproc`` launched the ranks (they share a channel).
-    launched_here: bool = False
-
-    @property
-    def distributed(self) -> bool:
-        """More than one rank takes part."""
-        return self.world_size > 1
-
-    @classmethod
-    def from_environ(
-        cls, environ: Mapping[str, str], settings: Mapping[str, Any] | None = None
-    ) -> RankEnv:
-        """Read ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` (absent or malformed → one process)."""
-
-        def number(name: str, default: int) -> int:
-            try:
-                return int(environ.get(name, default))
-            except ValueError:
-                return default
-
-        world = max(1, number("WORLD_SIZE", 1))
-        rank = min(max(0, number("RANK", 0)), world - 1)
-        launched = bool(settings and settings.get("launcher") == LAUNCHER_GD)
-        return cls(rank, number("LOCAL_RANK", rank), world, launched and world > 1)
-
-
-def channel_for_rank(channel: str, env: RankEnv) -> str:
-    """The channel file this rank writes: the shared one for rank 0, a sibling for the others."""
-    if env.launched_here and env.rank > 0:
-        return f"{channel}.rank{env.rank}"
-    return channel
-
-
-def pid_file(channel: str, rank: int) -> Path:
-    """Where a rank launched by ``--nproc`` records its process id."""
-    return Path(f"{channel}.pid{rank}")
-
-
-def record_pid(channel: str, env: RankEnv) -> None:
-    """Leave this rank's pid where the parent finds it (ranks launched by ``--nproc`` only)."""
-    if env.launched_here:
-        # Without the file the parent relies on torchrun alone to stop this rank.
-        with contextlib.suppress(OSError):
-            pid_file(channel, env.rank).write_text(str(os.getpid()))
-
-
-def exit_code(env: RankEnv, status: str) -> int:
-    """The child's exit code: non-zero for a failed rank, so torchrun stops the other ranks
-    instead of leaving them blocked in a collective that the failed rank never joins."""
-    if env.distributed and status in ("script-error", "out-of-memory"):
-        return 1
-    return 0
-
+from gradient_doctor.knowledge.findings import Finding, Fix
+from gradient_doctor.probes.runtime.child import STAGED_PACKAGE
+from gradient_doctor.probes.runtime.child.rankenv import pid_file
+from gradient_doctor.probes.runtime.rank_models import DistributedInfo, RankStep
+from gradient_doctor.probes.runtime.result import ChildSummary, ProbeResult, StepRecord
 
 # -- merged per-step series (rank 0 → parent) ---------------------------------------------------
 
@@ -189,7 +123,7 @@ def merge_rank_summaries(
 
 def read_rank_summaries(channel: str, world_size: int) -> dict[int, ChildSummary]:
     """The final summaries that ranks 1..N-1 wrote to their own channel files."""
-    from probes.runtime.channel import ChannelReader
+    from gradient_doctor.probes.runtime.child.channel import ChannelReader
 
     found: dict[int, ChildSummary] = {}
     for rank in range(1, world_size):
@@ -232,7 +166,7 @@ def _is_probe_child(pid: int) -> bool:
     if not Path("/proc").is_dir():
         return True
     try:
-        return b"probes.runtime._child" in cmdline.read_bytes()
+        return STAGED_PACKAGE.encode() in cmdline.read_bytes()
     except OSError:
         return False
 

@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from probes.findings import Finding
-from probes.runtime.rank_models import DistributedInfo
+from gradient_doctor.knowledge.findings import Finding
+from gradient_doctor.probes.runtime.rank_models import DistributedInfo
 
 ProbeStatus = Literal[
     "ok", "stopped", "script-error", "timeout", "no-training-loop", "out-of-memory"

@@ -1,9 +1,11 @@
 """Run a training script under the probe in a child process (parent side; never imports torch).
 
-The child is ``python -m probes.runtime._child SCRIPT ARGS...`` in its own session (so its whole
-process group — DataLoader workers, anything it spawns — can be stopped at once), with the
-script's folder as the working directory by default. Measurements come back over the side
-channel (``probes.runtime.channel``); stdout and stderr are drained and only their tails kept.
+The child is ``python -m _gradient_doctor_probe SCRIPT ARGS...`` (``probes.runtime.child``,
+copied into the run's temporary folder so that only it enters the script's interpreter) in its
+own session (so its whole process group — DataLoader workers, anything it spawns — can be
+stopped at once), with the script's folder as the working directory by default. Measurements
+come back over the side channel (``probes.runtime.child.channel``); stdout and stderr are
+drained and only their tails kept.
 The diagnosis (``probes.runtime.diagnose``) runs here, in the parent.
 """
 
@@ -28,11 +30,13 @@ from typing import Any
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
-from probes.runtime.channel import CHANNEL_ENV, SETTINGS_ENV, ChannelReader
-from probes.runtime.diagnose import build_result, resolve_profile
-from probes.runtime.rank_models import LAUNCHER_GD
-from probes.runtime.ranks import RankCollector, torchrun_command
-from probes.runtime.result import ChildSummary, ProbeResult, StepRecord
+from gradient_doctor.probes.runtime import child as child_package
+from gradient_doctor.probes.runtime.child import STAGED_PACKAGE
+from gradient_doctor.probes.runtime.child.channel import CHANNEL_ENV, SETTINGS_ENV, ChannelReader
+from gradient_doctor.probes.runtime.child.rankenv import LAUNCHER_GD
+from gradient_doctor.probes.runtime.diagnose import build_result, resolve_profile
+from gradient_doctor.probes.runtime.ranks import RankCollector, torchrun_command
+from gradient_doctor.probes.runtime.result import ChildSummary, ProbeResult, StepRecord
 
 ProgressCallback = Callable[[int, int], Awaitable[None] | None]
 
@@ -77,6 +81,17 @@ def _check_options(steps: int, timeout_s: float, device: str, sample_every: int)
         raise ProbeInputError(f"device must be one of {', '.join(DEVICES)} (got {device!r})")
     if sample_every < 1:
         raise ProbeInputError(f"sample_every must be at least 1 (got {sample_every})")
+
+
+def stage_child(folder: Path) -> Path:
+    """Copy the child package into ``folder/STAGED_PACKAGE``; returns the folder to put on
+    ``PYTHONPATH``. Only these few stdlib-and-torch modules enter the user's interpreter."""
+    target = folder / STAGED_PACKAGE
+    target.mkdir()
+    source = Path(child_package.__file__).parent
+    for module in source.glob("*.py"):
+        shutil.copyfile(module, target / module.name)
+    return folder
 
 
 class _Tail:
@@ -175,10 +190,9 @@ async def run_probe_async(
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.setdefault("PYTHONUNBUFFERED", "1")
-    # The child imports ``probes`` from wherever this process found it.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    command = [sys.executable, "-m", "probes.runtime._child", str(path), *map(str, args)]
+    staged = stage_child(tmp)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(staged), env.get("PYTHONPATH", "")) if p)
+    command = [sys.executable, "-m", STAGED_PACKAGE, str(path), *map(str, args)]
     ranks = RankCollector(channel, nproc)
     if nproc is not None and nproc > 1:
         settings = json.loads(env[SETTINGS_ENV])

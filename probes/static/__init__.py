@@ -5,8 +5,8 @@ Never imports torch.
 
 from __future__ import annotations
 
-from probes.static.engine import all_rules, lint_source
-from probes.static.report import FileReport, LintReport
-from probes.static.walk import lint_paths
+from gradient_doctor.probes.static.engine import all_rules, lint_source
+from gradient_doctor.probes.static.report import FileReport, LintReport
+from gradient_doctor.probes.static.walk import lint_paths
 
 __all__ = ["FileReport", "LintReport", "all_rules", "lint_paths", "lint_source"]

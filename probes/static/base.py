@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import libcst as cst
 
-from probes.findings import Severity
+from gradient_doctor.knowledge.findings import Severity
 
 if TYPE_CHECKING:
-    from probes.static.model import FileModel
-    from probes.static.patches import Patch
+    from gradient_doctor.probes.static.model import FileModel
+    from gradient_doctor.probes.static.patches import Patch
 
 
 @dataclass(frozen=True)

@@ -22,19 +22,19 @@ from typing import Any
 
 import libcst as cst
 
-from probes.findings import Finding, Fix, severity_at_least
-from probes.static import rules as rules_package
-from probes.static.base import RawFinding, Rule
-from probes.static.model import FileModel
-from probes.static.patches import (
+from gradient_doctor.knowledge.findings import Finding, Fix, severity_at_least
+from gradient_doctor.probes.static import rules as rules_package
+from gradient_doctor.probes.static.base import RawFinding, Rule
+from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.patches import (
     DiffError,
     Patch,
     Patcher,
     apply_unified_diff,
     combine,
 )
-from probes.static.positions import Span, spans_of
-from probes.static.report import FileReport
+from gradient_doctor.probes.static.positions import Span, spans_of
+from gradient_doctor.probes.static.report import FileReport
 
 __all__ = ["all_rules", "lint_source", "rule_ids"]
 

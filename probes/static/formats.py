@@ -18,8 +18,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from probes.findings import SEVERITY_RANK, Finding
-from probes.static.report import FileReport, LintReport
+from gradient_doctor.knowledge.findings import SEVERITY_RANK, Finding
+from gradient_doctor.probes.static.report import FileReport, LintReport
 
 FORMATS = ("text", "json", "sarif", "markdown")
 TOOL_NAME = "gradient-doctor"
@@ -334,7 +334,7 @@ def to_sarif(report: LintReport, rules: Sequence[RuleInfo] | None = None) -> dic
     """The SARIF 2.1.0 log of a run: one run, the rules as the driver's rules, file errors as
     tool execution notifications of the invocation."""
     if rules is None:
-        from probes.static.engine import all_rules
+        from gradient_doctor.probes.static.engine import all_rules
 
         rules = list(all_rules())
     descriptors = [sarif_rule_descriptor(rule) for rule in sorted(rules, key=lambda r: r.id)]
@@ -398,7 +398,7 @@ def format_sarif(report: LintReport, rules: Sequence[RuleInfo] | None = None) ->
 
 def format_markdown(report: LintReport) -> str:
     """A human / assistant readable report rendered through ``templates/lint.md.j2``."""
-    from templates import render
+    from gradient_doctor.templates import render
 
     files = []
     for file in report.files:

@@ -24,8 +24,14 @@ from typing import Literal
 
 import libcst as cst
 
-from probes.static.names import call_arg, code_of, dotted_name, method_name, receiver
-from probes.static.traverse import calls_in, children, walk
+from gradient_doctor.probes.static.names import (
+    call_arg,
+    code_of,
+    dotted_name,
+    method_name,
+    receiver,
+)
+from gradient_doctor.probes.static.traverse import calls_in, children, walk
 
 EventKind = Literal[
     "backward",

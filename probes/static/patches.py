@@ -271,7 +271,7 @@ class Patcher:
             spans[-1] = (last_start, last_end - len(newline))
         self._spans = spans
         owner: dict[int, int] = {}
-        from probes.static.traverse import walk
+        from gradient_doctor.probes.static.traverse import walk
 
         for index, stmt in enumerate(module.body):
             for node in walk(stmt):

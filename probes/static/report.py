@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from probes.findings import Finding
+from gradient_doctor.knowledge.findings import Finding
 
 
 class FileReport(BaseModel):

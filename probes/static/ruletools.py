@@ -7,9 +7,16 @@ from typing import Literal, NamedTuple
 
 import libcst as cst
 
-from probes.static.model import Accumulation, Event, FileModel, FuncInfo, Unit, exclusive
-from probes.static.names import code_of, method_name, parenthesize
-from probes.static.traverse import children, walk
+from gradient_doctor.probes.static.model import (
+    Accumulation,
+    Event,
+    FileModel,
+    FuncInfo,
+    Unit,
+    exclusive,
+)
+from gradient_doctor.probes.static.names import code_of, method_name, parenthesize
+from gradient_doctor.probes.static.traverse import children, walk
 
 TENSOR_METHODS = frozenset(
     {

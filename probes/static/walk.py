@@ -17,8 +17,8 @@ import warnings
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
-from probes.static.engine import all_rules, lint_source
-from probes.static.report import FileReport, LintReport
+from gradient_doctor.probes.static.engine import all_rules, lint_source
+from gradient_doctor.probes.static.report import FileReport, LintReport
 
 MAX_FILE_BYTES = 5 * 1024 * 1024
 """Files larger than this are reported, not analysed (no training script is this big)."""

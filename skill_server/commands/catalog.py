@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from knowledge.loader import KnowledgeBase, KnowledgeError, load_knowledge
-from skill_server.cli import EXIT_OK, UsageError
+from gradient_doctor.knowledge.loader import KnowledgeBase, KnowledgeError, load_knowledge
+from gradient_doctor.skill_server.cli import EXIT_OK, UsageError
 
 NAME = "catalog"
 HELP = "List every red flag, runtime signal, rationalization and symptom Gradient Doctor knows."
@@ -38,7 +38,7 @@ def knowledge_or_usage_error() -> KnowledgeBase:
 
 def catalog_json(kb: KnowledgeBase, kind: str | None = None) -> dict[str, list[dict[str, object]]]:
     """The ``catalog --format json`` document: one record per entry, in catalogue order."""
-    from skill_server.views import entry_source
+    from gradient_doctor.skill_server.views import entry_source
 
     return {
         "entries": [
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(catalog_json(kb, args.kind), sys.stdout, indent=2, ensure_ascii=False)
         sys.stdout.write("\n")
         return EXIT_OK
-    from skill_server.views import catalog_markdown
+    from gradient_doctor.skill_server.views import catalog_markdown
 
     if args.kind:
         kb = KnowledgeBase(

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import anyio
 
-from probes.findings import severity_at_least
-from skill_server.cli import EXIT_FINDINGS, EXIT_OK, UsageError
-from skill_server.safety import (
+from gradient_doctor.knowledge.findings import severity_at_least
+from gradient_doctor.skill_server.cli import EXIT_FINDINGS, EXIT_OK, UsageError
+from gradient_doctor.skill_server.safety import (
     DEVICE_PATTERN,
     MAX_PROBE_STEPS,
     MAX_PROBE_TIMEOUT_S,
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the diagnosis and print the report."""
-    from skill_server import diagnosis as diag
+    from gradient_doctor.skill_server import diagnosis as diag
 
     if not 1 <= args.steps <= MAX_PROBE_STEPS:
         raise UsageError(f"--steps must be between 1 and {MAX_PROBE_STEPS}")

@@ -7,9 +7,9 @@ import json
 import sys
 from collections.abc import Callable
 
-from knowledge.loader import KnowledgeBase
-from skill_server.cli import EXIT_OK, UsageError
-from skill_server.commands.catalog import knowledge_or_usage_error
+from gradient_doctor.knowledge.loader import KnowledgeBase
+from gradient_doctor.skill_server.cli import EXIT_OK, UsageError
+from gradient_doctor.skill_server.commands.catalog import knowledge_or_usage_error
 
 NAME = "explain"
 HELP = (
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _pages(kb: KnowledgeBase) -> dict[str, tuple[Callable[[], str], Callable[[], object]]]:
-    from skill_server import views
+    from gradient_doctor.skill_server import views
 
     return {
         "thresholds": (
@@ -58,7 +58,7 @@ def _pages(kb: KnowledgeBase) -> dict[str, tuple[Callable[[], str], Callable[[],
 
 def run(args: argparse.Namespace) -> int:
     """Print the entry, guide or page called ``args.id``."""
-    from skill_server import views
+    from gradient_doctor.skill_server import views
 
     kb = knowledge_or_usage_error()
     wanted = args.id.strip()

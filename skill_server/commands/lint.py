@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from probes.findings import severity_at_least
-from skill_server.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError
+from gradient_doctor.knowledge.findings import severity_at_least
+from gradient_doctor.skill_server.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError
 
 NAME = "lint"
 HELP = "Read PyTorch training scripts and report gradient red flags at their lines, with patches."
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _rule_ids() -> list[str]:
-    from probes.static.engine import all_rules
+    from gradient_doctor.probes.static.engine import all_rules
 
     return sorted(rule.id for rule in all_rules())
 
@@ -89,8 +89,8 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Lint the paths, write the report, return the exit status."""
-    from probes.static.formats import render_report
-    from probes.static.walk import lint_paths
+    from gradient_doctor.probes.static.formats import render_report
+    from gradient_doctor.probes.static.walk import lint_paths
 
     known = _rule_ids()
     select = parse_rule_ids(args.select, "--select", known)

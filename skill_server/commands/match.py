@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from skill_server.cli import EXIT_OK, UsageError
+from gradient_doctor.skill_server.cli import EXIT_OK, UsageError
 
 NAME = "match"
 HELP = (
@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("TEXT is empty: describe the symptom, the claim or paste a log line")
     code = _read_code(args.code) if args.code else None
 
-    from knowledge import KnowledgeError
-    from knowledge.matcher import match
+    from gradient_doctor.knowledge import KnowledgeError
+    from gradient_doctor.knowledge.matcher import match
 
     try:
         result = match(text, code=code, top_k=args.top)
@@ -110,8 +110,8 @@ def _bullet(label: str, value: str) -> str:
 
 def markdown(result: object) -> str:
     """The match result as a short ranked Markdown list (advice in full for the top match)."""
-    from knowledge import load_knowledge
-    from knowledge.matcher import MatchResult
+    from gradient_doctor.knowledge import load_knowledge
+    from gradient_doctor.knowledge.matcher import MatchResult
 
     assert isinstance(result, MatchResult)
     kb = load_knowledge()

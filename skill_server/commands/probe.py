@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from probes.findings import severity_at_least
-from skill_server.cli import EXIT_FINDINGS, EXIT_OK, UsageError
+from gradient_doctor.knowledge.findings import severity_at_least
+from gradient_doctor.skill_server.cli import EXIT_FINDINGS, EXIT_OK, UsageError
 
 NAME = "probe"
 HELP = (
@@ -112,7 +112,7 @@ def _pass_through_after_double_dash(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the probe and print the report; see the exit status in the command's help."""
-    from probes.runtime import ProbeInputError, run_probe
+    from gradient_doctor.probes.runtime import ProbeInputError, run_probe
 
     plots_dir = _plots_folder(args.plots)
     try:
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:
-        from skill_server.views_probe import probe_markdown
+        from gradient_doctor.skill_server.views_probe import probe_markdown
 
         sys.stdout.write(probe_markdown(result))
     if plots_dir is not None:
@@ -161,7 +161,7 @@ def _plots_folder(folder: str | None) -> Path | None:
 
 def _write_plots(result: Any, folder: Path) -> None:
     """Draw the pictures (matplotlib is imported only here) and name them on stderr."""
-    from probes.runtime.plots import write_plots
+    from gradient_doctor.probes.runtime.plots import write_plots
 
     try:
         written = write_plots(result, folder)

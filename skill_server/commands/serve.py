@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from skill_server.cli import EXIT_OK, UsageError
+from gradient_doctor.skill_server.cli import EXIT_OK, UsageError
 
 NAME = "serve"
 HELP = "Run the MCP server (stdio by default, or streamable HTTP with --http)."
@@ -116,7 +116,7 @@ def _report_modules_at_exit() -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the server and serve until the client disconnects (stdio) or Ctrl-C (HTTP)."""
-    from skill_server.safety import InputError
+    from gradient_doctor.skill_server.safety import InputError
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
     if not 1 <= args.port <= 65535:
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             f"a non-loopback bind needs a bearer token: --token-file or ${args.token_env}"
         )
 
-    from skill_server.server import build_server
+    from gradient_doctor.skill_server.server import build_server
 
     verifier = auth = None
     if token is not None:

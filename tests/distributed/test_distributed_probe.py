@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from probes.runtime import ProbeInputError, run_probe
-from probes.runtime.ranks import RankEnv, channel_for_rank, merge_global_norms
-from probes.runtime.result import StepRecord
+from gradient_doctor.probes.runtime import ProbeInputError, run_probe
+from gradient_doctor.probes.runtime.child.rankenv import RankEnv, channel_for_rank
+from gradient_doctor.probes.runtime.ranks import merge_global_norms
+from gradient_doctor.probes.runtime.result import StepRecord
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "distributed"
 REPO = Path(__file__).resolve().parents[2]
@@ -222,7 +223,7 @@ def test_rank_environment_and_channel_names() -> None:
 
 
 def test_global_norms_replace_shard_norms_and_the_total_is_recomputed() -> None:
-    from probes.runtime.rank_models import RankStep
+    from gradient_doctor.probes.runtime.rank_models import RankStep
 
     record = StepRecord(step=1, grad_norms=[3.0, None, 1.0], total_norm=math.sqrt(10))
     merged = merge_global_norms(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from skill_server.server import build_server
+from gradient_doctor.skill_server.server import build_server
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "distributed"
 

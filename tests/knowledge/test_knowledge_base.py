@@ -13,9 +13,9 @@ import pytest
 import yaml
 from catalog_tables import CATALOG, REPO, catalog_rows
 
-from knowledge import KnowledgeError, build_knowledge, load_knowledge
-from knowledge.models import SNIPPET_IDS
-from probes.findings import SEVERITY_RANK
+from gradient_doctor.knowledge import KnowledgeError, build_knowledge, load_knowledge
+from gradient_doctor.knowledge.findings import SEVERITY_RANK
+from gradient_doctor.knowledge.models import SNIPPET_IDS
 
 DATA = REPO / "knowledge" / "data"
 SEEDS = ("CG", "GM", "GS", "TD")
@@ -42,7 +42,7 @@ def test_catalogue_tables_parse_to_known_counts(rows: list[Any]) -> None:
     counts: dict[str, int] = {}
     for row in rows:
         counts[row.kind] = counts.get(row.kind, 0) + 1
-    assert counts == {"red-flag": 22, "signal": 16, "rationalization": 28, "symptom": 16}
+    assert counts == {"red-flag": 24, "signal": 19, "rationalization": 28, "symptom": 16}
     assert len({r.id for r in rows}) == len(rows), "an id appears twice in catalog.md"
 
 
@@ -365,7 +365,7 @@ def test_one_correction_per_catalogue_bullet_each_with_a_real_test(kb: Any) -> N
 
 
 def test_views_render_every_part(kb: Any) -> None:
-    from skill_server import views
+    from gradient_doctor.skill_server import views
 
     for entry in kb.entries.values():
         text = views.entry_markdown(entry)
@@ -379,7 +379,7 @@ def test_views_render_every_part(kb: Any) -> None:
     assert (
         checklist.index("## Critical") < checklist.index("## Warning") < checklist.index("## Info")
     )
-    assert checklist.count("- [ ]") == 22
+    assert checklist.count("- [ ]") == 24
     thresholds = views.thresholds_markdown(kb.thresholds)
     for name in ("default", "cg", "gs", "gm", "td"):
         assert f"`{name}`" in thresholds

@@ -15,8 +15,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from knowledge import load_knowledge
-from knowledge.matcher import Matcher, MatchResult, get_matcher, match
+from gradient_doctor.knowledge import load_knowledge
+from gradient_doctor.knowledge.matcher import Matcher, MatchResult, get_matcher, match
 from tests.conftest import REPO, run_cli
 
 EVAL_FILE = Path(__file__).with_name("match_eval.yaml")
@@ -394,7 +394,7 @@ def test_matching_does_not_import_torch() -> None:
         "from knowledge.matcher import match\n"
         "match('loss: nan after clip_grad_norm_ with GradScaler', code='optimizer.step()')\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
-        "assert not any(m.startswith('probes.static') for m in sys.modules)\n"
+        "assert not any(m.startswith('gradient_doctor.probes.static') for m in sys.modules)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120

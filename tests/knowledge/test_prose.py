@@ -19,8 +19,8 @@ import pydantic
 import pytest
 import yaml
 
-import knowledge.models
-from knowledge.models import SEED_FILES, Guide, Rationalization, Symptom
+import gradient_doctor.knowledge.models
+from gradient_doctor.knowledge.models import SEED_FILES, Guide, Rationalization, Symptom
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "knowledge" / "data"
@@ -32,7 +32,7 @@ GM_SEED = SEEDS / SEED_FILES["GM"]
 
 def _shipped_snippet_ids() -> frozenset[str]:
     """The snippet ids the templates package really ships (not a copy of the list)."""
-    from templates.snippets import list_snippets
+    from gradient_doctor.templates.snippets import list_snippets
 
     return frozenset(spec.id for spec in list_snippets())
 
@@ -251,7 +251,9 @@ def test_every_referenced_id_is_in_the_catalogue(
 def test_every_snippet_id_is_in_the_fixed_list(
     rationalizations: list[Rationalization], symptoms: list[Symptom]
 ) -> None:
-    assert knowledge.models.SNIPPET_IDS == SNIPPET_IDS, "models and templates disagree"
+    assert gradient_doctor.knowledge.models.SNIPPET_IDS == SNIPPET_IDS, (
+        "models and templates disagree"
+    )
     for entry in [*rationalizations, *symptoms]:
         unknown = set(entry.snippets) - SNIPPET_IDS
         assert not unknown, f"{entry.id}: unknown snippet ids {sorted(unknown)}"
@@ -349,7 +351,7 @@ def test_loader_serves_the_prose(
     rationalizations: list[Rationalization], symptoms: list[Symptom], guides: list[Guide]
 ) -> None:
     try:
-        from knowledge import load_knowledge
+        from gradient_doctor.knowledge import load_knowledge
     except ImportError as exc:
         pytest.skip(f"knowledge.load_knowledge not available yet: {exc}")
     kb = load_knowledge()

@@ -10,8 +10,13 @@ from typing import Any
 
 import pytest
 
-from probes.runtime import ProbeResult, run_probe
-from probes.runtime.plots import plot_pngs, short_layer_name, spike_steps, write_plots
+from gradient_doctor.probes.runtime import ProbeResult, run_probe
+from gradient_doctor.probes.runtime.plots import (
+    plot_pngs,
+    short_layer_name,
+    spike_steps,
+    write_plots,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "distributed"
 SPIKE_RED = (0xD6, 0x27, 0x28)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from probes.runtime import hooks
-from probes.runtime.collector import Collector, ProbeStop
+from gradient_doctor.probes.runtime.child import hooks
+from gradient_doctor.probes.runtime.child.collector import Collector, ProbeStop
 
 
 @pytest.fixture

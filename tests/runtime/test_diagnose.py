@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from knowledge import load_knowledge
-from knowledge.models import ThresholdProfile
-from probes.runtime.diagnose import diagnose
-from probes.runtime.result import ChildSummary, NanOrigin, StepRecord, TensorDetail
+from gradient_doctor.knowledge import load_knowledge
+from gradient_doctor.knowledge.models import ThresholdProfile
+from gradient_doctor.probes.runtime.diagnose import diagnose
+from gradient_doctor.probes.runtime.result import ChildSummary, NanOrigin, StepRecord, TensorDetail
 
 PARAMS = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 LAYERS = ["fc1", "fc1", "fc2", "fc2"]

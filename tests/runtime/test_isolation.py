@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from probes.runtime import run_probe_async
+from gradient_doctor.probes.runtime import run_probe_async
 
 from .conftest import fixture
 
@@ -23,9 +23,9 @@ def test_parent_never_imports_torch() -> None:
     code = textwrap.dedent(
         f"""
         import sys
-        import probes.runtime
-        from probes.runtime import run_probe
-        from skill_server.views_probe import probe_markdown
+        import gradient_doctor.probes.runtime
+        from gradient_doctor.probes.runtime import run_probe
+        from gradient_doctor.skill_server.views_probe import probe_markdown
         result = run_probe({str(fixture("healthy_mlp"))!r}, steps=3)
         assert result.status == "stopped", result.message
         probe_markdown(result)
@@ -97,7 +97,7 @@ async def test_progress_callback_sync_and_async() -> None:
 
 
 def test_timeout_kills_spawned_grandchild(tmp_path: Path) -> None:
-    from probes.runtime import run_probe
+    from gradient_doctor.probes.runtime import run_probe
 
     pid_file = tmp_path / "pids"
     result = run_probe(fixture("writes_pid_then_hangs"), [str(pid_file)], timeout_s=6)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from probes.runtime import measure
+from gradient_doctor.probes.runtime.child import measure
 
 
 def _tolerance(numel: int) -> float:

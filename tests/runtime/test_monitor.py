@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from probes import GradientMonitor
-from probes.runtime.result import ProbeResult
+from gradient_doctor.probes import GradientMonitor
+from gradient_doctor.probes.runtime.result import ProbeResult
 
 
 def test_monitor_reports_and_logs(tmp_path: Path) -> None:

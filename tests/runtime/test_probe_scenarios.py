@@ -14,8 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
-from probes.findings import severity_at_least
-from probes.runtime import ProbeResult, run_probe_async
+from gradient_doctor.knowledge.findings import severity_at_least
+from gradient_doctor.probes.runtime import ProbeResult, run_probe_async
 
 from .conftest import fixture
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from probes.findings import Finding, Fix
-from probes.runtime.result import ProbeResult
-from skill_server.views_probe import probe_markdown
+from gradient_doctor.knowledge.findings import Finding, Fix
+from gradient_doctor.probes.runtime.result import ProbeResult
+from gradient_doctor.skill_server.views_probe import probe_markdown
 
 
 def _result(**extra: object) -> ProbeResult:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from server_helpers import REPO
 
-from skill_server import docs
+from gradient_doctor.skill_server import docs
 
 
 def test_readme_mcp_sections_match_the_server() -> None:
@@ -35,7 +35,7 @@ def test_docs_check_flags_a_stale_readme(tmp_path: Path) -> None:
         "<!-- cli-reference:start -->\n<!-- cli-reference:end -->\n"
         "<!-- catalogue:start -->\n<!-- catalogue:end -->\n"
     )
-    check = [sys.executable, "-m", "skill_server.docs", "--readme", str(stale)]
+    check = [sys.executable, "-m", "gradient_doctor.skill_server.docs", "--readme", str(stale)]
     assert subprocess.run([*check, "--check"], cwd=REPO).returncode == 1
     assert subprocess.run(check, cwd=REPO).returncode == 0
     assert subprocess.run([*check, "--check"], cwd=REPO).returncode == 0
@@ -43,7 +43,7 @@ def test_docs_check_flags_a_stale_readme(tmp_path: Path) -> None:
 
 
 def test_cli_and_catalogue_sections_cover_every_command_and_entry() -> None:
-    from knowledge import load_knowledge
+    from gradient_doctor.knowledge import load_knowledge
 
     cli = docs.cli_markdown()
     for command in ("catalog", "check", "explain", "lint", "match", "probe", "serve"):

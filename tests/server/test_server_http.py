@@ -48,7 +48,7 @@ def _serving(root: Path, *args: str, env: dict[str, str] | None = None) -> Itera
         [
             sys.executable,
             "-m",
-            "skill_server",
+            "gradient_doctor.skill_server",
             "serve",
             "--http",
             "--port",

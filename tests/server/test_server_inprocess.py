@@ -9,7 +9,7 @@ import pytest
 from mcp import Client
 from server_helpers import dump, process_alive, structured, text_of
 
-from skill_server.server import build_server
+from gradient_doctor.skill_server.server import build_server
 
 pytestmark = pytest.mark.anyio
 
@@ -286,7 +286,7 @@ async def test_probes_wait_in_the_queue(workspace: Path) -> None:
 
 
 async def test_explain_and_resources_cover_every_kind_and_guide(workspace: Path) -> None:
-    from knowledge import load_knowledge
+    from gradient_doctor.knowledge import load_knowledge
 
     kb = load_knowledge()
     one_per_kind = {entry.kind: entry.id for entry in kb}

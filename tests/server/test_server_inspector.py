@@ -52,7 +52,7 @@ def _inspector(npx: str, root: Path, *method_args: str) -> subprocess.CompletedP
         "--cli",
         sys.executable,
         "-m",
-        "skill_server",
+        "gradient_doctor.skill_server",
         "serve",
         "--root",
         str(root),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from server_helpers import EXAMPLES
 
-from skill_server.names import guess_names
-from templates.snippets import render_snippet
+from gradient_doctor.skill_server.names import guess_names
+from gradient_doctor.templates.snippets import render_snippet
 
 SCRIPT = """
 import torch

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from knowledge import load_knowledge
-from probes.findings import Finding
-from skill_server.diagnosis import merge_findings, render_report
-from skill_server.results import Diagnosis, SummaryRow
+from gradient_doctor.knowledge import load_knowledge
+from gradient_doctor.knowledge.findings import Finding
+from gradient_doctor.skill_server.diagnosis import merge_findings, render_report
+from gradient_doctor.skill_server.results import Diagnosis, SummaryRow
 
 
 def _findings() -> list[Finding]:
@@ -92,8 +92,8 @@ def test_report_has_the_check_gradients_sections() -> None:
 
 
 def test_probe_text_block_for_a_failed_run_shows_the_output() -> None:
-    from skill_server.results import ProbeReport
-    from templates import render
+    from gradient_doctor.skill_server.results import ProbeReport
+    from gradient_doctor.templates import render
 
     report = ProbeReport(
         path="train.py",

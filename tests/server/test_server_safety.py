@@ -9,8 +9,8 @@ import pytest
 from mcp import Client
 from server_helpers import structured, text_of
 
-from skill_server.safety import MAX_SOURCE_BYTES, InputError, PathPolicy
-from skill_server.server import ProbeQueue, build_server
+from gradient_doctor.skill_server.safety import MAX_SOURCE_BYTES, InputError, PathPolicy
+from gradient_doctor.skill_server.server import ProbeQueue, build_server
 
 pytestmark = pytest.mark.anyio
 

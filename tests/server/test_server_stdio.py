@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 def _params(root: Path, *extra: str, env: dict[str, str] | None = None) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "skill_server", "serve", "--root", str(root), *extra],
+        args=["-m", "gradient_doctor.skill_server", "serve", "--root", str(root), *extra],
         env={**os.environ, **(env or {})},
         cwd=str(REPO),
     )
@@ -58,7 +58,7 @@ async def test_initialize_list_call_and_no_torch_in_the_server(
             break
         await anyio.sleep(0.1)
     modules = set(modules_file.read_text().split())
-    assert "mcp" in modules and "probes.static" in modules
+    assert "mcp" in modules and "gradient_doctor.probes.static" in modules
     assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
 
 

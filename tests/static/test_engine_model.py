@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from probes.findings import severity_at_least
-from probes.static import lint_source
-from probes.static.engine import rule_ids
+from gradient_doctor.knowledge.findings import severity_at_least
+from gradient_doctor.probes.static import lint_source
+from gradient_doctor.probes.static.engine import rule_ids
 
 
 def _serious(source: str) -> list[tuple[str, int | None]]:

@@ -18,9 +18,9 @@ from collections import Counter
 import pytest
 from _static_io_support import BUGGY, GOLDEN, Fixture, apply_unified_diff, load_fixtures
 
-from probes.findings import Finding, severity_at_least
-from probes.static import all_rules, lint_paths, lint_source
-from probes.static.walk import read_source
+from gradient_doctor.knowledge.findings import Finding, severity_at_least
+from gradient_doctor.probes.static import all_rules, lint_paths, lint_source
+from gradient_doctor.probes.static.walk import read_source
 
 GOLDEN_FIXTURES = load_fixtures(GOLDEN)
 BUGGY_FIXTURES = load_fixtures(BUGGY)
@@ -229,7 +229,7 @@ def test_user_files_are_not_modified() -> None:
 
 def test_snippet_ids_of_findings_exist() -> None:
     """A fix or evidence that points at a fix snippet names one that templates/ can render."""
-    from templates.snippets import list_snippets
+    from gradient_doctor.templates.snippets import list_snippets
 
     known = {spec.id for spec in list_snippets()}
     named = set()

@@ -17,9 +17,9 @@ import jsonschema
 import pytest
 from _static_io_support import apply_unified_diff
 
-from probes.findings import Finding, Fix
-from probes.static import all_rules
-from probes.static.formats import (
+from gradient_doctor.knowledge.findings import Finding, Fix
+from gradient_doctor.probes.static import all_rules
+from gradient_doctor.probes.static.formats import (
     diff_replacements,
     format_json,
     format_markdown,
@@ -29,7 +29,7 @@ from probes.static.formats import (
     summary_line,
     to_sarif,
 )
-from probes.static.report import FileReport, LintReport
+from gradient_doctor.probes.static.report import FileReport, LintReport
 
 SOURCE = """\
 import torch

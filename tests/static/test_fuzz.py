@@ -16,8 +16,8 @@ from _static_io_support import BUGGY, GOLDEN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from probes.static import lint_paths, lint_source
-from probes.static.report import FileReport
+from gradient_doctor.probes.static import lint_paths, lint_source
+from gradient_doctor.probes.static.report import FileReport
 
 SCRIPTS = [
     p.read_text(encoding="utf-8") for p in sorted([*GOLDEN.glob("*.py"), *BUGGY.glob("*.py")])

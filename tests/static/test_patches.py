@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from probes.findings import Finding, severity_at_least
-from probes.static import all_rules, lint_source
-from probes.static.patches import apply_unified_diff
+from gradient_doctor.knowledge.findings import Finding, severity_at_least
+from gradient_doctor.probes.static import all_rules, lint_source
+from gradient_doctor.probes.static.patches import apply_unified_diff
 
 # The fix kinds the issue asks for, by the rule that offers them.
 REQUIRED_FIX_KINDS = {

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from knowledge import load_knowledge
-from probes.static import all_rules, lint_source
-from probes.static.base import Invalid, Rule
+from gradient_doctor.knowledge import load_knowledge
+from gradient_doctor.probes.static import all_rules, lint_source
+from gradient_doctor.probes.static.base import Invalid, Rule
 
 RULES = all_rules()
 VALID_CASES = [
@@ -87,7 +87,7 @@ def test_select_runs_only_the_selected_rule(rule: Rule) -> None:
 
 
 def test_every_snippet_id_is_a_known_fix_snippet() -> None:
-    from templates.snippets import list_snippets
+    from gradient_doctor.templates.snippets import list_snippets
 
     known = {getattr(s, "id", s) for s in list_snippets()}
     assert {rule.snippet_id for rule in RULES} <= known

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from probes.static.model import Event, FileModel
-from probes.static.names import code_of
-from probes.static.ruletools import (
+from gradient_doctor.probes.static.model import Event, FileModel
+from gradient_doctor.probes.static.names import code_of
+from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     clipping,
     direct_clip_calls,

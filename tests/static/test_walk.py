@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.static.walk import (
+from gradient_doctor.probes.static.walk import (
     MAX_FILE_BYTES,
     SourceError,
     check_syntax,

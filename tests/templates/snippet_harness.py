@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from templates.snippets import render_snippet
+from gradient_doctor.templates.snippets import render_snippet
 
 Grads = dict[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knowledge.models import SNIPPET_IDS
-from templates import environment
-from templates.snippets import (
+from gradient_doctor.knowledge.models import SNIPPET_IDS
+from gradient_doctor.templates import environment
+from gradient_doctor.templates.snippets import (
     STANDARD_PARAMETERS,
     SnippetSpec,
     list_snippets,
@@ -144,7 +144,7 @@ def test_parameters_are_the_variables_the_template_uses(spec: SnippetSpec) -> No
 
 
 def test_related_ids_exist_in_the_knowledge_base() -> None:
-    knowledge = pytest.importorskip("knowledge")
+    knowledge = pytest.importorskip("gradient_doctor.knowledge")
     try:
         base = knowledge.load_knowledge()
     except Exception as error:  # the knowledge data is written by another helper

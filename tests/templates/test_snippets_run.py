@@ -35,7 +35,7 @@ from snippet_harness import (
 )
 from torch import nn
 
-from templates.snippets import list_snippets
+from gradient_doctor.templates.snippets import list_snippets
 
 TOLERANCE = 1e-6
 

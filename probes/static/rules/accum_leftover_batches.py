@@ -7,10 +7,10 @@ from typing import ClassVar
 
 import libcst as cst
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import STEP_KINDS, FileModel
-from probes.static.names import code_of
-from probes.static.ruletools import micro_step_for
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import STEP_KINDS, FileModel
+from gradient_doctor.probes.static.names import code_of
+from gradient_doctor.probes.static.ruletools import micro_step_for
 
 
 class AccumLeftoverBatches(Rule):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import FileModel
-from probes.static.names import code_of
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.names import code_of
 
 
 class AccumManualGradScaling(Rule):

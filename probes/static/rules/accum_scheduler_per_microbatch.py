@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import FileModel
-from probes.static.patches import Patch
-from probes.static.ruletools import accumulating_units, label, placements
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.patches import Patch
+from gradient_doctor.probes.static.ruletools import accumulating_units, label, placements
 
 
 class AccumSchedulerPerMicrobatch(Rule):

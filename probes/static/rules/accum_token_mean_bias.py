@@ -7,11 +7,11 @@ from typing import ClassVar
 
 import libcst as cst
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import FileModel, FuncInfo
-from probes.static.names import call_arg, code_of, dotted_name, keyword_names
-from probes.static.ruletools import has_scaling, micro_step_backwards
-from probes.static.traverse import calls_in, children
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import FileModel, FuncInfo
+from gradient_doctor.probes.static.names import call_arg, code_of, dotted_name, keyword_names
+from gradient_doctor.probes.static.ruletools import has_scaling, micro_step_backwards
+from gradient_doctor.probes.static.traverse import calls_in, children
 
 TOKEN_COUNT_HINTS = ("token", "num_items", "n_items", "count", "mask.sum", "numel")
 

@@ -7,11 +7,11 @@ from typing import ClassVar
 
 import libcst as cst
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import Event, FileModel, Unit
-from probes.static.names import code_of, receiver
-from probes.static.patches import Patch
-from probes.static.ruletools import (
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import Event, FileModel, Unit
+from gradient_doctor.probes.static.names import code_of, receiver
+from gradient_doctor.probes.static.patches import Patch
+from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     divide,
     label,

@@ -7,11 +7,11 @@ from typing import ClassVar
 
 import libcst as cst
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import FileModel
-from probes.static.names import code_of, number_value
-from probes.static.patches import Patch
-from probes.static.ruletools import direct_clip_calls
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.names import code_of, number_value
+from gradient_doctor.probes.static.patches import Patch
+from gradient_doctor.probes.static.ruletools import direct_clip_calls
 
 THRESHOLD = 0.1
 

@@ -7,11 +7,16 @@ from typing import ClassVar
 
 import libcst as cst
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import FileModel, Unit
-from probes.static.names import code_of
-from probes.static.patches import Patch
-from probes.static.ruletools import label, micro_step_backwards, micro_step_for, names_in
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import FileModel, Unit
+from gradient_doctor.probes.static.names import code_of
+from gradient_doctor.probes.static.patches import Patch
+from gradient_doctor.probes.static.ruletools import (
+    label,
+    micro_step_backwards,
+    micro_step_for,
+    names_in,
+)
 
 
 class DdpAccumWithoutNoSync(Rule):

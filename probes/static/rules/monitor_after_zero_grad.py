@@ -7,10 +7,10 @@ from typing import ClassVar
 
 import libcst as cst
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import FileModel
-from probes.static.patches import Patch
-from probes.static.ruletools import between, label, movable, placements, previous
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.patches import Patch
+from gradient_doctor.probes.static.ruletools import between, label, movable, placements, previous
 
 
 class MonitorAfterZeroGrad(Rule):

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import Event, FileModel, Unit
-from probes.static.names import code_of
-from probes.static.patches import Patch
-from probes.static.ruletools import (
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import Event, FileModel, Unit
+from gradient_doctor.probes.static.names import code_of
+from gradient_doctor.probes.static.patches import Patch
+from gradient_doctor.probes.static.ruletools import (
     first_arg_of_constructor,
     label,
     missing_unscale,

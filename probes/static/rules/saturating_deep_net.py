@@ -7,10 +7,10 @@ from typing import ClassVar
 
 import libcst as cst
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import FileModel
-from probes.static.names import dotted_name, number_value
-from probes.static.traverse import calls_in, walk
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.names import dotted_name, number_value
+from gradient_doctor.probes.static.traverse import calls_in, walk
 
 DEPTH_LIMIT = 20
 SATURATING = frozenset({"Sigmoid", "Tanh", "sigmoid", "tanh", "Hardtanh", "Softsign"})

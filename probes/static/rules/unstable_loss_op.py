@@ -7,12 +7,12 @@ from typing import ClassVar
 
 import libcst as cst
 
-from probes.static.base import Invalid, RawFinding, Rule
-from probes.static.model import FileModel, FuncInfo
-from probes.static.names import code_of, dotted_name, method_name, parenthesize
-from probes.static.patches import Patch
-from probes.static.ruletools import shorten
-from probes.static.traverse import walk
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.model import FileModel, FuncInfo
+from gradient_doctor.probes.static.names import code_of, dotted_name, method_name, parenthesize
+from gradient_doctor.probes.static.patches import Patch
+from gradient_doctor.probes.static.ruletools import shorten
+from gradient_doctor.probes.static.traverse import walk
 
 EPSILON = "1e-8"
 GUARDS = frozenset(

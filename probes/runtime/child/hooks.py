@@ -28,7 +28,7 @@ from torch.amp import grad_scaler
 from torch.nn.modules import module as module_module
 from torch.utils.hooks import RemovableHandle
 
-from probes.runtime.collector import Collector
+from .collector import Collector
 
 
 def _limit(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> float:

@@ -1,6 +1,6 @@
 """Turns hook callbacks into per-step measurements (child side; imports torch).
 
-``probes.runtime.hooks`` (global patches, used by the probe's child process) and
+``probes.runtime.child.hooks`` (global patches, used by the probe's child process) and
 ``probes.runtime.monitor.GradientMonitor`` (per-object hooks, used inside a user's own loop)
 both drive one :class:`Collector`. It keeps the order of events within each optimizer step,
 measures the gradients at the moment the optimizer consumes them (``measure``), packs every
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from probes.runtime import measure
+from . import measure
 
 RELU_FAMILY: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6)
 SATURATING: tuple[type[nn.Module], ...] = (nn.Sigmoid, nn.Tanh)

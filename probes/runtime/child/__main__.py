@@ -1,8 +1,8 @@
-"""Entry point of the probe's child process: ``python -m probes.runtime._child SCRIPT [ARGS...]``.
+"""Entry point of the probe's child process: ``python -m _gradient_doctor_probe SCRIPT [ARGS...]``.
 
 Installs the hooks, runs SCRIPT unmodified as ``__main__`` with its own argv, stops it after the
 requested number of optimizer steps, and reports over the side channel named in the environment
-(``probes.runtime.channel``). Stdout and stderr stay the script's. The parent sets the working
+(``probes.runtime.child.channel``). Stdout and stderr stay the script's. The parent sets the working
 directory and the process group.
 """
 
@@ -17,8 +17,8 @@ import time
 import traceback
 from typing import Any, NoReturn
 
-from probes.runtime.channel import CHANNEL_ENV, SETTINGS_ENV, ChannelWriter
-from probes.runtime.ranks import RankEnv, channel_for_rank, exit_code, record_pid
+from .channel import CHANNEL_ENV, SETTINGS_ENV, ChannelWriter
+from .rankenv import RankEnv, channel_for_rank, exit_code, record_pid
 
 TRACEBACK_LINES = 25
 
@@ -64,8 +64,8 @@ def main() -> None:
 
     import torch
 
-    from probes.runtime import hooks
-    from probes.runtime.collector import Collector, ProbeStop
+    from . import hooks
+    from .collector import Collector, ProbeStop
 
     device = settings.get("device", "auto")
     if device == "cuda" and not torch.cuda.is_available():
@@ -97,7 +97,7 @@ def main() -> None:
     hooks.install(collector)
     rank_probe = None
     if rank_env.distributed:
-        from probes.runtime import distributed
+        from . import distributed
 
         rank_probe = distributed.install(collector, writer, rank_env, settings)
 

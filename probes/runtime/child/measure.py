@@ -68,7 +68,7 @@ def local_tensor(tensor: Any) -> Any:
     """The rank's own shard of a DTensor (FSDP2, tensor parallel); any other tensor unchanged.
 
     Statistics are taken on local shards (no collective inside a hook); the distributed probe
-    (``probes.runtime.distributed``) merges them across ranks.
+    (``probes.runtime.child.distributed``) merges them across ranks.
     """
     to_local = getattr(tensor, "to_local", None)
     return to_local() if callable(to_local) else tensor

@@ -1,7 +1,8 @@
 """Data parallelism, child side: every rank measures, rank 0 merges (imports torch).
 
 Installed by the probe's child process when ``WORLD_SIZE`` > 1, after the ordinary hooks
-(``probes.runtime.hooks``), so its optimizer step pre-hook runs after the collector has measured
+(``probes.runtime.child.hooks``), so its optimizer step pre-hook runs after the collector has
+measured
 the step. At every optimizer step each rank computes, on the gradients the optimizer is about
 to consume (after DDP's all-reduce or FSDP's reduce-scatter):
 
@@ -31,11 +32,10 @@ import torch.distributed as dist
 import torch.optim.optimizer as optimizer_module
 from torch.nn.parallel import DistributedDataParallel
 
-from probes.runtime import measure
-from probes.runtime.channel import ChannelWriter
-from probes.runtime.collector import Collector
-from probes.runtime.rank_models import LAUNCHER_GD, LAUNCHER_USER
-from probes.runtime.ranks import DIVERGENCE_RTOL, RankEnv
+from . import measure
+from .channel import ChannelWriter
+from .collector import Collector
+from .rankenv import DIVERGENCE_RTOL, LAUNCHER_GD, LAUNCHER_USER, RankEnv
 
 #: Extra seconds the probe's own collective waits beyond the probe's timeout before giving up.
 GROUP_TIMEOUT_MARGIN_S = 30.0
