@@ -386,8 +386,13 @@ def commands() -> list[Any]:
 
 
 def claude_command(command: Any) -> str:
-    """A Claude Code command file: front matter, then the workflow with ``$ARGUMENTS``."""
-    allowed = [claude_tool_name(tool) for tool in command.tools]
+    """A Claude Code command file: front matter, then the workflow with ``$ARGUMENTS``.
+
+    ``allowed-tools`` names exactly the server's tools that the workflow mentions, in Claude
+    Code's spelling, plus the CLI fallback and the file tools to find and read the script.
+    """
+    body = command.render("$ARGUMENTS")
+    allowed = [claude_tool_name(tool) for tool in tool_names() if f"`{tool}`" in body]
     allowed += ["Bash(gradient-doctor:*)", "Read", "Grep", "Glob"]
     return (
         _front_matter(
@@ -398,7 +403,7 @@ def claude_command(command: Any) -> str:
             }
         )
         + "\n"
-        + command.render("$ARGUMENTS")
+        + body
     )
 
 

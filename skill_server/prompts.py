@@ -165,8 +165,6 @@ class SlashCommand:
     name: str
     description: str
     argument_hint: str
-    #: The MCP tools the workflow may call (the host's allowed-tools are made from these).
-    tools: tuple[str, ...]
     #: Markdown; ``{args}`` is replaced by the host's placeholder (``$ARGUMENTS``, ``{{args}}``).
     body: str
 
@@ -187,7 +185,6 @@ def slash_commands(cli_fallback: dict[str, str]) -> list[SlashCommand]:
         name="check-gradients",
         description=DESCRIPTIONS["check-gradients"],
         argument_hint="[script.py] [symptoms...]",
-        tools=("diagnose", "probe_script", "lint_script", "get_fix", "explain"),
         body=(
             "# Check gradient health\n\n"
             "Arguments: `{args}`\n\n"
@@ -207,7 +204,6 @@ def slash_commands(cli_fallback: dict[str, str]) -> list[SlashCommand]:
         name="triage",
         description=DESCRIPTIONS["triage"],
         argument_hint="<symptoms, e.g. loss goes NaN after 2k steps with AMP>",
-        tools=("match_symptoms", "diagnose", "get_fix", "explain"),
         body=(
             "# Triage a training symptom\n\n"
             "The user reports: {args}\n\n"
@@ -222,7 +218,6 @@ def slash_commands(cli_fallback: dict[str, str]) -> list[SlashCommand]:
         name="review-training-loop",
         description=DESCRIPTIONS["review-training-loop"],
         argument_hint="[training_script.py | pasted code]",
-        tools=("lint_script", "probe_script", "diagnose", "get_fix", "explain"),
         body=(
             "# Review a training loop\n\n"
             "Arguments: `{args}`\n\n"

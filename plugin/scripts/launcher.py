@@ -261,14 +261,14 @@ def _setup_lock() -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _run(command: Sequence[str | os.PathLike[str]], log: BinaryIO, **kwargs: Any) -> None:
+def _run(command: Sequence[str | os.PathLike[str]], log: BinaryIO, what: str) -> None:
     log.write(("$ " + " ".join(str(c) for c in command) + "\n").encode())
     log.flush()
     completed = subprocess.run(
-        [str(c) for c in command], stdout=log, stderr=subprocess.STDOUT, check=False, **kwargs
+        [str(c) for c in command], stdout=log, stderr=subprocess.STDOUT, check=False
     )
     if completed.returncode != 0:
-        raise LaunchError(f"`{Path(str(command[0])).name} ...` exited {completed.returncode}")
+        raise LaunchError(f"{what} exited with {completed.returncode}")
 
 
 def _copy_source(target: Path) -> None:
@@ -300,14 +300,18 @@ def install(key: str) -> Path:
                 _copy_source(source)
                 uv = shutil.which("uv")
                 if uv:
-                    _run([uv, "venv", "--quiet", "--python", sys.executable, final], log)
+                    _run([uv, "venv", "--quiet", "--python", sys.executable, final], log, "uv venv")
                     python = _venv_executable(final, "python")
-                    _run([uv, "pip", "install", "--quiet", "--python", python, source], log)
+                    _run(
+                        [uv, "pip", "install", "--quiet", "--python", python, source],
+                        log,
+                        "uv pip install",
+                    )
                 else:
-                    _run([sys.executable, "-m", "venv", final], log)
+                    _run([sys.executable, "-m", "venv", final], log, "python -m venv")
                     python = _venv_executable(final, "python.exe" if os.name == "nt" else "python")
                     quiet_pip = ["-m", "pip", "--disable-pip-version-check", "--quiet"]
-                    _run([python, *quiet_pip, "install", source], log)
+                    _run([python, *quiet_pip, "install", source], log, "pip install")
                 (final / READY_MARKER).write_text(
                     json.dumps({"key": key, "python": sys.executable, "uv": bool(uv)}) + "\n",
                     encoding="utf-8",
@@ -348,14 +352,13 @@ def failure_line() -> str:
         if text.startswith("== failed:"):
             reason = text.removeprefix("== failed:").strip()
             break
-    detail = next(
-        (
-            line.strip()
-            for line in reversed(lines[-200:])
-            if line.strip().startswith(("ERROR:", "error:", "Error:"))
-        ),
-        "",
+    recent = [line.strip() for line in lines[-200:]]
+    # pip's own message ("ERROR: No matching distribution found for ...") says the most.
+    detail = next((line for line in reversed(recent) if line.startswith("ERROR:")), "") or next(
+        (line for line in reversed(recent) if line.lower().startswith("error")), ""
     )
+    if any("ensurepip is not available" in line for line in recent):
+        detail = "this Python has no venv/ensurepip: install python3-venv (Debian, Ubuntu) or uv"
     parts = [p for p in (reason, detail) if p]
     return f"setting up failed ({'; '.join(parts) or 'see the log'}); log: {log_path()}"
 
@@ -510,10 +513,15 @@ class StandIn:
             self.send({"jsonrpc": "2.0", "id": request_id, "result": EMPTY_LISTS[method]})
         else:
             reason = self.setup.failed() or (
-                f"gradient-doctor is still being installed (first run); log: {log_path()}"
+                f"gradient-doctor is still being installed (first run); log: {log_path()}. "
+                "Try again in a minute, or run the `gradient-doctor` command, which waits."
             )
-            error = {"code": -32603, "message": reason}
-            self.send({"jsonrpc": "2.0", "id": request_id, "error": error})
+            if method == "tools/call":  # A tool result, so the model reads why.
+                result = {"content": [{"type": "text", "text": reason}], "isError": True}
+                self.send({"jsonrpc": "2.0", "id": request_id, "result": result})
+            else:
+                error = {"code": -32603, "message": reason}
+                self.send({"jsonrpc": "2.0", "id": request_id, "error": error})
 
     def relay(self, executable: Path) -> int:
         """Start the real server, replay the handshake, then pass messages both ways."""
