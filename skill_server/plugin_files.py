@@ -471,11 +471,13 @@ def reference_pages() -> dict[str, str]:
 def skill_md() -> str:
     """The Agent Skill: when to use it, the workflow, what not to say, the CLI fallback."""
     from gradient_doctor.knowledge import load_knowledge
+    from gradient_doctor.knowledge.models import Rationalization, Symptom
     from gradient_doctor.skill_server import prompts
 
     kb = load_knowledge()
-    symptoms = [e for e in kb.by_kind("symptom") if not getattr(e, "pointer", None)]
-    out_of_scope = [e for e in kb.by_kind("symptom") if getattr(e, "pointer", None)]
+    all_symptoms = [e for e in kb.by_kind("symptom") if isinstance(e, Symptom)]
+    symptoms = [e for e in all_symptoms if not e.pointer]
+    out_of_scope = [e for e in all_symptoms if e.pointer]
     verify = verify_step()
     tools = server_listing()["tools"]
 
@@ -544,8 +546,12 @@ def skill_md() -> str:
     ]
     guarded = set(prompts.GUARDED_CLAIMS)
     others = sorted(
-        (e for e in kb.by_kind("rationalization") if e.id not in guarded),
-        key=lambda e: getattr(e, "number", 0),
+        (
+            e
+            for e in kb.by_kind("rationalization")
+            if isinstance(e, Rationalization) and e.id not in guarded
+        ),
+        key=lambda e: e.number,
     )
     lines += [f'- "{e.claim}" (`{e.id}`)' for e in others]
     cli_lines = [CLI_FOR_TOOL[name] for name in CLI_FOR_TOOL]
@@ -653,9 +659,9 @@ From a terminal: `claude plugin marketplace add {owner_repo}` then `claude plugi
 Then, in any project: `/check-gradients train.py loss goes NaN after 2k steps` (also
 `/{PLUGIN_NAME}:check-gradients`). The server is rooted at the project
 (`${{CLAUDE_PROJECT_DIR}}`) and its tools are `{claude_tool_name("diagnose")}` and so on.
-The first start installs the environment (about 20-60 s, once per version); if that outlasts
-Claude Code's 30 s MCP start-up limit, the server answers at once with no tools and adds them
-when the install finishes.
+The first start installs the environment once per version (measured here: about 4 s with
+`uv`, 30-50 s with pip); when that outlasts Claude Code's 30 s MCP start-up limit, the server
+answers at once with no tools and adds them when the install finishes.
 
 **Codex CLI** (skill + MCP server)
 
@@ -665,7 +671,8 @@ mkdir -p ~/.agents/skills && cp -R {skill} ~/.agents/skills/   # or <project>/.a
 codex mcp add {SERVER_NAME} -- sh "$PWD/{mcp}"
 ```
 
-Codex starts the server in the folder it runs in, which is the project it roots at.
+The server is rooted at the folder Codex starts it in; add `--project DIR` after the
+path to root it elsewhere.
 
 **Cursor** (skill + MCP server)
 
