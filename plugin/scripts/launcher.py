@@ -534,9 +534,14 @@ class StandIn:
         if initialize is not None:
             to_server.write(json.dumps({**initialize, "id": REPLAYED_INIT_ID}).encode() + b"\n")
             to_server.flush()
-            for line in from_server:  # The server's answer was given already: drop it.
-                with contextlib.suppress(ValueError):
-                    if json.loads(line).get("id") == REPLAYED_INIT_ID:
+            asked = (initialize.get("params") or {}).get("protocolVersion")
+            for line in from_server:  # The host has its answer already: drop this one.
+                with contextlib.suppress(ValueError, AttributeError):
+                    answer = json.loads(line)
+                    if answer.get("id") == REPLAYED_INIT_ID:
+                        agreed = (answer.get("result") or {}).get("protocolVersion")
+                        if asked and agreed and agreed != asked:
+                            say(f"the server speaks MCP {agreed}, the host asked for {asked}")
                         break
             for message in self.handshake:
                 if message["method"] == "notifications/initialized":
