@@ -498,7 +498,7 @@ def skill_md() -> str:
         "- The user makes one of the claims under *What not to say*.",
         "",
         *[
-            f"Not for: {e.title.lower()}. {' '.join((e.pointer or '').split())}"
+            f"Not for a {e.title.lower()}. {' '.join((e.pointer or '').split())}"
             for e in out_of_scope
         ],
         "",
