@@ -1,10 +1,11 @@
-"""Generate the README's MCP sections from the server itself.
+"""Generate the README's sections and the plugin's files from the server itself.
 
 ``python -m gradient_doctor.skill_server.docs`` rewrites the text between
-``<!-- mcp-setup:start -->`` /
-``<!-- mcp-setup:end -->`` and ``<!-- mcp-reference:start -->`` / ``<!-- mcp-reference:end -->``
-in README.md; ``--check`` only reports (exit 1) when the README is out of date. The reference
-lists what ``build_server()`` registers, so it cannot drift from the code.
+``<!-- SECTION:start -->`` and ``<!-- SECTION:end -->`` in README.md for each generated section
+(``mcp-setup``, ``mcp-reference``, ``cli-reference``, ``catalogue``, ``plugin-install``), and
+writes the plugin, skill, extension and registry files (``skill_server.plugin_files``);
+``--check`` only reports (exit 1) what is out of date. The reference lists what
+``build_server()`` registers, so it cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -209,6 +210,21 @@ def sections() -> dict[str, str]:
     }
 
 
+def plugin_sections() -> dict[str, str]:
+    """README sections about the plugin (written where the README has their markers)."""
+    from gradient_doctor.skill_server.plugin_files import install_markdown
+
+    return {"plugin-install": install_markdown()}
+
+
+def readme_bodies(text: str) -> dict[str, str]:
+    """The sections to write into README ``text``: all of :func:`sections`, and each plugin
+    section whose markers it has."""
+    bodies = sections()
+    bodies.update({k: v for k, v in plugin_sections().items() if _pattern(k).search(text)})
+    return bodies
+
+
 def _pattern(section: str) -> re.Pattern[str]:
     return re.compile(
         rf"(<!-- {section}:start -->\n)(.*?)(<!-- {section}:end -->)", flags=re.DOTALL
@@ -228,25 +244,48 @@ def updated_readme(text: str, bodies: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite (or ``--check``) the README's generated sections."""
+    """Rewrite (or ``--check``) the README's generated sections and the plugin's files."""
+    from gradient_doctor.skill_server import plugin_files
+
     parser = argparse.ArgumentParser(
         prog="python -m gradient_doctor.skill_server.docs", description=__doc__
     )
-    parser.add_argument("--check", action="store_true", help="exit 1 if README is out of date")
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--check", action="store_true", help="exit 1 if anything is out of date")
+    parser.add_argument(
+        "--readme", type=Path, default=None, help="README to update (default: the repository's)"
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="repository whose plugin files to write (default: this one, unless --readme "
+        "names another README)",
+    )
     args = parser.parse_args(argv)
-    current = args.readme.read_text(encoding="utf-8")
-    wanted = updated_readme(current, sections())
+    readme = args.readme or README
+    root = args.root or plugin_files.REPO
+    with_plugin = args.readme is None or args.root is not None
+    current = readme.read_text(encoding="utf-8")
+    wanted = updated_readme(current, readme_bodies(current))
+    hint = "run python -m gradient_doctor.skill_server.docs"
     if args.check:
-        if wanted != current:
-            print(
-                f"{args.readme}: generated sections are stale; "
-                "run python -m gradient_doctor.skill_server.docs"
-            )
-            return 1
-        return 0
+        stale = [str(readme)] if wanted != current else []
+        if with_plugin:
+            stale += plugin_files.stale_files(root)
+        problems = plugin_files.check_claims() if with_plugin else []
+        for path in stale:
+            print(f"{path}: generated text is stale; {hint}")
+        for problem in problems:
+            print(f"generated text: {problem}")
+        return 1 if stale or problems else 0
     if wanted != current:
-        args.readme.write_text(wanted, encoding="utf-8")
+        readme.write_text(wanted, encoding="utf-8")
+    if with_plugin:
+        for path in plugin_files.write_files(root):
+            print(f"wrote {path}")
+        for problem in plugin_files.check_claims():
+            print(f"generated text: {problem}")
+            return 1
     return 0
 
 
