@@ -9,6 +9,8 @@ naming what was expected.
 
 from __future__ import annotations
 
+import fnmatch
+import os
 from pathlib import Path
 
 from gradient_doctor.probes.logs.formats import LogFormat, all_formats, format_by_id
@@ -19,7 +21,7 @@ from gradient_doctor.probes.logs.formats.base import (
     Sample,
     open_text,
 )
-from gradient_doctor.probes.logs.formats.tensorboard import MARKER, event_files
+from gradient_doctor.probes.logs.formats.tensorboard import MARKER
 
 #: Files a folder is searched for, best first, when it has no TensorBoard event files.
 FOLDER_FILES = ("metrics.csv", "trainer_state.json", "*.jsonl", "*.csv", "*.log", "*.txt")
@@ -28,6 +30,36 @@ FOLDER_FILES = ("metrics.csv", "trainer_state.json", "*.jsonl", "*.csv", "*.log"
 def expected() -> str:
     """What the reader understands, as one clause."""
     return "; ".join(f.expects for f in all_formats())
+
+
+#: Bytes that do not occur in text logs (control characters other than tab, newlines, form
+#: feed, backspace and the escape of terminal colours).
+_CONTROL = bytes(b for b in range(32) if b not in (8, 9, 10, 12, 13, 27))
+
+
+def _binary(data: bytes) -> bool:
+    """NUL bytes, or more than 5 % control characters or undecodable bytes."""
+    if b"\x00" in data:
+        return True
+    if not data:
+        return False
+    control = len(data) - len(data.translate(None, _CONTROL))
+    undecodable = data.decode("utf-8", "replace").count("\ufffd")
+    return (control + undecodable) > 0.05 * len(data)
+
+
+def _walk(folder: Path, limit: int = 20_000) -> list[Path]:
+    """Files under ``folder`` (a bounded, error-tolerant walk: a home folder is not indexed)."""
+    found: list[Path] = []
+    seen = 0
+    for root, dirs, files in os.walk(folder, onerror=lambda error: None):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            found.append(Path(root) / name)
+        seen += len(files) + len(dirs)
+        if seen > limit:
+            break
+    return found
 
 
 def read_sample(path: Path) -> Sample:
@@ -40,7 +72,7 @@ def read_sample(path: Path) -> Sample:
         raise LogReadError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     if not data.strip():
         raise LogReadError(f"{path}: the file is empty")
-    if b"\x00" in data[:65536]:
+    if _binary(data[:65536]):
         raise LogReadError(
             f"{path}: a binary file, not a training log (TensorBoard event files are read when "
             f"their name contains '{MARKER}')"
@@ -60,17 +92,25 @@ def resolve(path: Path) -> Path:
         return path
     if not path.is_dir():
         raise LogReadError(f"{path}: not a regular file or folder")
-    if event_files(path):
+    files = _walk(path)
+    if any(MARKER in f.name for f in files):
         return path
     for pattern in FOLDER_FILES:
-        found = sorted(p for p in path.rglob(pattern) if p.is_file())
+        found = [f for f in files if fnmatch.fnmatch(f.name, pattern)]
         if found:
             # the newest checkpoint's trainer_state.json, the last version's metrics.csv
-            return max(found, key=lambda p: p.stat().st_mtime)
+            return max(found, key=_mtime)
     raise LogReadError(
         f"{path}: a folder with no training log in it (looked for TensorBoard event files, "
         f"metrics.csv, trainer_state.json, *.jsonl, *.csv, *.log, *.txt)"
     )
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def detect(path: Path, forced: str | None = None) -> tuple[Path, LogFormat]:

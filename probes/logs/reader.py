@@ -86,12 +86,18 @@ def _group_parameters(points: list[dict[str, Any]]) -> list[str] | None:
 
 
 def read_log(
-    path: str | Path, *, spike_factor: float, log_format: str | None = None, **limits: int
+    path: str | Path,
+    *,
+    spike_factor: float,
+    log_format: str | None = None,
+    max_norm: float | None = None,
+    **limits: int,
 ) -> LogRun:
     """Read ``path`` (a file, or a folder of TensorBoard event files) into a :class:`LogRun`.
 
     ``spike_factor`` is the active profile's, so the anomalies kept exactly are the ones the
-    spike signal will look for. ``limits`` go to :class:`~probes.logs.keeper.Keeper`. Raises
+    spike signal will look for. ``max_norm``: the threshold the run clipped at, when the log
+    does not say (its logged norm is then read as the norm before clipping). ``limits`` go to :class:`~probes.logs.keeper.Keeper`. Raises
     :class:`~probes.logs.formats.base.LogReadError` (one line) for anything unreadable.
     """
     started = time.perf_counter()
@@ -101,7 +107,7 @@ def read_log(
     except KeyError as exc:
         raise LogReadError(str(exc.args[0])) from None
     keeper = Keeper(spike_factor=spike_factor, **limits)
-    assembler = StepAssembler(keeper)
+    assembler = StepAssembler(keeper, max_norm=max_norm)
     read = ReadStats()
     try:
         for fields in fmt.records(target, read):

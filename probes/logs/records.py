@@ -116,8 +116,10 @@ TRAINING_FIELDS = frozenset(
 class StepAssembler:
     """Merges records into steps in order and hands each finished step to ``keeper``."""
 
-    def __init__(self, keeper: Keeper) -> None:
+    def __init__(self, keeper: Keeper, *, max_norm: float | None = None) -> None:
         self.keeper = keeper
+        self.max_norm = max_norm
+        """The norm the run clipped at, when the caller knows it (``--max-norm``)."""
         self.records = 0
         """Records that held a training value."""
         self.numbered = 0
@@ -168,9 +170,32 @@ class StepAssembler:
     def _flush(self) -> None:
         if self._pending is not None:
             self._last_step = self._pending["step"]
-            self.keeper.add(self._pending)
+            self.keeper.add(_with_clipping(self._pending, self.max_norm))
             self._pending = None
 
     def finish(self) -> None:
         """Hand over the last step."""
         self._flush()
+
+
+def _with_clipping(fields: dict[str, Any], max_norm: float | None) -> dict[str, Any]:
+    """With a known clip threshold, a logged total norm is the one clipping saw (what
+    ``clip_grad_norm_`` returns, and what the HF Trainer and Lightning log): derive the clip
+    fields from it, unless the log already gave them."""
+    limit = fields.get("clip_max_norm", max_norm)
+    norm = fields.get("grad_norm")
+    if (
+        limit is None
+        or not math.isfinite(limit)
+        or limit <= 0
+        or norm is None
+        or "grad_norm_before_clip" in fields
+        or "clipped" in fields
+    ):
+        return fields
+    fields["grad_norm_before_clip"] = norm
+    fields["clip_max_norm"] = limit
+    if math.isfinite(norm):
+        fields["clipped"] = norm > limit
+        fields["grad_norm"] = min(norm, limit)
+    return fields

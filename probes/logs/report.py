@@ -239,6 +239,7 @@ def diagnose_log(
     *,
     profile: str | None = None,
     log_format: str | None = None,
+    max_norm: float | None = None,
     with_series: bool = True,
     **limits: int,
 ) -> LogReport:

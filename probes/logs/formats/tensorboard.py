@@ -14,6 +14,7 @@ event file is read.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,12 +36,12 @@ def event_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     found: list[Path] = []
-    for candidate in sorted(path.rglob(f"*{MARKER}*")):
-        if candidate.is_file():
-            found.append(candidate)
-            if len(found) >= MAX_FILES:
-                break
-    return sorted(found, key=lambda p: (p.name, str(p)))
+    for root, dirs, files in os.walk(path, onerror=lambda error: None):
+        dirs.sort()
+        found.extend(Path(root) / name for name in files if MARKER in name)
+        if len(found) >= MAX_FILES:
+            break
+    return sorted(found[:MAX_FILES], key=lambda p: (p.name, str(p)))
 
 
 def _loader(path: Path) -> Any:
