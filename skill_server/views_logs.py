@@ -70,8 +70,7 @@ def summary_rows(r: LogReport) -> list[tuple[str, str]]:
         rows.append(
             (
                 "GradScaler scale",
-                f"{_fmt(s.scale_first)} → {_fmt(s.scale_last)} (lowest {_fmt(s.scale_min)})"
-                f"{drops}",
+                f"{_fmt(s.scale_first)} → {_fmt(s.scale_last)} (lowest {_fmt(s.scale_min)}){drops}",
             )
         )
     if c.skipped_steps:

@@ -97,8 +97,9 @@ def read_log(
 
     ``spike_factor`` is the active profile's, so the anomalies kept exactly are the ones the
     spike signal will look for. ``max_norm``: the threshold the run clipped at, when the log
-    does not say (its logged norm is then read as the norm before clipping). ``limits`` go to :class:`~probes.logs.keeper.Keeper`. Raises
-    :class:`~probes.logs.formats.base.LogReadError` (one line) for anything unreadable.
+    does not say (its logged norm is then read as the norm before clipping). ``limits`` go to
+    :class:`~probes.logs.keeper.Keeper`. Raises :class:`~probes.logs.formats.base.LogReadError`
+    (one line) for anything unreadable.
     """
     started = time.perf_counter()
     source = Path(path).expanduser()
