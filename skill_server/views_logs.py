@@ -118,14 +118,15 @@ def _missing(report: LogReport) -> list[tuple[str, list[str]]]:
     return list(groups.items())
 
 
-def logs_markdown(report: LogReport) -> str:
-    """The Markdown report of one log: what was read, findings, what the log allowed, fixes."""
+def logs_markdown(report: LogReport, *, code: bool = True) -> str:
+    """The Markdown report of one log: what was read, findings, what the log allowed, and (with
+    ``code``) the fix snippets the findings point at."""
     findings = [_finding_view(f) for f in report.findings]
     snippets: list[dict[str, Any]] = []
     seen: set[str] = set()
     for finding in findings:
         snippet_id = finding["snippet_id"]
-        if finding["severity"] == "info" or not snippet_id or snippet_id in seen:
+        if not code or finding["severity"] == "info" or not snippet_id or snippet_id in seen:
             continue
         code = _snippet_code(snippet_id)
         if code:

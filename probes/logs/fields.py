@@ -82,7 +82,11 @@ def field_for(key: str) -> str | None:
         return None
     if _LR_MONITOR.match(key.strip()):
         return "lr"
-    return KEY_FIELDS.get(normalise(key))
+    found = KEY_FIELDS.get(normalise(key))
+    if found is None and "/" in key:
+        # a namespace of the logger's own (``amp/loss_scale``, ``optim/lr``): the last part
+        found = KEY_FIELDS.get(normalise(key.rsplit("/", 1)[1]))
+    return found
 
 
 def layer_for(key: str) -> str | None:

@@ -144,6 +144,11 @@ def read_log(
             "the log has no step numbers; steps are counted in record order (one per logged "
             "record, which may stand for several optimizer steps)"
         )
+    if assembler.unapplied_norms:
+        notes.append(
+            f"{assembler.unapplied_norms} step(s) skipped by the GradScaler logged a non-finite "
+            "gradient norm; no update was applied on them, so those norms are left out"
+        )
     if assembler.went_back:
         notes.append(
             f"{assembler.went_back} record(s) went back in step number (a resumed or second "

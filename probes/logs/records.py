@@ -124,9 +124,14 @@ class StepAssembler:
         """Records that held a training value."""
         self.numbered = 0
         """Records whose step number came from the log."""
+        self.unapplied_norms = 0
+        """Skipped (GradScaler overflow) steps whose non-finite norm was left out."""
         self.went_back = 0
         """Records whose step number was below the last one (a resumed run, a second run)."""
         self._pending: dict[str, Any] | None = None
+        self._ready: dict[str, Any] | None = None
+        """The last whole step, held back one step to compare its scale with the next one."""
+        self._previous_scale: float | None = None
         self._last_step: int | None = None
         self._ordinal = 0
         self._lr: float | None = None
@@ -168,14 +173,51 @@ class StepAssembler:
             self._pending["lr"] = self._lr
 
     def _flush(self) -> None:
-        if self._pending is not None:
-            self._last_step = self._pending["step"]
-            self.keeper.add(_with_clipping(self._pending, self.max_norm))
-            self._pending = None
+        if self._pending is None:
+            return
+        self._last_step = self._pending["step"]
+        step = _with_clipping(self._pending, self.max_norm)
+        self._pending = None
+        self._hand_over(step.get("scale"))
+        self._ready = step
+
+    def _hand_over(self, next_scale: float | None) -> None:
+        """Give the held step to the keeper, with ``skipped`` derived from the scale when the
+        log does not say: GradScaler lowers its scale only after an overflow, so a step whose
+        norm is not finite (or not logged) next to a fall of the scale is a skipped step."""
+        ready = self._ready
+        if ready is None:
+            return
+        scale = ready.get("scale")
+        if scale is not None and "skipped" not in ready:
+            norm = ready.get("grad_norm_before_clip", ready.get("grad_norm"))
+            fell_here = self._previous_scale is not None and scale < self._previous_scale
+            falls_next = next_scale is not None and next_scale < scale
+            if norm is None:
+                ready["skipped"] = fell_here
+            elif not math.isfinite(norm):
+                ready["skipped"] = fell_here or falls_next
+        if scale is not None:
+            self._previous_scale = scale
+        if ready.get("skipped"):
+            # no update was applied: the overflowed norm is not a gradient the run used
+            for name in ("grad_norm", "grad_norm_before_clip"):
+                value = ready.get(name)
+                if value is not None and not math.isfinite(value):
+                    del ready[name]
+                    self.unapplied_norms += name == "grad_norm"
+            for name in ("layer_grad_norms", "param_grad_norms"):
+                values = ready.get(name)
+                numbers = values.values() if isinstance(values, dict) else values or []
+                if any(v is not None and not math.isfinite(v) for v in numbers):
+                    del ready[name]
+        self.keeper.add(ready)
+        self._ready = None
 
     def finish(self) -> None:
-        """Hand over the last step."""
+        """Hand over the last steps."""
         self._flush()
+        self._hand_over(None)
 
 
 def _with_clipping(fields: dict[str, Any], max_norm: float | None) -> dict[str, Any]:
