@@ -251,5 +251,11 @@ def diagnose_log(
     from gradient_doctor.probes.runtime.diagnose import resolve_profile
 
     chosen = resolve_profile(profile)
-    run = read_log(path, spike_factor=chosen.spike_factor.value, log_format=log_format, **limits)
+    run = read_log(
+        path,
+        spike_factor=chosen.spike_factor.value,
+        log_format=log_format,
+        max_norm=max_norm,
+        **limits,
+    )
     return build_report(run, chosen, with_series=with_series)
