@@ -128,10 +128,10 @@ def logs_markdown(report: LogReport, *, code: bool = True) -> str:
         snippet_id = finding["snippet_id"]
         if not code or finding["severity"] == "info" or not snippet_id or snippet_id in seen:
             continue
-        code = _snippet_code(snippet_id)
-        if code:
+        text = _snippet_code(snippet_id)
+        if text:
             seen.add(snippet_id)
-            snippets.append({"id": snippet_id, "code": code.rstrip()})
+            snippets.append({"id": snippet_id, "code": text.rstrip()})
     return render(
         "logs.md.j2",
         r=report,

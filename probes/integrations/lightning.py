@@ -21,7 +21,7 @@ from gradient_doctor.probes.integrations.monitor_log import MonitorLog
 try:
     from lightning.pytorch import Callback
 except ImportError:  # the standalone package
-    from pytorch_lightning import Callback
+    from pytorch_lightning import Callback  # type: ignore[assignment]
 
 
 class GradientDoctorCallback(Callback):  # type: ignore[misc]

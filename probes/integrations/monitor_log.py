@@ -10,6 +10,7 @@ run the per-layer checks. The reader accepts the header anywhere in the file.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ class MonitorLog:
         self,
         model: Any,
         optimizer: Any,
-        path: str | Path,
+        path: str | os.PathLike[str],
         *,
         sample_every: int = 10,
         profile: str | None = None,

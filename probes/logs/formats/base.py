@@ -13,7 +13,7 @@ import gzip
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, cast
 
 #: Bytes of a file read to recognise its format.
 SAMPLE_BYTES = 1 << 20
@@ -53,7 +53,7 @@ class ReadStats:
 def open_text(path: Path) -> IO[bytes]:
     """``path`` opened for binary line reading (gzip-compressed when it ends in ``.gz``)."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rb")
+        return cast(IO[bytes], gzip.open(path, "rb"))
     return path.open("rb", buffering=1 << 20)
 
 
