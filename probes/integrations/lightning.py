@@ -9,6 +9,12 @@
 Works with ``lightning`` (``lightning.pytorch``) and the older ``pytorch_lightning`` package.
 The hooks sit on the first optimizer ``configure_optimizers`` returns; the loss comes from
 Lightning's ``on_before_backward``. Only the global-zero process writes.
+
+Lightning's automatic optimisation steps with a closure: forward and backward run inside
+``optimizer.step(closure)``. The monitor measures in the optimizer's step pre-hook, so it needs
+the collector's closure support (measuring after the closure ran) to attribute each step's
+gradients and loss to that step; without it the norms lag one step behind and the loss is not
+recorded.
 """
 
 from __future__ import annotations

@@ -42,6 +42,8 @@ SERIOUS = ("warning", "critical")
 
 
 def _report(pattern: str, scenario: str) -> LogReport:
+    if "tb_" in pattern:
+        pytest.importorskip("tensorboard", reason="the optional tensorboard reader is absent")
     return diagnose_log(str(FIXTURES / pattern.format(scenario)))
 
 
