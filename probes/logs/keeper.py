@@ -94,6 +94,9 @@ class _SpikeTracker:
 
 
 def _finite_number(value: Any) -> float | None:
+    """``value`` as a float when it is a number (not a flag), else None."""
+    if type(value) is float:
+        return value  # type: ignore[no-any-return]
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
@@ -141,9 +144,8 @@ class Keeper:
         if stats.first_step is None:
             stats.first_step = step
         stats.last_step = step
-        for name, value in values.items():
-            if value is not None:
-                stats.fields.add(name)
+        if values.keys() - stats.fields:
+            stats.fields.update(name for name, value in values.items() if value is not None)
         layers = values.get("layer_grad_norms")
         if layers:
             for name in layers:

@@ -37,11 +37,14 @@ _key_cache: dict[str, tuple[str | None, str | None]] = {}
 
 def number(value: Any) -> float | None:
     """``value`` as a float (numbers, numeric strings, ``'nan'``/``'inf'``), else None."""
-    if isinstance(value, bool):
+    kind = type(value)
+    if kind is float:
+        return value  # type: ignore[no-any-return]
+    if kind is bool:
         return None
     if isinstance(value, int | float):
         return float(value)
-    if isinstance(value, str):
+    if kind is str:
         text = value.strip()
         if text.startswith("tensor(") and text.endswith(")"):
             text = text[7:-1].split(",")[0].strip()

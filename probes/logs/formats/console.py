@@ -49,8 +49,17 @@ EVALUATION = re.compile(
 _HINTS = ("loss", "norm", "LOSS", "Loss", "Norm", "NORM")
 
 
+_SEPARATORS = re.compile(r"[ _\-]+")
+_field_cache: dict[str, str] = {}
+
+
 def _field_of(key: str) -> str:
-    return _KEY_FIELD.get(re.sub(r"[ _\-]+", " ", key.lower()), "")
+    field = _field_cache.get(key)
+    if field is None:
+        field = _KEY_FIELD.get(_SEPARATORS.sub(" ", key.lower()), "")
+        if len(_field_cache) < 10_000:
+            _field_cache[key] = field
+    return field
 
 
 def parse_line(line: str) -> dict[str, Any] | None:
@@ -65,7 +74,10 @@ def parse_line(line: str) -> dict[str, Any] | None:
         field = _field_of(key)
         if not field or field in fields:
             continue
-        parsed = number(value)
+        try:
+            parsed: float | None = float(value)
+        except ValueError:
+            parsed = number(value)
         if parsed is None:
             continue
         if field == "step":
