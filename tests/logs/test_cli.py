@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from logs_paths import FIXTURES
 
 from gradient_doctor.skill_server.cli import main
 

@@ -9,7 +9,7 @@ diagnosed through the public API; the CLI and MCP tests run a few of them end to
 from __future__ import annotations
 
 import pytest
-from conftest import FIXTURES
+from logs_paths import FIXTURES
 
 from gradient_doctor.probes.logs import LogReport, diagnose_log
 from gradient_doctor.probes.runtime.signals import signal_ids

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from logs_paths import FIXTURES
 from mcp import Client
 from mcp.types import ImageContent, TextContent
 
