@@ -90,7 +90,8 @@ def series_png(report: LogReport) -> bytes | None:
         xs, ys = _finite_points(steps, values)
         style = {"linewidth": 0.9, "marker": "." if len(xs) < 60 else None, "markersize": 3}
         axes.plot(xs, ys, color="#1f77b4", **style)
-        if log_scale and ys and min(ys) > 0:
+        wide = bool(ys) and min(ys) > 0 and max(ys) > 1e3 * min(ys)  # e.g. a diverging loss
+        if (log_scale or wide) and ys and min(ys) > 0:
             axes.set_yscale("log")
         if column in ("loss", "grad_norm", "grad_norm_before_clip"):
             _mark_spikes(axes, xs, ys, factor)
