@@ -55,3 +55,15 @@ class Finding(BaseModel):
     module: str | None = None
     evidence: dict[str, Any] = Field(default_factory=dict)
     fix: Fix | None = None
+
+
+def evidence_number(value: float | None) -> float | str | None:
+    """A number for a finding's evidence: 6 significant digits, non-finite values as strings
+    (``"nan"``, ``"inf"``, ``"-inf"``) so the evidence stays valid JSON."""
+    if value is None:
+        return None
+    if value != value:
+        return "nan"
+    if value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    return float(f"{value:.6g}")

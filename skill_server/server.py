@@ -1,8 +1,9 @@
 """The Gradient Doctor MCP server (official ``mcp`` SDK, v2 ``MCPServer`` API).
 
-``build_server()`` returns a configured server: six tools over the knowledge base, the
-matcher, the fix snippets and the two probes; resources for the catalogue, entries, guides,
-thresholds and the two checklists; three prompts that clients show as slash commands.
+``build_server()`` returns a configured server: seven tools over the knowledge base, the
+matcher, the fix snippets, the two probes and training logs; resources for the catalogue,
+entries, guides, thresholds and the two checklists; three prompts that clients show as slash
+commands.
 
 The server process never imports torch: the runtime probe runs the user's script in a child
 process. Every failure reaches the model as one readable line (``ToolError``) and the server
@@ -64,9 +65,10 @@ gradients, NaN/Inf, dead units, and training-loop mistakes (clipping after the s
 accumulation without dividing the loss, clipping scaled AMP gradients, DDP accumulation \
 without no_sync). Use `diagnose` for a whole check of a script, `lint_script` to read code \
 without running it, `probe_script` to measure real gradients, `match_symptoms` for a \
-described symptom, `get_fix` for fix code written with the user's names, and `explain` for \
-one catalogue entry. Quote the ids the tools return; do not replace a tool's diagnosis with \
-generic advice such as "lower the learning rate" or "try another optimizer"."""
+described symptom, `get_fix` for fix code written with the user's names, `explain` for one \
+catalogue entry, and `diagnose_logs` for the log a run already wrote. Quote the ids the tools \
+return; do not replace a tool's diagnosis with generic advice such as "lower the learning \
+rate" or "try another optimizer"."""
 
 READ_ONLY = ToolAnnotations(
     read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
@@ -476,6 +478,10 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
                 entry=entry.model_dump(mode="json"),
             )
             return _result(result, markdown)
+
+    from gradient_doctor.skill_server.logs_tool import add_diagnose_logs
+
+    add_diagnose_logs(server, policy, _tool, READ_ONLY)
 
 
 def _tool(server: MCPServer, *, title: str, annotations: ToolAnnotations) -> Any:

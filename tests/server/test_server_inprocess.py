@@ -17,7 +17,7 @@ BUGGY = "buggy_train.py"
 HEALTHY = "healthy_train.py"
 
 
-async def test_lists_the_six_tools_with_truthful_annotations(workspace: Path) -> None:
+async def test_lists_the_seven_tools_with_truthful_annotations(workspace: Path) -> None:
     async with Client(build_server([workspace])) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
     assert set(tools) == {
@@ -27,8 +27,9 @@ async def test_lists_the_six_tools_with_truthful_annotations(workspace: Path) ->
         "diagnose",
         "get_fix",
         "explain",
+        "diagnose_logs",
     }
-    for name in ("match_symptoms", "lint_script", "get_fix", "explain"):
+    for name in ("match_symptoms", "lint_script", "get_fix", "explain", "diagnose_logs"):
         hints = tools[name].annotations
         assert hints is not None and hints.read_only_hint and hints.idempotent_hint, name
     for name in ("probe_script", "diagnose"):

@@ -92,6 +92,7 @@ def test_inspector_lists_the_tools(npx: str, workspace: Path) -> None:
         "diagnose",
         "get_fix",
         "explain",
+        "diagnose_logs",
     }
 
 

@@ -1,0 +1,83 @@
+"""dead-neurons: activation units that never fired during a sampled step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from gradient_doctor.knowledge.findings import Finding
+from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
+from gradient_doctor.probes.runtime.signals.series import RunSeries
+
+
+class DeadNeurons(Signal):
+    id = "dead-neurons"
+    severities = ("warning", "critical")
+    summary = "More than dead_fraction_warning of ReLU units never fired in the last sampled step."
+    reads = frozenset({"dead_units"})
+    thresholds = ("dead_fraction_warning", "dead_fraction_critical")
+    message = (
+        "{fraction:.0%} of ReLU units ({dead} of {units}) never fired during step {step}; "
+        "worst module `{module}` ({module_dead} of {module_units})."
+    )
+    advice = "Use LeakyReLU/GELU, He init, a small positive bias, or a lower learning rate."
+    rank = 58
+    scope = "finite"
+    healthy: ClassVar[list[Example]] = [
+        Example(
+            "a few dead units",
+            None,
+            series={"dead_units": [{"relu": (3, 64)}, {"relu": (2, 64)}], "grad_norm": [0.5, 0.5]},
+        ),
+    ]
+    pathological: ClassVar[list[Example]] = [
+        Example(
+            "60 of 64 units dead",
+            "critical",
+            series={
+                "dead_units": [{"relu": (60, 64)}, {"relu": (60, 64)}],
+                "grad_norm": [0.5, 0.5],
+            },
+            check={"step": 2, "module": "relu", "dead_units": 60},
+        ),
+    ]
+
+    def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
+        sampled = [p for p in run.steps if p.dead_units]
+        if not sampled:
+            return
+        point = sampled[-1]
+        counts = point.dead_units or {}
+        dead = sum(d for d, _ in counts.values())
+        units = sum(u for _, u in counts.values())
+        if units == 0:
+            return
+        fraction = dead / units
+        warn = ctx.threshold("dead_fraction_warning")
+        crit = ctx.threshold("dead_fraction_critical")
+        if fraction <= warn:
+            return
+        module, (module_dead, module_units) = max(
+            counts.items(), key=lambda kv: kv[1][0] / max(kv[1][1], 1)
+        )
+        yield ctx.finding(
+            self.id,
+            "critical" if fraction > crit else "warning",
+            self.message.format(
+                fraction=fraction,
+                dead=dead,
+                units=units,
+                step=point.step,
+                module=module,
+                module_dead=module_dead,
+                module_units=module_units,
+            ),
+            step=point.step,
+            module=module,
+            fix=self.advice,
+            dead_units=dead,
+            units=units,
+            fraction=fraction,
+            threshold_warning=warn,
+            threshold_critical=crit,
+        )

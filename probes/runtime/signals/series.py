@@ -1,0 +1,215 @@
+"""The input of the runtime signals: one training run as step series (never imports torch).
+
+Two producers fill it:
+
+- the runtime probe (:meth:`RunSeries.from_probe`), which measures everything it can: each
+  backward's loss, per-parameter gradient norms, the order of calls, sampled statistics;
+- a training log read after the fact (console, JSONL, CSV, TensorBoard), which usually gives a
+  few columns only: the loss, the total gradient norm, the learning rate, maybe the GradScaler
+  scale or per-layer norms, at step numbers that need not be contiguous.
+
+Every per-step field of :class:`StepPoint` except ``step`` is optional, and a signal states the
+fields it reads (``Signal.reads``); :meth:`RunSeries.available` says which fields this run has,
+and a signal whose fields are missing is skipped, not run on guesses. A log producer builds the
+series directly::
+
+    run = RunSeries(
+        source="log",
+        steps=[StepPoint(step=s, loss=l, grad_norm=g, lr=lr) for s, l, g, lr in rows],
+    )
+    findings = run_signals(run, profile)      # probes.runtime.signals
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gradient_doctor.probes.runtime.result import ChildSummary, NanOrigin, StepRecord
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+
+
+class StepPoint(_Model):
+    """What is known about one optimizer step. ``None`` everywhere means "not measured"."""
+
+    step: int = Field(description="Step number as the source counts it (gaps allowed).")
+    optimizer: int = Field(default=0, description="Which optimizer stepped (0 for a log).")
+    loss: float | None = Field(
+        default=None, description="The step's loss (the mean of its backward() losses)."
+    )
+    losses: list[float | None] | None = Field(
+        default=None, description="Each backward()'s loss in the step (probe only)."
+    )
+    grad_norm: float | None = Field(
+        default=None, description="Total L2 norm of the gradients the update applied."
+    )
+    grad_norm_before_clip: float | None = Field(
+        default=None, description="Total norm the script's clip saw (before clipping)."
+    )
+    clip_max_norm: float | None = None
+    clip_value: float | None = None
+    clipped: bool | None = Field(default=None, description="Norm clipping changed gradients.")
+    lr: float | None = Field(default=None, description="Learning rate used by the step.")
+    scale: float | None = Field(default=None, description="GradScaler scale during the step.")
+    skipped: bool | None = Field(default=None, description="GradScaler skipped the update.")
+    events: list[str] | None = Field(
+        default=None, description="Training calls since the previous step, in order (probe)."
+    )
+    loss_ops: list[str] | None = Field(
+        default=None, description="autograd node that produced each backward()'s loss."
+    )
+    grad_reused: bool | None = Field(
+        default=None, description="The gradient tensors are the same objects as last step."
+    )
+    layer_grad_norms: dict[str, float] | None = Field(
+        default=None, description="Per-layer gradient norm (L2 over the layer's parameters)."
+    )
+    param_grad_norms: list[float | None] | None = Field(
+        default=None, description="Per-parameter gradient norm, aligned with run.parameters."
+    )
+    param_norms: list[float | None] | None = Field(
+        default=None, description="Per-parameter weight norm on sampled steps."
+    )
+    dead_units: dict[str, tuple[int, int]] | None = Field(
+        default=None, description="Activation site → (never-firing units, units)."
+    )
+    nonfinite_params: list[str] | None = Field(
+        default=None, description="Parameters already non-finite before the step's forward."
+    )
+
+
+#: Fields a signal may read: every StepPoint field plus the run-level ones below.
+RUN_FIELDS = frozenset(
+    {
+        "parameters",
+        "param_layers",
+        "weight_layers",
+        "ddp",
+        "saturating_modules",
+        "double_unscale",
+        "nan_origin",
+    }
+)
+
+
+class RunSeries(_Model):
+    """One run's steps (sorted by step) and what is known about the run as a whole."""
+
+    source: Literal["probe", "log"] = "log"
+    status: str | None = Field(default=None, description="How the run ended (probe status).")
+    steps: list[StepPoint] = Field(default_factory=list)
+    parameters: list[str] | None = Field(
+        default=None, description="Parameter names, the order of param_grad_norms."
+    )
+    param_layers: list[str] | None = Field(
+        default=None, description="Owning layer of each parameter."
+    )
+    weight_layers: list[str] | None = Field(
+        default=None,
+        description="Layers whose gradient norms are comparable (own a 2-D+ weight, not an "
+        "embedding), in model order.",
+    )
+    ddp: bool | None = None
+    saturating_modules: int | None = Field(
+        default=None, description="Sigmoid/tanh modules called in one forward pass."
+    )
+    double_unscale: int | None = Field(
+        default=None, description="RuntimeErrors from a second GradScaler.unscale_ call."
+    )
+    nan_origin: NanOrigin | None = None
+
+    # -- what is there ---------------------------------------------------------------------
+    def available(self) -> frozenset[str]:
+        """The fields this run has: per-step fields set on at least one step, run fields set."""
+        present = {name for name in RUN_FIELDS if getattr(self, name) is not None}
+        for point in self.steps:
+            for name, value in point:
+                if value is not None:
+                    present.add(name)
+        return frozenset(present)
+
+    def has(self, *fields: str) -> bool:
+        """True when every one of ``fields`` is available."""
+        return set(fields) <= self.available()
+
+    def up_to(self, step: int | None) -> RunSeries:
+        """This run restricted to the steps before ``step`` (all of them when None)."""
+        if step is None:
+            return self
+        return self.model_copy(update={"steps": [p for p in self.steps if p.step < step]})
+
+    # -- from the probe --------------------------------------------------------------------
+    @classmethod
+    def from_probe(cls, records: list[StepRecord], summary: ChildSummary) -> RunSeries:
+        """The series the probe measured (``records`` sorted by step)."""
+        return cls(
+            source="probe",
+            status=summary.status,
+            steps=[_point(record, summary.layers) for record in records],
+            parameters=list(summary.parameters),
+            param_layers=list(summary.layers),
+            weight_layers=_weight_layers(summary),
+            ddp=summary.ddp,
+            saturating_modules=summary.saturating_modules,
+            double_unscale=summary.double_unscale,
+            nan_origin=summary.nan_origin,
+        )
+
+
+def _layer_norms(layers: list[str], norms: list[float | None]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for layer, norm in zip(layers, norms, strict=False):
+        if norm is None:
+            continue
+        sums[layer] = sums.get(layer, 0.0) + norm * norm
+    return {layer: math.sqrt(total) for layer, total in sums.items()}
+
+
+def _step_loss(losses: list[float | None]) -> float | None:
+    present = [v for v in losses if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def _point(record: StepRecord, layers: list[str]) -> StepPoint:
+    values: dict[str, Any] = {
+        "step": record.step,
+        "optimizer": record.optimizer,
+        "loss": _step_loss(record.losses),
+        "losses": list(record.losses),
+        "grad_norm": record.total_norm,
+        "grad_norm_before_clip": record.total_norm_before_clip,
+        "clip_max_norm": record.clip_max_norm,
+        "clip_value": record.clip_value,
+        "clipped": record.clipped,
+        "lr": record.lr,
+        "scale": record.scale,
+        "skipped": record.skipped,
+        "events": list(record.events),
+        "loss_ops": list(record.loss_ops),
+        "grad_reused": record.grad_reused,
+        "layer_grad_norms": _layer_norms(layers, record.grad_norms),
+        "param_grad_norms": list(record.grad_norms),
+        "nonfinite_params": record.nonfinite_params,
+    }
+    if record.detail is not None:
+        values["param_norms"] = [None if d is None else d.param_norm for d in record.detail]
+    if record.dead_units is not None:
+        values["dead_units"] = {k: (v[0], v[1]) for k, v in record.dead_units.items()}
+    return StepPoint.model_validate(values)
+
+
+def _weight_layers(summary: ChildSummary) -> list[str]:
+    """Layers whose gradient norms are comparable: they own a parameter of two or more
+    dimensions (not norm layers), and are not embeddings (whose gradient only touches the rows
+    of the tokens in the batch, so it is small by construction)."""
+    seen: list[str] = []
+    for layer, shape in zip(summary.layers, summary.shapes, strict=False):
+        kind = summary.layer_types.get(layer, "")
+        if len(shape) >= 2 and layer not in seen and not kind.startswith("Embedding"):
+            seen.append(layer)
+    return seen
