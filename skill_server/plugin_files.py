@@ -163,6 +163,7 @@ CLI_FOR_TOOL: dict[str, str] = {
     "probe_script": "gradient-doctor probe SCRIPT --steps 30",
     "match_symptoms": 'gradient-doctor match "WHAT GOES WRONG"',
     "explain": "gradient-doctor explain ID",
+    "diagnose_logs": "gradient-doctor logs PATH",
 }
 #: Tools with no CLI command of their own, and where the CLI gives the same thing.
 CLI_INSTEAD: dict[str, str] = {
