@@ -11,6 +11,7 @@ after the optimizer step").
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +70,11 @@ _EPS = re.compile(r"eps|1e-|clamp|\+\s*\d")
 _TOKEN_MEAN = re.compile(r"ignore_index|pad_token|pad_id|padding_idx|-100\b")
 _DIVIDED_BY_N = re.compile(
     r"(?<!/)/\s*[\w.]*(?:accum|grad_acc|gas\b|n_micro|micro)\w*", re.IGNORECASE
+)
+_GRAD_DIV_BY_N = re.compile(
+    r"\.grad(?:\.data)?\s*(?:/=\s*|\.div_\s*\(\s*|\*=\s*1(?:\.0)?\s*/\s*|\.mul_\s*\(\s*1(?:\.0)?\s*/\s*)"
+    r"[\w.]*(?:accum|grad_acc|gas\b|n_micro|micro)",
+    re.IGNORECASE,
 )
 #: ``from torch.nn.utils import clip_grad_norm_ as clip``: the alias is a clip call too.
 _CLIP_ALIAS = re.compile(r"\bclip_grad_(norm|value)_?\s+as\s+(\w+)")
@@ -282,6 +288,10 @@ def analyse(code: str) -> list[CodeHit]:
         _accumulation_rules(code, lines, events, kinds, accumulation, add)
     elif _DDP.search(code) and "accum_gate" in kinds and not _NO_SYNC.search(code):
         add("ddp-accum-without-no-sync", 0.6, "code: DDP with a % N gate and no no_sync()")
+    if accumulation is None and _GRAD_DIV_BY_N.search(code):
+        # The update branch alone ("for p in params: p.grad /= accum; opt.step()"): the
+        # divisor's name says what it is even without the micro-batch loop around it.
+        add("accum-manual-grad-scaling", 0.8, "code: .grad is divided by the accumulation count")
 
     zero_events = [e for e in events if e.kind == "zero_grad"]
     for i, event in enumerate(events):
@@ -402,25 +412,291 @@ _CODE_LINE = re.compile(
 _PROSE_START = re.compile(
     r"^\s*(?:i|we|you|my|our|the|it|this|that|is|are|why|how|what|when)\b", re.IGNORECASE
 )
+#: Where a statement may start inside a prose line: a dotted name followed by a call, an
+#: assignment or an index (``like this: opt.step()``), or a loop/branch header.
+_STATEMENT_START = re.compile(
+    r"(?<![\w.])(?:for|if|while|with)\s"
+    r"|(?<![\w.])[A-Za-z_][\w.]*\s*(?:\(|=(?!=)|\[|[-+*/]=)"
+)
+_CALL = re.compile(r"[\w\])]\s*\(")
+_REMARK = re.compile(r"\s+(?:--|—|–)\s+")
+#: Longest code text the fragment repair works on (whole scripts are the analyser's job).
+FRAGMENT_CHARS = 8_000
+#: Most lines dropped while repairing one fragment before giving up on it.
+_MAX_REPAIRS = 12
+#: Longer lines are data or minified code, not a pasted loop (and slow to parse).
+_MAX_LINE_CHARS = 400
+#: What ``ast.parse`` raises on text it cannot read (MemoryError: a pathologically long or
+#: nested expression).
+_UNPARSEABLE = (SyntaxError, ValueError, MemoryError, RecursionError)
 
 
 def extract_code(text: str) -> str:
-    """The code parts of a question: fenced blocks, inline `spans` and code-looking lines."""
-    parts: list[str] = [m.group(1) for m in _FENCED.finditer(text)]
-    rest = _FENCED.sub("\n", text)
-    inline = [m.group(1) for m in _INLINE.finditer(rest)]
-    rest = _INLINE.sub(" ", rest)
-    lines = [
-        line
-        for line in rest.splitlines()
-        if _CODE_LINE.match(line) and not _PROSE_START.match(line) and line.strip()
-    ]
-    if lines:
-        parts.append("\n".join(lines))
-    # Inline spans are single calls; keep them in order, one per line.
-    if inline:
-        parts.append("\n".join(inline))
+    """The code parts of a question, in the order they appear.
+
+    Fenced blocks are taken whole. Outside them, a line that looks like code (or is one
+    inline `span`) is taken whole; a prose line gives its inline `spans`, one per line, and
+    the statements it joins with ``;`` ("like this: opt.step(); opt.zero_grad()").
+    """
+    parts: list[str] = []
+    position = 0
+    for fence in _FENCED.finditer(text):
+        parts.extend(_code_in_prose(text[position : fence.start()]))
+        parts.append(fence.group(1))
+        position = fence.end()
+    parts.extend(_code_in_prose(text[position:]))
     return "\n".join(p for p in parts if p.strip())
+
+
+def _code_in_prose(text: str) -> list[str]:
+    out: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        spans = _INLINE.findall(line)
+        bare = _INLINE.sub(lambda m: m.group(1), line) if spans else line
+        only_spans = bool(spans) and not _INLINE.sub("", line).strip(" \t:,.;-")
+        if only_spans:
+            out.append(bare)
+        elif spans:
+            out.extend(spans)
+        elif _CODE_LINE.match(line) and not _PROSE_START.match(line):
+            out.append(line)
+        elif ";" in line and len(line) <= _MAX_LINE_CHARS and _CALL.search(line):
+            out.extend(_statements_in_prose(line))
+    return out
+
+
+def _statements_in_prose(line: str) -> list[str]:
+    """The ``;``-joined statements of a prose line, with the prose around them cut off."""
+    found: list[str] = []
+    for index, (_, piece) in enumerate(split_statements(line)):
+        statement = _trim_to_statement(piece, allow_prefix=index == 0)
+        if statement is not None:
+            found.append(statement)
+    # One call in a sentence is prose; two or more joined by ';' are a pasted loop body.
+    return found if len(found) >= 2 else []
+
+
+def _parses(statement: str) -> bool:
+    source = statement + "\n    pass" if statement.endswith(":") else statement
+    try:
+        ast.parse(source)
+    except _UNPARSEABLE:
+        return False
+    return True
+
+
+def _trim_to_statement(piece: str, *, allow_prefix: bool = True) -> str | None:
+    """The longest statement in ``piece``, with the prose before or after it cut off."""
+    # A dash set off by spaces ends the code and starts a remark ("opt.step()  -- then ...").
+    piece = _REMARK.split(piece, maxsplit=1)[0].strip()
+    starts = [0]
+    if allow_prefix:
+        starts += [m.start() for m in _STATEMENT_START.finditer(piece) if m.start() > 0][:5]
+    for start in starts:
+        words = piece[start:].split(" ")
+        # Cut trailing prose a word at a time ("... ** 0.5 and it's always 0").
+        for end in range(len(words), max(0, len(words) - 12), -1):
+            statement = " ".join(words[:end]).rstrip(" ,.-")
+            looks_like_code = bool(_CALL.search(statement)) or "=" in statement
+            if statement and looks_like_code and _parses(statement):
+                return statement
+    return None
+
+
+_COMPOUND = re.compile(
+    r"(?:if|elif|else|for|while|with|try|except|finally|def|class|async\s+(?:def|for|with))\b"
+)
+_CONTINUATION = re.compile(r"(?:elif|else|except|finally)\b")
+
+
+def _opens_string(line: str, index: int) -> bool:
+    """Whether the quote at ``index`` starts a string (not the apostrophe of "it's")."""
+    if line[index] == '"' or index == 0 or index + 1 >= len(line):
+        return True
+    before, after = line[index - 1], line[index + 1]
+    # A string prefix (f'', r'', b'') is one letter after a non-word character.
+    prefix = index >= 2 and not (line[index - 2].isalnum() or line[index - 2] == "_")
+    return not (before.isalpha() and after.isalpha() and not prefix)
+
+
+def split_statements(line: str) -> list[tuple[int, str]]:
+    """A line of ``;``-joined statements and inline block bodies, as (depth, statement).
+
+    ``if c: a; b`` puts both ``a`` and ``b`` in the block, as Python does, and a header after
+    a header nests (``for x in y: a; if c: b`` puts ``b`` two levels in). Brackets and strings
+    are respected; a ``#`` comment ends the line.
+    """
+    pieces: list[tuple[int, str]] = []
+    level = depth = start = 0
+    quote = ""
+    header = bool(_COMPOUND.match(line.lstrip()))
+    index = 0
+    while index < len(line):
+        char = line[index]
+        if quote:
+            if char == "\\":
+                index += 2
+                continue
+            if char == quote:
+                quote = ""
+        elif char in "'\"" and _opens_string(line, index):
+            quote = char
+        elif char == "#":
+            break
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth = max(0, depth - 1)
+        elif depth == 0 and (
+            char == ";" or (char == ":" and header and line[index + 1 : index + 2] != "=")
+        ):
+            text = line[start : index + (char == ":")].strip()
+            if text:
+                pieces.append((level, text))
+            level += char == ":"
+            start = index + 1
+            header = bool(_COMPOUND.match(line[start:].lstrip()))
+        index += 1
+    tail = line[start:index].strip()
+    if tail:
+        pieces.append((level, tail))
+    return pieces
+
+
+def _indent_width(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _reindent(lines: list[str]) -> list[str]:
+    """Consistent 4-space indentation for a fragment whose indentation was mangled.
+
+    The line after a block header goes one level in; an unexpected indent stays at the
+    current level; a dedent goes back to the innermost block it fits. When the fragment lost
+    its indentation altogether (every line flush with the first), each header opens a block
+    that runs on to the end, and ``else``/``elif`` go back to their ``if``: the likeliest
+    reading of a pasted loop.
+    """
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        return []
+    flat = len({_indent_width(line) for line in lines}) == 1
+    out: list[str] = []
+    stack: list[tuple[int, int]] = [(_indent_width(lines[0]), 0)]  # (raw width, level)
+    current = 0
+    opener = False
+    for line in lines:
+        width, text = _indent_width(line), line.strip()
+        continuation = bool(_CONTINUATION.match(text))
+        if flat:
+            current += 1 if opener else 0
+            if continuation and not opener:
+                current = max(0, current - 1)
+            level = current
+        elif opener:
+            level = stack[-1][1] + 1
+            stack.append((max(width, stack[-1][0] + 1), level))
+        else:
+            while len(stack) > 1 and width < stack[-1][0]:
+                stack.pop()
+            level = stack[-1][1]
+        out.append("    " * level + text)
+        opener = text.endswith(":") and bool(_COMPOUND.match(text))
+    if opener:
+        out.append(" " * (_indent_width(out[-1]) + 4) + "...")
+    return out
+
+
+def fragment_source(code: str) -> str | None:
+    """A pasted fragment made into parseable Python, or None when nothing parseable is left.
+
+    Handles a loop body without its loop (parsed as top-level statements), pseudo-code with
+    ``...``, statements joined by ``;``, inline backticks and broken indentation: statements
+    are split onto their own lines (inline block bodies nested as Python reads them), each is
+    cut free of prose around it, the indentation is rebuilt, and lines Python still cannot
+    parse are dropped one at a time.
+    """
+    code = code.replace("…", "...").replace("\t", "    ")[:FRAGMENT_CHARS]
+    if ">>> " in code:
+        code = re.sub(r"^(\s*)(?:>>>|\.\.\.) ", r"\1", code, flags=re.MULTILINE)
+    lines: list[str] = []
+    for raw in code.splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#") or len(raw) > _MAX_LINE_CHARS:
+            continue
+        indent = " " * _indent_width(raw)
+        for level, piece in split_statements(raw.replace("`", " ")):
+            statement = piece if _parses(piece) else (_trim_to_statement(piece) or piece)
+            lines.append(indent + "    " * level + statement)
+    lines = _reindent(lines)
+    for _ in range(_MAX_REPAIRS):
+        if not lines:
+            return None
+        source = "\n".join(lines) + "\n"
+        try:
+            ast.parse(source)
+        except _UNPARSEABLE as exc:
+            number = getattr(exc, "lineno", None) or len(lines)
+            del lines[min(max(number, 1), len(lines)) - 1]
+            lines = _reindent(lines)
+            continue
+        return source
+    return None
+
+
+#: How sure a static-analyser finding makes the matcher (0–1), by the finding's severity.
+_SEVERITY_STRENGTH = {"critical": 1.0, "warning": 0.85, "info": 0.5}
+#: Findings about what a whole script lacks: a fragment shows only part of the loop, so they
+#: count only when the fragment holds a whole loop, and then weakly.
+_WHOLE_SCRIPT_FINDINGS = {"no-grad-monitoring": 0.45, "accum-leftover-batches": 0.45}
+_LOOP = re.compile(r"^\s*(?:for|while)\b", re.MULTILINE)
+
+
+def static_hits(source: str) -> list[CodeHit]:
+    """The static analyser's findings on a repaired fragment (see :func:`fragment_source`).
+
+    Imports ``probes.static`` (libcst) on first use, so text without code never pays for it.
+    A fragment of a single statement is left to the light rules: the analyser's rules are
+    about the order and placement of several calls.
+    """
+    if sum(1 for line in source.splitlines() if line.strip()) < 2:
+        return []
+    from gradient_doctor.probes.static import lint_source
+
+    report = lint_source(source, "<fragment>")
+    if report.error:
+        return []
+    whole_loop = bool(_LOOP.search(source))
+    hits: list[CodeHit] = []
+    for finding in report.findings:
+        strength = _SEVERITY_STRENGTH.get(finding.severity, 0.5)
+        if finding.id in _WHOLE_SCRIPT_FINDINGS:
+            if not whole_loop:
+                continue
+            strength = _WHOLE_SCRIPT_FINDINGS[finding.id]
+        message = " ".join(finding.message.split())
+        first_sentence = message.split(". ")[0].rstrip(".")
+        where = f", line {finding.line} of the fragment" if finding.line else ""
+        hits.append(
+            CodeHit(finding.id, strength, f"code: {first_sentence} (static analyser{where})")
+        )
+    return hits
+
+
+def code_hits(code: str) -> list[CodeHit]:
+    """Evidence from pasted code: the static analyser on the repaired fragment, and the light
+    order rules (which also read fragments too broken to parse), one hit per entry at the
+    strength of the surer of the two."""
+    source = fragment_source(code)
+    hits = static_hits(source) if source is not None else []
+    best = {hit.entry_id: hit for hit in hits}
+    for hit in analyse(source if source is not None else code):
+        known = best.get(hit.entry_id)
+        if known is None:
+            best[hit.entry_id] = hit
+        elif hit.strength > known.strength:
+            best[hit.entry_id] = CodeHit(known.entry_id, hit.strength, known.reason)
+    return list(best.values())
 
 
 #: "before or after", "wherever", "the order doesn't matter": the text says order is irrelevant.

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gradient_doctor.knowledge._code import CodeHit, analyse, extract_code, prose_hits
+from gradient_doctor.knowledge._code import CodeHit, code_hits, extract_code, prose_hits
 from gradient_doctor.knowledge._numbers import Quantity, fmt, read_quantities
 from gradient_doctor.knowledge._text import (
     Analyzer,
@@ -643,7 +643,7 @@ class Matcher:
         code_text = "\n".join(part for part in (code, extract_code(text)) if part)
         code_detected = bool(code_text.strip())
         if code_detected:
-            evidence.extend(analyse(code_text))
+            evidence.extend(code_hits(code_text))
 
         # A question is someone asking about their own case, never a claim being made.
         asking = text.rstrip().endswith("?")
