@@ -448,6 +448,19 @@ def extract_code(text: str) -> str:
     return "\n".join(p for p in parts if p.strip())
 
 
+def without_code(text: str) -> str:
+    """``text`` less its code: fenced blocks, inline `spans` and lines that make calls.
+
+    What is left is read for numbers written as a series, where ``log(x, -1)`` is not one.
+    """
+    if "`" not in text and "(" not in text:
+        return text
+    text = _INLINE.sub(" ", _FENCED.sub("\n", text))
+    return "\n".join(
+        line for line in text.splitlines() if not (_CALL.search(line) and "=" in line)
+    )
+
+
 def _code_in_prose(text: str) -> list[str]:
     out: list[str] = []
     for line in text.splitlines():
@@ -810,6 +823,17 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: DDP with accumulation and no no_sync()",
         ),
         (
+            # Not when the sentence says no_sync is there (misplaced is another red flag).
+            r"^(?!.*\bno_sync)(?!.*require_backward_grad_sync).*?(?:"
+            r"\b(?:every|each)\s+(?:single\s+)?(?:micro[-\s]?batch|micro[-\s]?step|backward|"
+            r"accumulation\s+step)\b[^.;\n]{0,40}\b(?:all[-\s]?reduc\w*|sync\w*|communicat\w*)"
+            r"|\b(?:all[-\s]?reduc\w*|sync\w*|communicat\w*)\b[^.;\n]{0,40}\b(?:every|each)\s+"
+            r"(?:single\s+)?(?:micro[-\s]?batch|micro[-\s]?step|backward|accumulation\s+step))",
+            "ddp-accum-without-no-sync",
+            0.6,
+            "text: gradients are synchronised on every micro-batch of the accumulation",
+        ),
+        (
             r"\b(?:most|majority|more\s+than\s+half|over\s+half|half)\b[^.;\n]{0,40}\b(?:activations?|"
             r"outputs?|neurons?|units?)\b[^.;\n]{0,30}\b(?:0|zero|zeros|dead)\b",
             "many-zero-activations",
@@ -914,6 +938,13 @@ _DEPTH = re.compile(
     r"|\b(?:sigmoid|tanh)\b[^.;\n]{0,50}\b(?P<m>\d{2,4})\s*[- ]?layers?",
     re.IGNORECASE,
 )
+_DEEP_SATURATING = re.compile(
+    r"\b(?:very\s+)?deep\s+(?:\w+\s+)?(?:sigmoid|tanh|logistic)\s*(?:-\s*)?(?:activated\s+)?"
+    r"(?:net\w*|mlp|model|stack|classifier|autoencoder)"
+    r"|\b(?:sigmoid|tanh)\s+(?:activations?\s+)?(?:in|throughout|after\s+every\s+layer\s+of)\s+"
+    r"(?:a|my|our|the)\s+(?:very\s+)?deep\b",
+    re.IGNORECASE,
+)
 
 
 def prose_hits(text: str) -> list[CodeHit]:
@@ -925,6 +956,12 @@ def prose_hits(text: str) -> list[CodeHit]:
         if depth and int(depth.group("n") or depth.group("m")) > 20:
             hits.append(
                 CodeHit("saturating-deep-net", 0.6, "text: more than 20 sigmoid/tanh layers")
+            )
+            break
+        if _DEEP_SATURATING.search(piece):
+            # "my deep sigmoid net": the depth is not given, so weaker than a layer count.
+            hits.append(
+                CodeHit("saturating-deep-net", 0.4, "text: a deep network of sigmoid/tanh layers")
             )
             break
     for pattern, entry_id, strength, reason in _PROSE_RULES:

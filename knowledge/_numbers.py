@@ -38,7 +38,11 @@ _NAN_LOSS = re.compile(
 )
 _GRAD_NORM = re.compile(
     r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
-    r"norm\s+of\s+(?:the\s+)?(?:grad(?:ient)?s?)|grad(?:ient)?s?(?=\s+(?:are|is|were|was)\b))\b"
+    r"norm\s+of\s+(?:the\s+)?(?:grad(?:ient)?s?)|grad(?:ient)?s?(?=\s+(?:are|is|were|was)\b)"
+    # Per-layer values said of the early or late layers ("gradients in the first layers are").
+    r"|grad(?:ient)?s?\s+(?:in|of|for|at|to)\s+(?:the\s+|my\s+)?(?:first|early|earliest|last|"
+    r"top|bottom|lower|upper|initial|final|input|output)\s+(?:few\s+|\w+\s+)?layers?"
+    r"(?=\s+(?:are|is|were|was|stay|sit|hover)\w*\b))\b"
     rf"{_FILLER}{_NUM}",
     re.IGNORECASE,
 )
@@ -218,3 +222,161 @@ def fmt(value: float) -> str:
     if value != 0 and (abs(value) >= 1e4 or abs(value) < 1e-3):
         return f"{value:.2g}"
     return f"{value:g}"
+
+
+# -- series: the same quantity written several times ("0.9 at step 1k, 4 at 10k, 25 at 30k") --
+
+#: What a series is of. A bare "gradients" is not a subject: per-layer values are not the
+#: total norm ("per-layer grads are all between 1e-4 and 1e-2").
+_SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "grad_norm",
+        re.compile(
+            r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
+            r"norms?)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "val_loss",
+        re.compile(r"\b(?:val(?:idation)?|eval|test)[_ ]loss(?:es)?\b", re.IGNORECASE),
+    ),
+    ("loss", re.compile(r"\b(?:train(?:ing)?[_ ])?loss(?:es)?\b", re.IGNORECASE)),
+    # Other quantities end the stretch of text that belongs to a subject.
+    (
+        "",
+        re.compile(
+            r"\b(?:lr|learning[_ ]rates?|batch(?:[_ ]size)?|acc(?:uracy)?|perplexity|ppl|"
+            r"max_norm|clip\w*|scale|grad/param|ratio|dead|zeros?|weights?|params?|"
+            r"parameters?|memory|time|throughput)\b",
+            re.IGNORECASE,
+        ),
+    ),
+)
+_SERIES_NUMBER = re.compile(
+    r"(?<![\w.])(?P<num>[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][-+−]?\d+)?)(?P<suffix>[kKmM]\b)?"
+    r"(?![\w.]|\.\d)"
+)
+_BETWEEN = re.compile(r"between\s*$", re.IGNORECASE)
+_AND = re.compile(r"^\s*and\s*$", re.IGNORECASE)
+_DASH = re.compile(r"^\s*[-–]\s*$")
+#: A number right after these is a step, an epoch or a count, not a value of the subject.
+_MARKER_BEFORE = re.compile(
+    r"(?:\b(?:steps?|iters?|iterations?|it|epochs?|first|last|every|batch(?:es)?|layers?|"
+    r"ranks?|gpus?|nodes?|top|within|over|past|since|until|till)|@|#)\s*[:=]?\s*$",
+    re.IGNORECASE,
+)
+#: ... and so is a number followed by these.
+_MARKER_AFTER = re.compile(
+    r"^\s*(?:%|x\b|×|times\b|steps?\b|iters?\b|iterations?\b|epochs?\b|k\b|layers?\b|"
+    r"gpus?\b|nodes?\b|samples?\b|tokens?\b|batches\b|bits?\b|[gm]i?b\b|hours?\b|minutes?\b|"
+    r"seconds?\b|s\b|ms\b|params?\b|heads?\b|dims?\b|d\b|-?layer)",
+    re.IGNORECASE,
+)
+_SERIES_SENTENCE = re.compile(r"(?<=[.;!?])\s+|\n|(?<=\})\s*(?:\.\.\.|…)?\s*(?=\{)")
+#: Values below this many are a level, not a series.
+MIN_SERIES = 2
+
+
+@dataclass(frozen=True)
+class Series:
+    """The values of one quantity written one after another in the text, in order.
+
+    ``name`` is grad_norm, loss or val_loss. A range ("between 0.3 and 1.2", "1-2") counts as
+    one value, its geometric middle, and is kept in ``ranges`` as (low, high).
+    """
+
+    name: str
+    values: tuple[float, ...]
+    ranges: tuple[tuple[float, float], ...] = ()
+
+
+def _subject_mentions(sentence: str) -> list[tuple[int, int, str]]:
+    spans: list[tuple[int, int, str]] = []
+    for name, pattern in _SERIES_SUBJECTS:
+        for m in pattern.finditer(sentence):
+            if all(m.end() <= s or m.start() >= e for s, e, _ in spans):
+                spans.append((m.start(), m.end(), name))
+    return sorted(spans)
+
+
+def _scope_values(scope: str) -> list[tuple[float, tuple[float, float] | None]]:
+    """The values in the text after a subject: steps, counts and percentages left out."""
+    numbers = list(_SERIES_NUMBER.finditer(scope))
+    out: list[tuple[float, tuple[float, float] | None]] = []
+    skip = -1
+    for i, m in enumerate(numbers):
+        if i <= skip:
+            continue
+        before, after = scope[: m.start()], scope[m.end() :]
+        if m.group("suffix") or _MARKER_BEFORE.search(before[-24:]):
+            continue
+        if _MARKER_AFTER.match(after):
+            continue
+        # "at 2k" / "at 500": a large whole number after "at" is a step, "sits at 2" a value.
+        at = re.search(r"\bat\s*$", before[-6:], re.IGNORECASE)
+        if at and "." not in m.group("num") and float(parse_number(m.group("num")) or 0) >= 100:
+            continue
+        value = parse_number(m.group("num"))
+        if value is None or not math.isfinite(value):
+            continue
+        if i + 1 < len(numbers):
+            nxt = numbers[i + 1]
+            gap = scope[m.end() : nxt.start()]
+            high = parse_number(nxt.group("num"))
+            ranged = (_DASH.match(gap) and value >= 0) or (
+                _AND.match(gap) and _BETWEEN.search(before[-12:])
+            )
+            if ranged and high is not None and high > value >= 0 and not nxt.group("suffix"):
+                middle = math.sqrt(value * high) if value > 0 else high / 2
+                out.append((middle, (value, high)))
+                skip = i + 1
+                continue
+        out.append((value, None))
+    return out
+
+
+def read_series(text: str) -> list[Series]:
+    """Each quantity written more than once, as a series (plus single ranges).
+
+    Sentence by sentence, the text after a subject ("train loss", "grad norm", "norms") up to
+    the next quantity's name belongs to that subject; its numbers, less the steps, epochs,
+    counts and percentages around them, are its values. All mentions of one subject in the
+    text join into one series, in order ("{'loss': 1.23, ...} ... {'loss': 0.98, ...}").
+    """
+    values: dict[str, list[float]] = {}
+    ranges: dict[str, list[tuple[float, float]]] = {}
+    for sentence in _SERIES_SENTENCE.split(text[:_MAX_SERIES_TEXT]):
+        mentions = _subject_mentions(sentence)
+        for index, (_, end, name) in enumerate(mentions):
+            if not name:
+                continue
+            stop = mentions[index + 1][0] if index + 1 < len(mentions) else len(sentence)
+            for value, span in _scope_values(sentence[end:stop]):
+                values.setdefault(name, []).append(value)
+                if span is not None:
+                    ranges.setdefault(name, []).append(span)
+    return [
+        Series(name, tuple(vals), tuple(ranges.get(name, ())))
+        for name, vals in values.items()
+        if len(vals) >= MIN_SERIES or ranges.get(name)
+    ]
+
+
+#: Longest text read for series (a pasted log is read by ``gradient-doctor logs``).
+_MAX_SERIES_TEXT = 20_000
+
+
+def rank_correlation(values: tuple[float, ...] | list[float]) -> float:
+    """Spearman correlation of ``values`` with their position (ties broken by order)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    order = sorted(range(n), key=lambda i: values[i])
+    ranks = [0] * n
+    for rank, i in enumerate(order):
+        ranks[i] = rank
+    mean = (n - 1) / 2
+    cov = sum((i - mean) * (r - mean) for i, r in enumerate(ranks))
+    var = sum((i - mean) ** 2 for i in range(n))
+    return cov / var if var else 0.0

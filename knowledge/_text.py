@@ -345,6 +345,10 @@ class TypoCorrector:
                 continue
             if self.counts[cand] < floor:
                 continue
+            # Misspellings keep the first letter (or swap the first two): "fight" is not a
+            # typo of "right", nor "hovers" of "covers".
+            if cand[0] != word[0] and cand[:2] != word[1::-1]:
+                continue
             dist = damerau_levenshtein(word, cand, limit)
             if dist > limit:
                 continue

@@ -31,15 +31,29 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import statistics
 import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gradient_doctor.knowledge._code import CodeHit, code_hits, extract_code, prose_hits
-from gradient_doctor.knowledge._numbers import Quantity, fmt, read_quantities
+from gradient_doctor.knowledge._code import (
+    CodeHit,
+    code_hits,
+    extract_code,
+    prose_hits,
+    without_code,
+)
+from gradient_doctor.knowledge._numbers import (
+    Quantity,
+    Series,
+    fmt,
+    rank_correlation,
+    read_quantities,
+    read_series,
+)
 from gradient_doctor.knowledge._text import (
     Analyzer,
     TypoCorrector,
@@ -88,6 +102,7 @@ _EVIDENCE_WEIGHT = 20.0
 #: Bonus when every word of the entry's id appears in the text ("vanishing gradients").
 _NAMED_BONUS = 4.0
 _RATIONALIZATION_PRIOR = 1.3
+_RATIONALIZATION_REPORT_PRIOR = 0.85
 _SYMPTOM_PRIOR = 1.15
 _RED_FLAG_CODE_PRIOR = 1.2
 _RED_FLAG_ADVICE_PRIOR = 0.85
@@ -108,7 +123,8 @@ _ASSERTION = re.compile(
     r"doesn't\s+matter|is\s+(?:a|just\s+a)\s+(?:hack|trick)|obviously|clearly|"
     r"must\s+be|it's\s+because|that's\s+why|probably|i\s+think|i\s+bet|i\s+guess|recommend|"
     r"suggest|the\s+fix\s+is|the\s+answer\s+is|go\s+with|instead|won't|can't|cannot|isn't|"
-    r"doesn't|don't|shouldn't|no\s+point|pointless|overkill|waste)\b",
+    r"doesn't|don't|shouldn't|no\s+point|pointless|overkill|waste|bad\s+idea|incompatible|"
+    r"fight\w*\s+each\s+other|interfere\w*|conflict\w*)\b",
     re.IGNORECASE,
 )
 _REPORT = re.compile(
@@ -131,6 +147,67 @@ _SMALL_GRADS = re.compile(
     r"|\bgrad\w*\b[^.\n]{0,25}\b(?:small|tiny|minuscule|vanish\w*|near\s+zero)\b",
     re.IGNORECASE,
 )
+
+#: The loss (or perplexity) getting better, and a score (accuracy, F1, ...) getting better.
+_LOSS_IMPROVING = re.compile(
+    r"\b(?:loss(?:es)?|perplexity|ppl)\b(?P<between>[^.;,\n]{0,30}?)\b(?:going\s+down|goes\s+down|"
+    r"went\s+down|decreas\w*|dropping|drops|falling|falls|improv\w*|converg\w*)",
+    re.IGNORECASE,
+)
+_SCORE_IMPROVING = re.compile(
+    r"\b(?:acc(?:uracy)?|f1|bleu|auc|map|metrics?|scores?|rouge|iou|dice|reward)\b"
+    r"(?P<between>[^.;,\n]{0,30}?)\b(?:going\s+up|goes\s+up|went\s+up|increas\w*|rising|rises|"
+    r"climb\w*|improv\w*|better)",
+    re.IGNORECASE,
+)
+#: Another quantity between a metric and its verb: the verb is about that one.
+_OTHER_METRIC = re.compile(
+    r"\b(?:loss(?:es)?|acc(?:uracy)?|norms?|grad\w*|lr|learning\s+rate)\b", re.IGNORECASE
+)
+_NEGATED = re.compile(r"\b(?:not|never|no\s+longer|stopped|barely|hardly|isn't|doesn't|won't)\b|n't\b")
+_HELD_OUT = re.compile(r"\b(?:val(?:idation)?|eval\w*|test|dev)\b", re.IGNORECASE)
+#: The text asks whether what it shows is normal ("is that normal?", "anything to worry about?").
+_NORMAL_QUESTION = re.compile(
+    r"\b(?:is\s+(?:this|that|it)\s+(?:normal|expected|ok(?:ay)?|fine|healthy|a\s+problem|bad)"
+    r"|(?:normal|expected|ok(?:ay)?|fine)\s*\?|anything\s+to\s+worry|should\s+i\s+(?:be\s+)?worr"
+    r"|nothing\s+(?:wrong|to\s+worry)|worth\s+worrying|(?:looks?|seems?)\s+(?:fine|ok(?:ay)?|"
+    r"normal|healthy)|is\s+(?:something|anything)\s+wrong|right\s*\?)",
+    re.IGNORECASE,
+)
+#: How many times its best value a loss series must end at to be called diverging, and how far
+#: above both neighbours a single value must jump to be a spike. The seeds give no numbers for
+#: a loss written in a sentence; these are the matcher's reading, not diagnosis thresholds.
+_LOSS_DIVERGING_FACTOR = 3.0
+_LOSS_SPIKE_FACTOR = 2.0
+#: A loss series whose values all lie within this fraction of each other is flat.
+_LOSS_FLAT_FRACTION = 0.03
+
+
+@dataclass
+class _Progress:
+    """What the text says about training progress, from words and number series."""
+
+    improving: bool = False
+    held_out_improving: bool = False
+    normal_question: bool = False
+    reasons: list[str] = field(default_factory=list)
+
+
+def _progress(text: str) -> _Progress:
+    progress = _Progress(normal_question=bool(_NORMAL_QUESTION.search(text)))
+    for pattern in (_LOSS_IMPROVING, _SCORE_IMPROVING):
+        for m in pattern.finditer(text):
+            if _NEGATED.search(m.group("between")) or _OTHER_METRIC.search(m.group("between")):
+                continue
+            progress.improving = True
+            progress.reasons.append(m.group(0))
+            start = max(0, m.start() - 15)
+            if _HELD_OUT.search(text[start : m.end()]):
+                progress.held_out_improving = True
+    if _STILL_LEARNING.search(text):
+        progress.improving = True
+    return progress
+
 
 _LR_QUESTION = re.compile(
     r"\b(?:lr|learning[\s_-]*rates?|schedul\w*|warm[\s-]?up|cosine|linear\s+decay|one[\s_-]?cycle|"
@@ -297,6 +374,7 @@ class Matcher:
         self.typos = TypoCorrector(vocab)
         self._default_idf = math.log(1.0 + (count + 0.5) / 0.5)
         self.in_scope_terms = frozenset(self.analyzer.terms(IN_SCOPE_WORDS))
+        self.effects = _effects(kb)
 
     # -- query side ------------------------------------------------------------------------
 
@@ -400,12 +478,18 @@ class Matcher:
         return f"profile {self.profile.name}, from {value.source.seed}"
 
     def _number_evidence(
-        self, quantities: Sequence[Quantity], text: str, assertive: bool
+        self,
+        quantities: Sequence[Quantity],
+        series: Sequence[Series],
+        text: str,
+        progress: _Progress,
     ) -> list[CodeHit]:
         p = self.profile
         out: list[CodeHit] = []
         mentions_grads = bool(re.search(r"\bgrad(?:ient)?s?\b|grad_norm", text, re.IGNORECASE))
-        still_learning = bool(_STILL_LEARNING.search(text))
+        series_hits, covered = self._series_evidence(series, progress)
+        out.extend(series_hits)
+        still_learning = progress.improving
         if (
             still_learning
             and _SMALL_GRADS.search(text)
@@ -443,7 +527,8 @@ class Matcher:
             elif q.name == "param_nan":
                 out.append(CodeHit("nan-parameters", 0.8, f"parameters non-finite ({q.text!r})"))
             elif q.name == "grad_norm":
-                out.extend(self._norm_evidence(v, shown, still_learning))
+                if "grad_norm" not in covered:
+                    out.extend(self._norm_evidence(v, shown, still_learning))
             elif q.name == "amp_scale_to":
                 start = next(
                     (
@@ -557,7 +642,29 @@ class Matcher:
                             )
                         )
                         break
-        return out
+        return self._healthy(out, progress)
+
+    def _healthy(self, hits: list[CodeHit], progress: _Progress) -> list[CodeHit]:
+        """One ``healthy`` hit, surer when training improves and the text asks if it is normal.
+
+        Healthy numbers next to a number that shows a problem (a NaN loss, a spike) stay weak.
+        """
+        healthy = [h for h in hits if h.entry_id == "healthy"]
+        if not healthy:
+            return hits
+        rest = [h for h in hits if h.entry_id != "healthy"]
+        best = max(healthy, key=lambda h: h.strength)
+        if any(h.strength >= 0.8 for h in rest):
+            return [*rest, best]
+        strength, reason = best.strength, best.reason
+        if progress.improving:
+            strength += 0.3
+            reason += "; training improves"
+        if progress.normal_question:
+            strength += 0.3
+            reason += "; the question is whether this is normal"
+        return [*rest, CodeHit("healthy", strength, reason)]
+
 
     def _norm_evidence(self, v: float, shown: str, still_learning: bool) -> list[CodeHit]:
         p = self.profile
@@ -606,7 +713,213 @@ class Matcher:
                     f"grad norm {shown} inside the healthy range {fmt(low)}–{fmt(high)}",
                 )
             )
+        elif v < low and still_learning:
+            # Below the usual range but far from vanishing, while training improves: the size
+            # of the norm alone says nothing is broken (the rationalization to answer).
+            out.append(
+                CodeHit(
+                    "small-grads-mean-broken",
+                    1.0,
+                    f"grad norm {shown} is below the usual {fmt(low)}–{fmt(high)} but not near "
+                    f"vanishing (< {fmt(p.vanishing_warning.value)}), and the text says "
+                    "training still improves",
+                )
+            )
         return out
+
+    # -- number series -------------------------------------------------------------------------
+
+    def _series_evidence(
+        self, series: Sequence[Series], progress: _Progress
+    ) -> tuple[list[CodeHit], set[str]]:
+        """Hits from quantities written as series, and the names whose trend was read.
+
+        A grad-norm series that shows a trend, spikes or a level replaces the one-number
+        rules for the grad norm (its first value alone would mislead: "~800 at first, then
+        settles around 1-2" is not exploding).
+        """
+        out: list[CodeHit] = []
+        covered: set[str] = set()
+        train_loss = next((s for s in series if s.name == "loss"), None)
+        if train_loss is not None and _decreasing(train_loss.values):
+            progress.improving = True
+            progress.reasons.append("the loss series falls")
+        for item in series:
+            if item.name == "grad_norm":
+                hits = self._norm_series(item)
+                if hits:
+                    covered.add(item.name)
+                out.extend(hits)
+            else:
+                out.extend(self._loss_series(item, progress))
+        return out, covered
+
+    def _norm_series(self, item: Series) -> list[CodeHit]:
+        p = self.profile
+        low, high = self.kb.thresholds.healthy_range
+        values = list(item.values)
+        n = len(values)
+        shown = _shown(values)
+        factor = p.spike_factor.value
+        if n >= 4:
+            spikes = _isolated_spikes(values, factor)
+            if spikes:
+                median = statistics.median(v for i, v in enumerate(values) if i not in spikes)
+                peak = max(values[i] for i in spikes)
+                hits = [
+                    CodeHit(
+                        "grad-norm-spikes",
+                        1.0,
+                        f"grad norm {shown}: {len(spikes)} isolated value(s) above "
+                        f"{fmt(factor)}× the median {fmt(median)} (spike factor, "
+                        f"{self._cite(p.spike_factor)})",
+                    )
+                ]
+                if peak > p.exploding_warning.value:
+                    hits.append(
+                        CodeHit(
+                            "exploding-gradients",
+                            0.6,
+                            f"a spike reaches {fmt(peak)} > {fmt(p.exploding_warning.value)}",
+                        )
+                    )
+                return hits
+        first, last = values[0], values[-1]
+        correlation = rank_correlation(values)
+        if n >= 3 and first > 0 and last / first > 10 and correlation >= 0.8:
+            hits = [
+                CodeHit(
+                    "grad-norm-rising",
+                    1.0,
+                    f"grad norm {shown}: rises {fmt(last / first)}× step after step",
+                )
+            ]
+            if last > p.exploding_warning.value:
+                hits.extend(self._norm_evidence(last, fmt(last), False))
+            return hits
+        if (
+            last > 0
+            and first / last > 100
+            and last < low
+            and (n == 2 or correlation <= -0.8)
+        ):
+            hits = [
+                CodeHit(
+                    "grad-norm-decaying",
+                    1.0,
+                    f"grad norm {shown}: decays {fmt(first / last)}× towards zero",
+                )
+            ]
+            if last < p.vanishing_warning.value:
+                hits.extend(self._norm_evidence(last, fmt(last), False))
+            return hits
+        within = all(low <= v <= high for v in values) and all(
+            low <= a and b <= high for a, b in item.ranges
+        )
+        if within:
+            return [
+                CodeHit(
+                    "healthy",
+                    0.6,
+                    f"grad norm {shown} stays inside the healthy range {fmt(low)}–{fmt(high)}",
+                )
+            ]
+        if first > high and low <= last <= high and correlation < 0:
+            return [
+                CodeHit(
+                    "healthy",
+                    0.6,
+                    f"grad norm {fmt(first)} at first, then settles at {fmt(last)}, inside the "
+                    f"healthy range {fmt(low)}–{fmt(high)}: a large norm in the first steps "
+                    "that settles is normal",
+                )
+            ]
+        return []
+
+    def _loss_series(self, item: Series, progress: _Progress) -> list[CodeHit]:
+        values = list(item.values)
+        n = len(values)
+        if n < 3 or min(values) <= 0:
+            return []
+        shown = _shown(values)
+        name = "validation loss" if item.name == "val_loss" else "loss"
+        for i in range(1, n - 1):
+            before, value, after = values[i - 1], values[i], values[i + 1]
+            if value > _LOSS_SPIKE_FACTOR * max(before, after) and after < 1.3 * before:
+                return [
+                    CodeHit(
+                        "loss-spikes",
+                        0.9,
+                        f"{name} {shown}: jumps to {fmt(value)}, {fmt(value / max(before, after))}× "
+                        "its neighbours, and comes back",
+                    )
+                ]
+        best_index = min(range(n), key=lambda i: values[i])
+        best, last = values[best_index], values[-1]
+        if (
+            best_index < n - 1
+            and last >= _LOSS_DIVERGING_FACTOR * best
+            and last >= 0.8 * max(values[best_index:])
+        ):
+            if item.name == "val_loss" and progress.improving:
+                return [
+                    CodeHit(
+                        "overfitting",
+                        0.8,
+                        f"{name} {shown} climbs while the training loss improves",
+                    )
+                ]
+            return [
+                CodeHit(
+                    "loss-diverging",
+                    1.0,
+                    f"{name} {shown}: ends at {fmt(last / best)}× its best value {fmt(best)} "
+                    "and keeps climbing",
+                )
+            ]
+        if item.name == "val_loss" and progress.improving and last > 1.1 * best < last:
+            return [
+                CodeHit("overfitting", 0.8, f"{name} {shown} rises while the training improves")
+            ]
+        tail = values[-3:]
+        if (max(tail) - min(tail)) <= _LOSS_FLAT_FRACTION * max(tail):
+            if n >= 4 and values[0] >= 1.15 * statistics.median(tail):
+                return [
+                    CodeHit("plateau", 0.7, f"{name} {shown}: fell, then stays flat")
+                ]
+            if (max(values) - min(values)) <= _LOSS_FLAT_FRACTION * max(values):
+                return [
+                    CodeHit(
+                        "loss-stuck",
+                        0.8,
+                        f"{name} {shown}: flat within {_LOSS_FLAT_FRACTION:.0%} from the start",
+                    )
+                ]
+        return []
+
+    # -- causes ------------------------------------------------------------------------------
+
+    def _put_causes_first(
+        self, scores: dict[str, float], reasons: dict[str, list[str]], named: set[str]
+    ) -> None:
+        """A red flag the text describes ranks above the symptoms and signals it explains.
+
+        "No gradient reaches the early layers of my 40-layer sigmoid net" names both the
+        observation (vanishing gradients) and its cause; the cause is the answer, since its
+        entry carries the fix, and the observation stays next in line.
+        """
+        for cause in sorted(named & self.effects.keys(), key=lambda c: -scores.get(c, 0.0)):
+            own = scores.get(cause)
+            if own is None:
+                continue
+            above = [e for e in self.effects[cause] if scores.get(e, 0.0) >= own]
+            if not above:
+                continue
+            effect = max(above, key=lambda e: scores[e])
+            scores[cause] = scores[effect] + 1.0
+            reasons.setdefault(cause, []).append(
+                f"named as the cause of what the text describes ({effect})"
+            )
 
     # -- scope ---------------------------------------------------------------------------------
 
@@ -637,13 +950,16 @@ class Matcher:
         lexical = self._lexical(weights, terms)
 
         quantities = read_quantities(repaired_text)
+        series = read_series(without_code(repaired_text))
         assertive = bool(_ASSERTION.search(text))
-        evidence = self._number_evidence(quantities, repaired_text, assertive)
-        evidence.extend(prose_hits(repaired_text))
+        progress = _progress(repaired_text)
+        evidence = self._number_evidence(quantities, series, repaired_text, progress)
+        described = prose_hits(repaired_text)
         code_text = "\n".join(part for part in (code, extract_code(text)) if part)
         code_detected = bool(code_text.strip())
         if code_detected:
-            evidence.extend(code_hits(code_text))
+            described.extend(code_hits(code_text))
+        evidence.extend(described)
 
         # A question is someone asking about their own case, never a claim being made.
         asking = text.rstrip().endswith("?")
@@ -655,6 +971,9 @@ class Matcher:
             kind = self.kb.entries[entry_id].kind
             if kind == "rationalization" and assertive:
                 score *= _RATIONALIZATION_PRIOR
+            elif kind == "rationalization" and reporting:
+                # Someone describing their own run is not making the claim.
+                score *= _RATIONALIZATION_REPORT_PRIOR
             elif kind == "symptom" and reporting and not assertive:
                 score *= _SYMPTOM_PRIOR
             elif kind == "symptom" and assertive and not asking:
@@ -675,6 +994,15 @@ class Matcher:
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
                 reasons[hit.entry_id].append(hit.reason)
+        if progress.held_out_improving and "overfitting" in scores:
+            # Overfitting is held-out results getting worse; the text says they improve.
+            scores["overfitting"] *= 0.5
+        named = {
+            hit.entry_id
+            for hit in described
+            if hit.strength >= 0.5 and not (assertive and hit.advice_id)
+        } | {entry_id for entry_id, lex in lexical.items() if lex.named}
+        self._put_causes_first(scores, reasons, named)
 
         out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
@@ -750,6 +1078,47 @@ def _numbers(quantities: Sequence[Quantity]) -> dict[str, float]:
         ):
             out[q.name] = q.value
     return out
+
+
+def _effects(kb: KnowledgeBase) -> dict[str, frozenset[str]]:
+    """For each red flag, the symptoms and signals it explains (from ``causes``/``related``)."""
+    observed = ("symptom", "signal")
+    out: dict[str, frozenset[str]] = {}
+    for flag in kb.by_kind("red-flag"):
+        found = {e for e in getattr(flag, "related", ()) if kb.entries[e].kind in observed}
+        for entry in kb.entries.values():
+            if flag.id in getattr(entry, "causes", ()):
+                found.add(entry.id)
+            elif entry.kind == "signal" and flag.id in getattr(entry, "related", ()):
+                found.add(entry.id)
+        out[flag.id] = frozenset(found)
+    return out
+
+
+def _shown(values: Sequence[float]) -> str:
+    head = " → ".join(fmt(v) for v in values[:6])
+    return head + (" → …" if len(values) > 6 else "")
+
+
+def _decreasing(values: Sequence[float]) -> bool:
+    return len(values) >= 2 and values[-1] < values[0] and rank_correlation(list(values)) <= -0.6
+
+
+def _isolated_spikes(values: Sequence[float], factor: float) -> list[int]:
+    """Indices of values above ``factor`` × the median of the others, with normal neighbours.
+
+    The last value is never a spike: nothing after it shows that the norm came back down.
+    """
+    spikes: list[int] = []
+    for i in range(len(values) - 1):
+        others = [v for j, v in enumerate(values) if j != i]
+        median = statistics.median(others)
+        if median <= 0 or values[i] <= factor * median:
+            continue
+        neighbours = [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+        if all(v <= factor * median for v in neighbours):
+            spikes.append(i)
+    return spikes
 
 
 _LOCK = threading.Lock()

@@ -389,12 +389,15 @@ def test_matcher_is_built_once() -> None:
 
 @pytest.mark.slow
 def test_matching_does_not_import_torch() -> None:
+    """Text alone never loads the static analyser (libcst); pasted code does, torch never."""
     probe = (
         "import sys\n"
-        "from knowledge.matcher import match\n"
-        "match('loss: nan after clip_grad_norm_ with GradScaler', code='optimizer.step()')\n"
+        "from gradient_doctor.knowledge.matcher import match\n"
+        "match('loss: nan after clip_grad_norm_ with GradScaler')\n"
+        "assert not any(m.startswith('gradient_doctor.probes') for m in sys.modules)\n"
+        "match('why?', code='loss.backward()\\noptimizer.step()\\nclip_grad_norm_(p, 1.0)')\n"
+        "assert 'gradient_doctor.probes.static' in sys.modules\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
-        "assert not any(m.startswith('gradient_doctor.probes.static') for m in sys.modules)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
