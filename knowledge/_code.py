@@ -456,9 +456,7 @@ def without_code(text: str) -> str:
     if "`" not in text and "(" not in text:
         return text
     text = _INLINE.sub(" ", _FENCED.sub("\n", text))
-    return "\n".join(
-        line for line in text.splitlines() if not (_CALL.search(line) and "=" in line)
-    )
+    return "\n".join(line for line in text.splitlines() if not (_CALL.search(line) and "=" in line))
 
 
 def _code_in_prose(text: str) -> list[str]:

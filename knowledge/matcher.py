@@ -164,7 +164,9 @@ _SCORE_IMPROVING = re.compile(
 _OTHER_METRIC = re.compile(
     r"\b(?:loss(?:es)?|acc(?:uracy)?|norms?|grad\w*|lr|learning\s+rate)\b", re.IGNORECASE
 )
-_NEGATED = re.compile(r"\b(?:not|never|no\s+longer|stopped|barely|hardly|isn't|doesn't|won't)\b|n't\b")
+_NEGATED = re.compile(
+    r"\b(?:not|never|no\s+longer|stopped|barely|hardly|isn't|doesn't|won't)\b|n't\b"
+)
 _HELD_OUT = re.compile(r"\b(?:val(?:idation)?|eval\w*|test|dev)\b", re.IGNORECASE)
 #: The text asks whether what it shows is normal ("is that normal?", "anything to worry about?").
 _NORMAL_QUESTION = re.compile(
@@ -665,7 +667,6 @@ class Matcher:
             reason += "; the question is whether this is normal"
         return [*rest, CodeHit("healthy", strength, reason)]
 
-
     def _norm_evidence(self, v: float, shown: str, still_learning: bool) -> list[CodeHit]:
         p = self.profile
         out: list[CodeHit] = []
@@ -797,12 +798,7 @@ class Matcher:
             if last > p.exploding_warning.value:
                 hits.extend(self._norm_evidence(last, fmt(last), False))
             return hits
-        if (
-            last > 0
-            and first / last > 100
-            and last < low
-            and (n == 2 or correlation <= -0.8)
-        ):
+        if last > 0 and first / last > 100 and last < low and (n == 2 or correlation <= -0.8):
             hits = [
                 CodeHit(
                     "grad-norm-decaying",
@@ -850,8 +846,8 @@ class Matcher:
                     CodeHit(
                         "loss-spikes",
                         0.9,
-                        f"{name} {shown}: jumps to {fmt(value)}, {fmt(value / max(before, after))}× "
-                        "its neighbours, and comes back",
+                        f"{name} {shown}: jumps to {fmt(value)}, "
+                        f"{fmt(value / max(before, after))}× its neighbours, and comes back",
                     )
                 ]
         best_index = min(range(n), key=lambda i: values[i])
@@ -884,9 +880,7 @@ class Matcher:
         tail = values[-3:]
         if (max(tail) - min(tail)) <= _LOSS_FLAT_FRACTION * max(tail):
             if n >= 4 and values[0] >= 1.15 * statistics.median(tail):
-                return [
-                    CodeHit("plateau", 0.7, f"{name} {shown}: fell, then stays flat")
-                ]
+                return [CodeHit("plateau", 0.7, f"{name} {shown}: fell, then stays flat")]
             if (max(values) - min(values)) <= _LOSS_FLAT_FRACTION * max(values):
                 return [
                     CodeHit(
@@ -1087,9 +1081,8 @@ def _effects(kb: KnowledgeBase) -> dict[str, frozenset[str]]:
     for flag in kb.by_kind("red-flag"):
         found = {e for e in getattr(flag, "related", ()) if kb.entries[e].kind in observed}
         for entry in kb.entries.values():
-            if flag.id in getattr(entry, "causes", ()):
-                found.add(entry.id)
-            elif entry.kind == "signal" and flag.id in getattr(entry, "related", ()):
+            caused = flag.id in getattr(entry, "causes", ())
+            if caused or (entry.kind == "signal" and flag.id in getattr(entry, "related", ())):
                 found.add(entry.id)
         out[flag.id] = frozenset(found)
     return out
