@@ -60,6 +60,13 @@ _SEQUENCE_MODEL = re.compile(
     r"nn\.(?:LSTM|GRU|RNN|Transformer\w*|MultiheadAttention)\b|GPT|Bert|T5|policy_gradient|"
     r"log_prob",
 )
+#: A sequence model or policy-gradient training named in the words around the code.
+_SEQUENCE_PROSE = re.compile(
+    r"\b(?:transformers?|lstms?|grus?|rnns?|gpt\w*|bert|t5|llms?|seq2seq|language\s+models?|"
+    r"policy[\s-]gradients?|ppo|reinforce)\b",
+    re.IGNORECASE,
+)
+_CLIP_WORD = re.compile(r"\bclip", re.IGNORECASE)
 _SATURATING = re.compile(r"nn\.(?:Sigmoid|Tanh)\s*\(|torch\.(?:sigmoid|tanh)\s*\(")
 _DEEP_RANGE = re.compile(r"range\s*\(\s*(?P<n>\d+)\s*\)|\]\s*\*\s*(?P<m>\d+)")
 _UNSTABLE_OP = re.compile(
@@ -215,8 +222,12 @@ def _accumulation(events: list[Event], lines: list[str]) -> _Accumulation | None
     return None
 
 
-def analyse(code: str) -> list[CodeHit]:
-    """The rules that fire on ``code`` (a fragment, possibly embedded in prose)."""
+def analyse(code: str, prose: str = "") -> list[CodeHit]:
+    """The rules that fire on ``code`` (a fragment, possibly embedded in prose).
+
+    ``prose`` is the text around the code: it may name what the code does not show (the
+    model is "a Transformer", "we clip at 1.0 elsewhere").
+    """
     code = code.replace("…", "...")
     lines = code.splitlines()
     events = _events(lines)
@@ -306,8 +317,14 @@ def analyse(code: str) -> list[CodeHit]:
         if "backward" not in between and "scaled_backward" not in between:
             add("monitor-after-zero-grad", 0.8, "code: the gradient norm is read after zero_grad()")
 
-    has_clip = "clip_norm" in kinds or "clip_value" in kinds or "gradient_clip" in code
-    if _SEQUENCE_MODEL.search(code) and not has_clip and (backwards or _LIGHTNING.search(code)):
+    has_clip = (
+        "clip_norm" in kinds
+        or "clip_value" in kinds
+        or "gradient_clip" in code
+        or bool(_CLIP_WORD.search(prose))
+    )
+    sequence_model = _SEQUENCE_MODEL.search(code) or _SEQUENCE_PROSE.search(prose)
+    if sequence_model and not has_clip and (backwards or _LIGHTNING.search(code)):
         add("no-clip-sequence-model", 0.7, "code: a Transformer/RNN is trained with no clipping")
     saturating = len(_SATURATING.findall(code))
     deep = any(int(m.group("n") or m.group("m") or 0) > 20 for m in _DEEP_RANGE.finditer(code))
@@ -419,7 +436,7 @@ _STATEMENT_START = re.compile(
     r"|(?<![\w.])[A-Za-z_][\w.]*\s*(?:\(|=(?!=)|\[|[-+*/]=)"
 )
 _CALL = re.compile(r"[\w\])]\s*\(")
-_REMARK = re.compile(r"\s+(?:--|—|–)\s+")
+_REMARK = re.compile(r"\s+(?:--|—|–|<-+|←|//)\s*")
 #: Longest code text the fragment repair works on (whole scripts are the analyser's job).
 FRAGMENT_CHARS = 8_000
 #: Most lines dropped while repairing one fragment before giving up on it.
@@ -431,21 +448,28 @@ _MAX_LINE_CHARS = 400
 _UNPARSEABLE = (SyntaxError, ValueError, MemoryError, RecursionError)
 
 
-def extract_code(text: str) -> str:
-    """The code parts of a question, in the order they appear.
+def split_code(text: str) -> tuple[str, str]:
+    """``text`` as (prose, code): the code parts in the order they appear, and the rest.
 
-    Fenced blocks are taken whole. Outside them, a line that looks like code (or is one
-    inline `span`) is taken whole; a prose line gives its inline `spans`, one per line, and
-    the statements it joins with ``;`` ("like this: opt.step(); opt.zero_grad()").
+    Fenced blocks are code whole. Outside them, a line that looks like code (or is one inline
+    `span`) is code whole, and so is a Markdown block indented by four spaces; a prose line
+    gives its inline `spans`, one per line, and the statements it joins with ``;`` ("like
+    this: opt.step(); opt.zero_grad()").
     """
-    parts: list[str] = []
+    code: list[str] = []
+    prose: list[str] = []
     position = 0
     for fence in _FENCED.finditer(text):
-        parts.extend(_code_in_prose(text[position : fence.start()]))
-        parts.append(fence.group(1))
+        _split_prose(text[position : fence.start()], code, prose)
+        code.append(fence.group(1))
         position = fence.end()
-    parts.extend(_code_in_prose(text[position:]))
-    return "\n".join(p for p in parts if p.strip())
+    _split_prose(text[position:], code, prose)
+    return "\n".join(prose), "\n".join(p for p in code if p.strip())
+
+
+def extract_code(text: str) -> str:
+    """The code parts of a question, in the order they appear (see :func:`split_code`)."""
+    return split_code(text)[1]
 
 
 def without_code(text: str) -> str:
@@ -459,23 +483,51 @@ def without_code(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not (_CALL.search(line) and "=" in line))
 
 
-def _code_in_prose(text: str) -> list[str]:
-    out: list[str] = []
-    for line in text.splitlines():
+def _indented_blocks(lines: list[str]) -> set[int]:
+    """Line numbers of Markdown code blocks (a run of lines indented by 4+ spaces that starts
+    the text or follows a blank line) that hold at least one line of code."""
+    taken: set[int] = set()
+    number = 0
+    while number < len(lines):
+        starts_block = number == 0 or not lines[number - 1].strip()
+        if not (starts_block and lines[number].startswith("    ") and lines[number].strip()):
+            number += 1
+            continue
+        end = number
+        while end < len(lines) and (lines[end].startswith("    ") or not lines[end].strip()):
+            end += 1
+        block = range(number, end)
+        if any(_CODE_LINE.match(lines[i].strip()) for i in block if lines[i].strip()):
+            taken.update(block)
+        number = end
+    return taken
+
+
+def _split_prose(text: str, code: list[str], prose: list[str]) -> None:
+    lines = text.splitlines()
+    block = _indented_blocks(lines)
+    for number, line in enumerate(lines):
         if not line.strip():
+            continue
+        if number in block:
+            code.append(line)
             continue
         spans = _INLINE.findall(line)
         bare = _INLINE.sub(lambda m: m.group(1), line) if spans else line
-        only_spans = bool(spans) and not _INLINE.sub("", line).strip(" \t:,.;-")
-        if only_spans:
-            out.append(bare)
+        outside = _INLINE.sub(" ", line)
+        if spans and not outside.strip(" \t:,.;-"):
+            code.append(bare)
         elif spans:
-            out.extend(spans)
+            code.extend(spans)
+            prose.append(outside)
         elif _CODE_LINE.match(line) and not _PROSE_START.match(line):
-            out.append(line)
+            code.append(line)
         elif ";" in line and len(line) <= _MAX_LINE_CHARS and _CALL.search(line):
-            out.extend(_statements_in_prose(line))
-    return out
+            statements = _statements_in_prose(line)
+            code.extend(statements)
+            prose.append(line)
+        else:
+            prose.append(line)
 
 
 def _statements_in_prose(line: str) -> list[str]:
@@ -656,7 +708,7 @@ def fragment_source(code: str) -> str | None:
 
 
 #: How sure a static-analyser finding makes the matcher (0–1), by the finding's severity.
-_SEVERITY_STRENGTH = {"critical": 1.0, "warning": 0.85, "info": 0.5}
+_SEVERITY_STRENGTH = {"critical": 1.0, "warning": 0.9, "info": 0.5}
 #: Findings about what a whole script lacks: a fragment shows only part of the loop, so they
 #: count only when the fragment holds a whole loop, and then weakly.
 _WHOLE_SCRIPT_FINDINGS = {"no-grad-monitoring": 0.45, "accum-leftover-batches": 0.45}
@@ -694,14 +746,14 @@ def static_hits(source: str) -> list[CodeHit]:
     return hits
 
 
-def code_hits(code: str) -> list[CodeHit]:
+def code_hits(code: str, prose: str = "") -> list[CodeHit]:
     """Evidence from pasted code: the static analyser on the repaired fragment, and the light
     order rules (which also read fragments too broken to parse), one hit per entry at the
     strength of the surer of the two."""
     source = fragment_source(code)
     hits = static_hits(source) if source is not None else []
     best = {hit.entry_id: hit for hit in hits}
-    for hit in analyse(source if source is not None else code):
+    for hit in analyse(source if source is not None else code, prose):
         known = best.get(hit.entry_id)
         if known is None:
             best[hit.entry_id] = hit
@@ -853,7 +905,8 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
         ),
         (
             r"\b(?:fine|perfect|good|great|stable|stably|smooth\w*|normal\w*|healthy)\b[^.;\n]{0,50}"
-            r"\b(?:then|until|before|but)\b[^.;\n]{0,40}\b(?:explod\w*|diverg\w*|skyrocket\w*|"
+            r"\b(?:then|until|before|but|suddenly|abruptly|all\s+of\s+a\s+sudden)\b[^.;\n]{0,40}"
+            r"\b(?:explod\w*|diverg\w*|skyrocket\w*|"
             r"blows?\s+up|blew\s+up|shoots?\s+up|shot\s+up|spikes?\s+up|jumps?\s+up|goes\s+to\s+"
             r"(?:nan|inf))",
             "diverges-after-stable-start",
@@ -866,6 +919,19 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "amp-step-bypasses-scaler",
             0.7,
             "text: scaler.scale(loss).backward() followed by a plain optimizer.step()",
+        ),
+        (
+            # A log/exp/sqrt/division named in words, said to be unguarded or the culprit.
+            r"(?:\btorch\.(?:log|exp|sqrt)\s*\(|\b(?:log|exp|sqrt)\s*\(\s*\w|\b(?:log|exp)\s+of\s+"
+            r"(?:the\s+|a\s+)?(?:softmax|sigmoid|prob\w*|logits?|outputs?|predictions?)|\bdivi\w+\s+"
+            r"by\s+(?:the\s+|a\s+)?(?:sum|count|number|norm|std|variance|mask))[^.;\n]{0,60}"
+            r"\b(?:no\s+(?:clamp|eps\w*)|without\s+(?:a\s+|any\s+)?(?:clamp\w*|eps\w*)|not\s+clamped|"
+            r"unclamped|unbounded|can\s+be\s+(?:exactly\s+)?(?:0|zero)|culprit)"
+            r"|\b(?:culprit|caused\s+by|because\s+of|comes?\s+from|came\s+from)\b[^.;\n]{0,20}"
+            r"(?:\btorch\.(?:log|exp|sqrt)\s*\(|\b(?:log|exp|sqrt)\s*\()",
+            "unstable-loss-op",
+            0.6,
+            "text: a log/exp/sqrt or division in the loss with nothing keeping it finite",
         ),
         (
             r"\w+Backward\d*'?\s+returned\s+(?:nan|inf)",

@@ -255,8 +255,9 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 _SERIES_NUMBER = re.compile(
     r"(?<![\w.])(?P<num>[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][-+−]?\d+)?)(?P<suffix>[kKmM]\b)?"
-    r"(?![\w.]|\.\d)"
+    r"(?!\w|\.\d)"
 )
+_EARLIER = re.compile(r"\b(?:after|since)\s+(?:\w+\s+){0,3}?from\s*~?\s*$", re.IGNORECASE)
 _BETWEEN = re.compile(r"between\s*$", re.IGNORECASE)
 _AND = re.compile(r"^\s*and\s*$", re.IGNORECASE)
 _DASH = re.compile(r"^\s*[-–]\s*$")
@@ -319,6 +320,10 @@ def _scope_values(scope: str) -> list[tuple[float, tuple[float, float] | None]]:
             continue
         value = parse_number(m.group("num"))
         if value is None or not math.isfinite(value):
+            continue
+        if _EARLIER.search(before[-40:]):
+            # "... for the last 5 epochs after dropping from 2.3": written last, happened first.
+            out.insert(0, (value, None))
             continue
         if i + 1 < len(numbers):
             nxt = numbers[i + 1]

@@ -42,8 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from gradient_doctor.knowledge._code import (
     CodeHit,
     code_hits,
-    extract_code,
     prose_hits,
+    split_code,
     without_code,
 )
 from gradient_doctor.knowledge._numbers import (
@@ -94,6 +94,8 @@ SENTENCE_FIELDS: tuple[str, ...] = ("title", "claim", "paraphrases", "phrasings"
 _K1 = 1.2
 _B = 0.75
 _PHRASE_WEIGHT = 1.5
+#: Weight of a word that appears only in pasted code (see ``Matcher._soften_code_terms``).
+_CODE_TERM_WEIGHT = 0.5
 _RELATED_WEIGHT = 0.5
 #: Bonus (in score units) of a nearest-sentence similarity of 1.0.
 _SENTENCE_BONUS = 6.0
@@ -166,6 +168,10 @@ _OTHER_METRIC = re.compile(
 )
 _NEGATED = re.compile(
     r"\b(?:not|never|no\s+longer|stopped|barely|hardly|isn't|doesn't|won't)\b|n't\b"
+)
+_HELD_OUT_ANY = re.compile(
+    r"\b(?:val\w*|eval\w*|test\w*|dev|held[-\s]?out|generali[sz]\w*|unseen|overfit\w*)\b",
+    re.IGNORECASE,
 )
 _HELD_OUT = re.compile(r"\b(?:val(?:idation)?|eval\w*|test|dev)\b", re.IGNORECASE)
 #: The text asks whether what it shows is normal ("is that normal?", "anything to worry about?").
@@ -455,6 +461,18 @@ class Matcher:
             if score > 0.0:
                 out[doc.entry.id] = _Lexical(score, contributions, named, best_sim, best_sentence)
         return out
+
+    def _soften_code_terms(self, weights: dict[str, float], prose: str, code: str) -> None:
+        """Halve the weight of words that appear only in pasted code.
+
+        Code is read by the analyser and the order rules; its identifiers (``optimizer``,
+        ``step``, ``loss``, ``backward``) are in nearly every loop and would otherwise outvote
+        the sentence that says what went wrong.
+        """
+        only_code = set(self.analyzer.terms(code)) - set(self.analyzer.terms(prose))
+        for term in list(weights):
+            if any(part in only_code for part in term.split(" ")):
+                weights[term] *= _CODE_TERM_WEIGHT
 
     @staticmethod
     def _lexical_reasons(entry_id: str, lex: _Lexical, surface: dict[str, str]) -> list[str]:
@@ -941,6 +959,9 @@ class Matcher:
             weights, terms, garbage = {}, [], True
         else:
             garbage = False
+        prose_text, text_code = split_code(text)
+        if text_code:
+            self._soften_code_terms(weights, prose_text, text_code)
         lexical = self._lexical(weights, terms)
 
         quantities = read_quantities(repaired_text)
@@ -949,10 +970,10 @@ class Matcher:
         progress = _progress(repaired_text)
         evidence = self._number_evidence(quantities, series, repaired_text, progress)
         described = prose_hits(repaired_text)
-        code_text = "\n".join(part for part in (code, extract_code(text)) if part)
+        code_text = "\n".join(part for part in (code, text_code) if part)
         code_detected = bool(code_text.strip())
         if code_detected:
-            described.extend(code_hits(code_text))
+            described.extend(code_hits(code_text, prose_text))
         evidence.extend(described)
 
         # A question is someone asking about their own case, never a claim being made.
@@ -960,8 +981,13 @@ class Matcher:
         reporting = bool(_REPORT.search(text)) or asking
         scores: dict[str, float] = {}
         reasons: dict[str, list[str]] = {}
+        # A series or a sure number with only a few words around it ("loss at epoch 1: 0.82,
+        # epoch 2: ...") is a measurement: those words are context, not the message.
+        measured = any(h.strength >= 0.9 for h in evidence) and bool(series)
+        content = len({t for t in terms if t in self.idf})
+        word_share = min(1.0, 0.25 + 0.25 * content) if measured else 1.0
         for entry_id, lex in lexical.items():
-            score = lex.score
+            score = lex.score * word_share
             kind = self.kb.entries[entry_id].kind
             if kind == "rationalization" and assertive:
                 score *= _RATIONALIZATION_PRIOR
@@ -988,8 +1014,11 @@ class Matcher:
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
                 reasons[hit.entry_id].append(hit.reason)
-        if progress.held_out_improving and "overfitting" in scores:
-            # Overfitting is held-out results getting worse; the text says they improve.
+        if "overfitting" in scores and (
+            progress.held_out_improving or not _HELD_OUT_ANY.search(text)
+        ):
+            # Overfitting is held-out results getting worse: not when the text says they
+            # improve, nor when it says nothing about held-out data at all.
             scores["overfitting"] *= 0.5
         named = {
             hit.entry_id
