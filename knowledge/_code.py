@@ -11,7 +11,6 @@ after the optimizer step").
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -541,10 +540,16 @@ def _statements_in_prose(line: str) -> list[str]:
     return found if len(found) >= 2 else []
 
 
+def _ast_parse(source: str) -> None:
+    import ast  # imported on the first text with code in it
+
+    ast.parse(source)
+
+
 def _parses(statement: str) -> bool:
     source = statement + "\n    pass" if statement.endswith(":") else statement
     try:
-        ast.parse(source)
+        _ast_parse(source)
     except _UNPARSEABLE:
         return False
     return True
@@ -697,7 +702,7 @@ def fragment_source(code: str) -> str | None:
             return None
         source = "\n".join(lines) + "\n"
         try:
-            ast.parse(source)
+            _ast_parse(source)
         except _UNPARSEABLE as exc:
             number = getattr(exc, "lineno", None) or len(lines)
             del lines[min(max(number, 1), len(lines)) - 1]

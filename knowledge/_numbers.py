@@ -46,6 +46,14 @@ _GRAD_NORM = re.compile(
     rf"{_FILLER}{_NUM}",
     re.IGNORECASE,
 )
+# The value before the name: "the first layers get ~1e-9 gradients", "with 3e4 grad norms".
+_GRAD_VALUE_FIRST = re.compile(
+    r"\b(?:get|gets|getting|got|receive[sd]?|receiving|have|has|had|see|saw|with)\s+"
+    r"(?:only\s+|around\s+|about\s+|roughly\s+)?[~≈]?\s*"
+    r"(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+−]?\d+)?)\s+"
+    r"(?:grad(?:ient)?s?|grad(?:ient)?[_ ]norms?)\b",
+    re.IGNORECASE,
+)
 _NAN_GRADS = re.compile(
     r"\b(?:nan|inf(?:inity)?)\s+(?:in\s+(?:the\s+|my\s+)?)?grad(?:ient)?s?\b"
     r"|\bgrad(?:ient)?s?\b[^.\n]{0,30}?\b(?:are|become|became|turn|turned|go|went|contain)"
@@ -190,6 +198,8 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
         add(m.start(), "loss", m.group("num"), m.group(0))
     for m in _GRAD_NORM.finditer(text):
         add(m.start(), "grad_norm", m.group("num"), m.group(0))
+    for m in _GRAD_VALUE_FIRST.finditer(text):
+        add(m.start(), "grad_norm", m.group("num"), m.group(0))
     for m in _NAN_GRADS.finditer(text):
         found.append((m.start(), Quantity("grad_nan", math.nan, m.group(0).strip())))
     for m in _NAN_PARAMS.finditer(text):
@@ -293,12 +303,17 @@ class Series:
 
 
 def _subject_mentions(sentence: str) -> list[tuple[int, int, str]]:
+    """Subject names in order; of two that overlap, the earlier (then the listed-first) wins."""
+    found = sorted(
+        (m.start(), priority, m.end(), name)
+        for priority, (name, pattern) in enumerate(_SERIES_SUBJECTS)
+        for m in pattern.finditer(sentence)
+    )
     spans: list[tuple[int, int, str]] = []
-    for name, pattern in _SERIES_SUBJECTS:
-        for m in pattern.finditer(sentence):
-            if all(m.end() <= s or m.start() >= e for s, e, _ in spans):
-                spans.append((m.start(), m.end(), name))
-    return sorted(spans)
+    for start, _, end, name in found:
+        if not spans or start >= spans[-1][1]:
+            spans.append((start, end, name))
+    return spans
 
 
 def _scope_values(scope: str) -> list[tuple[float, tuple[float, float] | None]]:

@@ -28,14 +28,21 @@ Nothing here imports torch or ``probes``.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.resources
 import itertools
+import marshal
 import math
+import os
 import re
-import statistics
+import sys
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,14 +63,21 @@ from gradient_doctor.knowledge._numbers import (
 )
 from gradient_doctor.knowledge._text import (
     Analyzer,
+    Synonyms,
     TypoCorrector,
     load_synonyms,
     normalise,
     vocabulary,
 )
 from gradient_doctor.knowledge.findings import Severity
-from gradient_doctor.knowledge.loader import KnowledgeBase, load_knowledge
-from gradient_doctor.knowledge.models import Entry, EntryKind, ThresholdProfile, ThresholdValue
+
+if TYPE_CHECKING:
+    from gradient_doctor.knowledge.loader import KnowledgeBase
+    from gradient_doctor.knowledge.models import Entry
+
+#: ``models.EntryKind`` (a test checks they agree): importing ``models`` builds every knowledge
+#: model, which a match served from the index snapshot never needs.
+EntryKind = Literal["red-flag", "signal", "rationalization", "symptom"]
 
 __all__ = ["Match", "MatchResult", "Matcher", "get_matcher", "match"]
 
@@ -277,11 +291,108 @@ class MatchResult(BaseModel):
 
 @dataclass
 class _Doc:
-    entry: Entry
-    tf: dict[str, float]
-    length: float
+    entry_id: str
     sentences: list[tuple[str, frozenset[str], float]]
     id_terms: frozenset[str]
+
+
+class _Limit(NamedTuple):
+    """One threshold of the profile in use: its value and the seed it comes from."""
+
+    value: float
+    seed: str
+
+
+_LIMITS = (
+    "exploding_warning",
+    "exploding_critical",
+    "vanishing_warning",
+    "vanishing_critical",
+    "early_late_ratio",
+    "layer_spread_warning",
+    "layer_spread_critical",
+    "zero_grad_fraction_warning",
+    "zero_grad_fraction_critical",
+    "dead_fraction_warning",
+    "dead_fraction_critical",
+    "grad_param_ratio_high",
+    "grad_param_ratio_low",
+    "spike_factor",
+)
+
+
+@dataclass(frozen=True)
+class _Profile:
+    """The thresholds the number rules use (one profile of ``thresholds.yaml``)."""
+
+    name: str
+    healthy_range: tuple[float, float]
+    exploding_warning: _Limit
+    exploding_critical: _Limit
+    vanishing_warning: _Limit
+    vanishing_critical: _Limit
+    early_late_ratio: _Limit
+    layer_spread_warning: _Limit
+    layer_spread_critical: _Limit
+    zero_grad_fraction_warning: _Limit
+    zero_grad_fraction_critical: _Limit
+    dead_fraction_warning: _Limit
+    dead_fraction_critical: _Limit
+    grad_param_ratio_high: _Limit
+    grad_param_ratio_low: _Limit
+    spike_factor: _Limit
+
+    @classmethod
+    def of(cls, kb: KnowledgeBase, name: str | None) -> _Profile:
+        profile = kb.thresholds.profile(name)
+        limits = {
+            key: _Limit(float(getattr(profile, key).value), getattr(profile, key).source.seed)
+            for key in _LIMITS
+        }
+        low, high = kb.thresholds.healthy_range
+        return cls(profile.name, (float(low), float(high)), **limits)
+
+    def data(self) -> list[Any]:
+        return [self.name, list(self.healthy_range), *(list(getattr(self, k)) for k in _LIMITS)]
+
+    @classmethod
+    def from_data(cls, data: list[Any]) -> _Profile:
+        name, (low, high), *limits = data
+        values = {
+            key: _Limit(float(value), str(seed))
+            for key, (value, seed) in zip(_LIMITS, limits, strict=True)
+        }
+        return cls(str(name), (float(low), float(high)), **values)
+
+
+@dataclass(frozen=True)
+class EntryCard:
+    """What a match shows of its entry, kept in the index so a match needs no YAML or models."""
+
+    id: str
+    kind: EntryKind
+    title: str
+    severity: Severity | None = None
+    pointer: str | None = None
+    say_instead: str | None = None
+    fix: str | None = None
+    first_checks: tuple[str, ...] = ()
+    snippets: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, entry: Entry) -> EntryCard:
+        fix = getattr(entry, "fix", None)
+        return cls(
+            id=entry.id,
+            kind=entry.kind,
+            title=entry.title,
+            severity=getattr(entry, "severity", None),
+            pointer=getattr(entry, "pointer", None),
+            say_instead=getattr(entry, "say_instead", None),
+            fix=fix if isinstance(fix, str) else None,
+            first_checks=tuple(getattr(entry, "first_checks", None) or ()),
+            snippets=tuple(entry.snippets),
+        )
 
 
 @dataclass
@@ -322,67 +433,77 @@ def _bigrams(terms: Sequence[str]) -> list[str]:
     return [f"{a} {b}" for a, b in itertools.pairwise(terms) if a != b]
 
 
-def _severity_of(entry: Entry) -> Severity | None:
-    return getattr(entry, "severity", None)
-
-
 class Matcher:
-    """The index over the knowledge entries (build once, query many times)."""
+    """The index over the knowledge entries (build once, query many times).
+
+    ``Matcher(kb)`` builds the index from a :class:`KnowledgeBase`; :func:`get_matcher` keeps
+    the default one, and reuses a snapshot of it across processes (see :func:`snapshot_path`).
+    """
 
     def __init__(self, kb: KnowledgeBase, *, profile: str | None = None) -> None:
-        self.kb = kb
-        self.profile: ThresholdProfile = kb.thresholds.profile(profile)
-        self.analyzer = Analyzer(load_synonyms())
-        self.docs: list[_Doc] = []
-        pending_sentences: list[list[tuple[str, frozenset[str]]]] = []
-        surface: Counter[str] = Counter()
-        df: Counter[str] = Counter()
-        for entry in kb.entries.values():
-            tf: dict[str, float] = {}
-            length = 0.0
-            sentences: list[tuple[str, frozenset[str]]] = []  # idf sums added below
-            for field_name, texts in _field_texts(entry):
-                weight = FIELD_WEIGHTS[field_name]
-                for text in texts:
-                    tokens = self.analyzer.tokens(text)
-                    surface.update(t.raw for t in tokens if t.raw.isalpha())
-                    terms = [t.term for t in tokens]
-                    for term in terms:
-                        tf[term] = tf.get(term, 0.0) + weight
-                    for gram in _bigrams(terms):
-                        tf[gram] = tf.get(gram, 0.0) + weight * _PHRASE_WEIGHT
-                    length += weight * len(terms)
-                    if field_name in SENTENCE_FIELDS and terms:
-                        sentences.append((text, frozenset(terms)))
-            df.update(tf.keys())
-            id_terms = frozenset(self.analyzer.terms(entry.id.replace("-", " ")))
-            self.docs.append(_Doc(entry, dict(tf), length, [], id_terms))
-            pending_sentences.append(sentences)
-        count = len(self.docs)
-        self.avg_length = sum(d.length for d in self.docs) / max(count, 1)
-        self.idf: dict[str, float] = {
-            term: math.log(1.0 + (count - n + 0.5) / (n + 0.5)) for term, n in df.items()
+        self._kb: KnowledgeBase | None = kb
+        self._adopt(_build_index(kb, profile))
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any]) -> Matcher:
+        """A matcher from :meth:`snapshot` data (no YAML, no knowledge models)."""
+        matcher = cls.__new__(cls)
+        matcher._kb = None
+        matcher._adopt(data)
+        return matcher
+
+    def snapshot(self) -> dict[str, Any]:
+        """The index as plain data (dicts, lists, strings, numbers) for :mod:`marshal`."""
+        return self._data
+
+    @property
+    def kb(self) -> KnowledgeBase:
+        """The knowledge base behind the index (loaded on first use after a snapshot)."""
+        if self._kb is None:
+            from gradient_doctor.knowledge.loader import load_knowledge
+
+            self._kb = load_knowledge()
+        return self._kb
+
+    def _adopt(self, data: dict[str, Any]) -> None:
+        if data.get("format") != _SNAPSHOT_FORMAT:
+            raise ValueError("not a matcher snapshot of this version")
+        self._data = data
+        self.profile = _Profile.from_data(data["profile"])
+        words, phrases, related = data["synonyms"]
+        self.analyzer = Analyzer(Synonyms.from_tables(phrases, words, related))
+        self.docs = [
+            _Doc(
+                entry_id,
+                [(text, frozenset(terms), idf_sum) for text, terms, idf_sum in sentences],
+                frozenset(id_terms),
+            )
+            for entry_id, sentences, id_terms in data["docs"]
+        ]
+        self.idf: dict[str, float] = data["idf"]
+        # Each term's postings stay packed (doubles: entry index, weighted term frequency)
+        # until a query uses the term: unpacking all of them is most of a snapshot's load time.
+        self._packed_postings: dict[str, bytes] = data["postings"]
+        self._postings: dict[str, list[tuple[int, float]]] = {}
+        self.norms: list[float] = data["norms"]
+        self.typos = TypoCorrector(data["vocabulary"])
+        self._default_idf: float = data["default_idf"]
+        self.in_scope_terms = frozenset(data["in_scope"])
+        self.effects = {k: frozenset(v) for k, v in data["effects"].items()}
+        self.cards = {
+            card[0]: EntryCard(
+                card[0],
+                card[1],
+                card[2],
+                card[3],
+                card[4],
+                card[5],
+                card[6],
+                tuple(card[7]),
+                tuple(card[8]),
+            )
+            for card in data["cards"]
         }
-        for doc, raw_sentences in zip(self.docs, pending_sentences, strict=True):
-            doc.sentences = [
-                (text, terms, sum(self.idf[t] for t in terms)) for text, terms in raw_sentences
-            ]
-        self.postings: dict[str, list[tuple[int, float]]] = {}
-        self.norms: list[float] = []
-        for index, doc in enumerate(self.docs):
-            self.norms.append(_K1 * (1.0 - _B + _B * doc.length / self.avg_length))
-            for term, frequency in doc.tf.items():
-                self.postings.setdefault(term, []).append((index, frequency))
-        # The typo vocabulary is the surface words of the entries plus the synonym table, so
-        # a misspelt variant ("mixed precison") is repaired to a word the analyser knows.
-        synonyms = self.analyzer.synonyms
-        vocab = vocabulary([*synonyms.word_to_canonical, *synonyms.phrase_to_canonical])
-        for word, n in surface.items():
-            vocab[word] = vocab.get(word, 0) + n
-        self.typos = TypoCorrector(vocab)
-        self._default_idf = math.log(1.0 + (count + 0.5) / 0.5)
-        self.in_scope_terms = frozenset(self.analyzer.terms(IN_SCOPE_WORDS))
-        self.effects = _effects(kb)
 
     # -- query side ------------------------------------------------------------------------
 
@@ -437,7 +558,7 @@ class Matcher:
         query_idf = sum(self.idf.get(t, self._default_idf) for t in term_set)
         found: dict[int, list[tuple[float, str]]] = {}
         for term, qw in weights.items():
-            postings = self.postings.get(term)
+            postings = self._postings_of(term)
             if not postings:
                 continue
             factor = qw * self.idf[term] * (_K1 + 1.0)
@@ -459,7 +580,7 @@ class Matcher:
             score = sum(part for part, _ in contributions) + _SENTENCE_BONUS * best_sim
             score += _NAMED_BONUS if named else 0.0
             if score > 0.0:
-                out[doc.entry.id] = _Lexical(score, contributions, named, best_sim, best_sentence)
+                out[doc.entry_id] = _Lexical(score, contributions, named, best_sim, best_sentence)
         return out
 
     def _soften_code_terms(self, weights: dict[str, float], prose: str, code: str) -> None:
@@ -473,6 +594,17 @@ class Matcher:
         for term in list(weights):
             if any(part in only_code for part in term.split(" ")):
                 weights[term] *= _CODE_TERM_WEIGHT
+
+    def _postings_of(self, term: str) -> list[tuple[int, float]] | None:
+        found = self._postings.get(term)
+        if found is None:
+            packed = self._packed_postings.get(term)
+            if packed is None:
+                return None
+            flat = array("d", packed)
+            found = [(int(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+            self._postings[term] = found
+        return found
 
     @staticmethod
     def _lexical_reasons(entry_id: str, lex: _Lexical, surface: dict[str, str]) -> list[str]:
@@ -494,8 +626,8 @@ class Matcher:
 
     # -- numbers -----------------------------------------------------------------------------
 
-    def _cite(self, value: ThresholdValue) -> str:
-        return f"profile {self.profile.name}, from {value.source.seed}"
+    def _cite(self, limit: _Limit) -> str:
+        return f"profile {self.profile.name}, from {limit.seed}"
 
     def _number_evidence(
         self,
@@ -723,7 +855,7 @@ class Matcher:
                         CodeHit("vanishing-gradients", 1.0 if level == "critical" else 0.85, reason)
                     )
                 return out
-        low, high = self.kb.thresholds.healthy_range
+        low, high = self.profile.healthy_range
         if low <= v <= high:
             out.append(
                 CodeHit(
@@ -775,7 +907,7 @@ class Matcher:
 
     def _norm_series(self, item: Series) -> list[CodeHit]:
         p = self.profile
-        low, high = self.kb.thresholds.healthy_range
+        low, high = self.profile.healthy_range
         values = list(item.values)
         n = len(values)
         shown = _shown(values)
@@ -783,7 +915,7 @@ class Matcher:
         if n >= 4:
             spikes = _isolated_spikes(values, factor)
             if spikes:
-                median = statistics.median(v for i, v in enumerate(values) if i not in spikes)
+                median = _median(v for i, v in enumerate(values) if i not in spikes)
                 peak = max(values[i] for i in spikes)
                 hits = [
                     CodeHit(
@@ -897,7 +1029,7 @@ class Matcher:
             ]
         tail = values[-3:]
         if (max(tail) - min(tail)) <= _LOSS_FLAT_FRACTION * max(tail):
-            if n >= 4 and values[0] >= 1.15 * statistics.median(tail):
+            if n >= 4 and values[0] >= 1.15 * _median(tail):
                 return [CodeHit("plateau", 0.7, f"{name} {shown}: fell, then stays flat")]
             if (max(values) - min(values)) <= _LOSS_FLAT_FRACTION * max(values):
                 return [
@@ -969,11 +1101,11 @@ class Matcher:
         assertive = bool(_ASSERTION.search(text))
         progress = _progress(repaired_text)
         evidence = self._number_evidence(quantities, series, repaired_text, progress)
-        described = prose_hits(repaired_text)
         code_text = "\n".join(part for part in (code, text_code) if part)
         code_detected = bool(code_text.strip())
-        if code_detected:
-            described.extend(code_hits(code_text, prose_text))
+        # Code findings first: among the reasons of one entry, they are the surest.
+        described = code_hits(code_text, prose_text) if code_detected else []
+        described.extend(prose_hits(repaired_text))
         evidence.extend(described)
 
         # A question is someone asking about their own case, never a claim being made.
@@ -988,7 +1120,7 @@ class Matcher:
         word_share = min(1.0, 0.25 + 0.25 * content) if measured else 1.0
         for entry_id, lex in lexical.items():
             score = lex.score * word_share
-            kind = self.kb.entries[entry_id].kind
+            kind = self.cards[entry_id].kind
             if kind == "rationalization" and assertive:
                 score *= _RATIONALIZATION_PRIOR
             elif kind == "rationalization" and reporting:
@@ -1006,10 +1138,10 @@ class Matcher:
                 score *= _RED_FLAG_ADVICE_PRIOR
             scores[entry_id] = score
         for hit in evidence:
-            if assertive and hit.advice_id in self.kb.entries:
+            if assertive and hit.advice_id in self.cards:
                 # Recommending the mistake is the rationalization, not the code red flag.
                 hit = CodeHit(hit.advice_id or "", hit.strength, hit.reason)
-            if hit.entry_id not in self.kb.entries:
+            if hit.entry_id not in self.cards:
                 continue
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
@@ -1034,13 +1166,13 @@ class Matcher:
                 t in self.in_scope_terms for t in terms
             )
         pointer = None
-        if out_of_scope and OUT_OF_SCOPE_ID in self.kb.entries:
+        if out_of_scope and OUT_OF_SCOPE_ID in self.cards:
             top = max(scores.values(), default=0.0)
             scores[OUT_OF_SCOPE_ID] = max(scores.get(OUT_OF_SCOPE_ID, 0.0), top + 1.0)
             reasons.setdefault(OUT_OF_SCOPE_ID, []).insert(
                 0, "a learning-rate-only or data-only question, no gradient terms"
             )
-            pointer = getattr(self.kb.entries[OUT_OF_SCOPE_ID], "pointer", None)
+            pointer = self.cards[OUT_OF_SCOPE_ID].pointer
         elif OUT_OF_SCOPE_ID in scores and any(t in self.in_scope_terms for t in terms):
             # Gradient words present: the question is ours even if it also mentions the LR.
             del scores[OUT_OF_SCOPE_ID]
@@ -1060,10 +1192,10 @@ class Matcher:
         matches = [
             Match(
                 id=entry_id,
-                kind=self.kb.entries[entry_id].kind,
+                kind=self.cards[entry_id].kind,
                 score=round(score, 4),
-                title=self.kb.entries[entry_id].title,
-                severity=_severity_of(self.kb.entries[entry_id]),
+                title=self.cards[entry_id].title,
+                severity=self.cards[entry_id].severity,
                 reasons=reasons.get(entry_id, []),
             )
             for entry_id, score in ranked
@@ -1103,6 +1235,91 @@ def _numbers(quantities: Sequence[Quantity]) -> dict[str, float]:
     return out
 
 
+def _build_index(kb: KnowledgeBase, profile: str | None) -> dict[str, Any]:
+    """The BM25F index and everything a match reads, as plain data (see ``Matcher._adopt``)."""
+    synonyms = load_synonyms()
+    analyzer = Analyzer(synonyms)
+    docs: list[tuple[str, dict[str, float], float, list[tuple[str, list[str]]], list[str]]] = []
+    surface: Counter[str] = Counter()
+    df: Counter[str] = Counter()
+    for entry in kb.entries.values():
+        tf: dict[str, float] = {}
+        length = 0.0
+        sentences: list[tuple[str, list[str]]] = []
+        for field_name, texts in _field_texts(entry):
+            weight = FIELD_WEIGHTS[field_name]
+            for text in texts:
+                tokens = analyzer.tokens(text)
+                surface.update(t.raw for t in tokens if t.raw.isalpha())
+                terms = [t.term for t in tokens]
+                for term in terms:
+                    tf[term] = tf.get(term, 0.0) + weight
+                for gram in _bigrams(terms):
+                    tf[gram] = tf.get(gram, 0.0) + weight * _PHRASE_WEIGHT
+                length += weight * len(terms)
+                if field_name in SENTENCE_FIELDS and terms:
+                    sentences.append((text, sorted(set(terms))))
+        df.update(tf.keys())
+        id_terms = sorted(set(analyzer.terms(entry.id.replace("-", " "))))
+        docs.append((entry.id, tf, length, sentences, id_terms))
+    count = len(docs)
+    avg_length = sum(d[2] for d in docs) / max(count, 1)
+    idf = {term: math.log(1.0 + (count - n + 0.5) / (n + 0.5)) for term, n in df.items()}
+    postings: dict[str, list[tuple[int, float]]] = {}
+    norms: list[float] = []
+    for index, (_, tf, length, _, _) in enumerate(docs):
+        norms.append(_K1 * (1.0 - _B + _B * length / avg_length))
+        for term, frequency in tf.items():
+            postings.setdefault(term, []).append((index, frequency))
+    # The typo vocabulary is the surface words of the entries plus the synonym table, so a
+    # misspelt variant ("mixed precison") is repaired to a word the analyser knows.
+    vocab = vocabulary([*synonyms.word_to_canonical, *synonyms.phrase_to_canonical])
+    for word, n in surface.items():
+        vocab[word] = vocab.get(word, 0) + n
+    cards = [EntryCard.of(entry) for entry in kb.entries.values()]
+    return {
+        "format": _SNAPSHOT_FORMAT,
+        "profile": _Profile.of(kb, profile).data(),
+        "synonyms": [
+            dict(synonyms.word_to_canonical),
+            dict(synonyms.phrase_to_canonical),
+            {k: list(v) for k, v in synonyms.related.items()},
+        ],
+        "docs": [
+            (
+                entry_id,
+                [(text, terms, sum(idf[t] for t in terms)) for text, terms in sentences],
+                id_terms,
+            )
+            for entry_id, _, _, sentences, id_terms in docs
+        ],
+        "idf": idf,
+        "postings": {
+            term: array("d", [x for pair in pairs for x in pair]).tobytes()
+            for term, pairs in postings.items()
+        },
+        "norms": norms,
+        "vocabulary": vocab,
+        "default_idf": math.log(1.0 + (count + 0.5) / 0.5),
+        "in_scope": sorted(set(analyzer.terms(IN_SCOPE_WORDS))),
+        "effects": {k: sorted(v) for k, v in _effects(kb).items()},
+        "cards": [
+            [
+                c.id,
+                c.kind,
+                c.title,
+                c.severity,
+                c.pointer,
+                c.say_instead,
+                c.fix,
+                list(c.first_checks),
+                list(c.snippets),
+            ]
+            for c in cards
+        ],
+    }
+
+
 def _effects(kb: KnowledgeBase) -> dict[str, frozenset[str]]:
     """For each red flag, the symptoms and signals it explains (from ``causes``/``related``)."""
     observed = ("symptom", "signal")
@@ -1115,6 +1332,14 @@ def _effects(kb: KnowledgeBase) -> dict[str, frozenset[str]]:
                 found.add(entry.id)
         out[flag.id] = frozenset(found)
     return out
+
+
+def _median(values: Iterable[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2 if ordered else 0.0
 
 
 def _shown(values: Sequence[float]) -> str:
@@ -1134,7 +1359,7 @@ def _isolated_spikes(values: Sequence[float], factor: float) -> list[int]:
     spikes: list[int] = []
     for i in range(len(values) - 1):
         others = [v for j, v in enumerate(values) if j != i]
-        median = statistics.median(others)
+        median = _median(others)
         if median <= 0 or values[i] <= factor * median:
             continue
         neighbours = [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
@@ -1143,18 +1368,98 @@ def _isolated_spikes(values: Sequence[float], factor: float) -> list[int]:
     return spikes
 
 
+#: Bumped when the snapshot's layout changes (the cache key also covers the matcher's source).
+_SNAPSHOT_FORMAT = 2
+#: The files whose content decides the index: the entries, synonyms and thresholds, and the
+#: code that reads them and builds the index.
+_INDEX_SOURCES = ("matcher.py", "_text.py", "loader.py", "models.py", "findings.py")
+
 _LOCK = threading.Lock()
 _MATCHER: Matcher | None = None
 
 
+def snapshot_path() -> Path | None:
+    """Where the default matcher's index snapshot lives, or None when caching is off.
+
+    ``$GRADIENT_DOCTOR_CACHE_DIR`` (empty: off), else ``$XDG_CACHE_HOME/gradient-doctor``, else
+    ``~/.cache/gradient-doctor``. The file name carries a hash of everything the index is built
+    from (data files, the code that reads them, the Python version), so an edited entry or a
+    new release never reads an old snapshot.
+    """
+    configured = os.environ.get("GRADIENT_DOCTOR_CACHE_DIR")
+    if configured is not None:
+        if not configured.strip():
+            return None
+        root = Path(configured)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = Path(base) / "gradient-doctor"
+    digest = hashlib.sha256(f"{_SNAPSHOT_FORMAT}|{sys.version}".encode())
+    package = importlib.resources.files("gradient_doctor.knowledge")
+    data = package / "data"
+    for item in sorted(data.iterdir(), key=lambda t: t.name):
+        if item.name.endswith((".yaml", ".yml")):
+            digest.update(item.name.encode() + b"\0" + item.read_bytes())
+    for name in _INDEX_SOURCES:
+        digest.update(name.encode() + b"\0" + (package / name).read_bytes())
+    return root / f"matcher-{digest.hexdigest()[:24]}.marshal"
+
+
+def _load_snapshot(path: Path) -> Matcher | None:
+    try:
+        data = marshal.loads(path.read_bytes())
+        return Matcher.from_snapshot(data)
+    except (OSError, EOFError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _save_snapshot(path: Path, matcher: Matcher) -> None:
+    """Write atomically (a temp file renamed into place); a read-only cache is not an error."""
+    import tempfile  # only when a snapshot is written (tempfile imports random, hashlib...)
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp = tempfile.mkstemp(dir=path.parent, prefix=".matcher-", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(marshal.dumps(matcher.snapshot()))
+            os.replace(temp, path)
+        finally:
+            if os.path.exists(temp):
+                os.unlink(temp)
+    except (OSError, ValueError):
+        return
+
+
 def get_matcher() -> Matcher:
-    """The process-wide matcher over the packaged knowledge (built on first use)."""
+    """The process-wide matcher over the packaged knowledge (built on first use).
+
+    A snapshot of the index is reused across processes (see :func:`snapshot_path`): a fresh
+    ``gradient-doctor match`` then neither parses YAML nor builds the knowledge models.
+    """
     global _MATCHER
     if _MATCHER is None:
         with _LOCK:
             if _MATCHER is None:
-                _MATCHER = Matcher(load_knowledge())
+                _MATCHER = _default_matcher()
     return _MATCHER
+
+
+def _default_matcher() -> Matcher:
+    try:
+        path = snapshot_path()
+    except OSError:
+        path = None
+    if path is not None and path.is_file():
+        cached = _load_snapshot(path)
+        if cached is not None:
+            return cached
+    from gradient_doctor.knowledge.loader import load_knowledge
+
+    matcher = Matcher(load_knowledge())
+    if path is not None:
+        _save_snapshot(path, matcher)
+    return matcher
 
 
 def match(text: str, code: str | None = None, top_k: int = 5) -> MatchResult:
