@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # Call events, in the order they appear in the fragment.
 _EVENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -447,28 +448,37 @@ _MAX_LINE_CHARS = 400
 _UNPARSEABLE = (SyntaxError, ValueError, MemoryError, RecursionError)
 
 
-def split_code(text: str) -> tuple[str, str]:
-    """``text`` as (prose, code): the code parts in the order they appear, and the rest.
+class CodeSplit(NamedTuple):
+    """A question cut into its sentences and its code."""
+
+    prose: str  #: the sentences, a line that starts with a call and goes on in words included
+    code: str  #: the code parts, in the order they appear
+    words: str  #: the sentences with every piece of code cut out
+
+
+def split_code(text: str) -> CodeSplit:
+    """``text`` cut into prose and code.
 
     Fenced blocks are code whole. Outside them, a line that looks like code (or is one inline
-    `span`) is code whole, and so is a Markdown block indented by four spaces; a prose line
-    gives its inline `spans`, one per line, and the statements it joins with ``;`` ("like
-    this: opt.step(); opt.zero_grad()").
+    `span`) is code, and so is a Markdown block indented by four spaces; a prose line gives
+    its inline `spans`, one per line, and the statements it joins with ``;`` ("like this:
+    opt.step(); opt.zero_grad()").
     """
     code: list[str] = []
     prose: list[str] = []
+    words: list[str] = []
     position = 0
     for fence in _FENCED.finditer(text):
-        _split_prose(text[position : fence.start()], code, prose)
+        _split_prose(text[position : fence.start()], code, prose, words)
         code.append(fence.group(1))
         position = fence.end()
-    _split_prose(text[position:], code, prose)
-    return "\n".join(prose), "\n".join(p for p in code if p.strip())
+    _split_prose(text[position:], code, prose, words)
+    return CodeSplit("\n".join(prose), "\n".join(p for p in code if p.strip()), "\n".join(words))
 
 
 def extract_code(text: str) -> str:
     """The code parts of a question, in the order they appear (see :func:`split_code`)."""
-    return split_code(text)[1]
+    return split_code(text).code
 
 
 def without_code(text: str) -> str:
@@ -502,7 +512,7 @@ def _indented_blocks(lines: list[str]) -> set[int]:
     return taken
 
 
-def _split_prose(text: str, code: list[str], prose: list[str]) -> None:
+def _split_prose(text: str, code: list[str], prose: list[str], words: list[str]) -> None:
     lines = text.splitlines()
     block = _indented_blocks(lines)
     for number, line in enumerate(lines):
@@ -519,14 +529,41 @@ def _split_prose(text: str, code: list[str], prose: list[str]) -> None:
         elif spans:
             code.extend(spans)
             prose.append(outside)
+            words.append(outside)
         elif _CODE_LINE.match(line) and not _PROSE_START.match(line):
-            code.append(line)
+            code_part, rest = _prose_tail(line)
+            code.append(code_part)
+            if rest:
+                # The sentence is about the call at its start: the rules read them together.
+                prose.append(line)
+                words.append(rest)
         elif ";" in line and len(line) <= _MAX_LINE_CHARS and _CALL.search(line):
             statements = _statements_in_prose(line)
             code.extend(statements)
             prose.append(line)
+            remainder = line
+            for statement in statements:
+                remainder = remainder.replace(statement, " ", 1)
+            words.append(remainder)
         else:
             prose.append(line)
+            words.append(line)
+
+
+def _prose_tail(line: str) -> tuple[str, str]:
+    """A code line split into its code and the prose after it ("torch.isfinite(loss) is
+    already False on step 51": the call, then a sentence about it)."""
+    stripped = line.strip()
+    pieces = split_statements(stripped)
+    last = pieces[-1][1] if pieces else stripped
+    if last.endswith(":") or _parses(last):
+        return line, ""
+    statement = _trim_to_statement(last, allow_prefix=False)
+    if statement is None or not last.startswith(statement):
+        return line, ""
+    start = stripped.rfind(last)
+    indent = line[: len(line) - len(line.lstrip())]
+    return indent + stripped[:start] + statement, last[len(statement) :].strip()
 
 
 def _statements_in_prose(line: str) -> list[str]:
@@ -712,8 +749,9 @@ def fragment_source(code: str) -> str | None:
     return None
 
 
-#: How sure a static-analyser finding makes the matcher (0–1), by the finding's severity.
-_SEVERITY_STRENGTH = {"critical": 1.0, "warning": 0.9, "info": 0.5}
+#: How sure a static-analyser finding makes the matcher (0–1): as sure as the analyser is,
+#: whatever the severity (the matcher puts the most serious of several findings first).
+_STATIC_STRENGTH = 1.0
 #: Findings about what a whole script lacks: a fragment shows only part of the loop, so they
 #: count only when the fragment holds a whole loop, and then weakly.
 _WHOLE_SCRIPT_FINDINGS = {"no-grad-monitoring": 0.45, "accum-leftover-batches": 0.45}
@@ -737,7 +775,7 @@ def static_hits(source: str) -> list[CodeHit]:
     whole_loop = bool(_LOOP.search(source))
     hits: list[CodeHit] = []
     for finding in report.findings:
-        strength = _SEVERITY_STRENGTH.get(finding.severity, 0.5)
+        strength = _STATIC_STRENGTH
         if finding.id in _WHOLE_SCRIPT_FINDINGS:
             if not whole_loop:
                 continue
@@ -753,17 +791,13 @@ def static_hits(source: str) -> list[CodeHit]:
 
 def code_hits(code: str, prose: str = "") -> list[CodeHit]:
     """Evidence from pasted code: the static analyser on the repaired fragment, and the light
-    order rules (which also read fragments too broken to parse), one hit per entry at the
-    strength of the surer of the two."""
+    order rules for what it does not report (fragments too broken to parse, or too partial
+    for its rules). Where the analyser reports an entry, its severity sets the strength, so
+    the most serious mistake in a fragment comes first."""
     source = fragment_source(code)
-    hits = static_hits(source) if source is not None else []
-    best = {hit.entry_id: hit for hit in hits}
+    best = {hit.entry_id: hit for hit in (static_hits(source) if source is not None else [])}
     for hit in analyse(source if source is not None else code, prose):
-        known = best.get(hit.entry_id)
-        if known is None:
-            best[hit.entry_id] = hit
-        elif hit.strength > known.strength:
-            best[hit.entry_id] = CodeHit(known.entry_id, hit.strength, known.reason)
+        best.setdefault(hit.entry_id, hit)
     return list(best.values())
 
 
@@ -939,6 +973,51 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: a log/exp/sqrt or division in the loss with nothing keeping it finite",
         ),
         (
+            # A framework that already divides by the accumulation count, and a manual division.
+            r"(?:accumulate_grad_batches|accelerator\.accumulate|\.accumulate\(|"
+            r"gradient_accumulation_steps|engine\.backward|deepspeed)[^\n]{0,120}?(?:\bloss\w*\s*"
+            r"(?:/|\*\s*1\s*/)|\bdivid\w*|\bscal\w*\s+(?:the\s+)?loss)"
+            r"|(?:\bloss\w*\s*(?:/|\*\s*1\s*/)|\bdivid\w*\s+(?:the\s+)?loss)[^\n]{0,120}?"
+            r"(?:accumulate_grad_batches|accelerator\.accumulate|\.accumulate\(|engine\.backward|"
+            r"deepspeed)",
+            "accum-double-scaling",
+            0.7,
+            "text: the loss is divided by hand while the framework already divides it",
+        ),
+        (
+            # no_sync that does not do its job: the forward outside it, or the step's micro-batch
+            # inside it.
+            r"\bno_sync\b[^.;\n]{0,40}\b(?:wrap\w*|around|cover\w*|applied\s+to|used\s+(?:on|for)|"
+            r"also\s+on|includ\w*)\b[^.;\n]{0,25}\b(?:last|final)\s+micro[-\s]?(?:batch|step)"
+            r"|\b(?:forward|model\(\w*\))\b[^.;\n]{0,30}\b(?:outside|before)\s+(?:the\s+)?"
+            r"(?:with\s+)?(?:block\s+of\s+)?(?:model\.)?no_sync"
+            r"|\bno_sync\b[^.;\n]{0,30}\b(?:only|just)\s+(?:around|wraps?|covers?)\s+(?:the\s+)?"
+            r"(?:loss\.)?backward",
+            "ddp-no-sync-misplaced",
+            0.7,
+            "text: no_sync() does not cover the right part of the micro-batch loop",
+        ),
+        (
+            # The grad norm pinned at one non-zero value: every step is clipped to max_norm.
+            r"\bnorm\w*\b[^.;\n]{0,25}?\b(?:always|exactly|stuck\s+at|pinned\s+at|capped\s+at)\s+"
+            r"(?:exactly\s+|at\s+)?(?!0(?:\.0+)?\b)\d[\d.]*[^.;\n]{0,25}\b(?:every|each|all)\s+"
+            r"(?:single\s+)?(?:step|iteration|batch)"
+            r"|\bnorm\w*\b[^.;\n]{0,30}\b(?:always|every\s+step)\b[^.;\n]{0,20}\b(?:equals?|"
+            r"exactly|same\s+as|is)\s+(?:my\s+|the\s+)?max_norm",
+            "clipping-slow-convergence",
+            0.5,
+            "text: the logged grad norm sits at one value on every step: every step is clipped",
+        ),
+        (
+            # Non-finite values in what goes into the model: the data is the origin.
+            r"\b(?:inputs?|input\s+(?:features|tensors?)|features?|images?|pixels?|batch(?:es)?|"
+            r"samples?|targets?|labels?|examples?|records?)\b[^.;\n]{0,30}\b(?:had|have|has|"
+            r"contain\w*|with|includ\w*|are|were|is|was)\b[^.;\n]{0,20}\b(?:nan|inf)\w*",
+            "nonfinite-inputs",
+            0.6,
+            "text: the inputs themselves hold NaN or Inf",
+        ),
+        (
             r"\w+Backward\d*'?\s+returned\s+(?:nan|inf)",
             "nan-gradients",
             0.6,
@@ -947,7 +1026,11 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
         (
             r"\b(?:improv\w*|decreas\w*|goes\s+down|went\s+down|drops?|dropped|falls?|fell|"
             r"better)\b[^.;\n]{0,50}\b(?:then|afterwards|later|after\s+that)\b[^.;\n]{0,40}"
-            r"\b(?:worse|increas\w*|rises?|rising|rose|climb\w*|goes\s+up|went\s+up)",
+            r"\b(?:worse|increas\w*|rises?|rising|rose|climb\w*|goes\s+up|went\s+up)"
+            # "my loss goes up after epoch 20 when I accumulate" (the fall before is implied)
+            r"|\bloss\w*\s+(?:\w+\s+){0,2}?(?:go(?:es)?|going|went|start(?:s|ed)?\s+(?:to\s+)?"
+            r"go(?:ing)?)\s+up\b|\bloss\w*\s+(?:\w+\s+){0,2}?(?:increas\w*|ris(?:es|ing)|rose|"
+            r"climb\w*|gets?\s+worse|getting\s+worse)",
             "loss-down-then-up-with-accumulation",
             0.5,
             "text: the loss first improves, then gets worse, with accumulation",
@@ -996,6 +1079,7 @@ def segments(text: str) -> list[str]:
 _ORDER_RULES = frozenset({"clip-after-step", "clip-before-backward"})
 #: Red flag → the rationalization that recommends it (credited when the text is advice).
 ADVICE_FOR: dict[str, str] = {
+    "nonfinite-inputs": "nan-means-bad-data",
     "accum-manual-grad-scaling": "scale-grads-not-loss",
     "clip-too-aggressive": "clip-harder",
     "clip-after-step": "clip-anywhere",

@@ -25,7 +25,11 @@ _FILLER = (
     r"|\bto\b|\bsuddenly\b|\bstill\b|\bnow\b|\bthen\b|\bonly\b|\bjust\b|\balways\b|\blike\b"
     r"|\bapprox(?:imately)?\b|\broughly\b|\bover\b|\babove\b|\bbelow\b|\bunder\b|\bless\s+than\b"
     r"|\bmore\s+than\b|\bshows?\b|\bprints?\b|\bsays\b|\bequals?\b|\bvalues?\b|\btiny\b|\bhuge\b"
-    r"|\bvery\b|\bsmall\b|\blarge\b|\bimmediately\b|\bsometimes\b|\bspikes?\s+to\b|->|→|=>)*?"
+    r"|\bvery\b|\bsmall\b|\blarge\b|\bimmediately\b|\bsometimes\b|\bspikes?\s+to\b|->|→|=>"
+    # Level words: "the grad norm hovers around 0.05", "is pretty flat at ~0.25".
+    r"|\bhover(?:s|ed|ing)?\b|\bsits?\b|\bsat\b|\bstay(?:s|ed)?\b|\bremain(?:s|ed)?\b"
+    r"|\bpretty\b|\bfairly\b|\bquite\b|\bflat\b|\bsteady\b|\bstable\b|\bconstant\b|\bnear\b"
+    r"|\bconsistently\b|\busually\b|\btypically\b|\bmostly\b|\bsettles?\b|\bsettled\b)*?"
 )
 
 _LOSS = re.compile(
@@ -267,7 +271,11 @@ _SERIES_NUMBER = re.compile(
     r"(?<![\w.])(?P<num>[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][-+−]?\d+)?)(?P<suffix>[kKmM]\b)?"
     r"(?!\w|\.\d)"
 )
-_EARLIER = re.compile(r"\b(?:after|since)\s+(?:\w+\s+){0,3}?from\s*~?\s*$", re.IGNORECASE)
+_EARLIER = re.compile(
+    r"\b(?:after|since|before\s+(?:that|this)|previously|earlier|initially|at\s+first)\b"
+    r"[^.;\d]{0,30}?\bfrom\s*~?\s*$",
+    re.IGNORECASE,
+)
 _BETWEEN = re.compile(r"between\s*$", re.IGNORECASE)
 _AND = re.compile(r"^\s*and\s*$", re.IGNORECASE)
 _DASH = re.compile(r"^\s*[-–]\s*$")
@@ -328,6 +336,10 @@ def _scope_values(scope: str) -> list[tuple[float, tuple[float, float] | None]]:
         if m.group("suffix") or _MARKER_BEFORE.search(before[-24:]):
             continue
         if _MARKER_AFTER.match(after):
+            continue
+        # "2.7 (200)": a whole number in brackets after a value is its step.
+        whole = "." not in m.group("num") and "e" not in m.group("num").lower()
+        if whole and re.search(r"[(\[]\s*$", before[-3:]) and re.match(r"\s*[)\]]", after):
             continue
         # "at 2k" / "at 500": a large whole number after "at" is a step, "sits at 2" a value.
         at = re.search(r"\bat\s*$", before[-6:], re.IGNORECASE)

@@ -118,6 +118,11 @@ _EVIDENCE_WEIGHT = 20.0
 #: Bonus when every word of the entry's id appears in the text ("vanishing gradients").
 _NAMED_BONUS = 4.0
 _RATIONALIZATION_PRIOR = 1.3
+#: Word score kept by a red flag whose premise the text lacks (see ``_PREMISES``).
+_UNSUPPORTED_PRIOR = 0.6
+#: Word score kept by a loss-movement symptom when the text has no word of movement.
+_NO_MOVEMENT_PRIOR = 0.5
+_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 _RATIONALIZATION_REPORT_PRIOR = 0.85
 _SYMPTOM_PRIOR = 1.15
 _RED_FLAG_CODE_PRIOR = 1.2
@@ -133,8 +138,9 @@ _ASSERTION = re.compile(
     r"scale|cut|go|stick|forget|ignore)\b|"
     r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\bso\s+(?:i|we|you)\b|\btherefore\b|"
     r"\b(?:you'll|you\s+will|you'd|(?:have|has)\s+to|until\s+(?:we|i|you)\s+(?:get|buy|have))\b|"
-    r"\b(?:just|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|i'd(?!\s+like)|"
-    r"i\s+would(?!\s+like)|"
+    r"\b(?:just|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|"
+    r"i'd(?!\s+(?:like|need|want|have\s+to))|"
+    r"i\s+would(?!\s+(?:like|need|want|have\s+to))|"
     r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
     r"doesn't\s+matter|is\s+(?:a|just\s+a)\s+(?:hack|trick)|obviously|clearly|"
     r"must\s+be|it's\s+because|that's\s+why|probably|i\s+think|i\s+bet|i\s+guess|recommend|"
@@ -146,10 +152,50 @@ _ASSERTION = re.compile(
 _REPORT = re.compile(
     r"\b(?:my|i'm\s+getting|i\s+get|i\s+see|i'm\s+seeing|we\s+see|we're\s+seeing|keeps?|kept|"
     r"after\s+\d+|epochs?|steps?\s+\d+|iterations?|why\s+(?:is|does|do)|what's\s+wrong|"
+    r"i'?d\s+need|i\s+need|"
     r"started|starts|suddenly|goes|went|became|becomes|every\s+(?:single\s+)?step|i'd\s+like|"
     r"i\s+want|how\s+can\s+i|how\s+do\s+i)\b",
     re.IGNORECASE,
 )
+#: Symptoms that describe how the loss moves: a text with no word of movement or judgement
+#: ("Epoch 12 | train loss 0.41 | val loss 0.46 | all fine?") is not reporting one of them.
+_MOVEMENT_SYMPTOMS = frozenset(
+    {
+        "overfitting",
+        "underfitting",
+        "plateau",
+        "loss-stuck",
+        "loss-spikes",
+        "diverges-after-stable-start",
+        "loss-down-then-up-with-accumulation",
+    }
+)
+_MOVEMENT = re.compile(
+    r"\b(?:up|down|ris\w*|rose|fall\w*|fell|increas\w*|decreas\w*|climb\w*|drop\w*|grow\w*|"
+    r"shrink\w*|stuck|flat\w*|plateau\w*|stall\w*|stagnat\w*|high\w*|low\w*|worse|better|"
+    r"improv\w*|diverg\w*|explod\w*|spik\w*|jump\w*|oscillat\w*|fluctuat\w*|bounc\w*|"
+    r"barely|slow\w*|fast\w*|gap|overfit\w*|underfit\w*|generali[sz]\w*|memori[sz]\w*|"
+    r"learn\w*|poor\w*|bad|nan|inf|blow\w*|blew|moving|move[sd]?|chang\w*|same|constant|"
+    r"never|won't|doesn't|don't|isn't|not|hover\w*|stays?|stayed|remains?|bottom\w*|"
+    r"converg\w*|degrad\w*|recover\w*|again)\b",
+    re.IGNORECASE,
+)
+#: The technique a red flag is about; a text that never names it gets the entry's word score
+#: cut (keys ending in "-" cover every id with that prefix).
+_PREMISES: dict[str, re.Pattern[str]] = {
+    key: re.compile(pattern, re.IGNORECASE)
+    for key, pattern in {
+        "saturating-deep-net": r"sigmoid|tanh|saturat|logistic|squash",
+        "amp-": r"\bamp\b|fp16|float16|half|mixed|scaler|autocast|bf16|bfloat16|loss[\s_]scal|apex",
+        "ddp-": r"ddp|distributed|no_sync|\branks?\b|multi-?gpu|gpus|nodes|all[-_\s]?reduce|"
+        r"world[_\s]size|torchrun|fsdp|horovod|data[\s-]parallel|replica",
+        "accum-": r"accum|micro[-\s]?(?:batch|step)|effective\s+batch",
+        "clip-": r"clip",
+        "value-clipping": r"clip",
+        "no-clip-sequence-model": r"clip|lstm|gru|rnn|transformer|gpt|bert|t5|llm|seq2seq|"
+        r"language\s+model|policy|ppo|attention|sequence",
+    }.items()
+}
 _STILL_LEARNING = re.compile(
     r"\b(?:loss|metrics?|accuracy|validation|val|training)\b[^.\n]{0,40}?\b(?:still|steadily|"
     r"nicely|fine|keeps?)\b[^.\n]{0,20}?\b(?:fall|falling|decreas\w*|drop\w*|going\s+down|goes\s+"
@@ -192,8 +238,16 @@ _HELD_OUT = re.compile(r"\b(?:val(?:idation)?|eval\w*|test|dev)\b", re.IGNORECAS
 _NORMAL_QUESTION = re.compile(
     r"\b(?:is\s+(?:this|that|it)\s+(?:normal|expected|ok(?:ay)?|fine|healthy|a\s+problem|bad)"
     r"|(?:normal|expected|ok(?:ay)?|fine)\s*\?|anything\s+to\s+worry|should\s+i\s+(?:be\s+)?worr"
-    r"|nothing\s+(?:wrong|to\s+worry)|worth\s+worrying|(?:looks?|seems?)\s+(?:fine|ok(?:ay)?|"
-    r"normal|healthy)|is\s+(?:something|anything)\s+wrong|right\s*\?)",
+    r"|nothing\s+(?:wrong|to\s+worry|weird)|worth\s+worrying|(?:looks?|seems?)\s+(?:fine|ok(?:ay)?|"
+    r"normal|healthy)|is\s+(?:something|anything)\s+wrong|right\s*\?|reason\s+to\s+worry"
+    r"|need\s+to\s+worry|cause\s+for\s+concern|(?:a|any)\s+problem\s*\?|concern(?:ed|ing)?\s*\?"
+    r"|all\s+(?:good|fine|ok(?:ay)?)\s*\?|balance\s+ok)",
+    re.IGNORECASE,
+)
+#: "the loss curve looks textbook": the run is said to go well.
+_LOOKS_GOOD = re.compile(
+    r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
+    r"(?:textbook|good|great|nice|clean|healthy|normal|fine|as\s+expected)\b",
     re.IGNORECASE,
 )
 #: How many times its best value a loss series must end at to be called diverging, and how far
@@ -226,7 +280,7 @@ def _progress(text: str) -> _Progress:
             start = max(0, m.start() - 15)
             if _HELD_OUT.search(text[start : m.end()]):
                 progress.held_out_improving = True
-    if _STILL_LEARNING.search(text):
+    if _STILL_LEARNING.search(text) or _LOOKS_GOOD.search(text):
         progress.improving = True
     return progress
 
@@ -240,7 +294,7 @@ _DATA_QUESTION = re.compile(
     r"\b(?:augment\w*|csv|missing\s+values?|datasets?|data\s*loaders?|labels?|label\s+noise|"
     r"class\s+imbalance|imbalanced|tokeni[sz]\w*|preprocess\w*|clean(?:ing)?|dedup\w*|"
     r"train[\s/-]+test\s+split|split|images?|crop\w*|resiz\w*|rows?|columns?|pandas|parquet|"
-    r"annotations?|scrap\w*|feature\s+engineering|outliers?\s+in\s+(?:the|my)\s+data)\b",
+    r"annotations?|scrap\w*|feature\s+engineering|outliers?\s+in\s+(?:the|my)\s+data|shuffl\w*)\b",
     re.IGNORECASE,
 )
 #: Words that put a question inside the gradient domain (normalised by the analyser at load).
@@ -490,6 +544,7 @@ class Matcher:
         self._default_idf: float = data["default_idf"]
         self.in_scope_terms = frozenset(data["in_scope"])
         self.effects = {k: frozenset(v) for k, v in data["effects"].items()}
+        self._id_terms = {doc.entry_id: doc.id_terms for doc in self.docs}
         self.cards = {
             card[0]: EntryCard(
                 card[0],
@@ -813,7 +868,7 @@ class Matcher:
             strength += 0.3
             reason += "; training improves"
         if progress.normal_question:
-            strength += 0.3
+            strength += 0.5
             reason += "; the question is whether this is normal"
         return [*rest, CodeHit("healthy", strength, reason)]
 
@@ -898,6 +953,10 @@ class Matcher:
         for item in series:
             if item.name == "grad_norm":
                 hits = self._norm_series(item)
+                if not hits and len(item.values) == 1:
+                    # One level or range ("hovers around 0.05-0.08"): the one-number rules.
+                    level = item.values[0]
+                    hits = self._norm_evidence(level, fmt(level), progress.improving)
                 if hits:
                     covered.add(item.name)
                 out.extend(hits)
@@ -1065,6 +1124,26 @@ class Matcher:
                 f"named as the cause of what the text describes ({effect})"
             )
 
+    def _put_severe_first(self, scores: dict[str, float], flagged: set[str]) -> None:
+        """Of several mistakes found in the same code, the most serious ranks first.
+
+        A fragment that clips after ``optimizer.step()`` with ``clip_grad_value_`` has two red
+        flags; the critical one (the clip does nothing) comes before the info one.
+        """
+        order = sorted(
+            (f for f in flagged if f in scores),
+            key=lambda f: (-_SEVERITY_RANK.get(self.cards[f].severity or "info", 0), -scores[f]),
+        )
+        for more, less in itertools.pairwise(order):
+            if scores[more] <= scores[less] and _SEVERITY_RANK.get(
+                self.cards[more].severity or "info", 0
+            ) > _SEVERITY_RANK.get(self.cards[less].severity or "info", 0):
+                scores[more] = scores[less] + 0.5
+        # A lift can reorder entries of one severity against the next: settle in one more pass.
+        for more, less in itertools.pairwise(order):
+            if scores[more] < scores[less]:
+                scores[more] = scores[less] + 0.5
+
     # -- scope ---------------------------------------------------------------------------------
 
     def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
@@ -1091,9 +1170,10 @@ class Matcher:
             weights, terms, garbage = {}, [], True
         else:
             garbage = False
-        prose_text, text_code = split_code(text)
+        prose_text, text_code, prose_words = split_code(text)
+        prose_repaired = _apply_fixes(prose_text, fixes) if text_code else repaired_text
         if text_code:
-            self._soften_code_terms(weights, prose_text, text_code)
+            self._soften_code_terms(weights, prose_words, text_code)
         lexical = self._lexical(weights, terms)
 
         quantities = read_quantities(repaired_text)
@@ -1104,8 +1184,10 @@ class Matcher:
         code_text = "\n".join(part for part in (code, text_code) if part)
         code_detected = bool(code_text.strip())
         # Code findings first: among the reasons of one entry, they are the surest.
-        described = code_hits(code_text, prose_text) if code_detected else []
-        described.extend(prose_hits(repaired_text))
+        code_evidence = code_hits(code_text, prose_text) if code_detected else []
+        described = list(code_evidence)
+        # Sentence rules read the prose: pasted code is the analyser's (no evidence twice).
+        described.extend(prose_hits(prose_repaired))
         evidence.extend(described)
 
         # A question is someone asking about their own case, never a claim being made.
@@ -1115,11 +1197,26 @@ class Matcher:
         reasons: dict[str, list[str]] = {}
         # A series or a sure number with only a few words around it ("loss at epoch 1: 0.82,
         # epoch 2: ...") is a measurement: those words are context, not the message.
+        # So is pasted code with hardly a sentence around it: the analyser reads the code, and
+        # the words of its identifiers only echo it.
         measured = any(h.strength >= 0.9 for h in evidence) and bool(series)
-        content = len({t for t in terms if t in self.idf})
-        word_share = min(1.0, 0.25 + 0.25 * content) if measured else 1.0
+        analysed = code_detected and any(h.strength >= 0.9 for h in described)
+        if measured or analysed:
+            words_read = self.analyzer.terms(prose_words) if text_code else terms
+            content = len({t for t in words_read if t in self.idf})
+            word_share = min(1.0, 0.25 + 0.25 * content)
+        else:
+            word_share = 1.0
+        moves = bool(_MOVEMENT.search(prose_words if text_code else text))
         for entry_id, lex in lexical.items():
             score = lex.score * word_share
+            if entry_id in _MOVEMENT_SYMPTOMS and not moves:
+                score *= _NO_MOVEMENT_PRIOR
+            premise = _PREMISES.get(entry_id) or _PREMISES.get(entry_id.split("-")[0] + "-")
+            if premise is not None and not premise.search(text) and not premise.search(code or ""):
+                # A red flag about a technique the text never mentions ("my first conv layers
+                # don't learn" is not about sigmoid stacks).
+                score *= _UNSUPPORTED_PRIOR
             kind = self.cards[entry_id].kind
             if kind == "rationalization" and assertive:
                 score *= _RATIONALIZATION_PRIOR
@@ -1156,8 +1253,17 @@ class Matcher:
             hit.entry_id
             for hit in described
             if hit.strength >= 0.5 and not (assertive and hit.advice_id)
-        } | {entry_id for entry_id, lex in lexical.items() if lex.named}
+        }
+        if lexical:
+            # Named by its id's words in the sentences, not in pasted code ("clip", "step").
+            prose_terms = set(self.analyzer.terms(prose_words)) if text_code else set(terms)
+            named |= {
+                entry_id
+                for entry_id, lex in lexical.items()
+                if lex.named and self._id_terms[entry_id] <= prose_terms
+            }
         self._put_causes_first(scores, reasons, named)
+        self._put_severe_first(scores, {h.entry_id for h in code_evidence if h.strength >= 0.8})
 
         out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
