@@ -61,6 +61,11 @@ _SEQUENCE_MODEL = re.compile(
     r"log_prob",
 )
 #: A sequence model or policy-gradient training named in the words around the code.
+_FP16_PRECISION = re.compile(r"precision\s*=\s*['\"]?16(?:-mixed)?\b|amp_backend")
+_FP16_PROSE = re.compile(
+    r"\bfp16\b|float16|16-mixed|precision\s*=\s*['\"]?16\b|half[\s-]precision|GradScaler",
+    re.IGNORECASE,
+)
 _SEQUENCE_PROSE = re.compile(
     r"\b(?:transformers?|lstms?|grus?|rnns?|gpt\w*|bert|t5|llms?|seq2seq|language\s+models?|"
     r"policy[\s-]gradients?|ppo|reinforce)\b",
@@ -238,7 +243,14 @@ def analyse(code: str, prose: str = "") -> list[CodeHit]:
         if all(h.entry_id != entry_id for h in hits):
             hits.append(CodeHit(entry_id, strength, reason))
 
-    scaler_in_use = bool(_SCALER.search(code)) or "scaled_backward" in kinds
+    # A scaler the fragment does not show: Lightning's precision="16-mixed" (manual_backward
+    # scales the loss), or fp16 named in the words around it.
+    scaler_in_use = (
+        bool(_SCALER.search(code))
+        or "scaled_backward" in kinds
+        or bool(_FP16_PRECISION.search(code))
+        or (bool(_FP16_PROSE.search(prose)) and "manual_backward" in code)
+    )
     backwards = [i for i, k in enumerate(kinds) if k in ("backward", "scaled_backward")]
     steps = [i for i, k in enumerate(kinds) if k in ("opt_step", "scaler_step")]
     order_kinds = ("backward", "scaled_backward", "opt_step", "scaler_step", "zero_grad")
@@ -890,7 +902,18 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: the gradient norm is read after zero_grad()",
         ),
         (
-            r"\b(?:only|just)\s+(?:log|print|track|monitor|watch|plot)\w*\s+(?:the\s+)?loss"
+            r"\b(?:last|final|remaining|leftover|left-over|trailing)\s+(?:\d+\s+|few\s+)?"
+            r"(?:micro-?)?batch\w*[^.;\n]{0,60}\b(?:thrown\s+away|dropped|ignored|lost|skipped|"
+            r"wasted|discarded|never\s+(?:used|applied|make|count|stepped))"
+            r"|\b(?:not|n't)\s+divisible\b|\bdoes\s*n[o']t\s+divide\s+(?:evenly|by)",
+            "accum-leftover-batches",
+            0.6,
+            "text: the micro-batches left at the end of an epoch never reach an update",
+        ),
+        (
+            r"\b(?:not|n't|never|no)\s+(?:\w+\s+)?(?:log|track|monitor|watch|plot|measur|record|"
+            r"print|check)\w*\s+(?:the\s+|any\s+|my\s+)?grad\w*"
+            r"|\b(?:only|just)\s+(?:log|print|track|monitor|watch|plot)\w*\s+(?:the\s+)?loss"
             r"|\bnever\s+(?:log|look\s+at|check|monitor|track|measure|print)\w*\s+(?:the\s+)?"
             r"grad\w*",
             "no-grad-monitoring",
@@ -951,6 +974,13 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "diverges-after-stable-start",
             0.5,
             "text: stable at first, then it diverges",
+        ),
+        (
+            r"\b(?:never|don't|do\s+not|not|without|skip\w*|instead\s+of)\s+(?:call\w*\s+|using\s+|"
+            r"use\s+)?(?:the\s+)?scaler\.step\b",
+            "amp-step-bypasses-scaler",
+            0.7,
+            "text: scaler.step(optimizer) is not what steps the optimizer",
         ),
         (
             r"\.scale\([^)]*\)\.backward\(\)[^;\n]{0,60}?(?<!scaler\.)\b(?:optimi[sz]er|optim|opt)"
@@ -1051,6 +1081,7 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
 #: Rules that also need a second pattern somewhere in the same sentence.
 _PROSE_REQUIRES: dict[str, re.Pattern[str]] = {
     "loss-down-then-up-with-accumulation": re.compile(r"accum|micro-?batch", re.IGNORECASE),
+    "accum-leftover-batches": re.compile(r"accum|micro-?batch|every\s+\d+|epoch", re.IGNORECASE),
     "clip-anywhere": re.compile(r"\bclip", re.IGNORECASE),
     "no-clip-sequence-model": re.compile(
         r"\b(?:lstm|gru|rnn|transformer|seq2seq|gpt|bert|t5|llm|language\s+model|"

@@ -67,7 +67,9 @@ _NAN_GRADS = re.compile(
 _NAN_PARAMS = re.compile(
     r"\b(?:weights?|param(?:eter)?s?|biases?)\b[^.\n]{0,40}?\b(?:are|is|were|was|became|become|"
     r"turn(?:ed)?|went|contain|have|has)\b[^.\n]{0,12}?\b(?:nan|inf)\b"
-    r"|\b(?:nan|inf)\s+(?:in\s+(?:the\s+|my\s+)?)?(?:weights?|param(?:eter)?s?)\b",
+    r"|\b(?:nan|inf)\s+(?:in\s+(?:the\s+|my\s+)?)?(?:weights?|param(?:eter)?s?)\b"
+    r"|\b(?:nan|inf)s?\b[^.;\n]{0,25}?\b(?:in|of)\s+(?:the\s+|my\s+)?(?:\w+\s+)?"
+    r"(?:weights?|param(?:eter)?s?)\b",
     re.IGNORECASE,
 )
 _SCALE = re.compile(
@@ -93,8 +95,15 @@ _MAX_NORM = re.compile(
     re.IGNORECASE,
 )
 _RATIO = re.compile(
-    r"\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?param(?:eter)?s?|update)[_ -]ratio\b"
+    r"\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?param(?:eter)?s?)[_ -]ratio\b"
     rf"{_FILLER}{_NUM}",
+    re.IGNORECASE,
+)
+# The applied update against the weights: "update ratio", "||Δw||/||w||", "update-to-weight".
+_UPDATE_RATIO = re.compile(
+    r"(?:\bupdate[_ -](?:to[_ -](?:weight|param\w*)[_ -])?ratio\b|\brelative\s+update\b"
+    r"|\|{0,2}\s*(?:Δ|delta\s*|d)w\s*\|{0,2}\s*/\s*\|{0,2}\s*w\s*\|{0,2})"
+    rf"(?:\s+(?:of|for)\s+(?:the\s+|my\s+)?[\w.]+(?:\s+layer)?)?{_FILLER}{_NUM}",
     re.IGNORECASE,
 )
 _LAYER_RATIO = re.compile(
@@ -111,7 +120,7 @@ class Quantity:
     ``name`` is one of: loss, grad_norm, grad_nan (NaN/Inf said of gradients), param_nan (of
     weights), amp_scale_from,
     amp_scale_to, dead_fraction, zero_grad_fraction, zero_activation_fraction, max_norm,
-    grad_param_ratio, layer_ratio. Fractions are in [0, 1].
+    grad_param_ratio, update_ratio, layer_ratio. Fractions are in [0, 1].
     """
 
     name: str
@@ -222,6 +231,8 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
         add(m.start(), "max_norm", m.group("num"), m.group(0))
     for m in _RATIO.finditer(text):
         add(m.start(), "grad_param_ratio", m.group("num"), m.group(0))
+    for m in _UPDATE_RATIO.finditer(text):
+        add(m.start(), "update_ratio", m.group("num"), m.group(0))
     for m in _LAYER_RATIO.finditer(text):
         add(m.start(), "layer_ratio", m.group("num"), m.group(0))
     return found
@@ -256,11 +267,13 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(r"\b(?:val(?:idation)?|eval|test)[_ ]loss(?:es)?\b", re.IGNORECASE),
     ),
     ("loss", re.compile(r"\b(?:train(?:ing)?[_ ])?loss(?:es)?\b", re.IGNORECASE)),
+    # exp(loss): it diverges, spikes and stalls with the loss.
+    ("perplexity", re.compile(r"\b(?:perplexity|ppl)\b", re.IGNORECASE)),
     # Other quantities end the stretch of text that belongs to a subject.
     (
         "",
         re.compile(
-            r"\b(?:lr|learning[_ ]rates?|batch(?:[_ ]size)?|acc(?:uracy)?|perplexity|ppl|"
+            r"\b(?:lr|learning[_ ]rates?|batch(?:[_ ]size)?|acc(?:uracy)?|"
             r"max_norm|clip\w*|scale|grad/param|ratio|dead|zeros?|weights?|params?|"
             r"parameters?|memory|time|throughput)\b",
             re.IGNORECASE,
@@ -301,8 +314,8 @@ MIN_SERIES = 2
 class Series:
     """The values of one quantity written one after another in the text, in order.
 
-    ``name`` is grad_norm, loss or val_loss. A range ("between 0.3 and 1.2", "1-2") counts as
-    one value, its geometric middle, and is kept in ``ranges`` as (low, high).
+    ``name`` is grad_norm, loss, val_loss or perplexity. A range ("between 0.3 and 1.2",
+    "1-2") counts as one value, its geometric middle, and is kept in ``ranges`` as (low, high).
     """
 
     name: str

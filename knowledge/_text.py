@@ -368,6 +368,10 @@ class TypoCorrector:
             # typo of "right", nor "hovers" of "covers".
             if cand[0] != word[0] and cand[:2] != word[1::-1]:
                 continue
+            # Nor do they change only the ending: "thrown" is another form of a word, not a
+            # misspelt "throws".
+            if cand[:-1] == word[:-1] or cand.startswith(word) or word.startswith(cand):
+                continue
             dist = damerau_levenshtein(word, cand, limit)
             if dist > limit:
                 continue

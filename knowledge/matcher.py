@@ -254,6 +254,13 @@ _LOOKS_GOOD = re.compile(
 #: above both neighbours a single value must jump to be a spike. The seeds give no numbers for
 #: a loss written in a sentence; these are the matcher's reading, not diagnosis thresholds.
 _LOSS_DIVERGING_FACTOR = 3.0
+_EVERY_STEP = re.compile(
+    r"\b(?:every|each|all)\s+(?:single\s+)?(?:step|iteration|batch)|\balways\b", re.IGNORECASE
+)
+#: The usual order of ||Δw||/||w|| and how far from it a value must be to be reported (two
+#: orders of magnitude): the update-param-ratio entry's own numbers, no seed gives one.
+_UPDATE_RATIO_USUAL = 1e-3
+_UPDATE_RATIO_FACTOR = 100.0
 _LOSS_SPIKE_FACTOR = 2.0
 #: A loss series whose values all lie within this fraction of each other is flat.
 _LOSS_FLAT_FRACTION = 0.03
@@ -348,6 +355,7 @@ class _Doc:
     entry_id: str
     sentences: list[tuple[str, frozenset[str], float]]
     id_terms: frozenset[str]
+    id_sequence: tuple[str, ...] = ()
 
 
 class _Limit(NamedTuple):
@@ -531,8 +539,9 @@ class Matcher:
                 entry_id,
                 [(text, frozenset(terms), idf_sum) for text, terms, idf_sum in sentences],
                 frozenset(id_terms),
+                tuple(id_sequence),
             )
-            for entry_id, sentences, id_terms in data["docs"]
+            for entry_id, sentences, id_terms, id_sequence in data["docs"]
         ]
         self.idf: dict[str, float] = data["idf"]
         # Each term's postings stay packed (doubles: entry index, weighted term frequency)
@@ -631,7 +640,7 @@ class Matcher:
                 sim = shared_idf / (query_idf + sentence_idf - shared_idf or 1.0)
                 if sim > best_sim:
                     best_sim, best_sentence = sim, sentence
-            named = len(doc.id_terms) >= 2 and doc.id_terms <= term_set
+            named = len(doc.id_terms) >= 2 and doc.id_terms <= term_set and _names(doc, terms)
             score = sum(part for part, _ in contributions) + _SENTENCE_BONUS * best_sim
             score += _NAMED_BONUS if named else 0.0
             if score > 0.0:
@@ -695,6 +704,12 @@ class Matcher:
         out: list[CodeHit] = []
         mentions_grads = bool(re.search(r"\bgrad(?:ient)?s?\b|grad_norm", text, re.IGNORECASE))
         series_hits, covered = self._series_evidence(series, progress)
+        pinned = self._pinned_at_max_norm(quantities, series, text)
+        if pinned is not None:
+            # Every step clipped to max_norm: not a healthy norm, whatever its size.
+            series_hits = [h for h in series_hits if h.entry_id != "healthy"]
+            series_hits.append(pinned)
+            covered.add("grad_norm")
         out.extend(series_hits)
         still_learning = progress.improving
         if (
@@ -825,6 +840,18 @@ class Matcher:
                             f"(warning, {self._cite(p.grad_param_ratio_low)})",
                         )
                     )
+            elif q.name == "update_ratio" and v > 0:
+                usual = _UPDATE_RATIO_USUAL
+                if v > usual * _UPDATE_RATIO_FACTOR or v < usual / _UPDATE_RATIO_FACTOR:
+                    side = "above" if v > usual else "below"
+                    out.append(
+                        CodeHit(
+                            "update-param-ratio",
+                            1.0,
+                            f"update/weight ratio {shown} is {fmt(_UPDATE_RATIO_FACTOR)}× or more "
+                            f"{side} its usual ~{fmt(usual)} (the entry's own line)",
+                        )
+                    )
             elif q.name == "layer_ratio":
                 if v > p.early_late_ratio.value:
                     out.append(
@@ -932,6 +959,31 @@ class Matcher:
                 )
             )
         return out
+
+    def _pinned_at_max_norm(
+        self, quantities: Sequence[Quantity], series: Sequence[Series], text: str
+    ) -> CodeHit | None:
+        """The logged grad norm equals max_norm on every step: clipping is always active."""
+        clip = next((q.value for q in quantities if q.name == "max_norm" and q.value > 0), None)
+        if clip is None:
+            return None
+        norms = next((s.values for s in series if s.name == "grad_norm"), None)
+        if norms is not None and len(norms) >= 3:
+            pinned = all(abs(v - clip) <= 0.02 * clip for v in norms)
+        else:
+            single = [q.value for q in quantities if q.name == "grad_norm"]
+            pinned = (
+                len(single) == 1
+                and abs(single[0] - clip) <= 0.02 * clip
+                and bool(_EVERY_STEP.search(text))
+            )
+        if not pinned:
+            return None
+        return CodeHit(
+            "clipping-slow-convergence",
+            1.0,
+            f"the grad norm reads max_norm ({fmt(clip)}) on every step: every update is clipped",
+        )
 
     # -- number series -------------------------------------------------------------------------
 
@@ -1047,7 +1099,7 @@ class Matcher:
         if n < 3 or min(values) <= 0:
             return []
         shown = _shown(values)
-        name = "validation loss" if item.name == "val_loss" else "loss"
+        name = {"val_loss": "validation loss", "perplexity": "perplexity"}.get(item.name, "loss")
         for i in range(1, n - 1):
             before, value, after = values[i - 1], values[i], values[i + 1]
             if value > _LOSS_SPIKE_FACTOR * max(before, after) and after < 1.3 * before:
@@ -1143,6 +1195,31 @@ class Matcher:
         for more, less in itertools.pairwise(order):
             if scores[more] < scores[less]:
                 scores[more] = scores[less] + 0.5
+
+    def _put_code_findings_first(
+        self, scores: dict[str, float], reasons: dict[str, list[str]], found: set[str]
+    ) -> None:
+        """A serious mistake found in the user's code ranks above every rationalization.
+
+        A rationalization answers someone making a claim; a pasted loop with a problem report
+        is not one, however many of the claim's words it shares ("manual optimization in
+        Lightning ... clip_grad_norm_" is about the clip, not about who must clip).
+        """
+        serious = [
+            f
+            for f in found
+            if f in scores and _SEVERITY_RANK.get(self.cards[f].severity or "info", 0) >= 1
+        ]
+        if not serious:
+            return
+        top_claim = max(
+            (v for k, v in scores.items() if self.cards[k].kind == "rationalization"),
+            default=None,
+        )
+        best = max(serious, key=lambda f: scores[f])
+        if top_claim is not None and scores[best] <= top_claim:
+            scores[best] = top_claim + 0.5
+            reasons.setdefault(best, []).append("found in the code shown")
 
     # -- scope ---------------------------------------------------------------------------------
 
@@ -1263,7 +1340,10 @@ class Matcher:
                 if lex.named and self._id_terms[entry_id] <= prose_terms
             }
         self._put_causes_first(scores, reasons, named)
-        self._put_severe_first(scores, {h.entry_id for h in code_evidence if h.strength >= 0.8})
+        found_in_code = {h.entry_id for h in code_evidence if h.strength >= 0.8}
+        self._put_severe_first(scores, found_in_code)
+        if not assertive:
+            self._put_code_findings_first(scores, reasons, found_in_code)
 
         out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
@@ -1366,8 +1446,8 @@ def _build_index(kb: KnowledgeBase, profile: str | None) -> dict[str, Any]:
                 if field_name in SENTENCE_FIELDS and terms:
                     sentences.append((text, sorted(set(terms))))
         df.update(tf.keys())
-        id_terms = sorted(set(analyzer.terms(entry.id.replace("-", " "))))
-        docs.append((entry.id, tf, length, sentences, id_terms))
+        id_sequence = analyzer.terms(entry.id.replace("-", " "))
+        docs.append((entry.id, tf, length, sentences, id_sequence))
     count = len(docs)
     avg_length = sum(d[2] for d in docs) / max(count, 1)
     idf = {term: math.log(1.0 + (count - n + 0.5) / (n + 0.5)) for term, n in df.items()}
@@ -1395,9 +1475,10 @@ def _build_index(kb: KnowledgeBase, profile: str | None) -> dict[str, Any]:
             (
                 entry_id,
                 [(text, terms, sum(idf[t] for t in terms)) for text, terms in sentences],
-                id_terms,
+                sorted(set(id_sequence)),
+                id_sequence,
             )
-            for entry_id, _, _, sentences, id_terms in docs
+            for entry_id, _, _, sentences, id_sequence in docs
         ],
         "idf": idf,
         "postings": {
@@ -1440,6 +1521,17 @@ def _effects(kb: KnowledgeBase) -> dict[str, frozenset[str]]:
     return out
 
 
+def _names(doc: _Doc, terms: Sequence[str]) -> bool:
+    """Whether ``terms`` say the entry's id: all its words close together ("clip after the
+    optimizer step" names clip-after-step; "clipping ... on those 40 steps" does not)."""
+    wanted = doc.id_terms
+    window = len(doc.id_sequence) + 4
+    return any(
+        term in wanted and wanted <= set(terms[start : start + window])
+        for start, term in enumerate(terms)
+    )
+
+
 def _median(values: Iterable[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
@@ -1475,7 +1567,7 @@ def _isolated_spikes(values: Sequence[float], factor: float) -> list[int]:
 
 
 #: Bumped when the snapshot's layout changes (the cache key also covers the matcher's source).
-_SNAPSHOT_FORMAT = 2
+_SNAPSHOT_FORMAT = 3
 #: The files whose content decides the index: the entries, synonyms and thresholds, and the
 #: code that reads them and builds the index.
 _INDEX_SOURCES = ("matcher.py", "_text.py", "loader.py", "models.py", "findings.py")
