@@ -595,7 +595,12 @@ def _ast_parse(source: str) -> None:
     ast.parse(source)
 
 
+#: "f(a=1, ...)" in pseudo-code: an elided argument list, not an argument.
+_ELIDED_ARGS = re.compile(r",\s*(?:\.\.\.|…)\s*(?=[)\]}])")
+
+
 def _parses(statement: str) -> bool:
+    statement = _ELIDED_ARGS.sub("", statement)
     source = statement + "\n    pass" if statement.endswith(":") else statement
     try:
         _ast_parse(source)
@@ -734,7 +739,7 @@ def fragment_source(code: str) -> str | None:
     cut free of prose around it, the indentation is rebuilt, and lines Python still cannot
     parse are dropped one at a time.
     """
-    code = code.replace("…", "...").replace("\t", "    ")[:FRAGMENT_CHARS]
+    code = _ELIDED_ARGS.sub("", code.replace("…", "...").replace("\t", "    ")[:FRAGMENT_CHARS])
     if ">>> " in code:
         code = re.sub(r"^(\s*)(?:>>>|\.\.\.) ", r"\1", code, flags=re.MULTILINE)
     lines: list[str] = []
@@ -889,7 +894,9 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
         ),
         (
             r"\b(?:never|don't|do\s+not|forg[eo]t\w*\s+to|without)\s+(?:call\w*\s+)?"
-            r"(?:optimizer\.)?zero(?:_grad|ing|\s+the\s+grad)",
+            r"(?:optimizer\.)?zero(?:_grad|ing|\s+the\s+grad)"
+            r"|\bzero_grad\w*(?:\(\))?\s+(?:is\s+|was\s+|being\s+|gets?\s+|got\s+)?(?:skipped|missing|"
+            r"never\s+called|not\s+called|removed|forgotten|omitted|left\s+out)",
             "accum-missing-zero-grad",
             0.7,
             "text: gradients are never zeroed between updates",
@@ -1001,6 +1008,24 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "unstable-loss-op",
             0.6,
             "text: a log/exp/sqrt or division in the loss with nothing keeping it finite",
+        ),
+        (
+            # Unstable under mixed precision only: the AMP symptom, not just any NaN.
+            r"^(?=.*\b(?:fine|ok(?:ay)?|stable|works?|converges?|trains?)\b[^.;]{0,30}\b(?:without\s+"
+            r"(?:it|amp|autocast|mixed)|in\s+(?:fp32|float32|full\s+precision)|with\s+(?:fp32|"
+            r"float32)))(?=.*\b(?:mixed[\s-]precision|amp|autocast|fp16|float16|bf16|half[\s-]"
+            r"precision)\b)(?=.*\b(?:nan|inf\w*|diverg\w*|blow\w*|blew|explod\w*|unstable|spik\w*))",
+            "amp-diverges",
+            0.6,
+            "text: the run fails with mixed precision and trains in full precision",
+        ),
+        (
+            # "NaN? lower the learning rate": the claim the rationalization answers.
+            r"^(?=.*\bnan)(?=.*\b(?:lr|learning[\s_-]rate)\b)(?=.*\b(?:lower\w*|reduc\w*|drop\w*|"
+            r"decreas\w*|cut\w*|smaller|halv\w*|divid\w*)\b)",
+            "lower-lr-for-nan",
+            0.5,
+            "text: a NaN answered by a smaller learning rate",
         ),
         (
             # A framework that already divides by the accumulation count, and a manual division.

@@ -91,7 +91,7 @@ _PERCENT_AFTER = re.compile(
 )
 _MAX_NORM = re.compile(
     r"\b(?:max_norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
-    rf"(?:\s+(?:at|to|of))?)\s*[:=]?\s*{_NUM}",
+    rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
     re.IGNORECASE,
 )
 _RATIO = re.compile(

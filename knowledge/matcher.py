@@ -118,7 +118,7 @@ _EVIDENCE_WEIGHT = 20.0
 #: Bonus when every word of the entry's id appears in the text ("vanishing gradients").
 _NAMED_BONUS = 4.0
 _RATIONALIZATION_PRIOR = 1.3
-#: Word score kept by a red flag whose premise the text lacks (see ``_PREMISES``).
+#: Word score kept by an entry whose premise the text lacks (see ``_PREMISES``).
 _UNSUPPORTED_PRIOR = 0.6
 #: Word score kept by a loss-movement symptom when the text has no word of movement.
 _NO_MOVEMENT_PRIOR = 0.5
@@ -149,6 +149,13 @@ _ASSERTION = re.compile(
     r"fight\w*\s+each\s+other|interfere\w*|conflict\w*)\b",
     re.IGNORECASE,
 )
+#: Negations that mark a claim only when nobody is describing their own run.
+_WEAK_NEGATION = re.compile(
+    r"\b(?:can't|cannot|isn't|doesn't|don't|won't|can\s+not|does\s+not|do\s+not|is\s+not)\b",
+    re.IGNORECASE,
+)
+_STRONG_ASSERTION = _ASSERTION
+_FIRST_PERSON = re.compile(r"\b(?:my|i|i'm|i've|we|our|we're)\b", re.IGNORECASE)
 _REPORT = re.compile(
     r"\b(?:my|i'm\s+getting|i\s+get|i\s+see|i'm\s+seeing|we\s+see|we're\s+seeing|keeps?|kept|"
     r"after\s+\d+|epochs?|steps?\s+\d+|iterations?|why\s+(?:is|does|do)|what's\s+wrong|"
@@ -180,8 +187,8 @@ _MOVEMENT = re.compile(
     r"converg\w*|degrad\w*|recover\w*|again)\b",
     re.IGNORECASE,
 )
-#: The technique a red flag is about; a text that never names it gets the entry's word score
-#: cut (keys ending in "-" cover every id with that prefix).
+#: The technique a red flag (or a claim about one technique) is about; a text that never names
+#: it gets the entry's word score cut (keys ending in "-" cover every id with that prefix).
 _PREMISES: dict[str, re.Pattern[str]] = {
     key: re.compile(pattern, re.IGNORECASE)
     for key, pattern in {
@@ -194,6 +201,17 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "value-clipping": r"clip",
         "no-clip-sequence-model": r"clip|lstm|gru|rnn|transformer|gpt|bert|t5|llm|seq2seq|"
         r"language\s+model|policy|ppo|attention|sequence",
+        # Rationalizations about one technique.
+        "batchnorm-optional": r"batch[\s_-]?norm|normali[sz]|\bbn\b|layer[\s_-]?norm",
+        "residuals-are-a-trick": r"residual|skip[\s-]connection|shortcut|resnet",
+        "checkpointing-breaks-clipping": r"checkpoint|recomput",
+        "lightning-needs-manual-clipping": r"lightning|\bpl\.|trainer",
+        "ddp-handles-everything": r"ddp|distributed|data[\s-]parallel|gpus|ranks?\b|sync",
+        "paper-did-not-clip": r"paper|authors?|repo|publication|reference|official|original",
+        "paper-does-not-mention-clipping": r"paper|authors?|publication|article|mention",
+        "transformers-are-unstable": r"transformer|attention|llm|gpt|bert|t5|language\s+model|"
+        r"\bvit\b",
+        "amp-breaks-clipping": r"\bamp\b|fp16|float16|half|mixed|scaler|autocast|bf16|precision",
     }.items()
 }
 _STILL_LEARNING = re.compile(
@@ -1254,8 +1272,12 @@ class Matcher:
         lexical = self._lexical(weights, terms)
 
         quantities = read_quantities(repaired_text)
+        first_person = bool(_FIRST_PERSON.search(text))
         series = read_series(without_code(repaired_text))
-        assertive = bool(_ASSERTION.search(text))
+        # "can't fit batch 128 on my 3090" reports; "you can't clip with fp16" claims.
+        assertive = bool(_ASSERTION.search(text)) and not (
+            first_person and not _STRONG_ASSERTION.search(_WEAK_NEGATION.sub(" ", text))
+        )
         progress = _progress(repaired_text)
         evidence = self._number_evidence(quantities, series, repaired_text, progress)
         code_text = "\n".join(part for part in (code, text_code) if part)
@@ -1291,8 +1313,9 @@ class Matcher:
                 score *= _NO_MOVEMENT_PRIOR
             premise = _PREMISES.get(entry_id) or _PREMISES.get(entry_id.split("-")[0] + "-")
             if premise is not None and not premise.search(text) and not premise.search(code or ""):
-                # A red flag about a technique the text never mentions ("my first conv layers
-                # don't learn" is not about sigmoid stacks).
+                # An entry about a technique the text never mentions ("my first conv layers
+                # don't learn" is not about sigmoid stacks, "don't need warmup" not about
+                # batch norm).
                 score *= _UNSUPPORTED_PRIOR
             kind = self.cards[entry_id].kind
             if kind == "rationalization" and assertive:
