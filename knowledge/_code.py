@@ -19,7 +19,10 @@ from typing import NamedTuple
 # Call events, in the order they appear in the fragment.
 _EVENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("scaled_backward", re.compile(r"\.scale\s*\([^\n]*?\)\s*\.\s*backward\s*\(")),
-    ("backward", re.compile(r"(?<![\w.])(?:[\w\]\)]+\s*\)?\s*\.\s*)?backward\s*\(")),
+    (
+        "backward",
+        re.compile(r"(?<![\w.])(?:[\w\]\)]+\s*\)?\s*\.\s*)?backward\s*\(|\.\s*backward\s*\("),
+    ),
     ("unscale", re.compile(r"\.\s*unscale_\s*\(")),
     ("clip_norm", re.compile(r"clip_grad_norm_?\s*\(|clip_grad_norm\b|clip_gradients?\s*\(")),
     ("clip_value", re.compile(r"clip_grad_value_?\s*\(")),
@@ -61,6 +64,12 @@ _SEQUENCE_MODEL = re.compile(
     r"log_prob",
 )
 #: A sequence model or policy-gradient training named in the words around the code.
+_LOOP_HEADER = re.compile(r"^\s*(?:for|while)\b")
+_ZEROED = re.compile(r"zero_grad|\.grad\s*=\s*None|set_to_none|\.grad\.zero_|zero_\(\)")
+_NO_SYNC_BLOCK = re.compile(r"^\s*with\s+[\w.]*no_sync\s*\(\s*\)\s*:", re.MULTILINE)
+_NO_SYNC_CONDITIONAL = re.compile(
+    r"nullcontext|ExitStack|require_backward_grad_sync|\bif\b[^\n]*no_sync|no_sync[^\n]*\bif\b"
+)
 _FP16_PRECISION = re.compile(r"precision\s*=\s*['\"]?16(?:-mixed)?\b|amp_backend")
 _FP16_PROSE = re.compile(
     r"\bfp16\b|float16|16-mixed|precision\s*=\s*['\"]?16\b|half[\s-]precision|GradScaler",
@@ -317,6 +326,36 @@ def analyse(code: str, prose: str = "") -> list[CodeHit]:
         add("accum-manual-grad-scaling", 0.8, "code: .grad is divided by the accumulation count")
 
     zero_events = [e for e in events if e.kind == "zero_grad"]
+    # A whole training loop that steps but never zeroes: gradients add up over every update.
+    if backwards and steps and not zero_events and not _ZEROED.search(code):
+        training_loop = any(
+            _LOOP_HEADER.match(line)
+            and any(
+                number < events[i].line < _block_end(lines, number)
+                for i in (backwards[0], steps[0])
+            )
+            and all(number < events[i].line for i in (backwards[0], steps[0]))
+            for number, line in enumerate(lines)
+        )
+    else:
+        training_loop = False
+    if training_loop:
+        add(
+            "accum-missing-zero-grad",
+            0.85,
+            "code: the loop steps but never zeroes the gradients, so they add up across updates",
+        )
+    # no_sync around every micro-batch, the one before the step included: never synchronised.
+    if (
+        accumulation is not None
+        and _NO_SYNC_BLOCK.search(code)
+        and not _NO_SYNC_CONDITIONAL.search(code)
+    ):
+        add(
+            "ddp-no-sync-misplaced",
+            0.9,
+            "code: no_sync() wraps every micro-batch, the one before the step too",
+        )
     for i, event in enumerate(events):
         if event.kind != "norm_read":
             continue
@@ -1008,6 +1047,14 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "unstable-loss-op",
             0.6,
             "text: a log/exp/sqrt or division in the loss with nothing keeping it finite",
+        ),
+        (
+            r"\b(?:lr[\s_]?)?sched\w*\b[^.;\n]{0,40}\b(?:every|each|per)\s+(?:single\s+)?(?:forward|"
+            r"micro[-\s]?batch|micro[-\s]?step|backward|batch|iteration)\b[^.;\n]{0,60}\b(?:optimi[sz]"
+            r"\w*|update\w*)\b[^.;\n]{0,25}\bevery\s+\d+",
+            "accum-scheduler-per-microbatch",
+            0.6,
+            "text: the scheduler steps every micro-batch, the optimizer every N",
         ),
         (
             # Unstable under mixed precision only: the AMP symptom, not just any NaN.

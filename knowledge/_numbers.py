@@ -13,7 +13,7 @@ from dataclasses import dataclass
 # A number as people and loggers write it: 1523.2, 1,523.2, 3.4e+04, .5, 2e-7, nan, inf, 10^-7.
 _NUM = (
     r"(?P<num>[-+]?(?:nan|inf(?:inity)?"
-    r"|10\s*\^\s*[-+−]?\d+"
+    r"|(?:10|2)\s*\^\s*[-+−]?\d+"
     r"|(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:\s*[eE]\s*[-+−]?\d+|\s*[x×\*]\s*10\s*\^\s*[-+−]?\d+)?"
     r"|\.\d+(?:[eE][-+−]?\d+)?))(?![a-z0-9])"
 )
@@ -74,8 +74,8 @@ _NAN_PARAMS = re.compile(
 )
 _SCALE = re.compile(
     rf"\b(?:loss[_ ])?scale\b{_FILLER}{_NUM}\s*(?:→|->|=>|to|down\s+to|drops?\s+to|dropped\s+to|"
-    r"fell\s+to|falls\s+to|falling\s+to|goes\s+to|went\s+to)\s*(?P<num2>[-+]?\d+(?:\.\d*)?"
-    r"(?:[eE][-+−]?\d+)?)",
+    r"fell\s+to|falls\s+to|falling\s+to|goes\s+to|went\s+to)\s*(?P<num2>(?:10|2)\s*\^\s*[-+−]?\d+"
+    r"|[-+]?\d+(?:\.\d*)?(?:[eE][-+−]?\d+)?)",
     re.IGNORECASE,
 )
 _PERCENT_BEFORE = re.compile(
@@ -137,9 +137,9 @@ def parse_number(raw: str) -> float | None:
     if s.lstrip("+-").startswith("inf"):
         return -math.inf if s.startswith("-") else math.inf
     s = s.replace(",", "")
-    power = re.fullmatch(r"([-+]?)10\^([-+]?\d+)", s)
+    power = re.fullmatch(r"([-+]?)(10|2)\^([-+]?\d+)", s)
     if power:
-        value = 10.0 ** int(power.group(2))
+        value = float(power.group(2)) ** int(power.group(3))
         return -value if power.group(1) == "-" else value
     times = re.fullmatch(r"([-+]?[\d.]+)[x×*]10\^([-+]?\d+)", s)
     if times:
@@ -289,6 +289,7 @@ _EARLIER = re.compile(
     r"[^.;\d]{0,30}?\bfrom\s*~?\s*$",
     re.IGNORECASE,
 )
+_LIST_JOIN = re.compile(r"\s*(?:,|and|&|or|,\s*and)\s*", re.IGNORECASE)
 _BETWEEN = re.compile(r"between\s*$", re.IGNORECASE)
 _AND = re.compile(r"^\s*and\s*$", re.IGNORECASE)
 _DASH = re.compile(r"^\s*[-–]\s*$")
@@ -342,11 +343,24 @@ def _scope_values(scope: str) -> list[tuple[float, tuple[float, float] | None]]:
     numbers = list(_SERIES_NUMBER.finditer(scope))
     out: list[tuple[float, tuple[float, float] | None]] = []
     skip = -1
+    marker_end, marker_value = -1, 0.0
     for i, m in enumerate(numbers):
         if i <= skip:
             continue
         before, after = scope[: m.start()], scope[m.end() :]
-        if m.group("suffix") or _MARKER_BEFORE.search(before[-24:]):
+        raw = m.group("num")
+        whole = "." not in raw and "e" not in raw.lower()
+        # "at steps 1200, 3400 and 5100": a list of larger whole numbers after a step is steps.
+        listed = (
+            marker_end >= 0
+            and whole
+            and _LIST_JOIN.fullmatch(scope[marker_end : m.start()]) is not None
+            and float(raw) > marker_value
+        )
+        if m.group("suffix") or _MARKER_BEFORE.search(before[-24:]) or listed:
+            marker_end = m.end()
+            scale = {"k": 1e3, "m": 1e6}.get((m.group("suffix") or "").lower(), 1.0)
+            marker_value = float(parse_number(raw) or 0.0) * scale
             continue
         if _MARKER_AFTER.match(after):
             continue

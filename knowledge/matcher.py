@@ -265,13 +265,22 @@ _NORMAL_QUESTION = re.compile(
 #: "the loss curve looks textbook": the run is said to go well.
 _LOOKS_GOOD = re.compile(
     r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
-    r"(?:textbook|good|great|nice|clean|healthy|normal|fine|as\s+expected)\b",
+    r"(?:textbook|good|great|nice|clean|healthy|normal|fine|as\s+expected)\b"
+    r"|\b(?:learns?|learning|trains?|training|converges?|converging|fits?)\s+(?:just\s+)?(?:fine|"
+    r"well|ok(?:ay)?|normally|nicely)\b",
     re.IGNORECASE,
 )
 #: How many times its best value a loss series must end at to be called diverging, and how far
 #: above both neighbours a single value must jump to be a spike. The seeds give no numbers for
 #: a loss written in a sentence; these are the matcher's reading, not diagnosis thresholds.
 _LOSS_DIVERGING_FACTOR = 3.0
+#: The text says the large value is an exception ("except at", "every so often").
+_OCCASIONAL = re.compile(
+    r"\b(?:except|apart\s+from|other\s+than|but\s+(?:at|on)|occasionally|sometimes|every\s+so\s+"
+    r"often|once\s+in\s+a\s+while|now\s+and\s+then|from\s+time\s+to\s+time|(?:a\s+)?few\s+steps|"
+    r"some\s+steps|single\s+steps?|random\s+steps)\b",
+    re.IGNORECASE,
+)
 _EVERY_STEP = re.compile(
     r"\b(?:every|each|all)\s+(?:single\s+)?(?:step|iteration|batch)|\balways\b", re.IGNORECASE
 )
@@ -319,7 +328,9 @@ _DATA_QUESTION = re.compile(
     r"\b(?:augment\w*|csv|missing\s+values?|datasets?|data\s*loaders?|labels?|label\s+noise|"
     r"class\s+imbalance|imbalanced|tokeni[sz]\w*|preprocess\w*|clean(?:ing)?|dedup\w*|"
     r"train[\s/-]+test\s+split|split|images?|crop\w*|resiz\w*|rows?|columns?|pandas|parquet|"
-    r"annotations?|scrap\w*|feature\s+engineering|outliers?\s+in\s+(?:the|my)\s+data|shuffl\w*)\b",
+    r"annotations?|scrap\w*|feature\s+engineering|outliers?\s+in\s+(?:the|my)\s+data|shuffl\w*|"
+    r"tabular|normali[sz]\w*\s+(?:my\s+|the\s+)?(?:\w+\s+)?(?:features|inputs|data|images|pixels|"
+    r"columns|targets))\b",
     re.IGNORECASE,
 )
 #: Words that put a question inside the gradient domain (normalised by the analyser at load).
@@ -721,7 +732,12 @@ class Matcher:
         p = self.profile
         out: list[CodeHit] = []
         mentions_grads = bool(re.search(r"\bgrad(?:ient)?s?\b|grad_norm", text, re.IGNORECASE))
-        series_hits, covered = self._series_evidence(series, progress)
+        series_hits, covered = self._series_evidence(
+            series, progress, occasional=bool(_OCCASIONAL.search(text))
+        )
+        gap = _accuracy_gap(text)
+        if gap is not None:
+            out.append(gap)
         pinned = self._pinned_at_max_norm(quantities, series, text)
         if pinned is not None:
             # Every step clipped to max_norm: not a healthy norm, whatever its size.
@@ -1006,7 +1022,7 @@ class Matcher:
     # -- number series -------------------------------------------------------------------------
 
     def _series_evidence(
-        self, series: Sequence[Series], progress: _Progress
+        self, series: Sequence[Series], progress: _Progress, *, occasional: bool = False
     ) -> tuple[list[CodeHit], set[str]]:
         """Hits from quantities written as series, and the names whose trend was read.
 
@@ -1022,7 +1038,7 @@ class Matcher:
             progress.reasons.append("the loss series falls")
         for item in series:
             if item.name == "grad_norm":
-                hits = self._norm_series(item)
+                hits = self._norm_series(item, occasional=occasional)
                 if not hits and len(item.values) == 1:
                     # One level or range ("hovers around 0.05-0.08"): the one-number rules.
                     level = item.values[0]
@@ -1034,13 +1050,24 @@ class Matcher:
                 out.extend(self._loss_series(item, progress))
         return out, covered
 
-    def _norm_series(self, item: Series) -> list[CodeHit]:
+    def _norm_series(self, item: Series, *, occasional: bool = False) -> list[CodeHit]:
         p = self.profile
         low, high = self.profile.healthy_range
         values = list(item.values)
         n = len(values)
         shown = _shown(values)
         factor = p.spike_factor.value
+        if n == 2 and occasional and values[0] > 0 and values[1] > factor * values[0]:
+            # "~1 except at a few steps where it hits 400": a level and its exceptions.
+            return [
+                CodeHit(
+                    "grad-norm-spikes",
+                    0.9,
+                    f"grad norm {fmt(values[0])} most of the time, {fmt(values[1])} on some "
+                    f"steps: above {fmt(factor)}× its usual level (spike factor, "
+                    f"{self._cite(p.spike_factor)})",
+                )
+            ]
         if n >= 4:
             spikes = _isolated_spikes(values, factor)
             if spikes:
@@ -1544,6 +1571,35 @@ def _effects(kb: KnowledgeBase) -> dict[str, frozenset[str]]:
     return out
 
 
+_ACCURACY = re.compile(
+    r"\b(?P<split>train\w*|val\w*|valid\w*|test|eval\w*|dev)[\s_/-]*(?:set\s+)?"
+    r"(?:acc(?:uracy)?|top-?1)\b\s*(?:is\s+|of\s+|at\s+|[:=]\s*)?~?\s*(?P<value>\d+(?:\.\d+)?)\s*%",
+    re.IGNORECASE,
+)
+#: Points between train and held-out accuracy that read as overfitting (the matcher's own line;
+#: the seeds describe the pattern, not a number).
+_ACCURACY_GAP_POINTS = 20.0
+
+
+def _accuracy_gap(text: str) -> CodeHit | None:
+    """Train accuracy far above held-out accuracy ("train acc 100%, test acc 55%")."""
+    train = held_out = None
+    for m in _ACCURACY.finditer(text):
+        value = float(m.group("value"))
+        if m.group("split").lower().startswith("train"):
+            train = value
+        else:
+            held_out = value
+    if train is None or held_out is None or train - held_out < _ACCURACY_GAP_POINTS:
+        return None
+    return CodeHit(
+        "overfitting",
+        0.9,
+        f"train accuracy {train:g}% against {held_out:g}% on held-out data: "
+        f"{train - held_out:g} points apart",
+    )
+
+
 def _names(doc: _Doc, terms: Sequence[str]) -> bool:
     """Whether ``terms`` say the entry's id: all its words close together ("clip after the
     optimizer step" names clip-after-step; "clipping ... on those 40 steps" does not)."""
@@ -1575,16 +1631,17 @@ def _decreasing(values: Sequence[float]) -> bool:
 def _isolated_spikes(values: Sequence[float], factor: float) -> list[int]:
     """Indices of values above ``factor`` × the median of the others, with normal neighbours.
 
-    The last value is never a spike: nothing after it shows that the norm came back down.
+    The first and last values are never spikes: nothing around them shows a jump and a return.
     """
     spikes: list[int] = []
-    for i in range(len(values) - 1):
+    for i in range(1, len(values) - 1):
         others = [v for j, v in enumerate(values) if j != i]
         median = _median(others)
         if median <= 0 or values[i] <= factor * median:
             continue
-        neighbours = [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
-        if all(v <= factor * median for v in neighbours):
+        # A jump up from the step before and back down after: a trend's first value is not one.
+        neighbours = (values[i - 1], values[i + 1])
+        if all(v <= factor * median and values[i] > factor * v for v in neighbours):
             spikes.append(i)
     return spikes
 
