@@ -66,7 +66,7 @@ _SEQUENCE_MODEL = re.compile(
 #: A sequence model or policy-gradient training named in the words around the code.
 _LOOP_HEADER = re.compile(r"^\s*(?:for|while)\b")
 _ZEROED = re.compile(r"zero_grad|\.grad\s*=\s*None|set_to_none|\.grad\.zero_|zero_\(\)")
-_NO_SYNC_BLOCK = re.compile(r"^\s*with\s+[\w.]*no_sync\s*\(\s*\)\s*:", re.MULTILINE)
+_NO_SYNC_BLOCK = re.compile(r"^\s*with\s+[\w.]*no_sync\s*\(\s*\)\s*:")
 _NO_SYNC_CONDITIONAL = re.compile(
     r"nullcontext|ExitStack|require_backward_grad_sync|\bif\b[^\n]*no_sync|no_sync[^\n]*\bif\b"
 )
@@ -82,7 +82,6 @@ _SEQUENCE_PROSE = re.compile(
 )
 _CLIP_WORD = re.compile(r"\bclip", re.IGNORECASE)
 _SATURATING = re.compile(r"nn\.(?:Sigmoid|Tanh)\s*\(|torch\.(?:sigmoid|tanh)\s*\(")
-_DEEP_RANGE = re.compile(r"range\s*\(\s*(?P<n>\d+)\s*\)|\]\s*\*\s*(?P<m>\d+)")
 _UNSTABLE_OP = re.compile(
     r"torch\.log\s*\((?P<a>[^()\n]*(?:\([^()\n]*\))?[^()\n]*)\)|\.log\s*\(\s*\)|"
     r"torch\.sqrt\s*\((?P<b>[^\n]*)|torch\.exp\s*\("
@@ -346,10 +345,12 @@ def analyse(code: str, prose: str = "") -> list[CodeHit]:
             "code: the loop steps but never zeroes the gradients, so they add up across updates",
         )
     # no_sync around every micro-batch, the one before the step included: never synchronised.
+    blocks = [n for n, line in enumerate(lines) if _NO_SYNC_BLOCK.match(line)]
     if (
         accumulation is not None
-        and _NO_SYNC_BLOCK.search(code)
+        and blocks
         and not _NO_SYNC_CONDITIONAL.search(code)
+        and not any(_inside_branch(lines, n) for n in blocks)
     ):
         add(
             "ddp-no-sync-misplaced",
@@ -377,9 +378,7 @@ def analyse(code: str, prose: str = "") -> list[CodeHit]:
     sequence_model = _SEQUENCE_MODEL.search(code) or _SEQUENCE_PROSE.search(prose)
     if sequence_model and not has_clip and (backwards or _LIGHTNING.search(code)):
         add("no-clip-sequence-model", 0.7, "code: a Transformer/RNN is trained with no clipping")
-    saturating = len(_SATURATING.findall(code))
-    deep = any(int(m.group("n") or m.group("m") or 0) > 20 for m in _DEEP_RANGE.finditer(code))
-    if saturating and (deep or saturating > 20):
+    if _repeated_saturating(lines) or len(_SATURATING.findall(code)) > 20:
         add("saturating-deep-net", 0.8, "code: a deep stack (> 20) of sigmoid/tanh layers")
     for m in _UNSTABLE_OP.finditer(code):
         arg = m.group("a") or m.group("b") or ""
@@ -391,6 +390,42 @@ def analyse(code: str, prose: str = "") -> list[CodeHit]:
     if has_loop and backwards and steps and "norm_read" not in kinds and "clip_norm" not in kinds:
         add("no-grad-monitoring", 0.45, "code: the loop never measures the gradient norm")
     return hits
+
+
+def _inside_branch(lines: list[str], number: int) -> bool:
+    """Whether line ``number`` sits in an ``if``/``elif``/``else`` block (the nearest line above
+    it with less indentation is a branch header)."""
+    width = _indent(lines[number])
+    for above in range(number - 1, -1, -1):
+        text = lines[above].split("#", 1)[0]
+        if text.strip() and _indent(text) < width:
+            return bool(re.match(r"\s*(?:if|elif|else)\b", text))
+    return False
+
+
+def _repeated_saturating(lines: list[str]) -> bool:
+    """A sigmoid/tanh inside something repeated more than 20 times: ``[..., nn.Tanh()] * 30``,
+    ``[... nn.Sigmoid() ... for _ in range(32)]``, or a ``for`` loop over ``range(N > 20)``
+    that builds one (a single output Tanh after 48 residual blocks is not a stack)."""
+    code = "\n".join(lines)
+    for m in _REPEATED.finditer(code):
+        count = int(m.group("times") or m.group("range") or 0)
+        if count > 20 and _SATURATING.search(m.group("body") or m.group("inner") or ""):
+            return True
+    for number, line in enumerate(lines):
+        header = _DEEP_LOOP.match(line)
+        if header and int(header.group("n")) > 20:
+            body = "\n".join(lines[number + 1 : _block_end(lines, number)])
+            if _SATURATING.search(body):
+                return True
+    return False
+
+
+_REPEATED = re.compile(
+    r"\[(?P<body>[^\[\]]*)\]\s*\*\s*(?P<times>\d+)"
+    r"|\[(?P<inner>[^\[\]]*?)\bfor\b[^\[\]]*?\brange\s*\(\s*(?P<range>\d+)\s*\)\s*\]"
+)
+_DEEP_LOOP = re.compile(r"^\s*for\b[^\n]*\brange\s*\(\s*(?P<n>\d+)\s*\)\s*:")
 
 
 def _under_any_gate(e: Event, events: list[Event], lines: list[str], acc: _Accumulation) -> bool:
