@@ -614,7 +614,9 @@ def _split_prose(text: str, code: list[str], prose: list[str], words: list[str])
             code.append(bare)
         elif spans:
             code.extend(spans)
-            prose.append(outside)
+            # The rules read the sentence with its calls in place ("`clip_grad_norm_(...)` comes
+            # before the forward"); the word score reads only the words around them.
+            prose.append(bare)
             words.append(outside)
         elif _CODE_LINE.match(line) and not _PROSE_START.match(line):
             code_part, rest = _prose_tail(line)
@@ -902,8 +904,18 @@ _ORDER_FREE_RE = re.compile(_ORDER_FREE, re.IGNORECASE)
 
 # Order stated in words: "I clip after optimizer.step()", "the norm is read after zero_grad".
 _CLIP = r"clip\w*"
+#: Inside one clause: anything but a sentence end, where a dot followed by a letter or digit
+#: ("optimizer.step()", "1.0") does not end a sentence.
+_CLAUSE = r"(?:[^.;\n]|\.(?=\w))"
+
+
+def _clause_bound(pattern: str) -> str:
+    """``pattern`` with its clause gaps (``[^.;\n]``) letting code's dots through."""
+    return pattern.replace("[^.;\\n]", _CLAUSE)
+
+
 _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
-    (re.compile(pattern, re.IGNORECASE), entry_id, strength, reason)
+    (re.compile(_clause_bound(pattern), re.IGNORECASE), entry_id, strength, reason)
     for pattern, entry_id, strength, reason in (
         (
             _ORDER_FREE,
@@ -922,7 +934,7 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: the gradients, not the loss, are divided by N",
         ),
         (
-            rf"\b{_CLIP}\b[^.;\n]{{0,40}}\bafter\b[^.;\n]{{0,30}}(?:optimi[sz]\w*|\.step\b|"
+            rf"\b{_CLIP}\b[^.;\n]{{0,40}}\bafter\b[^.;\n]{{0,30}}(?:optimi[sz]\w*(?!\.zero_grad)|\.step\b|"
             rf"\bstep\(\)|weights?\s+(?:have\s+)?(?:changed|updated)|update\b)"
             rf"|\bafter\b[^.;\n]{{0,12}}(?:optimi[sz]\w*\.?\s*step|\.step\(\))[^.;\n]{{0,30}}"
             rf"\b{_CLIP}",
@@ -938,7 +950,7 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: optimizer.step() is described as coming before the clip",
         ),
         (
-            rf"\b{_CLIP}\b[^.;\n]{{0,40}}\bbefore\b[^.;\n]{{0,25}}backward"
+            rf"\b{_CLIP}\b[^.;\n]{{0,100}}\bbefore\b[^.;\n]{{0,25}}(?:backward|the\s+forward|forward\s+pass)"
             rf"|\bbefore\b[^.;\n]{{0,20}}backward[^.;\n]{{0,25}}\b{_CLIP}",
             "clip-before-backward",
             0.6,
@@ -1104,7 +1116,7 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
         (
             # "NaN? lower the learning rate": the claim the rationalization answers.
             r"^(?=.*\bnan)(?=.*\b(?:lr|learning[\s_-]rate)\b)(?=.*\b(?:lower\w*|reduc\w*|drop\w*|"
-            r"decreas\w*|cut\w*|smaller|halv\w*|divid\w*)\b)",
+            r"decreas\w*|cut\w*|smaller|halv\w*|divid\w*|shrink\w*|turn\s+down|dial\s+down)\b)",
             "lower-lr-for-nan",
             0.5,
             "text: a NaN answered by a smaller learning rate",

@@ -264,7 +264,10 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "val_loss",
-        re.compile(r"\b(?:val(?:idation)?|eval|test)[_ ]loss(?:es)?\b", re.IGNORECASE),
+        re.compile(
+            r"\b(?:val(?:idation)?|eval|test|dev)[_ ](?:loss(?:es)?|ppl|perplexity)\b",
+            re.IGNORECASE,
+        ),
     ),
     ("loss", re.compile(r"\b(?:train(?:ing)?[_ ])?loss(?:es)?\b", re.IGNORECASE)),
     # exp(loss): it diverges, spikes and stalls with the loss.
@@ -357,7 +360,9 @@ def _scope_values(scope: str) -> list[tuple[float, tuple[float, float] | None]]:
             and _LIST_JOIN.fullmatch(scope[marker_end : m.start()]) is not None
             and float(raw) > marker_value
         )
-        if m.group("suffix") or _MARKER_BEFORE.search(before[-24:]) or listed:
+        # Steps and counts are whole numbers: "every 1k steps: 0.4, 0.8" lists values.
+        marker = whole and _MARKER_BEFORE.search(before[-24:]) is not None
+        if m.group("suffix") or marker or listed:
             marker_end = m.end()
             scale = {"k": 1e3, "m": 1e6}.get((m.group("suffix") or "").lower(), 1.0)
             marker_value = float(parse_number(raw) or 0.0) * scale

@@ -197,6 +197,9 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "ddp-": r"ddp|distributed|no_sync|\branks?\b|multi-?gpu|gpus|nodes|all[-_\s]?reduce|"
         r"world[_\s]size|torchrun|fsdp|horovod|data[\s-]parallel|replica",
         "accum-": r"accum|micro[-\s]?(?:batch|step)|effective\s+batch",
+        # The no_sync red flags are about synchronisation, not any slow DDP run.
+        "ddp-accum-without-no-sync": r"sync|all[-_\s]?reduc|communicat",
+        "ddp-no-sync-misplaced": r"sync|all[-_\s]?reduc|communicat",
         "clip-": r"clip",
         "value-clipping": r"clip",
         "no-clip-sequence-model": r"clip|lstm|gru|rnn|transformer|gpt|bert|t5|llm|seq2seq|"
@@ -330,7 +333,7 @@ _DATA_QUESTION = re.compile(
     r"train[\s/-]+test\s+split|split|images?|crop\w*|resiz\w*|rows?|columns?|pandas|parquet|"
     r"annotations?|scrap\w*|feature\s+engineering|outliers?\s+in\s+(?:the|my)\s+data|shuffl\w*|"
     r"tabular|normali[sz]\w*\s+(?:my\s+|the\s+)?(?:\w+\s+)?(?:features|inputs|data|images|pixels|"
-    r"columns|targets))\b",
+    r"columns|targets)|early[\s-]stopping)\b",
     re.IGNORECASE,
 )
 #: Words that put a question inside the gradient domain (normalised by the analyser at load).
