@@ -1,29 +1,38 @@
 """Free text (and pasted code) → ranked knowledge entries.
 
 ``match("my loss goes to NaN after 2k steps")`` returns the catalogue entries that fit the
-text, best first, each with the reasons it was chosen. Three kinds of evidence add up:
+text, best first, each with the reasons it was chosen. Four kinds of evidence add up:
 
 * **words** — a BM25F ranker over each entry's fields (title, claim, paraphrases, phrasings,
   keywords, what/why/shows-up …, each with its own weight), after lower-casing, domain
   synonyms (``data/synonyms.yaml``), stemming and typo repair; adjacent word pairs count as
   phrases; the closest single title/claim/paraphrase/phrasing adds a bonus, and so does naming
   the entry ("vanishing gradients"); the form of the text (an assertion or advice versus a
-  report or a question) tilts rationalizations against symptoms and red flags.
+  report or a question) tilts rationalizations against symptoms and red flags. Words that
+  appear only in pasted code count half, and an entry about a technique the text never names
+  (sigmoid stacks, mixed precision, DDP …) keeps only part of its word score.
 * **numbers** — quantities read from the text (``loss: nan``, ``grad norm 3.4e+04``,
   ``dead 63%``, ``scale 65536 → 1``) compared with a threshold profile (the default one
-  unless the :class:`Matcher` is built with another); each reason names the threshold, its
-  severity, the profile and the seed the number comes from.
-* **order** — rules over pasted code (clip after ``step()``, clip without ``unscale_``,
-  accumulation without dividing the loss …) and over the same order stated in words
-  ("I clip after the optimizer step").
+  unless the :class:`Matcher` is built with another), and the same quantity written several
+  times read as a series ("0.9 at step 1k, 4 at 10k, 25 at 30k"): a rising, decaying or spiky
+  grad norm, a loss that diverges, spikes, stalls or plateaus, a norm that stays in or settles
+  into the healthy range. Each reason names the threshold, its severity, the profile and the
+  seed the number comes from; healthy numbers answer "is this normal?" with ``healthy`` (or
+  ``small-grads-mean-broken`` when small norms come with a run that still improves).
+* **code** — a fragment found in the text (fenced, indented, inline, or statements joined by
+  ``;`` in a sentence) is repaired into parseable Python (a loop body without its loop,
+  ``...`` pseudo-code, broken indentation) and read by the static analyser
+  (``probes.static.lint_source``, imported on the first text with code), next to light order
+  rules that also read fragments too broken to parse.
+* **sentences** — the same mistakes stated in words ("I clip after the optimizer step",
+  "no_sync only wraps the backward").
 
-Learning-rate-only and data-only questions are flagged ``out_of_scope`` with a pointer; a
-question that also names a gradient problem ("I lowered the LR and still get NaN") stays in.
-Nothing here imports torch or ``probes.static``; the static analyser reads whole scripts, this
-module reads fragments.
-
-Learning-rate-only and data-only questions are flagged ``out_of_scope`` with a pointer.
-Nothing here imports torch or ``probes``.
+Then the ranking is settled: a red flag the text describes ranks above the symptoms and
+signals it explains (the named cause first), the most serious of several mistakes in one
+fragment comes first, and a serious mistake in the user's code ranks above claims the text
+does not make. Learning-rate-only and data-only questions are flagged ``out_of_scope`` with a
+pointer; a question that also names a gradient problem ("I lowered the LR and still get NaN")
+stays in. Nothing here imports torch.
 """
 
 from __future__ import annotations
