@@ -1,12 +1,13 @@
-"""Light, order-based rules over code fragments pasted into a question.
+"""Code in a question: finding it, repairing it, and reading it.
 
-Private to ``knowledge.matcher``. This is not the static analyser (``probes.static`` reads
-whole scripts with libcst; ``knowledge`` must not depend on ``probes``): fragments here are
-partial, elided with ``...``, badly indented or embedded in prose, so the rules look at the
-order of a handful of call events inside one function and, where indentation survives, at
-which ones run per micro-batch and which once per update (under an ``if step % N`` gate, or
-after a ``for micro_step in range(N)`` loop). It also holds the prose-order rules ("I clip
-after the optimizer step").
+Private to ``knowledge.matcher``. Code arrives in pieces: fenced or indented blocks, inline
+spans, statements joined by ``;`` in a sentence, a loop body without its loop, pseudo-code
+with ``...``, lines at the wrong indentation. :func:`split_code` separates it from the prose,
+:func:`fragment_source` repairs it into parseable Python, and :func:`code_hits` reads it twice:
+with the static analyser (``probes.static.lint_source``, imported on first use) and with light
+order rules over call events (clip after ``step()``, zeroing per micro-batch under a
+``% N`` gate ...), which also read fragments too broken to parse. The module also holds the
+sentence rules (:func:`prose_hits`: "I clip after the optimizer step").
 """
 
 from __future__ import annotations
