@@ -892,7 +892,16 @@ def code_hits(code: str, prose: str = "") -> list[CodeHit]:
     best = {hit.entry_id: hit for hit in (static_hits(source) if source is not None else [])}
     for hit in analyse(source if source is not None else code, prose):
         best.setdefault(hit.entry_id, hit)
+    if best.keys() & _MISPLACED_CLIP:
+        # A clip in the wrong place does nothing: whether it would also have clipped scaled or
+        # per-micro-batch gradients is moot until it moves.
+        for moot in _MOOT_WHEN_MISPLACED:
+            best.pop(moot, None)
     return list(best.values())
+
+
+_MISPLACED_CLIP = frozenset({"clip-after-step", "clip-before-backward"})
+_MOOT_WHEN_MISPLACED = ("amp-clip-without-unscale", "accum-clip-every-microstep")
 
 
 #: "before or after", "wherever", "the order doesn't matter": the text says order is irrelevant.
@@ -1089,12 +1098,22 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             r"(?:the\s+|a\s+)?(?:softmax|sigmoid|prob\w*|logits?|outputs?|predictions?)|\bdivi\w+\s+"
             r"by\s+(?:the\s+|a\s+)?(?:sum|count|number|norm|std|variance|mask))[^.;\n]{0,60}"
             r"\b(?:no\s+(?:clamp|eps\w*)|without\s+(?:a\s+|any\s+)?(?:clamp\w*|eps\w*)|not\s+clamped|"
-            r"unclamped|unbounded|can\s+be\s+(?:exactly\s+)?(?:0|zero)|culprit)"
+            r"unclamped|unbounded|can\s+be\s+(?:exactly\s+)?(?:0|zero)|culprit|(?:was|is|were|became|"
+            r"becomes|goes\s+to|went\s+to|hits?)\s+(?:exactly\s+)?(?:0|zero)\b)"
             r"|\b(?:culprit|caused\s+by|because\s+of|comes?\s+from|came\s+from)\b[^.;\n]{0,20}"
             r"(?:\btorch\.(?:log|exp|sqrt)\s*\(|\b(?:log|exp|sqrt)\s*\()",
             "unstable-loss-op",
             0.6,
             "text: a log/exp/sqrt or division in the loss with nothing keeping it finite",
+        ),
+        (
+            # "optimizer.step() is inside the if step % 8 branch, scheduler.step() outside it"
+            r"%[^.;\n]{0,80}\bsched\w*(?:\.step\(\))?[^.;\n]{0,30}\b(?:outside|not\s+inside|out\s+of)\b"
+            r"|\bsched\w*(?:\.step\(\))?[^.;\n]{0,30}\b(?:outside|not\s+inside)\s+(?:of\s+)?(?:the\s+)?"
+            r"(?:if|branch|condition|accumulation\s+(?:check|gate|branch))",
+            "accum-scheduler-per-microbatch",
+            0.6,
+            "text: the scheduler steps outside the branch that steps the optimizer",
         ),
         (
             r"\b(?:lr[\s_]?)?sched\w*\b[^.;\n]{0,40}\b(?:every|each|per)\s+(?:single\s+)?(?:forward|"

@@ -155,7 +155,10 @@ _ASSERTION = re.compile(
     r"must\s+be|it's\s+because|that's\s+why|probably|i\s+think|i\s+bet|i\s+guess|recommend|"
     r"suggest|the\s+fix\s+is|the\s+answer\s+is|go\s+with|instead|won't|can't|cannot|isn't|"
     r"doesn't|don't|shouldn't|no\s+point|pointless|overkill|waste|bad\s+idea|incompatible|"
-    r"fight\w*\s+each\s+other|interfere\w*|conflict\w*)\b",
+    r"fight\w*\s+each\s+other|interfere\w*|conflict\w*)\b"
+    # A consequence stated as a rule: "X changes the norm, so clipping gives wrong values".
+    r"|,\s*so\s+[^.;\n]{0,40}\b(?:gives?|returns?|is|are|becomes?)\s+(?:\w+\s+)?(?:wrong|"
+    r"incorrect|broken|meaningless|useless)\b",
     re.IGNORECASE,
 )
 #: Negations that mark a claim only when nobody is describing their own run.
@@ -224,6 +227,11 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "transformers-are-unstable": r"transformer|attention|llm|gpt|bert|t5|language\s+model|"
         r"\bvit\b",
         "amp-breaks-clipping": r"\bamp\b|fp16|float16|half|mixed|scaler|autocast|bf16|precision",
+        "accumulation-is-complicated": r"accum|micro[-\s]?batch",
+        "scale-grads-not-loss": r"accum|micro[-\s]?batch|\.grad|grads?\b|gradients",
+        "accum-scale-depends-on-batch": r"accum|micro[-\s]?batch|divisor|scal",
+        "smaller-model-for-memory": r"memory|oom|\bfit|vram|gpu|smaller|checkpoint|variant",
+        "need-bigger-gpus": r"gpu|memory|vram|card|a100|h100|hardware|oom|\bfit",
     }.items()
 }
 _STILL_LEARNING = re.compile(
@@ -271,7 +279,8 @@ _NORMAL_QUESTION = re.compile(
     r"|nothing\s+(?:wrong|to\s+worry|weird)|worth\s+worrying|(?:looks?|seems?)\s+(?:fine|ok(?:ay)?|"
     r"normal|healthy)|is\s+(?:something|anything)\s+wrong|right\s*\?|reason\s+to\s+worry"
     r"|need\s+to\s+worry|cause\s+for\s+concern|(?:a|any)\s+problem\s*\?|concern(?:ed|ing)?\s*\?"
-    r"|all\s+(?:good|fine|ok(?:ay)?)\s*\?|balance\s+ok)",
+    r"|all\s+(?:good|fine|ok(?:ay)?)\s*\?|balance\s+ok|(?:anything|something)\s+(?:that\s+)?"
+    r"looks?\s+(?:off|wrong|weird|strange|odd)|looks?\s+off\s*\?)",
     re.IGNORECASE,
 )
 #: "the loss curve looks textbook": the run is said to go well.
@@ -1616,7 +1625,7 @@ def _names(doc: _Doc, terms: Sequence[str]) -> bool:
     """Whether ``terms`` say the entry's id: all its words close together ("clip after the
     optimizer step" names clip-after-step; "clipping ... on those 40 steps" does not)."""
     wanted = doc.id_terms
-    window = len(doc.id_sequence) + 4
+    window = len(doc.id_sequence) + 2
     return any(
         term in wanted and wanted <= set(terms[start : start + window])
         for start, term in enumerate(terms)
