@@ -65,6 +65,7 @@ _SEQUENCE_MODEL = re.compile(
     r"log_prob",
 )
 #: A sequence model or policy-gradient training named in the words around the code.
+_DIVISOR = re.compile(r"/\s*([A-Za-z_][\w.]*(?:\(\s*\))?)")
 _LOOP_HEADER = re.compile(r"^\s*(?:for|while)\b")
 _ZEROED = re.compile(r"zero_grad|\.grad\s*=\s*None|set_to_none|\.grad\.zero_|zero_\(\)")
 _NO_SYNC_BLOCK = re.compile(r"^\s*with\s+[\w.]*no_sync\s*\(\s*\)\s*:")
@@ -326,6 +327,18 @@ def analyse(code: str, prose: str = "") -> list[CodeHit]:
         add("accum-manual-grad-scaling", 0.8, "code: .grad is divided by the accumulation count")
 
     zero_events = [e for e in events if e.kind == "zero_grad"]
+    # A division by something the words around the code say is zero ("/ y.var()", "y.var() is
+    # 0 for some batches").
+    for divisor in _DIVISOR.findall(code):
+        said_zero = re.compile(
+            re.escape(divisor) + r"[^.;\n]{0,20}\b(?:is|was|are|were|can\s+be|becomes?|equals?|"
+            r"hits?)\s+(?:exactly\s+)?(?:0|zero)\b",
+            re.IGNORECASE,
+        )
+        if said_zero.search(prose):
+            reason = f"code: divides by {divisor}, which the text says can be 0"
+            add("unstable-loss-op", 0.85, reason)
+            break
     # A whole training loop that steps but never zeroes: gradients add up over every update.
     if backwards and steps and not zero_events and not _ZEROED.search(code):
         training_loop = any(
@@ -1206,8 +1219,8 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
         ),
         (
             r"\b(?:after\s+(?:a\s+)?(?:good|great|nice|promising|decent|fast|quick)\s+start|"
-            r"(?:dropped|decreased|fell|improved|went\s+down)\s+(?:nicely|quickly|fast|well)?)"
-            r"[^.;\n]{0,60}\b(?:flat|plateau\w*|stall\w*|stuck|stopped|levels?\s+off|"
+            r"(?:drop\w*|decreas\w*|fell|falls?|improv\w*|went\s+down|goes\s+down)\s+(?:nicely|quickly|"
+            r"fast|well)?)[^.;\n]{0,60}\b(?:flat\w*|plateau\w*|stall\w*|stuck|stopped|levels?\s+off|"
             r"levell?ed\s+off|won't\s+improve|not\s+improv\w*)",
             "plateau",
             0.4,

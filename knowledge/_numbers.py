@@ -95,7 +95,7 @@ _MAX_NORM = re.compile(
     re.IGNORECASE,
 )
 _RATIO = re.compile(
-    r"\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?param(?:eter)?s?)[_ -]ratio\b"
+    r"\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?(?:param(?:eter)?s?|weights?))[_ -]ratio\b"
     rf"{_FILLER}{_NUM}",
     re.IGNORECASE,
 )

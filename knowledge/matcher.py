@@ -228,6 +228,8 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         r"\bvit\b",
         "amp-breaks-clipping": r"\bamp\b|fp16|float16|half|mixed|scaler|autocast|bf16|precision",
         "accumulation-is-complicated": r"accum|micro[-\s]?batch",
+        "complex-models-always-unstable": r"complex|big|large|huge|billion|\d+\s*[bm]\b|param|deep|"
+        r"architecture|model",
         "scale-grads-not-loss": r"accum|micro[-\s]?batch|\.grad|grads?\b|gradients",
         "accum-scale-depends-on-batch": r"accum|micro[-\s]?batch|divisor|scal",
         "smaller-model-for-memory": r"memory|oom|\bfit|vram|gpu|smaller|checkpoint|variant",
@@ -280,7 +282,8 @@ _NORMAL_QUESTION = re.compile(
     r"normal|healthy)|is\s+(?:something|anything)\s+wrong|right\s*\?|reason\s+to\s+worry"
     r"|need\s+to\s+worry|cause\s+for\s+concern|(?:a|any)\s+problem\s*\?|concern(?:ed|ing)?\s*\?"
     r"|all\s+(?:good|fine|ok(?:ay)?)\s*\?|balance\s+ok|(?:anything|something)\s+(?:that\s+)?"
-    r"looks?\s+(?:off|wrong|weird|strange|odd)|looks?\s+off\s*\?)",
+    r"looks?\s+(?:off|wrong|weird|strange|odd)|looks?\s+off\s*\?|is\s+(?:that|this|it)\s+(?:too\s+)?"
+    r"(?:high|low|big|large|small)\s*\?)",
     re.IGNORECASE,
 )
 #: "the loss curve looks textbook": the run is said to go well.
@@ -299,7 +302,8 @@ _LOSS_DIVERGING_FACTOR = 3.0
 _OCCASIONAL = re.compile(
     r"\b(?:except|apart\s+from|other\s+than|but\s+(?:at|on)|occasionally|sometimes|every\s+so\s+"
     r"often|once\s+in\s+a\s+while|now\s+and\s+then|from\s+time\s+to\s+time|(?:a\s+)?few\s+steps|"
-    r"some\s+steps|single\s+steps?|random\s+steps)\b",
+    r"some\s+steps|single\s+steps?|random\s+steps|mostly|usually|typically|most\s+of\s+the\s+time|"
+    r"most\s+steps)\b",
     re.IGNORECASE,
 )
 _EVERY_STEP = re.compile(
@@ -1078,7 +1082,12 @@ class Matcher:
         n = len(values)
         shown = _shown(values)
         factor = p.spike_factor.value
-        if n == 2 and occasional and values[0] > 0 and values[1] > factor * values[0]:
+        if (
+            n >= 2
+            and occasional
+            and values[0] > 0
+            and all(v > factor * values[0] for v in values[1:])
+        ):
             # "~1 except at a few steps where it hits 400": a level and its exceptions.
             return [
                 CodeHit(
@@ -1391,6 +1400,9 @@ class Matcher:
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
                 reasons[hit.entry_id].append(hit.reason)
+        if "underfitting" in scores and progress.held_out_improving:
+            # Underfitting is both losses stuck high: not when the text says both improve.
+            scores["underfitting"] *= 0.6
         if "overfitting" in scores and (
             progress.held_out_improving or not _HELD_OUT_ANY.search(text)
         ):
