@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import NamedTuple
 
 # Call events, in the order they appear in the fragment.
@@ -937,8 +938,8 @@ def _clause_bound(pattern: str) -> str:
     return pattern.replace("[^.;\\n]", _CLAUSE)
 
 
-_PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
-    (re.compile(_clause_bound(pattern), re.IGNORECASE), entry_id, strength, reason)
+_PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
+    (_clause_bound(pattern), entry_id, strength, reason)
     for pattern, entry_id, strength, reason in (
         (
             _ORDER_FREE,
@@ -1283,6 +1284,44 @@ _DEEP_SATURATING = re.compile(
 )
 
 
+#: Words without which a rule cannot match (lower case): the rule is skipped, and compiled
+#: only the first time a text has one (start-up compiles none; a test checks each trigger).
+_PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
+    "clip-anywhere": ("clip",),
+    "accum-manual-grad-scaling": ("grad",),
+    "clip-after-step": ("clip",),
+    "clip-before-backward": ("clip",),
+    "amp-clip-without-unscale": ("unscal",),
+    "accum-unscaled-loss": ("loss",),
+    "accum-zero-grad-every-microstep": ("zero",),
+    "accum-missing-zero-grad": ("zero",),
+    "monitor-after-zero-grad": ("zero",),
+    "no-grad-monitoring": ("grad", "loss"),
+    "nan-loss-before-backward": ("backward",),
+    "ddp-accum-without-no-sync": ("sync", "reduc", "communicat"),
+    "many-zero-activations": ("0", "zero", "dead"),
+    "value-clipping": ("clip",),
+    "no-clip-sequence-model": ("clip",),
+    "amp-step-bypasses-scaler": ("scale",),
+    "nan-gradients": ("backward",),
+    "loss-down-then-up-with-accumulation": ("accum", "micro"),
+    "accum-double-scaling": ("accum", "deepspeed", "engine"),
+    "ddp-no-sync-misplaced": ("no_sync",),
+    "clipping-slow-convergence": ("norm",),
+    "nonfinite-inputs": ("nan", "inf"),
+    "amp-diverges": ("fp16", "float16", "bf16", "amp", "autocast", "mixed", "half"),
+    "lower-lr-for-nan": ("nan",),
+    "accum-scheduler-per-microbatch": ("sched",),
+    "accum-leftover-batches": ("batch", "divisib", "divide"),
+    "unstable-loss-op": ("log", "exp", "sqrt", "divi"),
+}
+
+
+@cache
+def _prose_rule(index: int) -> re.Pattern[str]:
+    return re.compile(_PROSE_RULES[index][0], re.IGNORECASE)
+
+
 def prose_hits(text: str) -> list[CodeHit]:
     """Evidence from the order of events as stated in words (sentence by sentence)."""
     hits: list[CodeHit] = []
@@ -1300,9 +1339,14 @@ def prose_hits(text: str) -> list[CodeHit]:
                 CodeHit("saturating-deep-net", 0.4, "text: a deep network of sigmoid/tanh layers")
             )
             break
-    for pattern, entry_id, strength, reason in _PROSE_RULES:
+    lowered = text.lower()
+    for index, (_, entry_id, strength, reason) in enumerate(_PROSE_RULES):
         if any(h.entry_id == entry_id for h in hits):
             continue
+        triggers = _PROSE_TRIGGERS.get(entry_id)
+        if triggers is not None and not any(t in lowered for t in triggers):
+            continue
+        pattern = _prose_rule(index)
         needs = _PROSE_REQUIRES.get(entry_id)
         for piece in pieces:
             if not pattern.search(piece) or (needs is not None and not needs.search(piece)):

@@ -8,7 +8,27 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+
+class _Lazy:
+    """A pattern compiled on first use and skipped when the text has none of its trigger words
+    (lower case): start-up compiles nothing, and most texts never need most patterns."""
+
+    __slots__ = ("_compiled", "flags", "source", "triggers")
+
+    def __init__(self, source: str, triggers: tuple[str, ...], flags: int = re.IGNORECASE) -> None:
+        self.source, self.triggers, self.flags = source, triggers, flags
+        self._compiled: re.Pattern[str] | None = None
+
+    def finditer(self, text: str, lowered: str) -> Iterator[re.Match[str]]:
+        if not any(t in lowered for t in self.triggers):
+            return iter(())
+        if self._compiled is None:
+            self._compiled = re.compile(self.source, self.flags)
+        return self._compiled.finditer(text)
+
 
 # A number as people and loggers write it: 1523.2, 1,523.2, 3.4e+04, .5, 2e-7, nan, inf, 10^-7.
 _NUM = (
@@ -32,15 +52,17 @@ _FILLER = (
     r"|\bconsistently\b|\busually\b|\btypically\b|\bmostly\b|\bsettles?\b|\bsettled\b)*?"
 )
 
-_LOSS = re.compile(
+_LOSS = _Lazy(
     rf"\b(?P<name>(?:train(?:ing)?|val(?:idation)?|eval)?[_ ]?loss(?:es)?)\b{_FILLER}{_NUM}",
+    ("loss",),
     re.IGNORECASE,
 )
-_NAN_LOSS = re.compile(
+_NAN_LOSS = _Lazy(
     r"\b(?P<num>nan|inf(?:inity)?)\s+(?:(?:train(?:ing)?|validation|val)\s+)?loss(?:es)?\b",
+    ("nan", "inf"),
     re.IGNORECASE,
 )
-_GRAD_NORM = re.compile(
+_GRAD_NORM = _Lazy(
     r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
     r"norm\s+of\s+(?:the\s+)?(?:grad(?:ient)?s?)|grad(?:ient)?s?(?=\s+(?:are|is|were|was)\b)"
     # Per-layer values said of the early or late layers ("gradients in the first layers are").
@@ -48,67 +70,78 @@ _GRAD_NORM = re.compile(
     r"top|bottom|lower|upper|initial|final|input|output)\s+(?:few\s+|\w+\s+)?layers?"
     r"(?=\s+(?:are|is|were|was|stay|sit|hover)\w*\b))\b"
     rf"{_FILLER}{_NUM}",
+    ("norm", "grad"),
     re.IGNORECASE,
 )
 # The value before the name: "the first layers get ~1e-9 gradients", "with 3e4 grad norms".
-_GRAD_VALUE_FIRST = re.compile(
+_GRAD_VALUE_FIRST = _Lazy(
     r"\b(?:get|gets|getting|got|receive[sd]?|receiving|have|has|had|see|saw|with)\s+"
     r"(?:only\s+|around\s+|about\s+|roughly\s+)?[~≈]?\s*"
     r"(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+−]?\d+)?)\s+"
     r"(?:grad(?:ient)?s?|grad(?:ient)?[_ ]norms?)\b",
+    ("grad",),
     re.IGNORECASE,
 )
-_NAN_GRADS = re.compile(
+_NAN_GRADS = _Lazy(
     r"\b(?:nan|inf(?:inity)?)\s+(?:in\s+(?:the\s+|my\s+)?)?grad(?:ient)?s?\b"
     r"|\bgrad(?:ient)?s?\b[^.\n]{0,30}?\b(?:are|become|became|turn|turned|go|went|contain)"
     r"\b[^.\n]{0,12}?\b(?:nan|inf)\b",
+    ("nan", "inf"),
     re.IGNORECASE,
 )
-_NAN_PARAMS = re.compile(
+_NAN_PARAMS = _Lazy(
     r"\b(?:weights?|param(?:eter)?s?|biases?)\b[^.\n]{0,40}?\b(?:are|is|were|was|became|become|"
     r"turn(?:ed)?|went|contain|have|has)\b[^.\n]{0,12}?\b(?:nan|inf)\b"
     r"|\b(?:nan|inf)\s+(?:in\s+(?:the\s+|my\s+)?)?(?:weights?|param(?:eter)?s?)\b"
     r"|\b(?:nan|inf)s?\b[^.;\n]{0,25}?\b(?:in|of)\s+(?:the\s+|my\s+)?(?:\w+\s+)?"
     r"(?:weights?|param(?:eter)?s?)\b",
+    ("nan", "inf"),
     re.IGNORECASE,
 )
-_SCALE = re.compile(
+_SCALE = _Lazy(
     rf"\b(?:loss[_ ])?scale\b{_FILLER}{_NUM}\s*(?:→|->|=>|to|down\s+to|drops?\s+to|dropped\s+to|"
     r"fell\s+to|falls\s+to|falling\s+to|goes\s+to|went\s+to)\s*(?P<num2>(?:10|2)\s*\^\s*[-+−]?\d+"
     r"|[-+]?\d+(?:\.\d*)?(?:[eE][-+−]?\d+)?)",
+    ("scale",),
     re.IGNORECASE,
 )
-_PERCENT_BEFORE = re.compile(
+_PERCENT_BEFORE = _Lazy(
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*"
     r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
     r"\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+fire)\b",
+    ("%", "percent", "per cent", "pct"),
     re.IGNORECASE,
 )
-_PERCENT_AFTER = re.compile(
+_PERCENT_AFTER = _Lazy(
     r"\b(?P<what>dead|zeros?|inactive)\b(?P<subject>[a-z_\- ]{0,30}?)[:=]?\s*"
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)",
+    ("%", "percent", "per cent", "pct"),
     re.IGNORECASE,
 )
-_MAX_NORM = re.compile(
+_MAX_NORM = _Lazy(
     r"\b(?:max_norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
     rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
+    ("max_norm", "clip"),
     re.IGNORECASE,
 )
-_RATIO = re.compile(
+_RATIO = _Lazy(
     r"\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?(?:param(?:eter)?s?|weights?))[_ -]ratio\b"
     rf"{_FILLER}{_NUM}",
+    ("ratio",),
     re.IGNORECASE,
 )
 # The applied update against the weights: "update ratio", "||Δw||/||w||", "update-to-weight".
-_UPDATE_RATIO = re.compile(
+_UPDATE_RATIO = _Lazy(
     r"(?:\bupdate[_ -](?:to[_ -](?:weight|param\w*)[_ -])?ratio\b|\brelative\s+update\b"
     r"|\|{0,2}\s*(?:Δ|delta\s*|d)w\s*\|{0,2}\s*/\s*\|{0,2}\s*w\s*\|{0,2})"
     rf"(?:\s+(?:of|for)\s+(?:the\s+|my\s+)?[\w.]+(?:\s+layer)?)?{_FILLER}{_NUM}",
+    ("update", "relative", "w"),
     re.IGNORECASE,
 )
-_LAYER_RATIO = re.compile(
+_LAYER_RATIO = _Lazy(
     r"(?P<num>\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?)\s*(?:x|×|times)\s+"
     r"(?:smaller|larger|bigger|lower|higher)\b",
+    ("x", "×", "times"),
     re.IGNORECASE,
 )
 
@@ -199,41 +232,42 @@ def read_quantities(text: str) -> list[Quantity]:
 
 def _read_piece(text: str) -> list[tuple[int, Quantity]]:
     found: list[tuple[int, Quantity]] = []
+    lowered = text.lower()
 
     def add(pos: int, name: str, raw: str, snippet: str) -> None:
         value = parse_number(raw)
         if value is not None:
             found.append((pos, Quantity(name, value, snippet.strip(), _is_logged(snippet, raw))))
 
-    for m in _LOSS.finditer(text):
+    for m in _LOSS.finditer(text, lowered):
         add(m.start(), "loss", m.group("num"), m.group(0))
-    for m in _NAN_LOSS.finditer(text):
+    for m in _NAN_LOSS.finditer(text, lowered):
         add(m.start(), "loss", m.group("num"), m.group(0))
-    for m in _GRAD_NORM.finditer(text):
+    for m in _GRAD_NORM.finditer(text, lowered):
         add(m.start(), "grad_norm", m.group("num"), m.group(0))
-    for m in _GRAD_VALUE_FIRST.finditer(text):
+    for m in _GRAD_VALUE_FIRST.finditer(text, lowered):
         add(m.start(), "grad_norm", m.group("num"), m.group(0))
-    for m in _NAN_GRADS.finditer(text):
+    for m in _NAN_GRADS.finditer(text, lowered):
         found.append((m.start(), Quantity("grad_nan", math.nan, m.group(0).strip())))
-    for m in _NAN_PARAMS.finditer(text):
+    for m in _NAN_PARAMS.finditer(text, lowered):
         found.append((m.start(), Quantity("param_nan", math.nan, m.group(0).strip())))
-    for m in _SCALE.finditer(text):
+    for m in _SCALE.finditer(text, lowered):
         add(m.start(), "amp_scale_from", m.group("num"), m.group(0))
         add(m.start(), "amp_scale_to", m.group("num2"), m.group(0))
     for pattern in (_PERCENT_BEFORE, _PERCENT_AFTER):
-        for m in pattern.finditer(text):
+        for m in pattern.finditer(text, lowered):
             window = text[max(0, m.start() - 60) : m.end() + 60]
             name = _fraction_subject(m.group("subject"), window, m.group("what"))
             value = parse_number(m.group("num"))
             if value is not None:
                 found.append((m.start(), Quantity(name, value / 100.0, m.group(0).strip(), True)))
-    for m in _MAX_NORM.finditer(text):
+    for m in _MAX_NORM.finditer(text, lowered):
         add(m.start(), "max_norm", m.group("num"), m.group(0))
-    for m in _RATIO.finditer(text):
+    for m in _RATIO.finditer(text, lowered):
         add(m.start(), "grad_param_ratio", m.group("num"), m.group(0))
-    for m in _UPDATE_RATIO.finditer(text):
+    for m in _UPDATE_RATIO.finditer(text, lowered):
         add(m.start(), "update_ratio", m.group("num"), m.group(0))
-    for m in _LAYER_RATIO.finditer(text):
+    for m in _LAYER_RATIO.finditer(text, lowered):
         add(m.start(), "layer_ratio", m.group("num"), m.group(0))
     return found
 

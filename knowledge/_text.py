@@ -6,7 +6,6 @@ pipeline runs over the knowledge entries (to build the index) and over a questio
 
 from __future__ import annotations
 
-import importlib.resources
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -229,6 +228,8 @@ def _phrase_pattern(phrases: Iterable[str]) -> re.Pattern[str] | None:
 @lru_cache(maxsize=1)
 def load_synonyms() -> Synonyms:
     """The packaged synonym table (cached)."""
+    import importlib.resources
+
     import yaml  # only when the index is built: a snapshot holds the parsed table
 
     text = (

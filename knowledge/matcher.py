@@ -38,7 +38,6 @@ stays in. Nothing here imports torch.
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import itertools
 import marshal
 import math
@@ -1706,7 +1705,8 @@ def snapshot_path() -> Path | None:
         base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         root = Path(base) / "gradient-doctor"
     digest = hashlib.sha256(f"{_SNAPSHOT_FORMAT}|{sys.version}".encode())
-    package = importlib.resources.files("gradient_doctor.knowledge")
+    # The package's own folder (not importlib.resources, which imports tempfile and more).
+    package = Path(__file__).resolve().parent
     data = package / "data"
     for item in sorted(data.iterdir(), key=lambda t: t.name):
         if item.name.endswith((".yaml", ".yml")):

@@ -17,10 +17,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gradient_doctor.knowledge import _code as code_module
+from gradient_doctor.knowledge import _numbers as numbers_module
 from gradient_doctor.knowledge import load_knowledge, models
 from gradient_doctor.knowledge import matcher as matcher_module
-from gradient_doctor.knowledge._code import fragment_source, without_code
-from gradient_doctor.knowledge._numbers import Series, read_series
+from gradient_doctor.knowledge._code import fragment_source, prose_hits, split_code, without_code
+from gradient_doctor.knowledge._numbers import Series, read_quantities, read_series
 from gradient_doctor.knowledge.matcher import Matcher, MatchResult, get_matcher, match
 from tests.conftest import REPO, run_cli
 
@@ -341,6 +343,21 @@ def test_fragment_source_rebuilds_blocks() -> None:
     assert flat is not None and "\n        opt.step()\n    else:\n        pass" in flat
     assert fragment_source("this is just a sentence, not code at all") is None
     assert fragment_source("opt.step()  <- the optimizer\nwhy does it fail") == "opt.step()\n"
+
+
+def test_sentence_rule_triggers_never_hide_a_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule skipped for lack of its trigger words would not have matched anyway."""
+    texts = [item["text"] for item in EVAL_ITEMS]
+    gated = [prose_hits(split_code(t).prose) for t in texts]
+    monkeypatch.setattr(code_module, "_PROSE_TRIGGERS", {})
+    ungated = [prose_hits(split_code(t).prose) for t in texts]
+    assert gated == ungated
+    # The same for the number patterns ("" is in every text: nothing is skipped).
+    gated_numbers = [read_quantities(t) for t in texts]
+    for value in vars(numbers_module).values():
+        if isinstance(value, numbers_module._Lazy):
+            monkeypatch.setattr(value, "triggers", ("",))
+    assert [read_quantities(t) for t in texts] == gated_numbers
 
 
 def test_static_analyser_findings_are_cited() -> None:
