@@ -400,6 +400,11 @@ class MatchResult(BaseModel):
         description="Quantities read from the text (loss, grad_norm, dead_fraction, ...); "
         "the most extreme value when a quantity appears more than once.",
     )
+    series: dict[str, list[float]] = Field(
+        default_factory=dict,
+        description="Quantities written several times, in order (grad_norm, loss, val_loss, "
+        "perplexity): what the trend rules read; a range counts as its geometric middle.",
+    )
     code_detected: bool = Field(default=False, description="Whether code rules ran.")
 
 
@@ -1473,6 +1478,7 @@ class Matcher:
             out_of_scope=out_of_scope,
             pointer=pointer,
             numbers=_numbers(quantities),
+            series={item.name: list(item.values) for item in series},
             code_detected=code_detected,
         )
 

@@ -128,6 +128,10 @@ def markdown(result: object) -> str:
     if result.numbers:
         shown = ", ".join(f"{k}={v:g}" for k, v in result.numbers.items())
         out.append(f"Read from the text: {shown}\n\n")
+    for name, values in result.series.items():
+        if len(values) >= 2:
+            trend = " → ".join(f"{v:.3g}" for v in values[:8]) + (" → …" if len(values) > 8 else "")
+            out.append(f"Read as a series: {name} {trend}\n\n")
     if not result.matches:
         out.append("No catalogue entry matches that text.\n")
         return "".join(out)

@@ -387,6 +387,11 @@ def test_series_rules(text: str, expected: str, reason_part: str) -> None:
     assert any(reason_part in r for r in result.matches[0].reasons), result.matches[0].reasons
 
 
+def test_series_are_reported() -> None:
+    result = match("grad norm log: step 0 0.8, step 1000 2.5, step 2000 9, step 3000 40")
+    assert result.series == {"grad_norm": [0.8, 2.5, 9.0, 40.0]}
+
+
 def test_series_leave_steps_and_counts_out() -> None:
     text = "grad norm: step 0 0.8, step 1000 2.5, step 2000 9 on 8 GPUs, 30% of the time"
     assert read_series(text) == [Series("grad_norm", (0.8, 2.5, 9.0))]
