@@ -1744,8 +1744,27 @@ def _save_snapshot(path: Path, matcher: Matcher) -> None:
         finally:
             if os.path.exists(temp):
                 os.unlink(temp)
+        _prune_snapshots(path)
     except (OSError, ValueError):
         return
+
+
+#: Snapshots of other versions untouched this long are removed when a new one is written.
+_STALE_SNAPSHOT_SECONDS = 7 * 24 * 3600
+
+
+def _prune_snapshots(keep: Path) -> None:
+    """Remove other versions' snapshots nobody has written for a week (an upgrade leaves the
+    old one behind; a second install in use keeps refreshing its own)."""
+    import time
+
+    now = time.time()
+    for old in keep.parent.glob("matcher-*.marshal"):
+        try:
+            if old != keep and now - old.stat().st_mtime > _STALE_SNAPSHOT_SECONDS:
+                old.unlink()
+        except OSError:
+            continue
 
 
 def get_matcher() -> Matcher:

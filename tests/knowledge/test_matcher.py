@@ -600,8 +600,12 @@ def test_snapshot_is_written_once_then_reused(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         return done.stdout.split()
 
+    stale = tmp_path / "matcher-from-an-older-release.marshal"
+    stale.write_bytes(b"old")
+    os.utime(stale, (1_000_000_000, 1_000_000_000))
     first = run(str(tmp_path))
     assert first[0] == "False" and Path(first[1]).is_file()
+    assert not stale.exists()  # another version's snapshot, untouched for a week, is removed
     assert run(str(tmp_path))[0] == "True"  # served from the snapshot: no YAML, no models
     Path(first[1]).write_bytes(b"not a snapshot")
     assert run(str(tmp_path))[0] == "False"  # a broken snapshot is rebuilt, not an error
