@@ -1,12 +1,13 @@
-"""Light, order-based rules over code fragments pasted into a question.
+"""Code in a question: finding it, repairing it, and reading it.
 
-Private to ``knowledge.matcher``. This is not the static analyser (``probes.static`` reads
-whole scripts with libcst; ``knowledge`` must not depend on ``probes``): fragments here are
-partial, elided with ``...``, badly indented or embedded in prose, so the rules look at the
-order of a handful of call events inside one function and, where indentation survives, at
-which ones run per micro-batch and which once per update (under an ``if step % N`` gate, or
-after a ``for micro_step in range(N)`` loop). It also holds the prose-order rules ("I clip
-after the optimizer step").
+Private to ``knowledge.matcher``. Code arrives in pieces: fenced or indented blocks, inline
+spans, statements joined by ``;`` in a sentence, a loop body without its loop, pseudo-code
+with ``...``, lines at the wrong indentation. :func:`split_code` separates it from the prose,
+:func:`fragment_source` repairs it into parseable Python, and :func:`code_hits` reads it twice:
+with the static analyser (``probes.static.lint_source``, imported on first use) and with light
+order rules over call events (clip after ``step()``, zeroing per micro-batch under a
+``% N`` gate ...), which also read fragments too broken to parse. The module also holds the
+sentence rules (:func:`prose_hits`: "I clip after the optimizer step").
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from typing import NamedTuple
 
 # Call events, in the order they appear in the fragment.
 _EVENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("scaled_backward", re.compile(r"\.scale\s*\([^\n]*?\)\s*\.\s*backward\s*\(")),
-    ("backward", re.compile(r"(?<![\w.])(?:[\w\]\)]+\s*\)?\s*\.\s*)?backward\s*\(")),
+    (
+        "backward",
+        re.compile(r"(?<![\w.])(?:[\w\]\)]+\s*\)?\s*\.\s*)?backward\s*\(|\.\s*backward\s*\("),
+    ),
     ("unscale", re.compile(r"\.\s*unscale_\s*\(")),
     ("clip_norm", re.compile(r"clip_grad_norm_?\s*\(|clip_grad_norm\b|clip_gradients?\s*\(")),
     ("clip_value", re.compile(r"clip_grad_value_?\s*\(")),
@@ -59,8 +65,26 @@ _SEQUENCE_MODEL = re.compile(
     r"nn\.(?:LSTM|GRU|RNN|Transformer\w*|MultiheadAttention)\b|GPT|Bert|T5|policy_gradient|"
     r"log_prob",
 )
+#: A sequence model or policy-gradient training named in the words around the code.
+_DIVISOR = re.compile(r"/\s*([A-Za-z_][\w.]*(?:\(\s*\))?)")
+_LOOP_HEADER = re.compile(r"^\s*(?:for|while)\b")
+_ZEROED = re.compile(r"zero_grad|\.grad\s*=\s*None|set_to_none|\.grad\.zero_|zero_\(\)")
+_NO_SYNC_BLOCK = re.compile(r"^\s*with\s+[\w.]*no_sync\s*\(\s*\)\s*:")
+_NO_SYNC_CONDITIONAL = re.compile(
+    r"nullcontext|ExitStack|require_backward_grad_sync|\bif\b[^\n]*no_sync|no_sync[^\n]*\bif\b"
+)
+_FP16_PRECISION = re.compile(r"precision\s*=\s*['\"]?16(?:-mixed)?\b|amp_backend")
+_FP16_PROSE = re.compile(
+    r"\bfp16\b|float16|16-mixed|precision\s*=\s*['\"]?16\b|half[\s-]precision|GradScaler",
+    re.IGNORECASE,
+)
+_SEQUENCE_PROSE = re.compile(
+    r"\b(?:transformers?|lstms?|grus?|rnns?|gpt\w*|bert|t5|llms?|seq2seq|language\s+models?|"
+    r"policy[\s-]gradients?|ppo|reinforce)\b",
+    re.IGNORECASE,
+)
+_CLIP_WORD = re.compile(r"\bclip", re.IGNORECASE)
 _SATURATING = re.compile(r"nn\.(?:Sigmoid|Tanh)\s*\(|torch\.(?:sigmoid|tanh)\s*\(")
-_DEEP_RANGE = re.compile(r"range\s*\(\s*(?P<n>\d+)\s*\)|\]\s*\*\s*(?P<m>\d+)")
 _UNSTABLE_OP = re.compile(
     r"torch\.log\s*\((?P<a>[^()\n]*(?:\([^()\n]*\))?[^()\n]*)\)|\.log\s*\(\s*\)|"
     r"torch\.sqrt\s*\((?P<b>[^\n]*)|torch\.exp\s*\("
@@ -69,6 +93,11 @@ _EPS = re.compile(r"eps|1e-|clamp|\+\s*\d")
 _TOKEN_MEAN = re.compile(r"ignore_index|pad_token|pad_id|padding_idx|-100\b")
 _DIVIDED_BY_N = re.compile(
     r"(?<!/)/\s*[\w.]*(?:accum|grad_acc|gas\b|n_micro|micro)\w*", re.IGNORECASE
+)
+_GRAD_DIV_BY_N = re.compile(
+    r"\.grad(?:\.data)?\s*(?:/=\s*|\.div_\s*\(\s*|\*=\s*1(?:\.0)?\s*/\s*|\.mul_\s*\(\s*1(?:\.0)?\s*/\s*)"
+    r"[\w.]*(?:accum|grad_acc|gas\b|n_micro|micro)",
+    re.IGNORECASE,
 )
 #: ``from torch.nn.utils import clip_grad_norm_ as clip``: the alias is a clip call too.
 _CLIP_ALIAS = re.compile(r"\bclip_grad_(norm|value)_?\s+as\s+(\w+)")
@@ -209,8 +238,12 @@ def _accumulation(events: list[Event], lines: list[str]) -> _Accumulation | None
     return None
 
 
-def analyse(code: str) -> list[CodeHit]:
-    """The rules that fire on ``code`` (a fragment, possibly embedded in prose)."""
+def analyse(code: str, prose: str = "") -> list[CodeHit]:
+    """The rules that fire on ``code`` (a fragment, possibly embedded in prose).
+
+    ``prose`` is the text around the code: it may name what the code does not show (the
+    model is "a Transformer", "we clip at 1.0 elsewhere").
+    """
     code = code.replace("…", "...")
     lines = code.splitlines()
     events = _events(lines)
@@ -221,7 +254,14 @@ def analyse(code: str) -> list[CodeHit]:
         if all(h.entry_id != entry_id for h in hits):
             hits.append(CodeHit(entry_id, strength, reason))
 
-    scaler_in_use = bool(_SCALER.search(code)) or "scaled_backward" in kinds
+    # A scaler the fragment does not show: Lightning's precision="16-mixed" (manual_backward
+    # scales the loss), or fp16 named in the words around it.
+    scaler_in_use = (
+        bool(_SCALER.search(code))
+        or "scaled_backward" in kinds
+        or bool(_FP16_PRECISION.search(code))
+        or (bool(_FP16_PROSE.search(prose)) and "manual_backward" in code)
+    )
     backwards = [i for i, k in enumerate(kinds) if k in ("backward", "scaled_backward")]
     steps = [i for i, k in enumerate(kinds) if k in ("opt_step", "scaler_step")]
     order_kinds = ("backward", "scaled_backward", "opt_step", "scaler_step", "zero_grad")
@@ -282,8 +322,56 @@ def analyse(code: str) -> list[CodeHit]:
         _accumulation_rules(code, lines, events, kinds, accumulation, add)
     elif _DDP.search(code) and "accum_gate" in kinds and not _NO_SYNC.search(code):
         add("ddp-accum-without-no-sync", 0.6, "code: DDP with a % N gate and no no_sync()")
+    if accumulation is None and _GRAD_DIV_BY_N.search(code):
+        # The update branch alone ("for p in params: p.grad /= accum; opt.step()"): the
+        # divisor's name says what it is even without the micro-batch loop around it.
+        add("accum-manual-grad-scaling", 0.8, "code: .grad is divided by the accumulation count")
 
     zero_events = [e for e in events if e.kind == "zero_grad"]
+    # A division by something the words around the code say is zero ("/ y.var()", "y.var() is
+    # 0 for some batches").
+    for divisor in _DIVISOR.findall(code):
+        said_zero = re.compile(
+            re.escape(divisor) + r"[^.;\n]{0,20}\b(?:is|was|are|were|can\s+be|becomes?|equals?|"
+            r"hits?)\s+(?:exactly\s+)?(?:0|zero)\b",
+            re.IGNORECASE,
+        )
+        if said_zero.search(prose):
+            reason = f"code: divides by {divisor}, which the text says can be 0"
+            add("unstable-loss-op", 0.85, reason)
+            break
+    # A whole training loop that steps but never zeroes: gradients add up over every update.
+    if backwards and steps and not zero_events and not _ZEROED.search(code):
+        training_loop = any(
+            _LOOP_HEADER.match(line)
+            and any(
+                number < events[i].line < _block_end(lines, number)
+                for i in (backwards[0], steps[0])
+            )
+            and all(number < events[i].line for i in (backwards[0], steps[0]))
+            for number, line in enumerate(lines)
+        )
+    else:
+        training_loop = False
+    if training_loop:
+        add(
+            "accum-missing-zero-grad",
+            0.85,
+            "code: the loop steps but never zeroes the gradients, so they add up across updates",
+        )
+    # no_sync around every micro-batch, the one before the step included: never synchronised.
+    blocks = [n for n, line in enumerate(lines) if _NO_SYNC_BLOCK.match(line)]
+    if (
+        accumulation is not None
+        and blocks
+        and not _NO_SYNC_CONDITIONAL.search(code)
+        and not any(_inside_branch(lines, n) for n in blocks)
+    ):
+        add(
+            "ddp-no-sync-misplaced",
+            0.9,
+            "code: no_sync() wraps every micro-batch, the one before the step too",
+        )
     for i, event in enumerate(events):
         if event.kind != "norm_read":
             continue
@@ -296,12 +384,16 @@ def analyse(code: str) -> list[CodeHit]:
         if "backward" not in between and "scaled_backward" not in between:
             add("monitor-after-zero-grad", 0.8, "code: the gradient norm is read after zero_grad()")
 
-    has_clip = "clip_norm" in kinds or "clip_value" in kinds or "gradient_clip" in code
-    if _SEQUENCE_MODEL.search(code) and not has_clip and (backwards or _LIGHTNING.search(code)):
+    has_clip = (
+        "clip_norm" in kinds
+        or "clip_value" in kinds
+        or "gradient_clip" in code
+        or bool(_CLIP_WORD.search(prose))
+    )
+    sequence_model = _SEQUENCE_MODEL.search(code) or _SEQUENCE_PROSE.search(prose)
+    if sequence_model and not has_clip and (backwards or _LIGHTNING.search(code)):
         add("no-clip-sequence-model", 0.7, "code: a Transformer/RNN is trained with no clipping")
-    saturating = len(_SATURATING.findall(code))
-    deep = any(int(m.group("n") or m.group("m") or 0) > 20 for m in _DEEP_RANGE.finditer(code))
-    if saturating and (deep or saturating > 20):
+    if _repeated_saturating(lines) or len(_SATURATING.findall(code)) > 20:
         add("saturating-deep-net", 0.8, "code: a deep stack (> 20) of sigmoid/tanh layers")
     for m in _UNSTABLE_OP.finditer(code):
         arg = m.group("a") or m.group("b") or ""
@@ -313,6 +405,42 @@ def analyse(code: str) -> list[CodeHit]:
     if has_loop and backwards and steps and "norm_read" not in kinds and "clip_norm" not in kinds:
         add("no-grad-monitoring", 0.45, "code: the loop never measures the gradient norm")
     return hits
+
+
+def _inside_branch(lines: list[str], number: int) -> bool:
+    """Whether line ``number`` sits in an ``if``/``elif``/``else`` block (the nearest line above
+    it with less indentation is a branch header)."""
+    width = _indent(lines[number])
+    for above in range(number - 1, -1, -1):
+        text = lines[above].split("#", 1)[0]
+        if text.strip() and _indent(text) < width:
+            return bool(re.match(r"\s*(?:if|elif|else)\b", text))
+    return False
+
+
+def _repeated_saturating(lines: list[str]) -> bool:
+    """A sigmoid/tanh inside something repeated more than 20 times: ``[..., nn.Tanh()] * 30``,
+    ``[... nn.Sigmoid() ... for _ in range(32)]``, or a ``for`` loop over ``range(N > 20)``
+    that builds one (a single output Tanh after 48 residual blocks is not a stack)."""
+    code = "\n".join(lines)
+    for m in _REPEATED.finditer(code):
+        count = int(m.group("times") or m.group("range") or 0)
+        if count > 20 and _SATURATING.search(m.group("body") or m.group("inner") or ""):
+            return True
+    for number, line in enumerate(lines):
+        header = _DEEP_LOOP.match(line)
+        if header and int(header.group("n")) > 20:
+            body = "\n".join(lines[number + 1 : _block_end(lines, number)])
+            if _SATURATING.search(body):
+                return True
+    return False
+
+
+_REPEATED = re.compile(
+    r"\[(?P<body>[^\[\]]*)\]\s*\*\s*(?P<times>\d+)"
+    r"|\[(?P<inner>[^\[\]]*?)\bfor\b[^\[\]]*?\brange\s*\(\s*(?P<range>\d+)\s*\)\s*\]"
+)
+_DEEP_LOOP = re.compile(r"^\s*for\b[^\n]*\brange\s*\(\s*(?P<n>\d+)\s*\)\s*:")
 
 
 def _under_any_gate(e: Event, events: list[Event], lines: list[str], acc: _Accumulation) -> bool:
@@ -402,25 +530,392 @@ _CODE_LINE = re.compile(
 _PROSE_START = re.compile(
     r"^\s*(?:i|we|you|my|our|the|it|this|that|is|are|why|how|what|when)\b", re.IGNORECASE
 )
+#: Where a statement may start inside a prose line: a dotted name followed by a call, an
+#: assignment or an index (``like this: opt.step()``), or a loop/branch header.
+_STATEMENT_START = re.compile(
+    r"(?<![\w.])(?:for|if|while|with)\s"
+    r"|(?<![\w.])[A-Za-z_][\w.]*\s*(?:\(|=(?!=)|\[|[-+*/]=)"
+)
+_CALL = re.compile(r"[\w\])]\s*\(")
+_REMARK = re.compile(r"\s+(?:--|—|–|<-+|←|//)\s*")
+#: Longest code text the fragment repair works on (whole scripts are the analyser's job).
+FRAGMENT_CHARS = 8_000
+#: Most lines dropped while repairing one fragment before giving up on it.
+_MAX_REPAIRS = 12
+#: Longer lines are data or minified code, not a pasted loop (and slow to parse).
+_MAX_LINE_CHARS = 400
+#: What ``ast.parse`` raises on text it cannot read (MemoryError: a pathologically long or
+#: nested expression).
+_UNPARSEABLE = (SyntaxError, ValueError, MemoryError, RecursionError)
+
+
+class CodeSplit(NamedTuple):
+    """A question cut into its sentences and its code."""
+
+    prose: str  #: the sentences, a line that starts with a call and goes on in words included
+    code: str  #: the code parts, in the order they appear
+    words: str  #: the sentences with every piece of code cut out
+
+
+def split_code(text: str) -> CodeSplit:
+    """``text`` cut into prose and code.
+
+    Fenced blocks are code whole. Outside them, a line that looks like code (or is one inline
+    `span`) is code, and so is a Markdown block indented by four spaces; a prose line gives
+    its inline `spans`, one per line, and the statements it joins with ``;`` ("like this:
+    opt.step(); opt.zero_grad()").
+    """
+    code: list[str] = []
+    prose: list[str] = []
+    words: list[str] = []
+    position = 0
+    for fence in _FENCED.finditer(text):
+        _split_prose(text[position : fence.start()], code, prose, words)
+        code.append(fence.group(1))
+        position = fence.end()
+    _split_prose(text[position:], code, prose, words)
+    return CodeSplit("\n".join(prose), "\n".join(p for p in code if p.strip()), "\n".join(words))
 
 
 def extract_code(text: str) -> str:
-    """The code parts of a question: fenced blocks, inline `spans` and code-looking lines."""
-    parts: list[str] = [m.group(1) for m in _FENCED.finditer(text)]
-    rest = _FENCED.sub("\n", text)
-    inline = [m.group(1) for m in _INLINE.finditer(rest)]
-    rest = _INLINE.sub(" ", rest)
-    lines = [
-        line
-        for line in rest.splitlines()
-        if _CODE_LINE.match(line) and not _PROSE_START.match(line) and line.strip()
-    ]
-    if lines:
-        parts.append("\n".join(lines))
-    # Inline spans are single calls; keep them in order, one per line.
-    if inline:
-        parts.append("\n".join(inline))
-    return "\n".join(p for p in parts if p.strip())
+    """The code parts of a question, in the order they appear (see :func:`split_code`)."""
+    return split_code(text).code
+
+
+def without_code(text: str) -> str:
+    """``text`` less its code: fenced blocks, inline `spans` and lines that make calls.
+
+    What is left is read for numbers written as a series, where ``log(x, -1)`` is not one.
+    """
+    if "`" not in text and "(" not in text:
+        return text
+    text = _INLINE.sub(" ", _FENCED.sub("\n", text))
+    return "\n".join(line for line in text.splitlines() if not (_CALL.search(line) and "=" in line))
+
+
+def _indented_blocks(lines: list[str]) -> set[int]:
+    """Line numbers of Markdown code blocks (a run of lines indented by 4+ spaces that starts
+    the text or follows a blank line) that hold at least one line of code."""
+    taken: set[int] = set()
+    number = 0
+    while number < len(lines):
+        starts_block = number == 0 or not lines[number - 1].strip()
+        if not (starts_block and lines[number].startswith("    ") and lines[number].strip()):
+            number += 1
+            continue
+        end = number
+        while end < len(lines) and (lines[end].startswith("    ") or not lines[end].strip()):
+            end += 1
+        block = range(number, end)
+        if any(_CODE_LINE.match(lines[i].strip()) for i in block if lines[i].strip()):
+            taken.update(block)
+        number = end
+    return taken
+
+
+def _split_prose(text: str, code: list[str], prose: list[str], words: list[str]) -> None:
+    lines = text.splitlines()
+    block = _indented_blocks(lines)
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        if number in block:
+            code.append(line)
+            continue
+        spans = _INLINE.findall(line)
+        bare = _INLINE.sub(lambda m: m.group(1), line) if spans else line
+        outside = _INLINE.sub(" ", line)
+        if spans and not outside.strip(" \t:,.;-"):
+            code.append(bare)
+        elif spans:
+            code.extend(spans)
+            # The rules read the sentence with its calls in place ("`clip_grad_norm_(...)` comes
+            # before the forward"); the word score reads only the words around them.
+            prose.append(bare)
+            words.append(outside)
+        elif _CODE_LINE.match(line) and not _PROSE_START.match(line):
+            code_part, rest = _prose_tail(line)
+            code.append(code_part)
+            if rest:
+                # The sentence is about the call at its start: the rules read them together.
+                prose.append(line)
+                words.append(rest)
+        elif ";" in line and len(line) <= _MAX_LINE_CHARS and _CALL.search(line):
+            statements = _statements_in_prose(line)
+            code.extend(statements)
+            prose.append(line)
+            remainder = line
+            for statement in statements:
+                remainder = remainder.replace(statement, " ", 1)
+            words.append(remainder)
+        else:
+            prose.append(line)
+            words.append(line)
+
+
+def _prose_tail(line: str) -> tuple[str, str]:
+    """A code line split into its code and the prose after it ("torch.isfinite(loss) is
+    already False on step 51": the call, then a sentence about it)."""
+    stripped = line.strip()
+    pieces = split_statements(stripped)
+    last = pieces[-1][1] if pieces else stripped
+    if last.endswith(":") or _parses(last):
+        return line, ""
+    statement = _trim_to_statement(last, allow_prefix=False)
+    if statement is None or not last.startswith(statement):
+        return line, ""
+    start = stripped.rfind(last)
+    indent = line[: len(line) - len(line.lstrip())]
+    return indent + stripped[:start] + statement, last[len(statement) :].strip()
+
+
+def _statements_in_prose(line: str) -> list[str]:
+    """The ``;``-joined statements of a prose line, with the prose around them cut off."""
+    found: list[str] = []
+    for index, (_, piece) in enumerate(split_statements(line)):
+        statement = _trim_to_statement(piece, allow_prefix=index == 0)
+        if statement is not None:
+            found.append(statement)
+    # One call in a sentence is prose; two or more joined by ';' are a pasted loop body.
+    return found if len(found) >= 2 else []
+
+
+def _ast_parse(source: str) -> None:
+    import ast  # imported on the first text with code in it
+
+    ast.parse(source)
+
+
+#: "f(a=1, ...)" in pseudo-code: an elided argument list, not an argument.
+_ELIDED_ARGS = re.compile(r",\s*(?:\.\.\.|…)\s*(?=[)\]}])")
+
+
+def _parses(statement: str) -> bool:
+    statement = _ELIDED_ARGS.sub("", statement)
+    source = statement + "\n    pass" if statement.endswith(":") else statement
+    try:
+        _ast_parse(source)
+    except _UNPARSEABLE:
+        return False
+    return True
+
+
+def _trim_to_statement(piece: str, *, allow_prefix: bool = True) -> str | None:
+    """The longest statement in ``piece``, with the prose before or after it cut off."""
+    # A dash set off by spaces ends the code and starts a remark ("opt.step()  -- then ...").
+    piece = _REMARK.split(piece, maxsplit=1)[0].strip()
+    starts = [0]
+    if allow_prefix:
+        starts += [m.start() for m in _STATEMENT_START.finditer(piece) if m.start() > 0][:5]
+    for start in starts:
+        words = piece[start:].split(" ")
+        # Cut trailing prose a word at a time ("... ** 0.5 and it's always 0").
+        for end in range(len(words), max(0, len(words) - 12), -1):
+            statement = " ".join(words[:end]).rstrip(" ,.-")
+            looks_like_code = bool(_CALL.search(statement)) or "=" in statement
+            if statement and looks_like_code and _parses(statement):
+                return statement
+    return None
+
+
+_COMPOUND = re.compile(
+    r"(?:if|elif|else|for|while|with|try|except|finally|def|class|async\s+(?:def|for|with))\b"
+)
+_CONTINUATION = re.compile(r"(?:elif|else|except|finally)\b")
+
+
+def _opens_string(line: str, index: int) -> bool:
+    """Whether the quote at ``index`` starts a string (not the apostrophe of "it's")."""
+    if line[index] == '"' or index == 0 or index + 1 >= len(line):
+        return True
+    before, after = line[index - 1], line[index + 1]
+    # A string prefix (f'', r'', b'') is one letter after a non-word character.
+    prefix = index >= 2 and not (line[index - 2].isalnum() or line[index - 2] == "_")
+    return not (before.isalpha() and after.isalpha() and not prefix)
+
+
+def split_statements(line: str) -> list[tuple[int, str]]:
+    """A line of ``;``-joined statements and inline block bodies, as (depth, statement).
+
+    ``if c: a; b`` puts both ``a`` and ``b`` in the block, as Python does, and a header after
+    a header nests (``for x in y: a; if c: b`` puts ``b`` two levels in). Brackets and strings
+    are respected; a ``#`` comment ends the line.
+    """
+    pieces: list[tuple[int, str]] = []
+    level = depth = start = 0
+    quote = ""
+    header = bool(_COMPOUND.match(line.lstrip()))
+    index = 0
+    while index < len(line):
+        char = line[index]
+        if quote:
+            if char == "\\":
+                index += 2
+                continue
+            if char == quote:
+                quote = ""
+        elif char in "'\"" and _opens_string(line, index):
+            quote = char
+        elif char == "#":
+            break
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth = max(0, depth - 1)
+        elif depth == 0 and (
+            char == ";" or (char == ":" and header and line[index + 1 : index + 2] != "=")
+        ):
+            text = line[start : index + (char == ":")].strip()
+            if text:
+                pieces.append((level, text))
+            level += char == ":"
+            start = index + 1
+            header = bool(_COMPOUND.match(line[start:].lstrip()))
+        index += 1
+    tail = line[start:index].strip()
+    if tail:
+        pieces.append((level, tail))
+    return pieces
+
+
+def _indent_width(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _reindent(lines: list[str]) -> list[str]:
+    """Consistent 4-space indentation for a fragment whose indentation was mangled.
+
+    The line after a block header goes one level in; an unexpected indent stays at the
+    current level; a dedent goes back to the innermost block it fits. When the fragment lost
+    its indentation altogether (every line flush with the first), each header opens a block
+    that runs on to the end, and ``else``/``elif`` go back to their ``if``: the likeliest
+    reading of a pasted loop.
+    """
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        return []
+    flat = len({_indent_width(line) for line in lines}) == 1
+    out: list[str] = []
+    stack: list[tuple[int, int]] = [(_indent_width(lines[0]), 0)]  # (raw width, level)
+    current = 0
+    opener = False
+    for line in lines:
+        width, text = _indent_width(line), line.strip()
+        continuation = bool(_CONTINUATION.match(text))
+        if flat:
+            current += 1 if opener else 0
+            if continuation and not opener:
+                current = max(0, current - 1)
+            level = current
+        elif opener:
+            level = stack[-1][1] + 1
+            stack.append((max(width, stack[-1][0] + 1), level))
+        else:
+            while len(stack) > 1 and width < stack[-1][0]:
+                stack.pop()
+            level = stack[-1][1]
+        out.append("    " * level + text)
+        opener = text.endswith(":") and bool(_COMPOUND.match(text))
+    if opener:
+        out.append(" " * (_indent_width(out[-1]) + 4) + "...")
+    return out
+
+
+def fragment_source(code: str) -> str | None:
+    """A pasted fragment made into parseable Python, or None when nothing parseable is left.
+
+    Handles a loop body without its loop (parsed as top-level statements), pseudo-code with
+    ``...``, statements joined by ``;``, inline backticks and broken indentation: statements
+    are split onto their own lines (inline block bodies nested as Python reads them), each is
+    cut free of prose around it, the indentation is rebuilt, and lines Python still cannot
+    parse are dropped one at a time.
+    """
+    code = _ELIDED_ARGS.sub("", code.replace("…", "...").replace("\t", "    ")[:FRAGMENT_CHARS])
+    if ">>> " in code:
+        code = re.sub(r"^(\s*)(?:>>>|\.\.\.) ", r"\1", code, flags=re.MULTILINE)
+    lines: list[str] = []
+    for raw in code.splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#") or len(raw) > _MAX_LINE_CHARS:
+            continue
+        indent = " " * _indent_width(raw)
+        for level, piece in split_statements(raw.replace("`", " ")):
+            statement = piece if _parses(piece) else (_trim_to_statement(piece) or piece)
+            lines.append(indent + "    " * level + statement)
+    lines = _reindent(lines)
+    for _ in range(_MAX_REPAIRS):
+        if not lines:
+            return None
+        source = "\n".join(lines) + "\n"
+        try:
+            _ast_parse(source)
+        except _UNPARSEABLE as exc:
+            number = getattr(exc, "lineno", None) or len(lines)
+            del lines[min(max(number, 1), len(lines)) - 1]
+            lines = _reindent(lines)
+            continue
+        return source
+    return None
+
+
+#: How sure a static-analyser finding makes the matcher (0–1): as sure as the analyser is,
+#: whatever the severity (the matcher puts the most serious of several findings first).
+_STATIC_STRENGTH = 1.0
+#: Findings about what a whole script lacks: a fragment shows only part of the loop, so they
+#: count only when the fragment holds a whole loop, and then weakly.
+_WHOLE_SCRIPT_FINDINGS = {"no-grad-monitoring": 0.45, "accum-leftover-batches": 0.45}
+_LOOP = re.compile(r"^\s*(?:for|while)\b", re.MULTILINE)
+
+
+def static_hits(source: str) -> list[CodeHit]:
+    """The static analyser's findings on a repaired fragment (see :func:`fragment_source`).
+
+    Imports ``probes.static`` (libcst) on first use, so text without code never pays for it.
+    A fragment of a single statement is left to the light rules: the analyser's rules are
+    about the order and placement of several calls.
+    """
+    if sum(1 for line in source.splitlines() if line.strip()) < 2:
+        return []
+    from gradient_doctor.probes.static import lint_source
+
+    report = lint_source(source, "<fragment>")
+    if report.error:
+        return []
+    whole_loop = bool(_LOOP.search(source))
+    hits: list[CodeHit] = []
+    for finding in report.findings:
+        strength = _STATIC_STRENGTH
+        if finding.id in _WHOLE_SCRIPT_FINDINGS:
+            if not whole_loop:
+                continue
+            strength = _WHOLE_SCRIPT_FINDINGS[finding.id]
+        message = " ".join(finding.message.split())
+        first_sentence = message.split(". ")[0].rstrip(".")
+        where = f", line {finding.line} of the fragment" if finding.line else ""
+        hits.append(
+            CodeHit(finding.id, strength, f"code: {first_sentence} (static analyser{where})")
+        )
+    return hits
+
+
+def code_hits(code: str, prose: str = "") -> list[CodeHit]:
+    """Evidence from pasted code: the static analyser on the repaired fragment, and the light
+    order rules for what it does not report (fragments too broken to parse, or too partial
+    for its rules). Where the analyser reports an entry, its severity sets the strength, so
+    the most serious mistake in a fragment comes first."""
+    source = fragment_source(code)
+    best = {hit.entry_id: hit for hit in (static_hits(source) if source is not None else [])}
+    for hit in analyse(source if source is not None else code, prose):
+        best.setdefault(hit.entry_id, hit)
+    if best.keys() & _MISPLACED_CLIP:
+        # A clip in the wrong place does nothing: whether it would also have clipped scaled or
+        # per-micro-batch gradients is moot until it moves.
+        for moot in _MOOT_WHEN_MISPLACED:
+            best.pop(moot, None)
+    return list(best.values())
+
+
+_MISPLACED_CLIP = frozenset({"clip-after-step", "clip-before-backward"})
+_MOOT_WHEN_MISPLACED = ("amp-clip-without-unscale", "accum-clip-every-microstep")
 
 
 #: "before or after", "wherever", "the order doesn't matter": the text says order is irrelevant.
@@ -433,8 +928,18 @@ _ORDER_FREE_RE = re.compile(_ORDER_FREE, re.IGNORECASE)
 
 # Order stated in words: "I clip after optimizer.step()", "the norm is read after zero_grad".
 _CLIP = r"clip\w*"
-_PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
-    (re.compile(pattern, re.IGNORECASE), entry_id, strength, reason)
+#: Inside one clause: anything but a sentence end, where a dot followed by a letter or digit
+#: ("optimizer.step()", "1.0") does not end a sentence.
+_CLAUSE = r"(?:[^.;\n]|\.(?=\w))"
+
+
+def _clause_bound(pattern: str) -> str:
+    """``pattern`` with its clause gaps (``[^.;\n]``) letting code's dots through."""
+    return pattern.replace("[^.;\\n]", _CLAUSE)
+
+
+_PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
+    (_clause_bound(pattern), entry_id, strength, reason)
     for pattern, entry_id, strength, reason in (
         (
             _ORDER_FREE,
@@ -453,7 +958,7 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: the gradients, not the loss, are divided by N",
         ),
         (
-            rf"\b{_CLIP}\b[^.;\n]{{0,40}}\bafter\b[^.;\n]{{0,30}}(?:optimi[sz]\w*|\.step\b|"
+            rf"\b{_CLIP}\b[^.;\n]{{0,40}}\bafter\b[^.;\n]{{0,30}}(?:optimi[sz]\w*(?!\.zero_grad)|\.step\b|"
             rf"\bstep\(\)|weights?\s+(?:have\s+)?(?:changed|updated)|update\b)"
             rf"|\bafter\b[^.;\n]{{0,12}}(?:optimi[sz]\w*\.?\s*step|\.step\(\))[^.;\n]{{0,30}}"
             rf"\b{_CLIP}",
@@ -469,7 +974,7 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: optimizer.step() is described as coming before the clip",
         ),
         (
-            rf"\b{_CLIP}\b[^.;\n]{{0,40}}\bbefore\b[^.;\n]{{0,25}}backward"
+            rf"\b{_CLIP}\b[^.;\n]{{0,100}}\bbefore\b[^.;\n]{{0,25}}(?:backward|the\s+forward|forward\s+pass)"
             rf"|\bbefore\b[^.;\n]{{0,20}}backward[^.;\n]{{0,25}}\b{_CLIP}",
             "clip-before-backward",
             0.6,
@@ -499,7 +1004,9 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
         ),
         (
             r"\b(?:never|don't|do\s+not|forg[eo]t\w*\s+to|without)\s+(?:call\w*\s+)?"
-            r"(?:optimizer\.)?zero(?:_grad|ing|\s+the\s+grad)",
+            r"(?:optimizer\.)?zero(?:_grad|ing|\s+the\s+grad)"
+            r"|\bzero_grad\w*(?:\(\))?\s+(?:is\s+|was\s+|being\s+|gets?\s+|got\s+)?(?:skipped|missing|"
+            r"never\s+called|not\s+called|removed|forgotten|omitted|left\s+out)",
             "accum-missing-zero-grad",
             0.7,
             "text: gradients are never zeroed between updates",
@@ -512,7 +1019,18 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: the gradient norm is read after zero_grad()",
         ),
         (
-            r"\b(?:only|just)\s+(?:log|print|track|monitor|watch|plot)\w*\s+(?:the\s+)?loss"
+            r"\b(?:last|final|remaining|leftover|left-over|trailing)\s+(?:\d+\s+|few\s+)?"
+            r"(?:micro-?)?batch\w*[^.;\n]{0,60}\b(?:thrown\s+away|dropped|ignored|lost|skipped|"
+            r"wasted|discarded|never\s+(?:used|applied|make|count|stepped))"
+            r"|\b(?:not|n't)\s+divisible\b|\bdoes\s*n[o']t\s+divide\s+(?:evenly|by)",
+            "accum-leftover-batches",
+            0.6,
+            "text: the micro-batches left at the end of an epoch never reach an update",
+        ),
+        (
+            r"\b(?:not|n't|never|no)\s+(?:\w+\s+)?(?:log|track|monitor|watch|plot|measur|record|"
+            r"print|check)\w*\s+(?:the\s+|any\s+|my\s+)?grad\w*"
+            r"|\b(?:only|just)\s+(?:log|print|track|monitor|watch|plot)\w*\s+(?:the\s+)?loss"
             r"|\bnever\s+(?:log|look\s+at|check|monitor|track|measure|print)\w*\s+(?:the\s+)?"
             r"grad\w*",
             "no-grad-monitoring",
@@ -532,6 +1050,17 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "ddp-accum-without-no-sync",
             0.6,
             "text: DDP with accumulation and no no_sync()",
+        ),
+        (
+            # Not when the sentence says no_sync is there (misplaced is another red flag).
+            r"^(?!.*\bno_sync)(?!.*require_backward_grad_sync).*?(?:"
+            r"\b(?:every|each)\s+(?:single\s+)?(?:micro[-\s]?batch|micro[-\s]?step|backward|"
+            r"accumulation\s+step)\b[^.;\n]{0,40}\b(?:all[-\s]?reduc\w*|sync\w*|communicat\w*)"
+            r"|\b(?:all[-\s]?reduc\w*|sync\w*|communicat\w*)\b[^.;\n]{0,40}\b(?:every|each)\s+"
+            r"(?:single\s+)?(?:micro[-\s]?batch|micro[-\s]?step|backward|accumulation\s+step))",
+            "ddp-accum-without-no-sync",
+            0.6,
+            "text: gradients are synchronised on every micro-batch of the accumulation",
         ),
         (
             r"\b(?:most|majority|more\s+than\s+half|over\s+half|half)\b[^.;\n]{0,40}\b(?:activations?|"
@@ -555,7 +1084,8 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
         ),
         (
             r"\b(?:fine|perfect|good|great|stable|stably|smooth\w*|normal\w*|healthy)\b[^.;\n]{0,50}"
-            r"\b(?:then|until|before|but)\b[^.;\n]{0,40}\b(?:explod\w*|diverg\w*|skyrocket\w*|"
+            r"\b(?:then|until|before|but|suddenly|abruptly|all\s+of\s+a\s+sudden)\b[^.;\n]{0,40}"
+            r"\b(?:explod\w*|diverg\w*|skyrocket\w*|"
             r"blows?\s+up|blew\s+up|shoots?\s+up|shot\s+up|spikes?\s+up|jumps?\s+up|goes\s+to\s+"
             r"(?:nan|inf))",
             "diverges-after-stable-start",
@@ -563,11 +1093,112 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
             "text: stable at first, then it diverges",
         ),
         (
+            r"\b(?:never|don't|do\s+not|not|without|skip\w*|instead\s+of)\s+(?:call\w*\s+|using\s+|"
+            r"use\s+)?(?:the\s+)?scaler\.step\b",
+            "amp-step-bypasses-scaler",
+            0.7,
+            "text: scaler.step(optimizer) is not what steps the optimizer",
+        ),
+        (
             r"\.scale\([^)]*\)\.backward\(\)[^;\n]{0,60}?(?<!scaler\.)\b(?:optimi[sz]er|optim|opt)"
             r"\w*\.step\(",
             "amp-step-bypasses-scaler",
             0.7,
             "text: scaler.scale(loss).backward() followed by a plain optimizer.step()",
+        ),
+        (
+            # A log/exp/sqrt/division named in words, said to be unguarded or the culprit.
+            r"(?:\btorch\.(?:log|exp|sqrt)\s*\(|\b(?:log|exp|sqrt)\s*\(\s*\w|\b(?:log|exp)\s+of\s+"
+            r"(?:the\s+|a\s+)?(?:softmax|sigmoid|prob\w*|logits?|outputs?|predictions?)|\bdivi\w+\s+"
+            r"by\s+(?:the\s+|a\s+)?(?:sum|count|number|norm|std|variance|mask))[^.;\n]{0,60}"
+            r"\b(?:no\s+(?:clamp|eps\w*)|without\s+(?:a\s+|any\s+)?(?:clamp\w*|eps\w*)|not\s+clamped|"
+            r"unclamped|unbounded|can\s+be\s+(?:exactly\s+)?(?:0|zero)|culprit|(?:was|is|were|became|"
+            r"becomes|goes\s+to|went\s+to|hits?)\s+(?:exactly\s+)?(?:0|zero)\b)"
+            r"|\b(?:culprit|caused\s+by|because\s+of|comes?\s+from|came\s+from)\b[^.;\n]{0,20}"
+            r"(?:\btorch\.(?:log|exp|sqrt)\s*\(|\b(?:log|exp|sqrt)\s*\()",
+            "unstable-loss-op",
+            0.6,
+            "text: a log/exp/sqrt or division in the loss with nothing keeping it finite",
+        ),
+        (
+            # "optimizer.step() is inside the if step % 8 branch, scheduler.step() outside it"
+            r"%[^.;\n]{0,80}\bsched\w*(?:\.step\(\))?[^.;\n]{0,30}\b(?:outside|not\s+inside|out\s+of)\b"
+            r"|\bsched\w*(?:\.step\(\))?[^.;\n]{0,30}\b(?:outside|not\s+inside)\s+(?:of\s+)?(?:the\s+)?"
+            r"(?:if|branch|condition|accumulation\s+(?:check|gate|branch))",
+            "accum-scheduler-per-microbatch",
+            0.6,
+            "text: the scheduler steps outside the branch that steps the optimizer",
+        ),
+        (
+            r"\b(?:lr[\s_]?)?sched\w*\b[^.;\n]{0,40}\b(?:every|each|per)\s+(?:single\s+)?(?:forward|"
+            r"micro[-\s]?batch|micro[-\s]?step|backward|batch|iteration)\b[^.;\n]{0,60}\b(?:optimi[sz]"
+            r"\w*|update\w*)\b[^.;\n]{0,25}\bevery\s+\d+",
+            "accum-scheduler-per-microbatch",
+            0.6,
+            "text: the scheduler steps every micro-batch, the optimizer every N",
+        ),
+        (
+            # Unstable under mixed precision only: the AMP symptom, not just any NaN.
+            r"^(?=.*\b(?:fine|ok(?:ay)?|stable|works?|converges?|trains?)\b[^.;]{0,30}\b(?:without\s+"
+            r"(?:it|amp|autocast|mixed)|in\s+(?:fp32|float32|full\s+precision)|with\s+(?:fp32|"
+            r"float32)))(?=.*\b(?:mixed[\s-]precision|amp|autocast|fp16|float16|bf16|half[\s-]"
+            r"precision)\b)(?=.*\b(?:nan|inf\w*|diverg\w*|blow\w*|blew|explod\w*|unstable|spik\w*))",
+            "amp-diverges",
+            0.6,
+            "text: the run fails with mixed precision and trains in full precision",
+        ),
+        (
+            # "NaN? lower the learning rate": the claim the rationalization answers.
+            r"^(?=.*\bnan)(?=.*\b(?:lr|learning[\s_-]rate)\b)(?=.*\b(?:lower\w*|reduc\w*|drop\w*|"
+            r"decreas\w*|cut\w*|smaller|halv\w*|divid\w*|shrink\w*|turn\s+down|dial\s+down)\b)",
+            "lower-lr-for-nan",
+            0.5,
+            "text: a NaN answered by a smaller learning rate",
+        ),
+        (
+            # A framework that already divides by the accumulation count, and a manual division.
+            r"(?:accumulate_grad_batches|accelerator\.accumulate|\.accumulate\(|"
+            r"gradient_accumulation_steps|engine\.backward|deepspeed)[^\n]{0,120}?(?:\bloss\w*\s*"
+            r"(?:/|\*\s*1\s*/)|\bdivid\w*|\bscal\w*\s+(?:the\s+)?loss)"
+            r"|(?:\bloss\w*\s*(?:/|\*\s*1\s*/)|\bdivid\w*\s+(?:the\s+)?loss)[^\n]{0,120}?"
+            r"(?:accumulate_grad_batches|accelerator\.accumulate|\.accumulate\(|engine\.backward|"
+            r"deepspeed)",
+            "accum-double-scaling",
+            0.7,
+            "text: the loss is divided by hand while the framework already divides it",
+        ),
+        (
+            # no_sync that does not do its job: the forward outside it, or the step's micro-batch
+            # inside it.
+            r"\bno_sync\b[^.;\n]{0,40}\b(?:wrap\w*|around|cover\w*|applied\s+to|used\s+(?:on|for)|"
+            r"also\s+on|includ\w*)\b[^.;\n]{0,25}\b(?:last|final)\s+micro[-\s]?(?:batch|step)"
+            r"|\b(?:forward|model\(\w*\))\b[^.;\n]{0,30}\b(?:outside|before)\s+(?:the\s+)?"
+            r"(?:with\s+)?(?:block\s+of\s+)?(?:model\.)?no_sync"
+            r"|\bno_sync\b[^.;\n]{0,30}\b(?:only|just)\s+(?:around|wraps?|covers?)\s+(?:the\s+)?"
+            r"(?:loss\.)?backward",
+            "ddp-no-sync-misplaced",
+            0.7,
+            "text: no_sync() does not cover the right part of the micro-batch loop",
+        ),
+        (
+            # The grad norm pinned at one non-zero value: every step is clipped to max_norm.
+            r"\bnorm\w*\b[^.;\n]{0,25}?\b(?:always|exactly|stuck\s+at|pinned\s+at|capped\s+at)\s+"
+            r"(?:exactly\s+|at\s+)?(?!0(?:\.0+)?\b)\d[\d.]*[^.;\n]{0,25}\b(?:every|each|all)\s+"
+            r"(?:single\s+)?(?:step|iteration|batch)"
+            r"|\bnorm\w*\b[^.;\n]{0,30}\b(?:always|every\s+step)\b[^.;\n]{0,20}\b(?:equals?|"
+            r"exactly|same\s+as|is)\s+(?:my\s+|the\s+)?max_norm",
+            "clipping-slow-convergence",
+            0.5,
+            "text: the logged grad norm sits at one value on every step: every step is clipped",
+        ),
+        (
+            # Non-finite values in what goes into the model: the data is the origin.
+            r"\b(?:inputs?|input\s+(?:features|tensors?)|features?|images?|pixels?|batch(?:es)?|"
+            r"samples?|targets?|labels?|examples?|records?)\b[^.;\n]{0,30}\b(?:had|have|has|"
+            r"contain\w*|with|includ\w*|are|were|is|was)\b[^.;\n]{0,20}\b(?:nan|inf)\w*",
+            "nonfinite-inputs",
+            0.6,
+            "text: the inputs themselves hold NaN or Inf",
         ),
         (
             r"\w+Backward\d*'?\s+returned\s+(?:nan|inf)",
@@ -578,15 +1209,19 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
         (
             r"\b(?:improv\w*|decreas\w*|goes\s+down|went\s+down|drops?|dropped|falls?|fell|"
             r"better)\b[^.;\n]{0,50}\b(?:then|afterwards|later|after\s+that)\b[^.;\n]{0,40}"
-            r"\b(?:worse|increas\w*|rises?|rising|rose|climb\w*|goes\s+up|went\s+up)",
+            r"\b(?:worse|increas\w*|rises?|rising|rose|climb\w*|goes\s+up|went\s+up)"
+            # "my loss goes up after epoch 20 when I accumulate" (the fall before is implied)
+            r"|\bloss\w*\s+(?:\w+\s+){0,2}?(?:go(?:es)?|going|went|start(?:s|ed)?\s+(?:to\s+)?"
+            r"go(?:ing)?)\s+up\b|\bloss\w*\s+(?:\w+\s+){0,2}?(?:increas\w*|ris(?:es|ing)|rose|"
+            r"climb\w*|gets?\s+worse|getting\s+worse)",
             "loss-down-then-up-with-accumulation",
             0.5,
             "text: the loss first improves, then gets worse, with accumulation",
         ),
         (
             r"\b(?:after\s+(?:a\s+)?(?:good|great|nice|promising|decent|fast|quick)\s+start|"
-            r"(?:dropped|decreased|fell|improved|went\s+down)\s+(?:nicely|quickly|fast|well)?)"
-            r"[^.;\n]{0,60}\b(?:flat|plateau\w*|stall\w*|stuck|stopped|levels?\s+off|"
+            r"(?:drop\w*|decreas\w*|fell|falls?|improv\w*|went\s+down|goes\s+down)\s+(?:nicely|quickly|"
+            r"fast|well)?)[^.;\n]{0,60}\b(?:flat\w*|plateau\w*|stall\w*|stuck|stopped|levels?\s+off|"
             r"levell?ed\s+off|won't\s+improve|not\s+improv\w*)",
             "plateau",
             0.4,
@@ -599,6 +1234,7 @@ _PROSE_RULES: tuple[tuple[re.Pattern[str], str, float, str], ...] = tuple(
 #: Rules that also need a second pattern somewhere in the same sentence.
 _PROSE_REQUIRES: dict[str, re.Pattern[str]] = {
     "loss-down-then-up-with-accumulation": re.compile(r"accum|micro-?batch", re.IGNORECASE),
+    "accum-leftover-batches": re.compile(r"accum|micro-?batch|every\s+\d+|epoch", re.IGNORECASE),
     "clip-anywhere": re.compile(r"\bclip", re.IGNORECASE),
     "no-clip-sequence-model": re.compile(
         r"\b(?:lstm|gru|rnn|transformer|seq2seq|gpt|bert|t5|llm|language\s+model|"
@@ -627,6 +1263,7 @@ def segments(text: str) -> list[str]:
 _ORDER_RULES = frozenset({"clip-after-step", "clip-before-backward"})
 #: Red flag → the rationalization that recommends it (credited when the text is advice).
 ADVICE_FOR: dict[str, str] = {
+    "nonfinite-inputs": "nan-means-bad-data",
     "accum-manual-grad-scaling": "scale-grads-not-loss",
     "clip-too-aggressive": "clip-harder",
     "clip-after-step": "clip-anywhere",
@@ -638,6 +1275,51 @@ _DEPTH = re.compile(
     r"|\b(?:sigmoid|tanh)\b[^.;\n]{0,50}\b(?P<m>\d{2,4})\s*[- ]?layers?",
     re.IGNORECASE,
 )
+_DEEP_SATURATING = re.compile(
+    r"\b(?:very\s+)?deep\s+(?:\w+\s+)?(?:sigmoid|tanh|logistic)\s*(?:-\s*)?(?:activated\s+)?"
+    r"(?:net\w*|mlp|model|stack|classifier|autoencoder)"
+    r"|\b(?:sigmoid|tanh)\s+(?:activations?\s+)?(?:in|throughout|after\s+every\s+layer\s+of)\s+"
+    r"(?:a|my|our|the)\s+(?:very\s+)?deep\b",
+    re.IGNORECASE,
+)
+
+
+#: Words without which a rule cannot match (lower case): the rule is skipped, and compiled
+#: only the first time a text has one (start-up compiles none; a test checks each trigger).
+_PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
+    "clip-anywhere": ("clip",),
+    "accum-manual-grad-scaling": ("grad",),
+    "clip-after-step": ("clip",),
+    "clip-before-backward": ("clip",),
+    "amp-clip-without-unscale": ("unscal",),
+    "accum-unscaled-loss": ("loss",),
+    "accum-zero-grad-every-microstep": ("zero",),
+    "accum-missing-zero-grad": ("zero",),
+    "monitor-after-zero-grad": ("zero",),
+    "no-grad-monitoring": ("grad", "loss"),
+    "nan-loss-before-backward": ("backward",),
+    "ddp-accum-without-no-sync": ("sync", "reduc", "communicat"),
+    "many-zero-activations": ("0", "zero", "dead"),
+    "value-clipping": ("clip",),
+    "no-clip-sequence-model": ("clip",),
+    "amp-step-bypasses-scaler": ("scale",),
+    "nan-gradients": ("backward",),
+    "loss-down-then-up-with-accumulation": ("accum", "micro"),
+    "accum-double-scaling": ("accum", "deepspeed", "engine"),
+    "ddp-no-sync-misplaced": ("no_sync",),
+    "clipping-slow-convergence": ("norm",),
+    "nonfinite-inputs": ("nan", "inf"),
+    "amp-diverges": ("fp16", "float16", "bf16", "amp", "autocast", "mixed", "half"),
+    "lower-lr-for-nan": ("nan",),
+    "accum-scheduler-per-microbatch": ("sched",),
+    "accum-leftover-batches": ("batch", "divisib", "divide"),
+    "unstable-loss-op": ("log", "exp", "sqrt", "divi"),
+}
+
+
+@cache
+def _prose_rule(index: int) -> re.Pattern[str]:
+    return re.compile(_PROSE_RULES[index][0], re.IGNORECASE)
 
 
 def prose_hits(text: str) -> list[CodeHit]:
@@ -651,9 +1333,20 @@ def prose_hits(text: str) -> list[CodeHit]:
                 CodeHit("saturating-deep-net", 0.6, "text: more than 20 sigmoid/tanh layers")
             )
             break
-    for pattern, entry_id, strength, reason in _PROSE_RULES:
+        if _DEEP_SATURATING.search(piece):
+            # "my deep sigmoid net": the depth is not given, so weaker than a layer count.
+            hits.append(
+                CodeHit("saturating-deep-net", 0.4, "text: a deep network of sigmoid/tanh layers")
+            )
+            break
+    lowered = text.lower()
+    for index, (_, entry_id, strength, reason) in enumerate(_PROSE_RULES):
         if any(h.entry_id == entry_id for h in hits):
             continue
+        triggers = _PROSE_TRIGGERS.get(entry_id)
+        if triggers is not None and not any(t in lowered for t in triggers):
+            continue
+        pattern = _prose_rule(index)
         needs = _PROSE_REQUIRES.get(entry_id)
         for piece in pieces:
             if not pattern.search(piece) or (needs is not None and not needs.search(piece)):

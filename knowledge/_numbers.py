@@ -8,12 +8,32 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+
+class _Lazy:
+    """A pattern compiled on first use and skipped when the text has none of its trigger words
+    (lower case): start-up compiles nothing, and most texts never need most patterns."""
+
+    __slots__ = ("_compiled", "flags", "source", "triggers")
+
+    def __init__(self, source: str, triggers: tuple[str, ...], flags: int = re.IGNORECASE) -> None:
+        self.source, self.triggers, self.flags = source, triggers, flags
+        self._compiled: re.Pattern[str] | None = None
+
+    def finditer(self, text: str, lowered: str) -> Iterator[re.Match[str]]:
+        if not any(t in lowered for t in self.triggers):
+            return iter(())
+        if self._compiled is None:
+            self._compiled = re.compile(self.source, self.flags)
+        return self._compiled.finditer(text)
+
 
 # A number as people and loggers write it: 1523.2, 1,523.2, 3.4e+04, .5, 2e-7, nan, inf, 10^-7.
 _NUM = (
     r"(?P<num>[-+]?(?:nan|inf(?:inity)?"
-    r"|10\s*\^\s*[-+−]?\d+"
+    r"|(?:10|2)\s*\^\s*[-+−]?\d+"
     r"|(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:\s*[eE]\s*[-+−]?\d+|\s*[x×\*]\s*10\s*\^\s*[-+−]?\d+)?"
     r"|\.\d+(?:[eE][-+−]?\d+)?))(?![a-z0-9])"
 )
@@ -25,65 +45,103 @@ _FILLER = (
     r"|\bto\b|\bsuddenly\b|\bstill\b|\bnow\b|\bthen\b|\bonly\b|\bjust\b|\balways\b|\blike\b"
     r"|\bapprox(?:imately)?\b|\broughly\b|\bover\b|\babove\b|\bbelow\b|\bunder\b|\bless\s+than\b"
     r"|\bmore\s+than\b|\bshows?\b|\bprints?\b|\bsays\b|\bequals?\b|\bvalues?\b|\btiny\b|\bhuge\b"
-    r"|\bvery\b|\bsmall\b|\blarge\b|\bimmediately\b|\bsometimes\b|\bspikes?\s+to\b|->|→|=>)*?"
+    r"|\bvery\b|\bsmall\b|\blarge\b|\bimmediately\b|\bsometimes\b|\bspikes?\s+to\b|->|→|=>"
+    # Level words: "the grad norm hovers around 0.05", "is pretty flat at ~0.25".
+    r"|\bhover(?:s|ed|ing)?\b|\bsits?\b|\bsat\b|\bstay(?:s|ed)?\b|\bremain(?:s|ed)?\b"
+    r"|\bpretty\b|\bfairly\b|\bquite\b|\bflat\b|\bsteady\b|\bstable\b|\bconstant\b|\bnear\b"
+    r"|\bconsistently\b|\busually\b|\btypically\b|\bmostly\b|\bsettles?\b|\bsettled\b)*?"
 )
 
-_LOSS = re.compile(
+_LOSS = _Lazy(
     rf"\b(?P<name>(?:train(?:ing)?|val(?:idation)?|eval)?[_ ]?loss(?:es)?)\b{_FILLER}{_NUM}",
+    ("loss",),
     re.IGNORECASE,
 )
-_NAN_LOSS = re.compile(
+_NAN_LOSS = _Lazy(
     r"\b(?P<num>nan|inf(?:inity)?)\s+(?:(?:train(?:ing)?|validation|val)\s+)?loss(?:es)?\b",
+    ("nan", "inf"),
     re.IGNORECASE,
 )
-_GRAD_NORM = re.compile(
+_GRAD_NORM = _Lazy(
     r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
-    r"norm\s+of\s+(?:the\s+)?(?:grad(?:ient)?s?)|grad(?:ient)?s?(?=\s+(?:are|is|were|was)\b))\b"
+    r"norm\s+of\s+(?:the\s+)?(?:grad(?:ient)?s?)|grad(?:ient)?s?(?=\s+(?:are|is|were|was)\b)"
+    # Per-layer values said of the early or late layers ("gradients in the first layers are").
+    r"|grad(?:ient)?s?\s+(?:in|of|for|at|to)\s+(?:the\s+|my\s+)?(?:first|early|earliest|last|"
+    r"top|bottom|lower|upper|initial|final|input|output)\s+(?:few\s+|\w+\s+)?layers?"
+    r"(?=\s+(?:are|is|were|was|stay|sit|hover)\w*\b))\b"
     rf"{_FILLER}{_NUM}",
+    ("norm", "grad"),
     re.IGNORECASE,
 )
-_NAN_GRADS = re.compile(
+# The value before the name: "the first layers get ~1e-9 gradients", "with 3e4 grad norms".
+_GRAD_VALUE_FIRST = _Lazy(
+    r"\b(?:get|gets|getting|got|receive[sd]?|receiving|have|has|had|see|saw|with)\s+"
+    r"(?:only\s+|around\s+|about\s+|roughly\s+)?[~≈]?\s*"
+    r"(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+−]?\d+)?)\s+"
+    r"(?:grad(?:ient)?s?|grad(?:ient)?[_ ]norms?)\b",
+    ("grad",),
+    re.IGNORECASE,
+)
+_NAN_GRADS = _Lazy(
     r"\b(?:nan|inf(?:inity)?)\s+(?:in\s+(?:the\s+|my\s+)?)?grad(?:ient)?s?\b"
     r"|\bgrad(?:ient)?s?\b[^.\n]{0,30}?\b(?:are|become|became|turn|turned|go|went|contain)"
     r"\b[^.\n]{0,12}?\b(?:nan|inf)\b",
+    ("nan", "inf"),
     re.IGNORECASE,
 )
-_NAN_PARAMS = re.compile(
+_NAN_PARAMS = _Lazy(
     r"\b(?:weights?|param(?:eter)?s?|biases?)\b[^.\n]{0,40}?\b(?:are|is|were|was|became|become|"
     r"turn(?:ed)?|went|contain|have|has)\b[^.\n]{0,12}?\b(?:nan|inf)\b"
-    r"|\b(?:nan|inf)\s+(?:in\s+(?:the\s+|my\s+)?)?(?:weights?|param(?:eter)?s?)\b",
+    r"|\b(?:nan|inf)\s+(?:in\s+(?:the\s+|my\s+)?)?(?:weights?|param(?:eter)?s?)\b"
+    r"|\b(?:nan|inf)s?\b[^.;\n]{0,25}?\b(?:in|of)\s+(?:the\s+|my\s+)?(?:\w+\s+)?"
+    r"(?:weights?|param(?:eter)?s?)\b",
+    ("nan", "inf"),
     re.IGNORECASE,
 )
-_SCALE = re.compile(
+_SCALE = _Lazy(
     rf"\b(?:loss[_ ])?scale\b{_FILLER}{_NUM}\s*(?:→|->|=>|to|down\s+to|drops?\s+to|dropped\s+to|"
-    r"fell\s+to|falls\s+to|falling\s+to|goes\s+to|went\s+to)\s*(?P<num2>[-+]?\d+(?:\.\d*)?"
-    r"(?:[eE][-+−]?\d+)?)",
+    r"fell\s+to|falls\s+to|falling\s+to|goes\s+to|went\s+to)\s*(?P<num2>(?:10|2)\s*\^\s*[-+−]?\d+"
+    r"|[-+]?\d+(?:\.\d*)?(?:[eE][-+−]?\d+)?)",
+    ("scale",),
     re.IGNORECASE,
 )
-_PERCENT_BEFORE = re.compile(
+_PERCENT_BEFORE = _Lazy(
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*"
     r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
     r"\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+fire)\b",
+    ("%", "percent", "per cent", "pct"),
     re.IGNORECASE,
 )
-_PERCENT_AFTER = re.compile(
+_PERCENT_AFTER = _Lazy(
     r"\b(?P<what>dead|zeros?|inactive)\b(?P<subject>[a-z_\- ]{0,30}?)[:=]?\s*"
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)",
+    ("%", "percent", "per cent", "pct"),
     re.IGNORECASE,
 )
-_MAX_NORM = re.compile(
+_MAX_NORM = _Lazy(
     r"\b(?:max_norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
-    rf"(?:\s+(?:at|to|of))?)\s*[:=]?\s*{_NUM}",
+    rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
+    ("max_norm", "clip"),
     re.IGNORECASE,
 )
-_RATIO = re.compile(
-    r"\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?param(?:eter)?s?|update)[_ -]ratio\b"
+_RATIO = _Lazy(
+    r"\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?(?:param(?:eter)?s?|weights?))[_ -]ratio\b"
     rf"{_FILLER}{_NUM}",
+    ("ratio",),
     re.IGNORECASE,
 )
-_LAYER_RATIO = re.compile(
+# The applied update against the weights: "update ratio", "||Δw||/||w||", "update-to-weight".
+_UPDATE_RATIO = _Lazy(
+    r"(?:\bupdate[_ -](?:to[_ -](?:weight|param\w*)[_ -])?ratio\b|\brelative\s+update\b"
+    r"|\|{0,2}\s*(?:Δ|delta\s*|d)w\s*\|{0,2}\s*/\s*\|{0,2}\s*w\s*\|{0,2})"
+    rf"(?:\s+(?:of|for)\s+(?:the\s+|my\s+)?[\w.]+(?:\s+layer)?)?{_FILLER}{_NUM}",
+    ("update", "relative", "w"),
+    re.IGNORECASE,
+)
+_LAYER_RATIO = _Lazy(
     r"(?P<num>\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?)\s*(?:x|×|times)\s+"
     r"(?:smaller|larger|bigger|lower|higher)\b",
+    ("x", "×", "times"),
     re.IGNORECASE,
 )
 
@@ -95,7 +153,7 @@ class Quantity:
     ``name`` is one of: loss, grad_norm, grad_nan (NaN/Inf said of gradients), param_nan (of
     weights), amp_scale_from,
     amp_scale_to, dead_fraction, zero_grad_fraction, zero_activation_fraction, max_norm,
-    grad_param_ratio, layer_ratio. Fractions are in [0, 1].
+    grad_param_ratio, update_ratio, layer_ratio. Fractions are in [0, 1].
     """
 
     name: str
@@ -112,9 +170,9 @@ def parse_number(raw: str) -> float | None:
     if s.lstrip("+-").startswith("inf"):
         return -math.inf if s.startswith("-") else math.inf
     s = s.replace(",", "")
-    power = re.fullmatch(r"([-+]?)10\^([-+]?\d+)", s)
+    power = re.fullmatch(r"([-+]?)(10|2)\^([-+]?\d+)", s)
     if power:
-        value = 10.0 ** int(power.group(2))
+        value = float(power.group(2)) ** int(power.group(3))
         return -value if power.group(1) == "-" else value
     times = re.fullmatch(r"([-+]?[\d.]+)[x×*]10\^([-+]?\d+)", s)
     if times:
@@ -174,37 +232,42 @@ def read_quantities(text: str) -> list[Quantity]:
 
 def _read_piece(text: str) -> list[tuple[int, Quantity]]:
     found: list[tuple[int, Quantity]] = []
+    lowered = text.lower()
 
     def add(pos: int, name: str, raw: str, snippet: str) -> None:
         value = parse_number(raw)
         if value is not None:
             found.append((pos, Quantity(name, value, snippet.strip(), _is_logged(snippet, raw))))
 
-    for m in _LOSS.finditer(text):
+    for m in _LOSS.finditer(text, lowered):
         add(m.start(), "loss", m.group("num"), m.group(0))
-    for m in _NAN_LOSS.finditer(text):
+    for m in _NAN_LOSS.finditer(text, lowered):
         add(m.start(), "loss", m.group("num"), m.group(0))
-    for m in _GRAD_NORM.finditer(text):
+    for m in _GRAD_NORM.finditer(text, lowered):
         add(m.start(), "grad_norm", m.group("num"), m.group(0))
-    for m in _NAN_GRADS.finditer(text):
+    for m in _GRAD_VALUE_FIRST.finditer(text, lowered):
+        add(m.start(), "grad_norm", m.group("num"), m.group(0))
+    for m in _NAN_GRADS.finditer(text, lowered):
         found.append((m.start(), Quantity("grad_nan", math.nan, m.group(0).strip())))
-    for m in _NAN_PARAMS.finditer(text):
+    for m in _NAN_PARAMS.finditer(text, lowered):
         found.append((m.start(), Quantity("param_nan", math.nan, m.group(0).strip())))
-    for m in _SCALE.finditer(text):
+    for m in _SCALE.finditer(text, lowered):
         add(m.start(), "amp_scale_from", m.group("num"), m.group(0))
         add(m.start(), "amp_scale_to", m.group("num2"), m.group(0))
     for pattern in (_PERCENT_BEFORE, _PERCENT_AFTER):
-        for m in pattern.finditer(text):
+        for m in pattern.finditer(text, lowered):
             window = text[max(0, m.start() - 60) : m.end() + 60]
             name = _fraction_subject(m.group("subject"), window, m.group("what"))
             value = parse_number(m.group("num"))
             if value is not None:
                 found.append((m.start(), Quantity(name, value / 100.0, m.group(0).strip(), True)))
-    for m in _MAX_NORM.finditer(text):
+    for m in _MAX_NORM.finditer(text, lowered):
         add(m.start(), "max_norm", m.group("num"), m.group(0))
-    for m in _RATIO.finditer(text):
+    for m in _RATIO.finditer(text, lowered):
         add(m.start(), "grad_param_ratio", m.group("num"), m.group(0))
-    for m in _LAYER_RATIO.finditer(text):
+    for m in _UPDATE_RATIO.finditer(text, lowered):
+        add(m.start(), "update_ratio", m.group("num"), m.group(0))
+    for m in _LAYER_RATIO.finditer(text, lowered):
         add(m.start(), "layer_ratio", m.group("num"), m.group(0))
     return found
 
@@ -218,3 +281,200 @@ def fmt(value: float) -> str:
     if value != 0 and (abs(value) >= 1e4 or abs(value) < 1e-3):
         return f"{value:.2g}"
     return f"{value:g}"
+
+
+# -- series: the same quantity written several times ("0.9 at step 1k, 4 at 10k, 25 at 30k") --
+
+#: What a series is of. A bare "gradients" is not a subject: per-layer values are not the
+#: total norm ("per-layer grads are all between 1e-4 and 1e-2").
+_SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "grad_norm",
+        re.compile(
+            r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
+            r"norms?)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "val_loss",
+        re.compile(
+            r"\b(?:val(?:idation)?|eval|test|dev)[_ ](?:loss(?:es)?|ppl|perplexity)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    ("loss", re.compile(r"\b(?:train(?:ing)?[_ ])?loss(?:es)?\b", re.IGNORECASE)),
+    # exp(loss): it diverges, spikes and stalls with the loss.
+    ("perplexity", re.compile(r"\b(?:perplexity|ppl)\b", re.IGNORECASE)),
+    # Other quantities end the stretch of text that belongs to a subject.
+    (
+        "",
+        re.compile(
+            r"\b(?:lr|learning[_ ]rates?|batch(?:[_ ]size)?|acc(?:uracy)?|"
+            r"max_norm|clip\w*|scale|grad/param|ratio|dead|zeros?|weights?|params?|"
+            r"parameters?|memory|time|throughput)\b",
+            re.IGNORECASE,
+        ),
+    ),
+)
+_SERIES_NUMBER = re.compile(
+    r"(?<![\w.])(?P<num>[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][-+−]?\d+)?)(?P<suffix>[kKmM]\b)?"
+    r"(?!\w|\.\d)"
+)
+_EARLIER = re.compile(
+    r"\b(?:after|since|before\s+(?:that|this)|previously|earlier|initially|at\s+first)\b"
+    r"[^.;\d]{0,30}?\bfrom\s*~?\s*$",
+    re.IGNORECASE,
+)
+_LIST_JOIN = re.compile(r"\s*(?:,|and|&|or|,\s*and)\s*", re.IGNORECASE)
+_BETWEEN = re.compile(r"between\s*$", re.IGNORECASE)
+_AND = re.compile(r"^\s*and\s*$", re.IGNORECASE)
+_DASH = re.compile(r"^\s*[-–]\s*$")
+#: A number right after these is a step, an epoch or a count, not a value of the subject.
+_MARKER_BEFORE = re.compile(
+    r"(?:\b(?:steps?|iters?|iterations?|it|epochs?|first|last|every|batch(?:es)?|layers?|"
+    r"ranks?|gpus?|nodes?|top|within|over|past|since|until|till)|@|#)\s*[:=]?\s*$",
+    re.IGNORECASE,
+)
+#: ... and so is a number followed by these.
+_MARKER_AFTER = re.compile(
+    r"^\s*(?:%|x\b|×|times\b|steps?\b|iters?\b|iterations?\b|epochs?\b|k\b|layers?\b|"
+    r"gpus?\b|nodes?\b|samples?\b|tokens?\b|batches\b|bits?\b|[gm]i?b\b|hours?\b|minutes?\b|"
+    r"seconds?\b|s\b|ms\b|params?\b|heads?\b|dims?\b|d\b|-?layer)",
+    re.IGNORECASE,
+)
+_SERIES_SENTENCE = re.compile(r"(?<=[.;!?])\s+|\n|(?<=\})\s*(?:\.\.\.|…)?\s*(?=\{)")
+#: Values below this many are a level, not a series.
+MIN_SERIES = 2
+
+
+@dataclass(frozen=True)
+class Series:
+    """The values of one quantity written one after another in the text, in order.
+
+    ``name`` is grad_norm, loss, val_loss or perplexity. A range ("between 0.3 and 1.2",
+    "1-2") counts as one value, its geometric middle, and is kept in ``ranges`` as (low, high).
+    """
+
+    name: str
+    values: tuple[float, ...]
+    ranges: tuple[tuple[float, float], ...] = ()
+
+
+def _subject_mentions(sentence: str) -> list[tuple[int, int, str]]:
+    """Subject names in order; of two that overlap, the earlier (then the listed-first) wins."""
+    found = sorted(
+        (m.start(), priority, m.end(), name)
+        for priority, (name, pattern) in enumerate(_SERIES_SUBJECTS)
+        for m in pattern.finditer(sentence)
+    )
+    spans: list[tuple[int, int, str]] = []
+    for start, _, end, name in found:
+        if not spans or start >= spans[-1][1]:
+            spans.append((start, end, name))
+    return spans
+
+
+def _scope_values(scope: str) -> list[tuple[float, tuple[float, float] | None]]:
+    """The values in the text after a subject: steps, counts and percentages left out."""
+    numbers = list(_SERIES_NUMBER.finditer(scope))
+    out: list[tuple[float, tuple[float, float] | None]] = []
+    skip = -1
+    marker_end, marker_value = -1, 0.0
+    for i, m in enumerate(numbers):
+        if i <= skip:
+            continue
+        before, after = scope[: m.start()], scope[m.end() :]
+        raw = m.group("num")
+        whole = "." not in raw and "e" not in raw.lower()
+        # "at steps 1200, 3400 and 5100": a list of larger whole numbers after a step is steps.
+        listed = (
+            marker_end >= 0
+            and whole
+            and _LIST_JOIN.fullmatch(scope[marker_end : m.start()]) is not None
+            and float(raw) > marker_value
+        )
+        # Steps and counts are whole numbers: "every 1k steps: 0.4, 0.8" lists values.
+        marker = whole and _MARKER_BEFORE.search(before[-24:]) is not None
+        if m.group("suffix") or marker or listed:
+            marker_end = m.end()
+            scale = {"k": 1e3, "m": 1e6}.get((m.group("suffix") or "").lower(), 1.0)
+            marker_value = float(parse_number(raw) or 0.0) * scale
+            continue
+        if _MARKER_AFTER.match(after):
+            continue
+        # "2.7 (200)": a whole number in brackets after a value is its step.
+        whole = "." not in m.group("num") and "e" not in m.group("num").lower()
+        if whole and re.search(r"[(\[]\s*$", before[-3:]) and re.match(r"\s*[)\]]", after):
+            continue
+        # "at 2k" / "at 500": a large whole number after "at" is a step, "sits at 2" a value.
+        at = re.search(r"\bat\s*$", before[-6:], re.IGNORECASE)
+        if at and "." not in m.group("num") and float(parse_number(m.group("num")) or 0) >= 100:
+            continue
+        value = parse_number(m.group("num"))
+        if value is None or not math.isfinite(value):
+            continue
+        if _EARLIER.search(before[-40:]):
+            # "... for the last 5 epochs after dropping from 2.3": written last, happened first.
+            out.insert(0, (value, None))
+            continue
+        if i + 1 < len(numbers):
+            nxt = numbers[i + 1]
+            gap = scope[m.end() : nxt.start()]
+            high = parse_number(nxt.group("num"))
+            ranged = (_DASH.match(gap) and value >= 0) or (
+                _AND.match(gap) and _BETWEEN.search(before[-12:])
+            )
+            if ranged and high is not None and high > value >= 0 and not nxt.group("suffix"):
+                middle = math.sqrt(value * high) if value > 0 else high / 2
+                out.append((middle, (value, high)))
+                skip = i + 1
+                continue
+        out.append((value, None))
+    return out
+
+
+def read_series(text: str) -> list[Series]:
+    """Each quantity written more than once, as a series (plus single ranges).
+
+    Sentence by sentence, the text after a subject ("train loss", "grad norm", "norms") up to
+    the next quantity's name belongs to that subject; its numbers, less the steps, epochs,
+    counts and percentages around them, are its values. All mentions of one subject in the
+    text join into one series, in order ("{'loss': 1.23, ...} ... {'loss': 0.98, ...}").
+    """
+    values: dict[str, list[float]] = {}
+    ranges: dict[str, list[tuple[float, float]]] = {}
+    for sentence in _SERIES_SENTENCE.split(text[:_MAX_SERIES_TEXT]):
+        mentions = _subject_mentions(sentence)
+        for index, (_, end, name) in enumerate(mentions):
+            if not name:
+                continue
+            stop = mentions[index + 1][0] if index + 1 < len(mentions) else len(sentence)
+            for value, span in _scope_values(sentence[end:stop]):
+                values.setdefault(name, []).append(value)
+                if span is not None:
+                    ranges.setdefault(name, []).append(span)
+    return [
+        Series(name, tuple(vals), tuple(ranges.get(name, ())))
+        for name, vals in values.items()
+        if len(vals) >= MIN_SERIES or ranges.get(name)
+    ]
+
+
+#: Longest text read for series (a pasted log is read by ``gradient-doctor logs``).
+_MAX_SERIES_TEXT = 20_000
+
+
+def rank_correlation(values: tuple[float, ...] | list[float]) -> float:
+    """Spearman correlation of ``values`` with their position (ties broken by order)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    order = sorted(range(n), key=lambda i: values[i])
+    ranks = [0] * n
+    for rank, i in enumerate(order):
+        ranks[i] = rank
+    mean = (n - 1) / 2
+    cov = sum((i - mean) * (r - mean) for i, r in enumerate(ranks))
+    var = sum((i - mean) ** 2 for i in range(n))
+    return cov / var if var else 0.0

@@ -6,14 +6,11 @@ pipeline runs over the knowledge entries (to build the index) and over a questio
 
 from __future__ import annotations
 
-import importlib.resources
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
-
-import yaml
 
 SYNONYMS_FILE = "synonyms.yaml"
 
@@ -183,12 +180,7 @@ class Synonyms:
                     words[variant] = canon
                 elif variant != canon:
                     phrases[variant] = canon
-        pattern = None
-        if phrases:
-            ordered = sorted(phrases, key=len, reverse=True)
-            body = "|".join(re.escape(p) for p in ordered)
-            # Whole words only: the variant must not be glued to letters on either side.
-            pattern = re.compile(rf"(?<![a-z0-9])(?:{body})(?![a-z0-9])")
+        pattern = _phrase_pattern(phrases)
         related_raw = raw.get("related") or {}
         related = {
             stem(str(k).lower()): tuple(stem(str(v).lower()) for v in vs or [])
@@ -197,6 +189,21 @@ class Synonyms:
         stemmed_words = {stem(w): stem(c) for w, c in words.items()}
         stemmed_words.update({w: stem(c) for w, c in words.items()})
         return cls(pattern, phrases, stemmed_words, related)
+
+    @classmethod
+    def from_tables(
+        cls,
+        phrases: Mapping[str, str],
+        words: Mapping[str, str],
+        related: Mapping[str, Iterable[str]],
+    ) -> Synonyms:
+        """Rebuild from the tables of an existing instance (the matcher's index snapshot)."""
+        return cls(
+            _phrase_pattern(phrases),
+            dict(phrases),
+            dict(words),
+            {k: tuple(v) for k, v in related.items()},
+        )
 
     def rewrite_phrases(self, text: str) -> str:
         """Replace multi-word variants in lower-cased ``text`` by their canonical token."""
@@ -209,9 +216,22 @@ class Synonyms:
         return self.word_to_canonical.get(token, token)
 
 
+def _phrase_pattern(phrases: Iterable[str]) -> re.Pattern[str] | None:
+    ordered = sorted(phrases, key=len, reverse=True)
+    if not ordered:
+        return None
+    body = "|".join(re.escape(p) for p in ordered)
+    # Whole words only: the variant must not be glued to letters on either side.
+    return re.compile(rf"(?<![a-z0-9])(?:{body})(?![a-z0-9])")
+
+
 @lru_cache(maxsize=1)
 def load_synonyms() -> Synonyms:
     """The packaged synonym table (cached)."""
+    import importlib.resources
+
+    import yaml  # only when the index is built: a snapshot holds the parsed table
+
     text = (
         importlib.resources.files("gradient_doctor.knowledge") / "data" / SYNONYMS_FILE
     ).read_text("utf-8")
@@ -344,6 +364,14 @@ class TypoCorrector:
             if len(cand) < self.MIN_LENGTH or cand in STOPWORDS or cand == word:
                 continue
             if self.counts[cand] < floor:
+                continue
+            # Misspellings keep the first letter (or swap the first two): "fight" is not a
+            # typo of "right", nor "hovers" of "covers".
+            if cand[0] != word[0] and cand[:2] != word[1::-1]:
+                continue
+            # Nor do they change only the ending: "thrown" is another form of a word, not a
+            # misspelt "throws".
+            if cand[:-1] == word[:-1] or cand.startswith(word) or word.startswith(cand):
                 continue
             dist = damerau_levenshtein(word, cand, limit)
             if dist > limit:

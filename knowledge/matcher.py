@@ -1,55 +1,91 @@
 """Free text (and pasted code) → ranked knowledge entries.
 
 ``match("my loss goes to NaN after 2k steps")`` returns the catalogue entries that fit the
-text, best first, each with the reasons it was chosen. Three kinds of evidence add up:
+text, best first, each with the reasons it was chosen. Four kinds of evidence add up:
 
 * **words** — a BM25F ranker over each entry's fields (title, claim, paraphrases, phrasings,
   keywords, what/why/shows-up …, each with its own weight), after lower-casing, domain
   synonyms (``data/synonyms.yaml``), stemming and typo repair; adjacent word pairs count as
   phrases; the closest single title/claim/paraphrase/phrasing adds a bonus, and so does naming
   the entry ("vanishing gradients"); the form of the text (an assertion or advice versus a
-  report or a question) tilts rationalizations against symptoms and red flags.
+  report or a question) tilts rationalizations against symptoms and red flags. Words that
+  appear only in pasted code count half, and an entry about a technique the text never names
+  (sigmoid stacks, mixed precision, DDP …) keeps only part of its word score.
 * **numbers** — quantities read from the text (``loss: nan``, ``grad norm 3.4e+04``,
   ``dead 63%``, ``scale 65536 → 1``) compared with a threshold profile (the default one
-  unless the :class:`Matcher` is built with another); each reason names the threshold, its
-  severity, the profile and the seed the number comes from.
-* **order** — rules over pasted code (clip after ``step()``, clip without ``unscale_``,
-  accumulation without dividing the loss …) and over the same order stated in words
-  ("I clip after the optimizer step").
+  unless the :class:`Matcher` is built with another), and the same quantity written several
+  times read as a series ("0.9 at step 1k, 4 at 10k, 25 at 30k"): a rising, decaying or spiky
+  grad norm, a loss that diverges, spikes, stalls or plateaus, a norm that stays in or settles
+  into the healthy range. Each reason names the threshold, its severity, the profile and the
+  seed the number comes from; healthy numbers answer "is this normal?" with ``healthy`` (or
+  ``small-grads-mean-broken`` when small norms come with a run that still improves).
+* **code** — a fragment found in the text (fenced, indented, inline, or statements joined by
+  ``;`` in a sentence) is repaired into parseable Python (a loop body without its loop,
+  ``...`` pseudo-code, broken indentation) and read by the static analyser
+  (``probes.static.lint_source``, imported on the first text with code), next to light order
+  rules that also read fragments too broken to parse.
+* **sentences** — the same mistakes stated in words ("I clip after the optimizer step",
+  "no_sync only wraps the backward").
 
-Learning-rate-only and data-only questions are flagged ``out_of_scope`` with a pointer; a
-question that also names a gradient problem ("I lowered the LR and still get NaN") stays in.
-Nothing here imports torch or ``probes.static``; the static analyser reads whole scripts, this
-module reads fragments.
-
-Learning-rate-only and data-only questions are flagged ``out_of_scope`` with a pointer.
-Nothing here imports torch or ``probes``.
+Then the ranking is settled: a red flag the text describes ranks above the symptoms and
+signals it explains (the named cause first), the most serious of several mistakes in one
+fragment comes first, and a serious mistake in the user's code ranks above claims the text
+does not make. Learning-rate-only and data-only questions are flagged ``out_of_scope`` with a
+pointer; a question that also names a gradient problem ("I lowered the LR and still get NaN")
+stays in. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import marshal
 import math
+import os
 import re
+import sys
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gradient_doctor.knowledge._code import CodeHit, analyse, extract_code, prose_hits
-from gradient_doctor.knowledge._numbers import Quantity, fmt, read_quantities
+from gradient_doctor.knowledge._code import (
+    CodeHit,
+    code_hits,
+    prose_hits,
+    split_code,
+    without_code,
+)
+from gradient_doctor.knowledge._numbers import (
+    Quantity,
+    Series,
+    fmt,
+    rank_correlation,
+    read_quantities,
+    read_series,
+)
 from gradient_doctor.knowledge._text import (
     Analyzer,
+    Synonyms,
     TypoCorrector,
     load_synonyms,
     normalise,
     vocabulary,
 )
 from gradient_doctor.knowledge.findings import Severity
-from gradient_doctor.knowledge.loader import KnowledgeBase, load_knowledge
-from gradient_doctor.knowledge.models import Entry, EntryKind, ThresholdProfile, ThresholdValue
+
+if TYPE_CHECKING:
+    from gradient_doctor.knowledge.loader import KnowledgeBase
+    from gradient_doctor.knowledge.models import Entry
+
+#: ``models.EntryKind`` (a test checks they agree): importing ``models`` builds every knowledge
+#: model, which a match served from the index snapshot never needs.
+EntryKind = Literal["red-flag", "signal", "rationalization", "symptom"]
 
 __all__ = ["Match", "MatchResult", "Matcher", "get_matcher", "match"]
 
@@ -80,6 +116,8 @@ SENTENCE_FIELDS: tuple[str, ...] = ("title", "claim", "paraphrases", "phrasings"
 _K1 = 1.2
 _B = 0.75
 _PHRASE_WEIGHT = 1.5
+#: Weight of a word that appears only in pasted code (see ``Matcher._soften_code_terms``).
+_CODE_TERM_WEIGHT = 0.5
 _RELATED_WEIGHT = 0.5
 #: Bonus (in score units) of a nearest-sentence similarity of 1.0.
 _SENTENCE_BONUS = 6.0
@@ -88,6 +126,12 @@ _EVIDENCE_WEIGHT = 20.0
 #: Bonus when every word of the entry's id appears in the text ("vanishing gradients").
 _NAMED_BONUS = 4.0
 _RATIONALIZATION_PRIOR = 1.3
+#: Word score kept by an entry whose premise the text lacks (see ``_PREMISES``).
+_UNSUPPORTED_PRIOR = 0.6
+#: Word score kept by a loss-movement symptom when the text has no word of movement.
+_NO_MOVEMENT_PRIOR = 0.5
+_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+_RATIONALIZATION_REPORT_PRIOR = 0.85
 _SYMPTOM_PRIOR = 1.15
 _RED_FLAG_CODE_PRIOR = 1.2
 _RED_FLAG_ADVICE_PRIOR = 0.85
@@ -102,22 +146,95 @@ _ASSERTION = re.compile(
     r"scale|cut|go|stick|forget|ignore)\b|"
     r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\bso\s+(?:i|we|you)\b|\btherefore\b|"
     r"\b(?:you'll|you\s+will|you'd|(?:have|has)\s+to|until\s+(?:we|i|you)\s+(?:get|buy|have))\b|"
-    r"\b(?:just|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|i'd(?!\s+like)|"
-    r"i\s+would(?!\s+like)|"
+    r"\b(?:just|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|"
+    r"i'd(?!\s+(?:like|need|want|have\s+to))|"
+    r"i\s+would(?!\s+(?:like|need|want|have\s+to))|"
     r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
     r"doesn't\s+matter|is\s+(?:a|just\s+a)\s+(?:hack|trick)|obviously|clearly|"
     r"must\s+be|it's\s+because|that's\s+why|probably|i\s+think|i\s+bet|i\s+guess|recommend|"
     r"suggest|the\s+fix\s+is|the\s+answer\s+is|go\s+with|instead|won't|can't|cannot|isn't|"
-    r"doesn't|don't|shouldn't|no\s+point|pointless|overkill|waste)\b",
+    r"doesn't|don't|shouldn't|no\s+point|pointless|overkill|waste|bad\s+idea|incompatible|"
+    r"fight\w*\s+each\s+other|interfere\w*|conflict\w*)\b"
+    # A consequence stated as a rule: "X changes the norm, so clipping gives wrong values".
+    r"|,\s*so\s+[^.;\n]{0,40}\b(?:gives?|returns?|is|are|becomes?)\s+(?:\w+\s+)?(?:wrong|"
+    r"incorrect|broken|meaningless|useless)\b",
     re.IGNORECASE,
 )
+#: Negations that mark a claim only when nobody is describing their own run.
+_WEAK_NEGATION = re.compile(
+    r"\b(?:can't|cannot|isn't|doesn't|don't|won't|can\s+not|does\s+not|do\s+not|is\s+not)\b",
+    re.IGNORECASE,
+)
+_STRONG_ASSERTION = _ASSERTION
+_FIRST_PERSON = re.compile(r"\b(?:my|i|i'm|i've|we|our|we're)\b", re.IGNORECASE)
 _REPORT = re.compile(
     r"\b(?:my|i'm\s+getting|i\s+get|i\s+see|i'm\s+seeing|we\s+see|we're\s+seeing|keeps?|kept|"
     r"after\s+\d+|epochs?|steps?\s+\d+|iterations?|why\s+(?:is|does|do)|what's\s+wrong|"
+    r"i'?d\s+need|i\s+need|"
     r"started|starts|suddenly|goes|went|became|becomes|every\s+(?:single\s+)?step|i'd\s+like|"
     r"i\s+want|how\s+can\s+i|how\s+do\s+i)\b",
     re.IGNORECASE,
 )
+#: Symptoms that describe how the loss moves: a text with no word of movement or judgement
+#: ("Epoch 12 | train loss 0.41 | val loss 0.46 | all fine?") is not reporting one of them.
+_MOVEMENT_SYMPTOMS = frozenset(
+    {
+        "overfitting",
+        "underfitting",
+        "plateau",
+        "loss-stuck",
+        "loss-spikes",
+        "diverges-after-stable-start",
+        "loss-down-then-up-with-accumulation",
+    }
+)
+_MOVEMENT = re.compile(
+    r"\b(?:up|down|ris\w*|rose|fall\w*|fell|increas\w*|decreas\w*|climb\w*|drop\w*|grow\w*|"
+    r"shrink\w*|stuck|flat\w*|plateau\w*|stall\w*|stagnat\w*|high\w*|low\w*|worse|better|"
+    r"improv\w*|diverg\w*|explod\w*|spik\w*|jump\w*|oscillat\w*|fluctuat\w*|bounc\w*|"
+    r"barely|slow\w*|fast\w*|gap|overfit\w*|underfit\w*|generali[sz]\w*|memori[sz]\w*|"
+    r"learn\w*|poor\w*|bad|nan|inf|blow\w*|blew|moving|move[sd]?|chang\w*|same|constant|"
+    r"never|won't|doesn't|don't|isn't|not|hover\w*|stays?|stayed|remains?|bottom\w*|"
+    r"converg\w*|degrad\w*|recover\w*|again)\b",
+    re.IGNORECASE,
+)
+#: The technique a red flag (or a claim about one technique) is about; a text that never names
+#: it gets the entry's word score cut (keys ending in "-" cover every id with that prefix).
+_PREMISES: dict[str, re.Pattern[str]] = {
+    key: re.compile(pattern, re.IGNORECASE)
+    for key, pattern in {
+        "saturating-deep-net": r"sigmoid|tanh|saturat|logistic|squash",
+        "amp-": r"\bamp\b|fp16|float16|half|mixed|scaler|autocast|bf16|bfloat16|loss[\s_]scal|apex",
+        "ddp-": r"ddp|distributed|no_sync|\branks?\b|multi-?gpu|gpus|nodes|all[-_\s]?reduce|"
+        r"world[_\s]size|torchrun|fsdp|horovod|data[\s-]parallel|replica",
+        "accum-": r"accum|micro[-\s]?(?:batch|step)|effective\s+batch",
+        # The no_sync red flags are about synchronisation, not any slow DDP run.
+        "ddp-accum-without-no-sync": r"sync|all[-_\s]?reduc|communicat",
+        "ddp-no-sync-misplaced": r"sync|all[-_\s]?reduc|communicat",
+        "clip-": r"clip",
+        "value-clipping": r"clip",
+        "no-clip-sequence-model": r"clip|lstm|gru|rnn|transformer|gpt|bert|t5|llm|seq2seq|"
+        r"language\s+model|policy|ppo|attention|sequence",
+        # Rationalizations about one technique.
+        "batchnorm-optional": r"batch[\s_-]?norm|normali[sz]|\bbn\b|layer[\s_-]?norm",
+        "residuals-are-a-trick": r"residual|skip[\s-]connection|shortcut|resnet",
+        "checkpointing-breaks-clipping": r"checkpoint|recomput",
+        "lightning-needs-manual-clipping": r"lightning|\bpl\.|trainer",
+        "ddp-handles-everything": r"ddp|distributed|data[\s-]parallel|gpus|ranks?\b|sync",
+        "paper-did-not-clip": r"paper|authors?|repo|publication|reference|official|original",
+        "paper-does-not-mention-clipping": r"paper|authors?|publication|article|mention",
+        "transformers-are-unstable": r"transformer|attention|llm|gpt|bert|t5|language\s+model|"
+        r"\bvit\b",
+        "amp-breaks-clipping": r"\bamp\b|fp16|float16|half|mixed|scaler|autocast|bf16|precision",
+        "accumulation-is-complicated": r"accum|micro[-\s]?batch",
+        "complex-models-always-unstable": r"complex|big|large|huge|billion|\d+\s*[bm]\b|param|deep|"
+        r"architecture|model",
+        "scale-grads-not-loss": r"accum|micro[-\s]?batch|\.grad|grads?\b|gradients",
+        "accum-scale-depends-on-batch": r"accum|micro[-\s]?batch|divisor|scal",
+        "smaller-model-for-memory": r"memory|oom|\bfit|vram|gpu|smaller|checkpoint|variant",
+        "need-bigger-gpus": r"gpu|memory|vram|card|a100|h100|hardware|oom|\bfit",
+    }.items()
+}
 _STILL_LEARNING = re.compile(
     r"\b(?:loss|metrics?|accuracy|validation|val|training)\b[^.\n]{0,40}?\b(?:still|steadily|"
     r"nicely|fine|keeps?)\b[^.\n]{0,20}?\b(?:fall|falling|decreas\w*|drop\w*|going\s+down|goes\s+"
@@ -132,6 +249,100 @@ _SMALL_GRADS = re.compile(
     re.IGNORECASE,
 )
 
+#: The loss (or perplexity) getting better, and a score (accuracy, F1, ...) getting better.
+_LOSS_IMPROVING = re.compile(
+    r"\b(?:loss(?:es)?|perplexity|ppl)\b(?P<between>[^.;,\n]{0,30}?)\b(?:going\s+down|goes\s+down|"
+    r"went\s+down|decreas\w*|dropping|drops|falling|falls|improv\w*|converg\w*)",
+    re.IGNORECASE,
+)
+_SCORE_IMPROVING = re.compile(
+    r"\b(?:acc(?:uracy)?|f1|bleu|auc|map|metrics?|scores?|rouge|iou|dice|reward)\b"
+    r"(?P<between>[^.;,\n]{0,30}?)\b(?:going\s+up|goes\s+up|went\s+up|increas\w*|rising|rises|"
+    r"climb\w*|improv\w*|better)",
+    re.IGNORECASE,
+)
+#: Another quantity between a metric and its verb: the verb is about that one.
+_OTHER_METRIC = re.compile(
+    r"\b(?:loss(?:es)?|acc(?:uracy)?|norms?|grad\w*|lr|learning\s+rate)\b", re.IGNORECASE
+)
+_NEGATED = re.compile(
+    r"\b(?:not|never|no\s+longer|stopped|barely|hardly|isn't|doesn't|won't)\b|n't\b"
+)
+_HELD_OUT_ANY = re.compile(
+    r"\b(?:val\w*|eval\w*|test\w*|dev|held[-\s]?out|generali[sz]\w*|unseen|overfit\w*)\b",
+    re.IGNORECASE,
+)
+_HELD_OUT = re.compile(r"\b(?:val(?:idation)?|eval\w*|test|dev)\b", re.IGNORECASE)
+#: The text asks whether what it shows is normal ("is that normal?", "anything to worry about?").
+_NORMAL_QUESTION = re.compile(
+    r"\b(?:is\s+(?:this|that|it)\s+(?:normal|expected|ok(?:ay)?|fine|healthy|a\s+problem|bad)"
+    r"|(?:normal|expected|ok(?:ay)?|fine)\s*\?|anything\s+to\s+worry|should\s+i\s+(?:be\s+)?worr"
+    r"|nothing\s+(?:wrong|to\s+worry|weird)|worth\s+worrying|(?:looks?|seems?)\s+(?:fine|ok(?:ay)?|"
+    r"normal|healthy)|is\s+(?:something|anything)\s+wrong|right\s*\?|reason\s+to\s+worry"
+    r"|need\s+to\s+worry|cause\s+for\s+concern|(?:a|any)\s+problem\s*\?|concern(?:ed|ing)?\s*\?"
+    r"|all\s+(?:good|fine|ok(?:ay)?)\s*\?|balance\s+ok|(?:anything|something)\s+(?:that\s+)?"
+    r"looks?\s+(?:off|wrong|weird|strange|odd)|looks?\s+off\s*\?|is\s+(?:that|this|it)\s+(?:too\s+)?"
+    r"(?:high|low|big|large|small)\s*\?)",
+    re.IGNORECASE,
+)
+#: "the loss curve looks textbook": the run is said to go well.
+_LOOKS_GOOD = re.compile(
+    r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
+    r"(?:textbook|good|great|nice|clean|healthy|normal|fine|as\s+expected)\b"
+    r"|\b(?:learns?|learning|trains?|training|converges?|converging|fits?)\s+(?:just\s+)?(?:fine|"
+    r"well|ok(?:ay)?|normally|nicely)\b",
+    re.IGNORECASE,
+)
+#: How many times its best value a loss series must end at to be called diverging, and how far
+#: above both neighbours a single value must jump to be a spike. The seeds give no numbers for
+#: a loss written in a sentence; these are the matcher's reading, not diagnosis thresholds.
+_LOSS_DIVERGING_FACTOR = 3.0
+#: The text says the large value is an exception ("except at", "every so often").
+_OCCASIONAL = re.compile(
+    r"\b(?:except|apart\s+from|other\s+than|but\s+(?:at|on)|occasionally|sometimes|every\s+so\s+"
+    r"often|once\s+in\s+a\s+while|now\s+and\s+then|from\s+time\s+to\s+time|(?:a\s+)?few\s+steps|"
+    r"some\s+steps|single\s+steps?|random\s+steps|mostly|usually|typically|most\s+of\s+the\s+time|"
+    r"most\s+steps)\b",
+    re.IGNORECASE,
+)
+_EVERY_STEP = re.compile(
+    r"\b(?:every|each|all)\s+(?:single\s+)?(?:step|iteration|batch)|\balways\b", re.IGNORECASE
+)
+#: The usual order of ||Δw||/||w|| and how far from it a value must be to be reported (two
+#: orders of magnitude): the update-param-ratio entry's own numbers, no seed gives one.
+_UPDATE_RATIO_USUAL = 1e-3
+_UPDATE_RATIO_FACTOR = 100.0
+_LOSS_SPIKE_FACTOR = 2.0
+#: A loss series whose values all lie within this fraction of each other is flat.
+_LOSS_FLAT_FRACTION = 0.03
+
+
+@dataclass
+class _Progress:
+    """What the text says about training progress, from words and number series."""
+
+    improving: bool = False
+    held_out_improving: bool = False
+    normal_question: bool = False
+    reasons: list[str] = field(default_factory=list)
+
+
+def _progress(text: str) -> _Progress:
+    progress = _Progress(normal_question=bool(_NORMAL_QUESTION.search(text)))
+    for pattern in (_LOSS_IMPROVING, _SCORE_IMPROVING):
+        for m in pattern.finditer(text):
+            if _NEGATED.search(m.group("between")) or _OTHER_METRIC.search(m.group("between")):
+                continue
+            progress.improving = True
+            progress.reasons.append(m.group(0))
+            start = max(0, m.start() - 15)
+            if _HELD_OUT.search(text[start : m.end()]):
+                progress.held_out_improving = True
+    if _STILL_LEARNING.search(text) or _LOOKS_GOOD.search(text):
+        progress.improving = True
+    return progress
+
+
 _LR_QUESTION = re.compile(
     r"\b(?:lr|learning[\s_-]*rates?|schedul\w*|warm[\s-]?up|cosine|linear\s+decay|one[\s_-]?cycle|"
     r"step\s+decay|lr\s+finder|range\s+test|decay|annealing|cyclical)\b",
@@ -141,7 +352,9 @@ _DATA_QUESTION = re.compile(
     r"\b(?:augment\w*|csv|missing\s+values?|datasets?|data\s*loaders?|labels?|label\s+noise|"
     r"class\s+imbalance|imbalanced|tokeni[sz]\w*|preprocess\w*|clean(?:ing)?|dedup\w*|"
     r"train[\s/-]+test\s+split|split|images?|crop\w*|resiz\w*|rows?|columns?|pandas|parquet|"
-    r"annotations?|scrap\w*|feature\s+engineering|outliers?\s+in\s+(?:the|my)\s+data)\b",
+    r"annotations?|scrap\w*|feature\s+engineering|outliers?\s+in\s+(?:the|my)\s+data|shuffl\w*|"
+    r"tabular|normali[sz]\w*\s+(?:my\s+|the\s+)?(?:\w+\s+)?(?:features|inputs|data|images|pixels|"
+    r"columns|targets)|early[\s-]stopping)\b",
     re.IGNORECASE,
 )
 #: Words that put a question inside the gradient domain (normalised by the analyser at load).
@@ -187,16 +400,119 @@ class MatchResult(BaseModel):
         description="Quantities read from the text (loss, grad_norm, dead_fraction, ...); "
         "the most extreme value when a quantity appears more than once.",
     )
+    series: dict[str, list[float]] = Field(
+        default_factory=dict,
+        description="Quantities written several times, in order (grad_norm, loss, val_loss, "
+        "perplexity): what the trend rules read; a range counts as its geometric middle.",
+    )
     code_detected: bool = Field(default=False, description="Whether code rules ran.")
 
 
 @dataclass
 class _Doc:
-    entry: Entry
-    tf: dict[str, float]
-    length: float
+    entry_id: str
     sentences: list[tuple[str, frozenset[str], float]]
     id_terms: frozenset[str]
+    id_sequence: tuple[str, ...] = ()
+
+
+class _Limit(NamedTuple):
+    """One threshold of the profile in use: its value and the seed it comes from."""
+
+    value: float
+    seed: str
+
+
+_LIMITS = (
+    "exploding_warning",
+    "exploding_critical",
+    "vanishing_warning",
+    "vanishing_critical",
+    "early_late_ratio",
+    "layer_spread_warning",
+    "layer_spread_critical",
+    "zero_grad_fraction_warning",
+    "zero_grad_fraction_critical",
+    "dead_fraction_warning",
+    "dead_fraction_critical",
+    "grad_param_ratio_high",
+    "grad_param_ratio_low",
+    "spike_factor",
+)
+
+
+@dataclass(frozen=True)
+class _Profile:
+    """The thresholds the number rules use (one profile of ``thresholds.yaml``)."""
+
+    name: str
+    healthy_range: tuple[float, float]
+    exploding_warning: _Limit
+    exploding_critical: _Limit
+    vanishing_warning: _Limit
+    vanishing_critical: _Limit
+    early_late_ratio: _Limit
+    layer_spread_warning: _Limit
+    layer_spread_critical: _Limit
+    zero_grad_fraction_warning: _Limit
+    zero_grad_fraction_critical: _Limit
+    dead_fraction_warning: _Limit
+    dead_fraction_critical: _Limit
+    grad_param_ratio_high: _Limit
+    grad_param_ratio_low: _Limit
+    spike_factor: _Limit
+
+    @classmethod
+    def of(cls, kb: KnowledgeBase, name: str | None) -> _Profile:
+        profile = kb.thresholds.profile(name)
+        limits = {
+            key: _Limit(float(getattr(profile, key).value), getattr(profile, key).source.seed)
+            for key in _LIMITS
+        }
+        low, high = kb.thresholds.healthy_range
+        return cls(profile.name, (float(low), float(high)), **limits)
+
+    def data(self) -> list[Any]:
+        return [self.name, list(self.healthy_range), *(list(getattr(self, k)) for k in _LIMITS)]
+
+    @classmethod
+    def from_data(cls, data: list[Any]) -> _Profile:
+        name, (low, high), *limits = data
+        values = {
+            key: _Limit(float(value), str(seed))
+            for key, (value, seed) in zip(_LIMITS, limits, strict=True)
+        }
+        return cls(str(name), (float(low), float(high)), **values)
+
+
+@dataclass(frozen=True)
+class EntryCard:
+    """What a match shows of its entry, kept in the index so a match needs no YAML or models."""
+
+    id: str
+    kind: EntryKind
+    title: str
+    severity: Severity | None = None
+    pointer: str | None = None
+    say_instead: str | None = None
+    fix: str | None = None
+    first_checks: tuple[str, ...] = ()
+    snippets: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, entry: Entry) -> EntryCard:
+        fix = getattr(entry, "fix", None)
+        return cls(
+            id=entry.id,
+            kind=entry.kind,
+            title=entry.title,
+            severity=getattr(entry, "severity", None),
+            pointer=getattr(entry, "pointer", None),
+            say_instead=getattr(entry, "say_instead", None),
+            fix=fix if isinstance(fix, str) else None,
+            first_checks=tuple(getattr(entry, "first_checks", None) or ()),
+            snippets=tuple(entry.snippets),
+        )
 
 
 @dataclass
@@ -237,66 +553,79 @@ def _bigrams(terms: Sequence[str]) -> list[str]:
     return [f"{a} {b}" for a, b in itertools.pairwise(terms) if a != b]
 
 
-def _severity_of(entry: Entry) -> Severity | None:
-    return getattr(entry, "severity", None)
-
-
 class Matcher:
-    """The index over the knowledge entries (build once, query many times)."""
+    """The index over the knowledge entries (build once, query many times).
+
+    ``Matcher(kb)`` builds the index from a :class:`KnowledgeBase`; :func:`get_matcher` keeps
+    the default one, and reuses a snapshot of it across processes (see :func:`snapshot_path`).
+    """
 
     def __init__(self, kb: KnowledgeBase, *, profile: str | None = None) -> None:
-        self.kb = kb
-        self.profile: ThresholdProfile = kb.thresholds.profile(profile)
-        self.analyzer = Analyzer(load_synonyms())
-        self.docs: list[_Doc] = []
-        pending_sentences: list[list[tuple[str, frozenset[str]]]] = []
-        surface: Counter[str] = Counter()
-        df: Counter[str] = Counter()
-        for entry in kb.entries.values():
-            tf: dict[str, float] = {}
-            length = 0.0
-            sentences: list[tuple[str, frozenset[str]]] = []  # idf sums added below
-            for field_name, texts in _field_texts(entry):
-                weight = FIELD_WEIGHTS[field_name]
-                for text in texts:
-                    tokens = self.analyzer.tokens(text)
-                    surface.update(t.raw for t in tokens if t.raw.isalpha())
-                    terms = [t.term for t in tokens]
-                    for term in terms:
-                        tf[term] = tf.get(term, 0.0) + weight
-                    for gram in _bigrams(terms):
-                        tf[gram] = tf.get(gram, 0.0) + weight * _PHRASE_WEIGHT
-                    length += weight * len(terms)
-                    if field_name in SENTENCE_FIELDS and terms:
-                        sentences.append((text, frozenset(terms)))
-            df.update(tf.keys())
-            id_terms = frozenset(self.analyzer.terms(entry.id.replace("-", " ")))
-            self.docs.append(_Doc(entry, dict(tf), length, [], id_terms))
-            pending_sentences.append(sentences)
-        count = len(self.docs)
-        self.avg_length = sum(d.length for d in self.docs) / max(count, 1)
-        self.idf: dict[str, float] = {
-            term: math.log(1.0 + (count - n + 0.5) / (n + 0.5)) for term, n in df.items()
+        self._kb: KnowledgeBase | None = kb
+        self._adopt(_build_index(kb, profile))
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any]) -> Matcher:
+        """A matcher from :meth:`snapshot` data (no YAML, no knowledge models)."""
+        matcher = cls.__new__(cls)
+        matcher._kb = None
+        matcher._adopt(data)
+        return matcher
+
+    def snapshot(self) -> dict[str, Any]:
+        """The index as plain data (dicts, lists, strings, numbers) for :mod:`marshal`."""
+        return self._data
+
+    @property
+    def kb(self) -> KnowledgeBase:
+        """The knowledge base behind the index (loaded on first use after a snapshot)."""
+        if self._kb is None:
+            from gradient_doctor.knowledge.loader import load_knowledge
+
+            self._kb = load_knowledge()
+        return self._kb
+
+    def _adopt(self, data: dict[str, Any]) -> None:
+        if data.get("format") != _SNAPSHOT_FORMAT:
+            raise ValueError("not a matcher snapshot of this version")
+        self._data = data
+        self.profile = _Profile.from_data(data["profile"])
+        words, phrases, related = data["synonyms"]
+        self.analyzer = Analyzer(Synonyms.from_tables(phrases, words, related))
+        self.docs = [
+            _Doc(
+                entry_id,
+                [(text, frozenset(terms), idf_sum) for text, terms, idf_sum in sentences],
+                frozenset(id_terms),
+                tuple(id_sequence),
+            )
+            for entry_id, sentences, id_terms, id_sequence in data["docs"]
+        ]
+        self.idf: dict[str, float] = data["idf"]
+        # Each term's postings stay packed (doubles: entry index, weighted term frequency)
+        # until a query uses the term: unpacking all of them is most of a snapshot's load time.
+        self._packed_postings: dict[str, bytes] = data["postings"]
+        self._postings: dict[str, list[tuple[int, float]]] = {}
+        self.norms: list[float] = data["norms"]
+        self.typos = TypoCorrector(data["vocabulary"])
+        self._default_idf: float = data["default_idf"]
+        self.in_scope_terms = frozenset(data["in_scope"])
+        self.effects = {k: frozenset(v) for k, v in data["effects"].items()}
+        self._id_terms = {doc.entry_id: doc.id_terms for doc in self.docs}
+        self.cards = {
+            card[0]: EntryCard(
+                card[0],
+                card[1],
+                card[2],
+                card[3],
+                card[4],
+                card[5],
+                card[6],
+                tuple(card[7]),
+                tuple(card[8]),
+            )
+            for card in data["cards"]
         }
-        for doc, raw_sentences in zip(self.docs, pending_sentences, strict=True):
-            doc.sentences = [
-                (text, terms, sum(self.idf[t] for t in terms)) for text, terms in raw_sentences
-            ]
-        self.postings: dict[str, list[tuple[int, float]]] = {}
-        self.norms: list[float] = []
-        for index, doc in enumerate(self.docs):
-            self.norms.append(_K1 * (1.0 - _B + _B * doc.length / self.avg_length))
-            for term, frequency in doc.tf.items():
-                self.postings.setdefault(term, []).append((index, frequency))
-        # The typo vocabulary is the surface words of the entries plus the synonym table, so
-        # a misspelt variant ("mixed precison") is repaired to a word the analyser knows.
-        synonyms = self.analyzer.synonyms
-        vocab = vocabulary([*synonyms.word_to_canonical, *synonyms.phrase_to_canonical])
-        for word, n in surface.items():
-            vocab[word] = vocab.get(word, 0) + n
-        self.typos = TypoCorrector(vocab)
-        self._default_idf = math.log(1.0 + (count + 0.5) / 0.5)
-        self.in_scope_terms = frozenset(self.analyzer.terms(IN_SCOPE_WORDS))
 
     # -- query side ------------------------------------------------------------------------
 
@@ -351,7 +680,7 @@ class Matcher:
         query_idf = sum(self.idf.get(t, self._default_idf) for t in term_set)
         found: dict[int, list[tuple[float, str]]] = {}
         for term, qw in weights.items():
-            postings = self.postings.get(term)
+            postings = self._postings_of(term)
             if not postings:
                 continue
             factor = qw * self.idf[term] * (_K1 + 1.0)
@@ -369,12 +698,35 @@ class Matcher:
                 sim = shared_idf / (query_idf + sentence_idf - shared_idf or 1.0)
                 if sim > best_sim:
                     best_sim, best_sentence = sim, sentence
-            named = len(doc.id_terms) >= 2 and doc.id_terms <= term_set
+            named = len(doc.id_terms) >= 2 and doc.id_terms <= term_set and _names(doc, terms)
             score = sum(part for part, _ in contributions) + _SENTENCE_BONUS * best_sim
             score += _NAMED_BONUS if named else 0.0
             if score > 0.0:
-                out[doc.entry.id] = _Lexical(score, contributions, named, best_sim, best_sentence)
+                out[doc.entry_id] = _Lexical(score, contributions, named, best_sim, best_sentence)
         return out
+
+    def _soften_code_terms(self, weights: dict[str, float], prose: str, code: str) -> None:
+        """Halve the weight of words that appear only in pasted code.
+
+        Code is read by the analyser and the order rules; its identifiers (``optimizer``,
+        ``step``, ``loss``, ``backward``) are in nearly every loop and would otherwise outvote
+        the sentence that says what went wrong.
+        """
+        only_code = set(self.analyzer.terms(code)) - set(self.analyzer.terms(prose))
+        for term in list(weights):
+            if any(part in only_code for part in term.split(" ")):
+                weights[term] *= _CODE_TERM_WEIGHT
+
+    def _postings_of(self, term: str) -> list[tuple[int, float]] | None:
+        found = self._postings.get(term)
+        if found is None:
+            packed = self._packed_postings.get(term)
+            if packed is None:
+                return None
+            flat = array("d", packed)
+            found = [(int(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+            self._postings[term] = found
+        return found
 
     @staticmethod
     def _lexical_reasons(entry_id: str, lex: _Lexical, surface: dict[str, str]) -> list[str]:
@@ -396,16 +748,33 @@ class Matcher:
 
     # -- numbers -----------------------------------------------------------------------------
 
-    def _cite(self, value: ThresholdValue) -> str:
-        return f"profile {self.profile.name}, from {value.source.seed}"
+    def _cite(self, limit: _Limit) -> str:
+        return f"profile {self.profile.name}, from {limit.seed}"
 
     def _number_evidence(
-        self, quantities: Sequence[Quantity], text: str, assertive: bool
+        self,
+        quantities: Sequence[Quantity],
+        series: Sequence[Series],
+        text: str,
+        progress: _Progress,
     ) -> list[CodeHit]:
         p = self.profile
         out: list[CodeHit] = []
         mentions_grads = bool(re.search(r"\bgrad(?:ient)?s?\b|grad_norm", text, re.IGNORECASE))
-        still_learning = bool(_STILL_LEARNING.search(text))
+        series_hits, covered = self._series_evidence(
+            series, progress, occasional=bool(_OCCASIONAL.search(text))
+        )
+        gap = _accuracy_gap(text)
+        if gap is not None:
+            out.append(gap)
+        pinned = self._pinned_at_max_norm(quantities, series, text)
+        if pinned is not None:
+            # Every step clipped to max_norm: not a healthy norm, whatever its size.
+            series_hits = [h for h in series_hits if h.entry_id != "healthy"]
+            series_hits.append(pinned)
+            covered.add("grad_norm")
+        out.extend(series_hits)
+        still_learning = progress.improving
         if (
             still_learning
             and _SMALL_GRADS.search(text)
@@ -443,7 +812,8 @@ class Matcher:
             elif q.name == "param_nan":
                 out.append(CodeHit("nan-parameters", 0.8, f"parameters non-finite ({q.text!r})"))
             elif q.name == "grad_norm":
-                out.extend(self._norm_evidence(v, shown, still_learning))
+                if "grad_norm" not in covered:
+                    out.extend(self._norm_evidence(v, shown, still_learning))
             elif q.name == "amp_scale_to":
                 start = next(
                     (
@@ -533,6 +903,18 @@ class Matcher:
                             f"(warning, {self._cite(p.grad_param_ratio_low)})",
                         )
                     )
+            elif q.name == "update_ratio" and v > 0:
+                usual = _UPDATE_RATIO_USUAL
+                if v > usual * _UPDATE_RATIO_FACTOR or v < usual / _UPDATE_RATIO_FACTOR:
+                    side = "above" if v > usual else "below"
+                    out.append(
+                        CodeHit(
+                            "update-param-ratio",
+                            1.0,
+                            f"update/weight ratio {shown} is {fmt(_UPDATE_RATIO_FACTOR)}× or more "
+                            f"{side} its usual ~{fmt(usual)} (the entry's own line)",
+                        )
+                    )
             elif q.name == "layer_ratio":
                 if v > p.early_late_ratio.value:
                     out.append(
@@ -557,7 +939,28 @@ class Matcher:
                             )
                         )
                         break
-        return out
+        return self._healthy(out, progress)
+
+    def _healthy(self, hits: list[CodeHit], progress: _Progress) -> list[CodeHit]:
+        """One ``healthy`` hit, surer when training improves and the text asks if it is normal.
+
+        Healthy numbers next to a number that shows a problem (a NaN loss, a spike) stay weak.
+        """
+        healthy = [h for h in hits if h.entry_id == "healthy"]
+        if not healthy:
+            return hits
+        rest = [h for h in hits if h.entry_id != "healthy"]
+        best = max(healthy, key=lambda h: h.strength)
+        if any(h.strength >= 0.8 for h in rest):
+            return [*rest, best]
+        strength, reason = best.strength, best.reason
+        if progress.improving:
+            strength += 0.3
+            reason += "; training improves"
+        if progress.normal_question:
+            strength += 0.5
+            reason += "; the question is whether this is normal"
+        return [*rest, CodeHit("healthy", strength, reason)]
 
     def _norm_evidence(self, v: float, shown: str, still_learning: bool) -> list[CodeHit]:
         p = self.profile
@@ -597,7 +1000,7 @@ class Matcher:
                         CodeHit("vanishing-gradients", 1.0 if level == "critical" else 0.85, reason)
                     )
                 return out
-        low, high = self.kb.thresholds.healthy_range
+        low, high = self.profile.healthy_range
         if low <= v <= high:
             out.append(
                 CodeHit(
@@ -606,7 +1009,296 @@ class Matcher:
                     f"grad norm {shown} inside the healthy range {fmt(low)}–{fmt(high)}",
                 )
             )
+        elif v < low and still_learning:
+            # Below the usual range but far from vanishing, while training improves: the size
+            # of the norm alone says nothing is broken (the rationalization to answer).
+            out.append(
+                CodeHit(
+                    "small-grads-mean-broken",
+                    1.0,
+                    f"grad norm {shown} is below the usual {fmt(low)}–{fmt(high)} but not near "
+                    f"vanishing (< {fmt(p.vanishing_warning.value)}), and the text says "
+                    "training still improves",
+                )
+            )
         return out
+
+    def _pinned_at_max_norm(
+        self, quantities: Sequence[Quantity], series: Sequence[Series], text: str
+    ) -> CodeHit | None:
+        """The logged grad norm equals max_norm on every step: clipping is always active."""
+        clip = next((q.value for q in quantities if q.name == "max_norm" and q.value > 0), None)
+        if clip is None:
+            return None
+        norms = next((s.values for s in series if s.name == "grad_norm"), None)
+        if norms is not None and len(norms) >= 3:
+            pinned = all(abs(v - clip) <= 0.02 * clip for v in norms)
+        else:
+            single = [q.value for q in quantities if q.name == "grad_norm"]
+            pinned = (
+                len(single) == 1
+                and abs(single[0] - clip) <= 0.02 * clip
+                and bool(_EVERY_STEP.search(text))
+            )
+        if not pinned:
+            return None
+        return CodeHit(
+            "clipping-slow-convergence",
+            1.0,
+            f"the grad norm reads max_norm ({fmt(clip)}) on every step: every update is clipped",
+        )
+
+    # -- number series -------------------------------------------------------------------------
+
+    def _series_evidence(
+        self, series: Sequence[Series], progress: _Progress, *, occasional: bool = False
+    ) -> tuple[list[CodeHit], set[str]]:
+        """Hits from quantities written as series, and the names whose trend was read.
+
+        A grad-norm series that shows a trend, spikes or a level replaces the one-number
+        rules for the grad norm (its first value alone would mislead: "~800 at first, then
+        settles around 1-2" is not exploding).
+        """
+        out: list[CodeHit] = []
+        covered: set[str] = set()
+        train_loss = next((s for s in series if s.name == "loss"), None)
+        if train_loss is not None and _decreasing(train_loss.values):
+            progress.improving = True
+            progress.reasons.append("the loss series falls")
+        for item in series:
+            if item.name == "grad_norm":
+                hits = self._norm_series(item, occasional=occasional)
+                if not hits and len(item.values) == 1:
+                    # One level or range ("hovers around 0.05-0.08"): the one-number rules.
+                    level = item.values[0]
+                    hits = self._norm_evidence(level, fmt(level), progress.improving)
+                if hits:
+                    covered.add(item.name)
+                out.extend(hits)
+            else:
+                out.extend(self._loss_series(item, progress))
+        return out, covered
+
+    def _norm_series(self, item: Series, *, occasional: bool = False) -> list[CodeHit]:
+        p = self.profile
+        low, high = self.profile.healthy_range
+        values = list(item.values)
+        n = len(values)
+        shown = _shown(values)
+        factor = p.spike_factor.value
+        if (
+            n >= 2
+            and occasional
+            and values[0] > 0
+            and all(v > factor * values[0] for v in values[1:])
+        ):
+            # "~1 except at a few steps where it hits 400": a level and its exceptions.
+            return [
+                CodeHit(
+                    "grad-norm-spikes",
+                    0.9,
+                    f"grad norm {fmt(values[0])} most of the time, {fmt(values[1])} on some "
+                    f"steps: above {fmt(factor)}× its usual level (spike factor, "
+                    f"{self._cite(p.spike_factor)})",
+                )
+            ]
+        if n >= 4:
+            spikes = _isolated_spikes(values, factor)
+            if spikes:
+                median = _median(v for i, v in enumerate(values) if i not in spikes)
+                peak = max(values[i] for i in spikes)
+                hits = [
+                    CodeHit(
+                        "grad-norm-spikes",
+                        1.0,
+                        f"grad norm {shown}: {len(spikes)} isolated value(s) above "
+                        f"{fmt(factor)}× the median {fmt(median)} (spike factor, "
+                        f"{self._cite(p.spike_factor)})",
+                    )
+                ]
+                if peak > p.exploding_warning.value:
+                    hits.append(
+                        CodeHit(
+                            "exploding-gradients",
+                            0.6,
+                            f"a spike reaches {fmt(peak)} > {fmt(p.exploding_warning.value)}",
+                        )
+                    )
+                return hits
+        first, last = values[0], values[-1]
+        correlation = rank_correlation(values)
+        if n >= 3 and first > 0 and last / first > 10 and correlation >= 0.8:
+            hits = [
+                CodeHit(
+                    "grad-norm-rising",
+                    1.0,
+                    f"grad norm {shown}: rises {fmt(last / first)}× step after step",
+                )
+            ]
+            if last > p.exploding_warning.value:
+                hits.extend(self._norm_evidence(last, fmt(last), False))
+            return hits
+        if last > 0 and first / last > 100 and last < low and (n == 2 or correlation <= -0.8):
+            hits = [
+                CodeHit(
+                    "grad-norm-decaying",
+                    1.0,
+                    f"grad norm {shown}: decays {fmt(first / last)}× towards zero",
+                )
+            ]
+            if last < p.vanishing_warning.value:
+                hits.extend(self._norm_evidence(last, fmt(last), False))
+            return hits
+        within = all(low <= v <= high for v in values) and all(
+            low <= a and b <= high for a, b in item.ranges
+        )
+        if within:
+            return [
+                CodeHit(
+                    "healthy",
+                    0.6,
+                    f"grad norm {shown} stays inside the healthy range {fmt(low)}–{fmt(high)}",
+                )
+            ]
+        if first > high and low <= last <= high and correlation < 0:
+            return [
+                CodeHit(
+                    "healthy",
+                    0.6,
+                    f"grad norm {fmt(first)} at first, then settles at {fmt(last)}, inside the "
+                    f"healthy range {fmt(low)}–{fmt(high)}: a large norm in the first steps "
+                    "that settles is normal",
+                )
+            ]
+        return []
+
+    def _loss_series(self, item: Series, progress: _Progress) -> list[CodeHit]:
+        values = list(item.values)
+        n = len(values)
+        if n < 3 or min(values) <= 0:
+            return []
+        shown = _shown(values)
+        name = {"val_loss": "validation loss", "perplexity": "perplexity"}.get(item.name, "loss")
+        for i in range(1, n - 1):
+            before, value, after = values[i - 1], values[i], values[i + 1]
+            if value > _LOSS_SPIKE_FACTOR * max(before, after) and after < 1.3 * before:
+                return [
+                    CodeHit(
+                        "loss-spikes",
+                        0.9,
+                        f"{name} {shown}: jumps to {fmt(value)}, "
+                        f"{fmt(value / max(before, after))}× its neighbours, and comes back",
+                    )
+                ]
+        best_index = min(range(n), key=lambda i: values[i])
+        best, last = values[best_index], values[-1]
+        if (
+            best_index < n - 1
+            and last >= _LOSS_DIVERGING_FACTOR * best
+            and last >= 0.8 * max(values[best_index:])
+        ):
+            if item.name == "val_loss" and progress.improving:
+                return [
+                    CodeHit(
+                        "overfitting",
+                        0.8,
+                        f"{name} {shown} climbs while the training loss improves",
+                    )
+                ]
+            return [
+                CodeHit(
+                    "loss-diverging",
+                    1.0,
+                    f"{name} {shown}: ends at {fmt(last / best)}× its best value {fmt(best)} "
+                    "and keeps climbing",
+                )
+            ]
+        if item.name == "val_loss" and progress.improving and last > 1.1 * best < last:
+            return [
+                CodeHit("overfitting", 0.8, f"{name} {shown} rises while the training improves")
+            ]
+        tail = values[-3:]
+        if (max(tail) - min(tail)) <= _LOSS_FLAT_FRACTION * max(tail):
+            if n >= 4 and values[0] >= 1.15 * _median(tail):
+                return [CodeHit("plateau", 0.7, f"{name} {shown}: fell, then stays flat")]
+            if (max(values) - min(values)) <= _LOSS_FLAT_FRACTION * max(values):
+                return [
+                    CodeHit(
+                        "loss-stuck",
+                        0.8,
+                        f"{name} {shown}: flat within {_LOSS_FLAT_FRACTION:.0%} from the start",
+                    )
+                ]
+        return []
+
+    # -- causes ------------------------------------------------------------------------------
+
+    def _put_causes_first(
+        self, scores: dict[str, float], reasons: dict[str, list[str]], named: set[str]
+    ) -> None:
+        """A red flag the text describes ranks above the symptoms and signals it explains.
+
+        "No gradient reaches the early layers of my 40-layer sigmoid net" names both the
+        observation (vanishing gradients) and its cause; the cause is the answer, since its
+        entry carries the fix, and the observation stays next in line.
+        """
+        for cause in sorted(named & self.effects.keys(), key=lambda c: -scores.get(c, 0.0)):
+            own = scores.get(cause)
+            if own is None:
+                continue
+            above = [e for e in self.effects[cause] if scores.get(e, 0.0) >= own]
+            if not above:
+                continue
+            effect = max(above, key=lambda e: scores[e])
+            scores[cause] = scores[effect] + 1.0
+            reasons.setdefault(cause, []).append(
+                f"named as the cause of what the text describes ({effect})"
+            )
+
+    def _put_severe_first(self, scores: dict[str, float], flagged: set[str]) -> None:
+        """Of several mistakes found in the same code, the most serious ranks first.
+
+        A fragment that clips after ``optimizer.step()`` with ``clip_grad_value_`` has two red
+        flags; the critical one (the clip does nothing) comes before the info one.
+        """
+        order = sorted(
+            (f for f in flagged if f in scores),
+            key=lambda f: (-_SEVERITY_RANK.get(self.cards[f].severity or "info", 0), -scores[f]),
+        )
+        for more, less in itertools.pairwise(order):
+            if scores[more] <= scores[less] and _SEVERITY_RANK.get(
+                self.cards[more].severity or "info", 0
+            ) > _SEVERITY_RANK.get(self.cards[less].severity or "info", 0):
+                scores[more] = scores[less] + 0.5
+        # A lift can reorder entries of one severity against the next: settle in one more pass.
+        for more, less in itertools.pairwise(order):
+            if scores[more] < scores[less]:
+                scores[more] = scores[less] + 0.5
+
+    def _put_code_findings_first(
+        self, scores: dict[str, float], reasons: dict[str, list[str]], found: set[str]
+    ) -> None:
+        """A serious mistake found in the user's code ranks above every rationalization.
+
+        A rationalization answers someone making a claim; a pasted loop with a problem report
+        is not one, however many of the claim's words it shares ("manual optimization in
+        Lightning ... clip_grad_norm_" is about the clip, not about who must clip).
+        """
+        serious = [
+            f
+            for f in found
+            if f in scores and _SEVERITY_RANK.get(self.cards[f].severity or "info", 0) >= 1
+        ]
+        if not serious:
+            return
+        top_claim = max(
+            (v for k, v in scores.items() if self.cards[k].kind == "rationalization"),
+            default=None,
+        )
+        best = max(serious, key=lambda f: scores[f])
+        if top_claim is not None and scores[best] <= top_claim:
+            scores[best] = top_claim + 0.5
+            reasons.setdefault(best, []).append("found in the code shown")
 
     # -- scope ---------------------------------------------------------------------------------
 
@@ -634,27 +1326,64 @@ class Matcher:
             weights, terms, garbage = {}, [], True
         else:
             garbage = False
+        prose_text, text_code, prose_words = split_code(text)
+        prose_repaired = _apply_fixes(prose_text, fixes) if text_code else repaired_text
+        if text_code:
+            self._soften_code_terms(weights, prose_words, text_code)
         lexical = self._lexical(weights, terms)
 
         quantities = read_quantities(repaired_text)
-        assertive = bool(_ASSERTION.search(text))
-        evidence = self._number_evidence(quantities, repaired_text, assertive)
-        evidence.extend(prose_hits(repaired_text))
-        code_text = "\n".join(part for part in (code, extract_code(text)) if part)
+        first_person = bool(_FIRST_PERSON.search(text))
+        series = read_series(without_code(repaired_text))
+        # "can't fit batch 128 on my 3090" reports; "you can't clip with fp16" claims.
+        assertive = bool(_ASSERTION.search(text)) and not (
+            first_person and not _STRONG_ASSERTION.search(_WEAK_NEGATION.sub(" ", text))
+        )
+        progress = _progress(repaired_text)
+        evidence = self._number_evidence(quantities, series, repaired_text, progress)
+        code_text = "\n".join(part for part in (code, text_code) if part)
         code_detected = bool(code_text.strip())
-        if code_detected:
-            evidence.extend(analyse(code_text))
+        # Code findings first: among the reasons of one entry, they are the surest.
+        code_evidence = code_hits(code_text, prose_text) if code_detected else []
+        described = list(code_evidence)
+        # Sentence rules read the prose: pasted code is the analyser's (no evidence twice).
+        described.extend(prose_hits(prose_repaired))
+        evidence.extend(described)
 
         # A question is someone asking about their own case, never a claim being made.
         asking = text.rstrip().endswith("?")
         reporting = bool(_REPORT.search(text)) or asking
         scores: dict[str, float] = {}
         reasons: dict[str, list[str]] = {}
+        # A series or a sure number with only a few words around it ("loss at epoch 1: 0.82,
+        # epoch 2: ...") is a measurement: those words are context, not the message.
+        # So is pasted code with hardly a sentence around it: the analyser reads the code, and
+        # the words of its identifiers only echo it.
+        measured = any(h.strength >= 0.9 for h in evidence) and bool(series)
+        analysed = code_detected and any(h.strength >= 0.9 for h in described)
+        if measured or analysed:
+            words_read = self.analyzer.terms(prose_words) if text_code else terms
+            content = len({t for t in words_read if t in self.idf})
+            word_share = min(1.0, 0.25 + 0.25 * content)
+        else:
+            word_share = 1.0
+        moves = bool(_MOVEMENT.search(prose_words if text_code else text))
         for entry_id, lex in lexical.items():
-            score = lex.score
-            kind = self.kb.entries[entry_id].kind
+            score = lex.score * word_share
+            if entry_id in _MOVEMENT_SYMPTOMS and not moves:
+                score *= _NO_MOVEMENT_PRIOR
+            premise = _PREMISES.get(entry_id) or _PREMISES.get(entry_id.split("-")[0] + "-")
+            if premise is not None and not premise.search(text) and not premise.search(code or ""):
+                # An entry about a technique the text never mentions ("my first conv layers
+                # don't learn" is not about sigmoid stacks, "don't need warmup" not about
+                # batch norm).
+                score *= _UNSUPPORTED_PRIOR
+            kind = self.cards[entry_id].kind
             if kind == "rationalization" and assertive:
                 score *= _RATIONALIZATION_PRIOR
+            elif kind == "rationalization" and reporting:
+                # Someone describing their own run is not making the claim.
+                score *= _RATIONALIZATION_REPORT_PRIOR
             elif kind == "symptom" and reporting and not assertive:
                 score *= _SYMPTOM_PRIOR
             elif kind == "symptom" and assertive and not asking:
@@ -667,14 +1396,41 @@ class Matcher:
                 score *= _RED_FLAG_ADVICE_PRIOR
             scores[entry_id] = score
         for hit in evidence:
-            if assertive and hit.advice_id in self.kb.entries:
+            if assertive and hit.advice_id in self.cards:
                 # Recommending the mistake is the rationalization, not the code red flag.
                 hit = CodeHit(hit.advice_id or "", hit.strength, hit.reason)
-            if hit.entry_id not in self.kb.entries:
+            if hit.entry_id not in self.cards:
                 continue
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
                 reasons[hit.entry_id].append(hit.reason)
+        if "underfitting" in scores and progress.held_out_improving:
+            # Underfitting is both losses stuck high: not when the text says both improve.
+            scores["underfitting"] *= 0.6
+        if "overfitting" in scores and (
+            progress.held_out_improving or not _HELD_OUT_ANY.search(text)
+        ):
+            # Overfitting is held-out results getting worse: not when the text says they
+            # improve, nor when it says nothing about held-out data at all.
+            scores["overfitting"] *= 0.5
+        named = {
+            hit.entry_id
+            for hit in described
+            if hit.strength >= 0.5 and not (assertive and hit.advice_id)
+        }
+        if lexical:
+            # Named by its id's words in the sentences, not in pasted code ("clip", "step").
+            prose_terms = set(self.analyzer.terms(prose_words)) if text_code else set(terms)
+            named |= {
+                entry_id
+                for entry_id, lex in lexical.items()
+                if lex.named and self._id_terms[entry_id] <= prose_terms
+            }
+        self._put_causes_first(scores, reasons, named)
+        found_in_code = {h.entry_id for h in code_evidence if h.strength >= 0.8}
+        self._put_severe_first(scores, found_in_code)
+        if not assertive:
+            self._put_code_findings_first(scores, reasons, found_in_code)
 
         out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
@@ -683,13 +1439,13 @@ class Matcher:
                 t in self.in_scope_terms for t in terms
             )
         pointer = None
-        if out_of_scope and OUT_OF_SCOPE_ID in self.kb.entries:
+        if out_of_scope and OUT_OF_SCOPE_ID in self.cards:
             top = max(scores.values(), default=0.0)
             scores[OUT_OF_SCOPE_ID] = max(scores.get(OUT_OF_SCOPE_ID, 0.0), top + 1.0)
             reasons.setdefault(OUT_OF_SCOPE_ID, []).insert(
                 0, "a learning-rate-only or data-only question, no gradient terms"
             )
-            pointer = getattr(self.kb.entries[OUT_OF_SCOPE_ID], "pointer", None)
+            pointer = self.cards[OUT_OF_SCOPE_ID].pointer
         elif OUT_OF_SCOPE_ID in scores and any(t in self.in_scope_terms for t in terms):
             # Gradient words present: the question is ours even if it also mentions the LR.
             del scores[OUT_OF_SCOPE_ID]
@@ -709,10 +1465,10 @@ class Matcher:
         matches = [
             Match(
                 id=entry_id,
-                kind=self.kb.entries[entry_id].kind,
+                kind=self.cards[entry_id].kind,
                 score=round(score, 4),
-                title=self.kb.entries[entry_id].title,
-                severity=_severity_of(self.kb.entries[entry_id]),
+                title=self.cards[entry_id].title,
+                severity=self.cards[entry_id].severity,
                 reasons=reasons.get(entry_id, []),
             )
             for entry_id, score in ranked
@@ -722,6 +1478,7 @@ class Matcher:
             out_of_scope=out_of_scope,
             pointer=pointer,
             numbers=_numbers(quantities),
+            series={item.name: list(item.values) for item in series},
             code_detected=code_detected,
         )
 
@@ -752,18 +1509,293 @@ def _numbers(quantities: Sequence[Quantity]) -> dict[str, float]:
     return out
 
 
+def _build_index(kb: KnowledgeBase, profile: str | None) -> dict[str, Any]:
+    """The BM25F index and everything a match reads, as plain data (see ``Matcher._adopt``)."""
+    synonyms = load_synonyms()
+    analyzer = Analyzer(synonyms)
+    docs: list[tuple[str, dict[str, float], float, list[tuple[str, list[str]]], list[str]]] = []
+    surface: Counter[str] = Counter()
+    df: Counter[str] = Counter()
+    for entry in kb.entries.values():
+        tf: dict[str, float] = {}
+        length = 0.0
+        sentences: list[tuple[str, list[str]]] = []
+        for field_name, texts in _field_texts(entry):
+            weight = FIELD_WEIGHTS[field_name]
+            for text in texts:
+                tokens = analyzer.tokens(text)
+                surface.update(t.raw for t in tokens if t.raw.isalpha())
+                terms = [t.term for t in tokens]
+                for term in terms:
+                    tf[term] = tf.get(term, 0.0) + weight
+                for gram in _bigrams(terms):
+                    tf[gram] = tf.get(gram, 0.0) + weight * _PHRASE_WEIGHT
+                length += weight * len(terms)
+                if field_name in SENTENCE_FIELDS and terms:
+                    sentences.append((text, sorted(set(terms))))
+        df.update(tf.keys())
+        id_sequence = analyzer.terms(entry.id.replace("-", " "))
+        docs.append((entry.id, tf, length, sentences, id_sequence))
+    count = len(docs)
+    avg_length = sum(d[2] for d in docs) / max(count, 1)
+    idf = {term: math.log(1.0 + (count - n + 0.5) / (n + 0.5)) for term, n in df.items()}
+    postings: dict[str, list[tuple[int, float]]] = {}
+    norms: list[float] = []
+    for index, (_, tf, length, _, _) in enumerate(docs):
+        norms.append(_K1 * (1.0 - _B + _B * length / avg_length))
+        for term, frequency in tf.items():
+            postings.setdefault(term, []).append((index, frequency))
+    # The typo vocabulary is the surface words of the entries plus the synonym table, so a
+    # misspelt variant ("mixed precison") is repaired to a word the analyser knows.
+    vocab = vocabulary([*synonyms.word_to_canonical, *synonyms.phrase_to_canonical])
+    for word, n in surface.items():
+        vocab[word] = vocab.get(word, 0) + n
+    cards = [EntryCard.of(entry) for entry in kb.entries.values()]
+    return {
+        "format": _SNAPSHOT_FORMAT,
+        "profile": _Profile.of(kb, profile).data(),
+        "synonyms": [
+            dict(synonyms.word_to_canonical),
+            dict(synonyms.phrase_to_canonical),
+            {k: list(v) for k, v in synonyms.related.items()},
+        ],
+        "docs": [
+            (
+                entry_id,
+                [(text, terms, sum(idf[t] for t in terms)) for text, terms in sentences],
+                sorted(set(id_sequence)),
+                id_sequence,
+            )
+            for entry_id, _, _, sentences, id_sequence in docs
+        ],
+        "idf": idf,
+        "postings": {
+            term: array("d", [x for pair in pairs for x in pair]).tobytes()
+            for term, pairs in postings.items()
+        },
+        "norms": norms,
+        "vocabulary": vocab,
+        "default_idf": math.log(1.0 + (count + 0.5) / 0.5),
+        "in_scope": sorted(set(analyzer.terms(IN_SCOPE_WORDS))),
+        "effects": {k: sorted(v) for k, v in _effects(kb).items()},
+        "cards": [
+            [
+                c.id,
+                c.kind,
+                c.title,
+                c.severity,
+                c.pointer,
+                c.say_instead,
+                c.fix,
+                list(c.first_checks),
+                list(c.snippets),
+            ]
+            for c in cards
+        ],
+    }
+
+
+def _effects(kb: KnowledgeBase) -> dict[str, frozenset[str]]:
+    """For each red flag, the symptoms and signals it explains (from ``causes``/``related``)."""
+    observed = ("symptom", "signal")
+    out: dict[str, frozenset[str]] = {}
+    for flag in kb.by_kind("red-flag"):
+        found = {e for e in getattr(flag, "related", ()) if kb.entries[e].kind in observed}
+        for entry in kb.entries.values():
+            caused = flag.id in getattr(entry, "causes", ())
+            if caused or (entry.kind == "signal" and flag.id in getattr(entry, "related", ())):
+                found.add(entry.id)
+        out[flag.id] = frozenset(found)
+    return out
+
+
+_ACCURACY = re.compile(
+    r"\b(?P<split>train\w*|val\w*|valid\w*|test|eval\w*|dev)[\s_/-]*(?:set\s+)?"
+    r"(?:acc(?:uracy)?|top-?1)\b\s*(?:is\s+|of\s+|at\s+|[:=]\s*)?~?\s*(?P<value>\d+(?:\.\d+)?)\s*%",
+    re.IGNORECASE,
+)
+#: Points between train and held-out accuracy that read as overfitting (the matcher's own line;
+#: the seeds describe the pattern, not a number).
+_ACCURACY_GAP_POINTS = 20.0
+
+
+def _accuracy_gap(text: str) -> CodeHit | None:
+    """Train accuracy far above held-out accuracy ("train acc 100%, test acc 55%")."""
+    train = held_out = None
+    for m in _ACCURACY.finditer(text):
+        value = float(m.group("value"))
+        if m.group("split").lower().startswith("train"):
+            train = value
+        else:
+            held_out = value
+    if train is None or held_out is None or train - held_out < _ACCURACY_GAP_POINTS:
+        return None
+    return CodeHit(
+        "overfitting",
+        0.9,
+        f"train accuracy {train:g}% against {held_out:g}% on held-out data: "
+        f"{train - held_out:g} points apart",
+    )
+
+
+def _names(doc: _Doc, terms: Sequence[str]) -> bool:
+    """Whether ``terms`` say the entry's id: all its words close together ("clip after the
+    optimizer step" names clip-after-step; "clipping ... on those 40 steps" does not)."""
+    wanted = doc.id_terms
+    window = len(doc.id_sequence) + 2
+    return any(
+        term in wanted and wanted <= set(terms[start : start + window])
+        for start, term in enumerate(terms)
+    )
+
+
+def _median(values: Iterable[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2 if ordered else 0.0
+
+
+def _shown(values: Sequence[float]) -> str:
+    head = " → ".join(fmt(v) for v in values[:6])
+    return head + (" → …" if len(values) > 6 else "")
+
+
+def _decreasing(values: Sequence[float]) -> bool:
+    return len(values) >= 2 and values[-1] < values[0] and rank_correlation(list(values)) <= -0.6
+
+
+def _isolated_spikes(values: Sequence[float], factor: float) -> list[int]:
+    """Indices of values above ``factor`` × the median of the others, with normal neighbours.
+
+    The first and last values are never spikes: nothing around them shows a jump and a return.
+    """
+    spikes: list[int] = []
+    for i in range(1, len(values) - 1):
+        others = [v for j, v in enumerate(values) if j != i]
+        median = _median(others)
+        if median <= 0 or values[i] <= factor * median:
+            continue
+        # A jump up from the step before and back down after: a trend's first value is not one.
+        neighbours = (values[i - 1], values[i + 1])
+        if all(v <= factor * median and values[i] > factor * v for v in neighbours):
+            spikes.append(i)
+    return spikes
+
+
+#: Bumped when the snapshot's layout changes (the cache key also covers the matcher's source).
+_SNAPSHOT_FORMAT = 3
+#: The files whose content decides the index: the entries, synonyms and thresholds, and the
+#: code that reads them and builds the index.
+_INDEX_SOURCES = ("matcher.py", "_text.py", "loader.py", "models.py", "findings.py")
+
 _LOCK = threading.Lock()
 _MATCHER: Matcher | None = None
 
 
+def snapshot_path() -> Path | None:
+    """Where the default matcher's index snapshot lives, or None when caching is off.
+
+    ``$GRADIENT_DOCTOR_CACHE_DIR`` (empty: off), else ``$XDG_CACHE_HOME/gradient-doctor``, else
+    ``~/.cache/gradient-doctor``. The file name carries a hash of everything the index is built
+    from (data files, the code that reads them, the Python version), so an edited entry or a
+    new release never reads an old snapshot.
+    """
+    configured = os.environ.get("GRADIENT_DOCTOR_CACHE_DIR")
+    if configured is not None:
+        if not configured.strip():
+            return None
+        root = Path(configured)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = Path(base) / "gradient-doctor"
+    digest = hashlib.sha256(f"{_SNAPSHOT_FORMAT}|{sys.version}".encode())
+    # The package's own folder (not importlib.resources, which imports tempfile and more).
+    package = Path(__file__).resolve().parent
+    data = package / "data"
+    for item in sorted(data.iterdir(), key=lambda t: t.name):
+        if item.name.endswith((".yaml", ".yml")):
+            digest.update(item.name.encode() + b"\0" + item.read_bytes())
+    for name in _INDEX_SOURCES:
+        digest.update(name.encode() + b"\0" + (package / name).read_bytes())
+    return root / f"matcher-{digest.hexdigest()[:24]}.marshal"
+
+
+def _load_snapshot(path: Path) -> Matcher | None:
+    try:
+        data = marshal.loads(path.read_bytes())
+        return Matcher.from_snapshot(data)
+    except (OSError, EOFError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _save_snapshot(path: Path, matcher: Matcher) -> None:
+    """Write atomically (a temp file renamed into place); a read-only cache is not an error."""
+    import tempfile  # only when a snapshot is written (tempfile imports random, hashlib...)
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp = tempfile.mkstemp(dir=path.parent, prefix=".matcher-", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(marshal.dumps(matcher.snapshot()))
+            os.replace(temp, path)
+        finally:
+            if os.path.exists(temp):
+                os.unlink(temp)
+        _prune_snapshots(path)
+    except (OSError, ValueError):
+        return
+
+
+#: Snapshots of other versions untouched this long are removed when a new one is written.
+_STALE_SNAPSHOT_SECONDS = 7 * 24 * 3600
+
+
+def _prune_snapshots(keep: Path) -> None:
+    """Remove other versions' snapshots nobody has written for a week (an upgrade leaves the
+    old one behind; a second install in use keeps refreshing its own)."""
+    import time
+
+    now = time.time()
+    for old in keep.parent.glob("matcher-*.marshal"):
+        try:
+            if old != keep and now - old.stat().st_mtime > _STALE_SNAPSHOT_SECONDS:
+                old.unlink()
+        except OSError:
+            continue
+
+
 def get_matcher() -> Matcher:
-    """The process-wide matcher over the packaged knowledge (built on first use)."""
+    """The process-wide matcher over the packaged knowledge (built on first use).
+
+    A snapshot of the index is reused across processes (see :func:`snapshot_path`): a fresh
+    ``gradient-doctor match`` then neither parses YAML nor builds the knowledge models.
+    """
     global _MATCHER
     if _MATCHER is None:
         with _LOCK:
             if _MATCHER is None:
-                _MATCHER = Matcher(load_knowledge())
+                _MATCHER = _default_matcher()
     return _MATCHER
+
+
+def _default_matcher() -> Matcher:
+    try:
+        path = snapshot_path()
+    except OSError:
+        path = None
+    if path is not None and path.is_file():
+        cached = _load_snapshot(path)
+        if cached is not None:
+            return cached
+    from gradient_doctor.knowledge.loader import load_knowledge
+
+    matcher = Matcher(load_knowledge())
+    if path is not None:
+        _save_snapshot(path, matcher)
+    return matcher
 
 
 def match(text: str, code: str | None = None, top_k: int = 5) -> MatchResult:

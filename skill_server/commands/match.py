@@ -88,12 +88,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("TEXT is empty: describe the symptom, the claim or paste a log line")
     code = _read_code(args.code) if args.code else None
 
-    from gradient_doctor.knowledge import KnowledgeError
     from gradient_doctor.knowledge.matcher import match
 
     try:
         result = match(text, code=code, top_k=args.top)
-    except KnowledgeError as exc:
+    except Exception as exc:
+        # Imported here: a match served from the index snapshot never loads the YAML loader.
+        from gradient_doctor.knowledge.loader import KnowledgeError
+
+        if not isinstance(exc, KnowledgeError):
+            raise
         lines = str(exc).splitlines()
         first = lines[1].strip(" -") if len(lines) > 1 else lines[0]
         raise UsageError(f"the knowledge base is invalid: {first}") from None
@@ -110,11 +114,11 @@ def _bullet(label: str, value: str) -> str:
 
 def markdown(result: object) -> str:
     """The match result as a short ranked Markdown list (advice in full for the top match)."""
-    from gradient_doctor.knowledge import load_knowledge
-    from gradient_doctor.knowledge.matcher import MatchResult
+    from gradient_doctor.knowledge.matcher import MatchResult, get_matcher
 
     assert isinstance(result, MatchResult)
-    kb = load_knowledge()
+    # The matcher's entry cards carry the advice: no YAML parsing or model building here.
+    cards = get_matcher().cards
     out: list[str] = []
     if result.out_of_scope:
         out.append("**Outside gradient management.**")
@@ -124,6 +128,10 @@ def markdown(result: object) -> str:
     if result.numbers:
         shown = ", ".join(f"{k}={v:g}" for k, v in result.numbers.items())
         out.append(f"Read from the text: {shown}\n\n")
+    for name, values in result.series.items():
+        if len(values) >= 2:
+            trend = " → ".join(f"{v:.3g}" for v in values[:8]) + (" → …" if len(values) > 8 else "")
+            out.append(f"Read as a series: {name} {trend}\n\n")
     if not result.matches:
         out.append("No catalogue entry matches that text.\n")
         return "".join(out)
@@ -134,18 +142,15 @@ def markdown(result: object) -> str:
             out.append(_bullet("why", "; ".join(m.reasons[:3])))
         if rank > 1:
             continue
-        entry = kb.entries.get(m.id)
-        if entry is None:
+        card = cards.get(m.id)
+        if card is None:
             continue
-        say_instead = getattr(entry, "say_instead", None)
-        fix = getattr(entry, "fix", None)
-        checks = getattr(entry, "first_checks", None)
-        if say_instead:
-            out.append(_bullet("say instead", say_instead))
-        if fix:
-            out.append(_bullet("fix", fix))
-        for check in (checks or [])[:3]:
+        if card.say_instead:
+            out.append(_bullet("say instead", card.say_instead))
+        if card.fix:
+            out.append(_bullet("fix", card.fix))
+        for check in card.first_checks[:3]:
             out.append(_bullet("check", check))
-        if entry.snippets:
-            out.append(_bullet("fix snippets", ", ".join(entry.snippets)))
+        if card.snippets:
+            out.append(_bullet("fix snippets", ", ".join(card.snippets)))
     return "".join(out)

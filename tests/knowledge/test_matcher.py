@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import json
+import marshal
 import math
+import os
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gradient_doctor.knowledge import load_knowledge
+from gradient_doctor.knowledge import _code as code_module
+from gradient_doctor.knowledge import _numbers as numbers_module
+from gradient_doctor.knowledge import load_knowledge, models
+from gradient_doctor.knowledge import matcher as matcher_module
+from gradient_doctor.knowledge._code import fragment_source, prose_hits, split_code, without_code
+from gradient_doctor.knowledge._numbers import Series, read_quantities, read_series
 from gradient_doctor.knowledge.matcher import Matcher, MatchResult, get_matcher, match
 from tests.conftest import REPO, run_cli
 
@@ -278,6 +285,184 @@ def test_correct_loops_raise_no_code_red_flag(code: str) -> None:
     }, flagged
 
 
+# -- fragments through the static analyser -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # statements joined by ';' with an inline block body (Python's reading: both in the if)
+        ("my loop: `loss.backward(); if (i+1) % n == 0: opt.step(); opt.zero_grad()`", None),
+        # a loop body without its loop, with the update gated
+        (
+            "```\nloss = model(b) / 4\nloss.backward()\nopt.zero_grad()\n"
+            "if step % 4 == 0:\n    opt.step()\n```",
+            "accum-zero-grad-every-microstep",
+        ),
+        # pseudo-code with '...' and one line pasted at the wrong indentation
+        (
+            "```\nfor x, y in dl:\n    ...\n    scaler.scale(loss).backward()\n"
+            "  clip_grad_norm_(model.parameters(), 1.0)\n    scaler.step(opt)\n"
+            "    scaler.update()\n```",
+            "amp-clip-without-unscale",
+        ),
+        # inline backticks, in order, around prose
+        (
+            "`scaler.scale(loss).backward()` then `optimizer.step()` then `scaler.update()`",
+            "amp-step-bypasses-scaler",
+        ),
+        # a Markdown block indented by four spaces
+        (
+            "is this right?\n\n    for i, b in enumerate(dl):\n        (model(b) / 8).backward()\n"
+            "        if i % 8 == 0:\n            opt.step()\n",
+            "accum-missing-zero-grad",
+        ),
+        # statements in a prose line, with a remark after the code
+        (
+            "I log it like this: opt.step(); opt.zero_grad(); gn = total_norm(model) -- always 0",
+            "monitor-after-zero-grad",
+        ),
+    ],
+    ids=["semicolons", "loop-body", "ellipsis-indent", "inline", "indented-block", "prose-line"],
+)
+def test_code_fragments_are_repaired_and_analysed(text: str, expected: str | None) -> None:
+    result = match(text)
+    assert result.code_detected
+    assert _top_ids(result) == [expected or "accum-unscaled-loss"], [
+        (m.id, m.reasons[:1]) for m in result.matches
+    ]
+    assert result.matches[0].reasons[0].startswith("code:")
+
+
+def test_fragment_source_rebuilds_blocks() -> None:
+    source = fragment_source("for i, b in enumerate(dl): loss = f(b); if i % 4 == 0: opt.step()")
+    assert source == (
+        "for i, b in enumerate(dl):\n    loss = f(b)\n    if i % 4 == 0:\n        opt.step()\n"
+    )
+    flat = fragment_source("for b in dl:\nloss.backward()\nif i % 2 == 0:\nopt.step()\nelse:\npass")
+    assert flat is not None and "\n        opt.step()\n    else:\n        pass" in flat
+    assert fragment_source("this is just a sentence, not code at all") is None
+    assert fragment_source("opt.step()  <- the optimizer\nwhy does it fail") == "opt.step()\n"
+
+
+def test_sentence_rule_triggers_never_hide_a_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule skipped for lack of its trigger words would not have matched anyway."""
+    texts = [item["text"] for item in EVAL_ITEMS]
+    gated = [prose_hits(split_code(t).prose) for t in texts]
+    monkeypatch.setattr(code_module, "_PROSE_TRIGGERS", {})
+    ungated = [prose_hits(split_code(t).prose) for t in texts]
+    assert gated == ungated
+    # The same for the number patterns ("" is in every text: nothing is skipped).
+    gated_numbers = [read_quantities(t) for t in texts]
+    for value in vars(numbers_module).values():
+        if isinstance(value, numbers_module._Lazy):
+            monkeypatch.setattr(value, "triggers", ("",))
+    assert [read_quantities(t) for t in texts] == gated_numbers
+
+
+def test_static_analyser_findings_are_cited() -> None:
+    result = match("why?", code="loss.backward()\noptimizer.step()\nclip_grad_norm_(p, 1.0)")
+    assert any("static analyser" in r for r in result.matches[0].reasons)
+
+
+# -- numbers written as series ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "reason_part"),
+    [
+        ("train loss 0.9 at step 1k, 4 at 10k, 25 at 30k", "loss-diverging", "its best value"),
+        ("grad norm: 0.5, 1.4, 3.9, 11, 38", "grad-norm-rising", "rises"),
+        ("grad norm 1.2 -> 0.3 -> 0.05 -> 0.004 -> 0.0002", "grad-norm-decaying", "decays"),
+        ("norms: 1.0 1.1 0.9 1.2 95 1.0 1.1", "grad-norm-spikes", "spike factor"),
+        ("loss 0.45, 0.44, 3.9, 0.45, 0.43", "loss-spikes", "comes back"),
+        ("loss 2.31, 2.30, 2.31, 2.30", "loss-stuck", "flat"),
+        ("val loss 0.71, 0.70, 0.71, 0.70 after dropping from 2.3", "plateau", "stays flat"),
+        ("grad norm is ~800 at first and then settles around 1-2. normal?", "healthy", "settles"),
+    ],
+)
+def test_series_rules(text: str, expected: str, reason_part: str) -> None:
+    result = match(text)
+    assert _top_ids(result) == [expected], [(m.id, m.reasons[:1]) for m in result.matches]
+    assert any(reason_part in r for r in result.matches[0].reasons), result.matches[0].reasons
+
+
+def test_series_are_reported() -> None:
+    result = match("grad norm log: step 0 0.8, step 1000 2.5, step 2000 9, step 3000 40")
+    assert result.series == {"grad_norm": [0.8, 2.5, 9.0, 40.0]}
+
+
+def test_series_leave_steps_and_counts_out() -> None:
+    text = "grad norm: step 0 0.8, step 1000 2.5, step 2000 9 on 8 GPUs, 30% of the time"
+    assert read_series(text) == [Series("grad_norm", (0.8, 2.5, 9.0))]
+    assert read_series("grad norm between 0.3 and 1.2") == [
+        Series("grad_norm", (pytest.approx(0.6),), ((0.3, 1.2),))
+    ]
+    assert read_series("train loss 2.1 at 5k, 1.9 at 10k; lr 3e-4, batch 64") == [
+        Series("loss", (2.1, 1.9))
+    ]
+    # Code is not a series: ``log(p, -1)`` holds no loss values.
+    assert read_series(without_code("loss = -(y * torch.log(p, -1)).mean()")) == []
+
+
+# -- healthy, and the reason ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "reason_part"),
+    [
+        (
+            "grad norm stays between 0.3 and 1.2 and the loss is dropping, is that normal?",
+            "healthy",
+            "whether this is normal",
+        ),
+        (
+            "{'loss': 1.23, 'grad_norm': 0.9} ... {'loss': 0.98, 'grad_norm': 0.7} fine?",
+            "healthy",
+            "training improves",
+        ),
+        (
+            "grad norm is around 2e-3 but val accuracy keeps going up, are my gradients vanishing?",
+            "small-grads-mean-broken",
+            "still improves",
+        ),
+    ],
+)
+def test_healthy_situations_say_why(text: str, expected: str, reason_part: str) -> None:
+    result = match(text)
+    assert _top_ids(result) == [expected], [(m.id, m.reasons[:1]) for m in result.matches]
+    assert any(reason_part in r for r in result.matches[0].reasons), result.matches[0].reasons
+
+
+def test_healthy_numbers_next_to_a_problem_stay_weak() -> None:
+    result = match("grad norm 0.8 every step but loss: nan at step 400, is that normal?")
+    assert _top_ids(result) == ["loss-nan"]
+
+
+# -- named causes ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "cause", "effect"),
+    [
+        (
+            "The first layers get ~1e-9 gradients. It's a 50-layer tanh MLP.",
+            "saturating-deep-net",
+            "vanishing-gradients",
+        ),
+        (
+            "Loss went to inf; the culprit is torch.exp(logits) in my loss with no clamp.",
+            "unstable-loss-op",
+            "loss-nan",
+        ),
+    ],
+)
+def test_a_named_cause_ranks_above_what_it_causes(text: str, cause: str, effect: str) -> None:
+    result = match(text, top_k=5)
+    ids = _top_ids(result, 5)
+    assert ids[0] == cause and effect in ids, ids
+
+
 # -- scope -----------------------------------------------------------------------------------
 
 
@@ -387,14 +572,74 @@ def test_matcher_is_built_once() -> None:
     assert get_matcher() is get_matcher()
 
 
+def test_a_snapshot_matches_like_the_index_it_was_taken_from() -> None:
+    built = Matcher(load_knowledge())
+    restored = Matcher.from_snapshot(marshal.loads(marshal.dumps(built.snapshot())))
+    for item in EVAL_ITEMS[::7]:
+        assert restored.match(item["text"], code=item.get("code")) == built.match(
+            item["text"], code=item.get("code")
+        )
+
+
+def test_entry_kinds_agree_with_the_models() -> None:
+    assert get_args(matcher_module.EntryKind) == get_args(models.EntryKind)
+
+
 @pytest.mark.slow
-def test_matching_does_not_import_torch() -> None:
+def test_snapshot_is_written_once_then_reused(tmp_path: Path) -> None:
+    probe = (
+        "import gradient_doctor.knowledge.matcher as m\n"
+        "print(m.get_matcher()._kb is None, m.snapshot_path())\n"
+    )
+
+    def run(cache: str) -> list[str]:
+        env = {**os.environ, "GRADIENT_DOCTOR_CACHE_DIR": cache}
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    stale = tmp_path / "matcher-from-an-older-release.marshal"
+    stale.write_bytes(b"old")
+    os.utime(stale, (1_000_000_000, 1_000_000_000))
+    first = run(str(tmp_path))
+    assert first[0] == "False" and Path(first[1]).is_file()
+    assert not stale.exists()  # another version's snapshot, untouched for a week, is removed
+    assert run(str(tmp_path))[0] == "True"  # served from the snapshot: no YAML, no models
+    Path(first[1]).write_bytes(b"not a snapshot")
+    assert run(str(tmp_path))[0] == "False"  # a broken snapshot is rebuilt, not an error
+    assert run("")[:2] == ["False", "None"]  # caching off
+
+
+@pytest.mark.slow
+def test_cli_match_imports_only_its_own_command() -> None:
     probe = (
         "import sys\n"
-        "from knowledge.matcher import match\n"
-        "match('loss: nan after clip_grad_norm_ with GradScaler', code='optimizer.step()')\n"
+        "from gradient_doctor.skill_server.cli import main\n"
+        "main(['match', 'loss is nan'])\n"
+        "others = [m for m in sys.modules if m.startswith('gradient_doctor.skill_server.commands.')"
+        " and not m.endswith('.match')]\n"
+        "assert not others, others\n"
+        "assert 'mcp' not in sys.modules and 'anyio' not in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_matching_does_not_import_torch() -> None:
+    """Text alone never loads the static analyser (libcst); pasted code does, torch never."""
+    probe = (
+        "import sys\n"
+        "from gradient_doctor.knowledge.matcher import match\n"
+        "match('loss: nan after clip_grad_norm_ with GradScaler')\n"
+        "assert not any(m.startswith('gradient_doctor.probes') for m in sys.modules)\n"
+        "match('why?', code='loss.backward()\\noptimizer.step()\\nclip_grad_norm_(p, 1.0)')\n"
+        "assert 'gradient_doctor.probes.static' in sys.modules\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
-        "assert not any(m.startswith('gradient_doctor.probes.static') for m in sys.modules)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
