@@ -8,6 +8,11 @@ torch; the child process (``_child``, ``hooks``, ``collector``, ``measure``) doe
 from __future__ import annotations
 
 from gradient_doctor.probes.runtime.result import ProbeResult, StepRecord
-from gradient_doctor.probes.runtime.runner import ProbeInputError, run_probe, run_probe_async
+from gradient_doctor.probes.runtime.runner import (
+    Launch,
+    ProbeInputError,
+    run_probe,
+    run_probe_async,
+)
 
-__all__ = ["ProbeInputError", "ProbeResult", "StepRecord", "run_probe", "run_probe_async"]
+__all__ = ["Launch", "ProbeInputError", "ProbeResult", "StepRecord", "run_probe", "run_probe_async"]

@@ -42,6 +42,7 @@ from gradient_doctor.probes.runtime.child import STAGED_PACKAGE
 from gradient_doctor.probes.runtime.child.channel import CHANNEL_ENV, SETTINGS_ENV, ChannelReader
 from gradient_doctor.probes.runtime.child.rankenv import LAUNCHER_GD
 from gradient_doctor.probes.runtime.diagnose import build_result, resolve_profile
+from gradient_doctor.probes.runtime.launch import Launch
 from gradient_doctor.probes.runtime.ranks import RankCollector, torchrun_command
 from gradient_doctor.probes.runtime.result import (
     ChildSummary,
@@ -205,10 +206,7 @@ async def run_probe_async(
     on_progress: ProgressCallback | None = None,
     profile: str | None = None,
     nproc: int | None = None,
-    python: str | None = None,
-    venv_boundary: str | os.PathLike[str] | None = None,
-    max_memory: int | None = None,
-    scrub_env: Collection[str] = (),
+    launch: Launch | None = None,
 ) -> ProbeResult:
     """Run ``script`` for up to ``steps`` optimizer steps under the probe and diagnose it.
 
@@ -219,12 +217,8 @@ async def run_probe_async(
     does not exist, is not Python or has no usable torch, ``device="cuda"`` without CUDA);
     everything the script does wrong is a status.
 
-    ``python``: the interpreter (path, command or virtualenv folder); None picks one
-    (``probes.runtime.interpreter``), searching for a project virtualenv from the script's
-    folder up to ``venv_boundary``. ``cwd``: the script's working folder (default: its own
-    folder). ``max_memory``: address-space cap of the script's process, bytes (status
-    ``out-of-memory`` when it runs out). ``scrub_env``: environment variables to keep from the
-    script besides ``GRADIENT_DOCTOR_TOKEN`` (the server's secrets).
+    ``cwd``: the script's working folder (default: the script's own folder). ``launch``: the
+    interpreter, memory cap and secrets to scrub (:class:`Launch`).
 
     ``nproc`` > 1 launches the script like ``torchrun --nproc-per-node nproc`` (PyTorch's
     launcher, in the child): every rank is probed and rank 0 merges them
@@ -232,6 +226,8 @@ async def run_probe_async(
     """
     path = _check_script(script)
     _check_options(steps, timeout_s, device, sample_every)
+    launch = launch or Launch()
+    max_memory = launch.max_memory
     if nproc is not None and not 1 <= nproc <= MAX_NPROC:
         raise ProbeInputError(f"nproc must be between 1 and {MAX_NPROC} (got {nproc})")
     if max_memory is not None and max_memory < MIN_MEMORY_BYTES:
@@ -246,11 +242,7 @@ async def run_probe_async(
     if not workdir.is_dir():
         raise ProbeInputError(f"working directory does not exist: {workdir}")
     try:
-        chosen = interpreters.choose(
-            path,
-            python,
-            boundary=Path(venv_boundary) if venv_boundary is not None else None,
-        )
+        chosen = interpreters.choose(path, launch.python, boundary=launch.venv_boundary)
     except interpreters.InterpreterError as exc:
         raise ProbeInputError(str(exc)) from None
 
@@ -258,7 +250,7 @@ async def run_probe_async(
     channel = tmp / "channel.jsonl"
     channel.touch()
     report_path = tmp / "supervisor.json"
-    env, scrubbed = _child_environment(chosen, scrub_env)
+    env, scrubbed = _child_environment(chosen, launch.scrub_env)
     env[CHANNEL_ENV] = str(channel)
     settings: dict[str, Any] = {"steps": steps, "sample_every": sample_every, "device": device}
     if max_memory is not None:
