@@ -99,10 +99,12 @@ def _split_script_args(words: list[str]) -> tuple[list[str], list[str] | None]:
     return words[:cut], words[cut + 1 :]
 
 
-def _command_modules() -> list[ModuleType]:
+def _command_modules(only: str | None = None) -> list[ModuleType]:
+    """The command modules; ``only``: just that one (module file named like the command), so
+    that ``serve`` starts without importing what the other commands need."""
     found = []
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
-        if info.name.startswith("_"):
+        if info.name.startswith("_") or (only is not None and info.name != only):
             continue
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         if hasattr(module, "run") and hasattr(module, "NAME"):
@@ -110,13 +112,14 @@ def _command_modules() -> list[ModuleType]:
     return found
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of the one named ``only`` (see :func:`_command_modules`)."""
     parser = _Parser(
         prog="gradient-doctor",
         description="Find and fix gradient failures in PyTorch training scripts.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in _command_modules():
+    for module in _command_modules(only):
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
@@ -124,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     words, script_args = _split_script_args(list(sys.argv[1:] if argv is None else argv))
+    # Start-up time matters for `serve` (a client waits for the handshake): load one command.
+    parser = build_parser("serve" if words[:1] == ["serve"] else None)
     args, extras = parser.parse_known_args(words)
     takes_script_args = getattr(args, "_takes_script_args", False)
     if extras:

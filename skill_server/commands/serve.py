@@ -186,20 +186,27 @@ def run(args: argparse.Namespace) -> int:
             f"a non-loopback bind needs a bearer token: --token-file or ${args.token_env}"
         )
 
-    from gradient_doctor.skill_server.server import build_server
+    from gradient_doctor.skill_server.safety import PathPolicy
 
-    verifier = auth = None
-    if token is not None:
-        from mcp.server.auth.settings import AuthSettings
-        from pydantic import AnyHttpUrl
-
-        verifier = StaticTokenVerifier(token)
-        auth = AuthSettings(
-            issuer_url=AnyHttpUrl(f"http://{_url_host(args.host)}:{args.port}"),
-            resource_server_url=None,
-        )
     try:
-        server = build_server(
+        PathPolicy.from_roots(args.root)  # a bad --root fails before any answer goes out
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+
+    def build() -> Any:
+        from gradient_doctor.skill_server.server import build_server
+
+        verifier = auth = None
+        if token is not None:
+            from mcp.server.auth.settings import AuthSettings
+            from pydantic import AnyHttpUrl
+
+            verifier = StaticTokenVerifier(token)
+            auth = AuthSettings(
+                issuer_url=AnyHttpUrl(f"http://{_url_host(args.host)}:{args.port}"),
+                resource_server_url=None,
+            )
+        return build_server(
             args.root,
             allow_exec=not args.no_exec,
             max_probes=args.max_probes,
@@ -209,12 +216,14 @@ def run(args: argparse.Namespace) -> int:
             max_memory=max_memory,
             scrub_env=_secret_variables(args, token),
         )
-    except InputError as exc:
-        raise UsageError(str(exc)) from None
+
     _report_modules_at_exit()
     if not args.http:
-        server.run()
+        from gradient_doctor.skill_server.stdio import serve_stdio
+
+        serve_stdio(build)
         return EXIT_OK
+    server = build()
     security = None if remote else loopback_security(args.port)
     if remote and args.allowed_host:
         from mcp.server.transport_security import TransportSecuritySettings
