@@ -59,10 +59,12 @@ def _is_cpu_oom(exc: BaseException) -> bool:
     )
 
 
-#: The oldest torch the probe supports: global optimizer step hooks
-#: (``torch.optim.optimizer.register_optimizer_step_pre_hook``, 2.0) and the device-generic
-#: ``torch.amp.GradScaler`` (``torch.amp.grad_scaler``, 2.3) that the hooks wrap.
-MIN_TORCH = (2, 3)
+#: The oldest torch the probe supports, from the newest API the child uses: global optimizer
+#: step hooks (``torch.optim.optimizer.register_optimizer_step_pre_hook``, 2.0), the
+#: device-generic ``torch.amp.grad_scaler`` that the hooks wrap (2.3) and
+#: ``torch._foreach_norm(..., dtype=...)`` in the measurements (2.4). Checked by running the
+#: probe under torch 2.1.2, 2.3.1 (refused / failing there) and 2.4.1 (same findings as 2.13).
+MIN_TORCH = (2, 4)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
