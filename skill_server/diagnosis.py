@@ -541,6 +541,7 @@ async def diagnose(
         static_checked=lint is not None,
         probe_status=report.status if report else None,
         probe_note=note,
+        probe_interpreter=_interpreter_line(report),
         probe_steps=report.steps if report else None,
         profile=report.profile if report else None,
         summary=[_static_row(lint), *_runtime_rows(report, note)],
@@ -554,6 +555,22 @@ async def diagnose(
         worst_severity=_worst([i.severity for i in issues]),
         script_output_tail=output_tail,
     )
+
+
+def _interpreter_line(report: ProbeReport | None) -> str | None:
+    """``path`` (Python and torch versions): why it was chosen, for the report's header."""
+    chosen = report.measurements.get("interpreter") if report is not None else None
+    if not isinstance(chosen, dict):
+        return None
+    versions = ", ".join(
+        f"{name} {value}"
+        for name, value in (
+            ("Python", chosen.get("python_version")),
+            ("torch", report.measurements.get("torch_version") if report else None),
+        )
+        if value
+    )
+    return f"`{chosen.get('path')}` ({versions}): {chosen.get('reason')}"
 
 
 def render_report(diagnosis: Diagnosis) -> str:
