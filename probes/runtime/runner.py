@@ -359,7 +359,7 @@ async def run_probe_async(
     if hello is None and not timed_out:
         why = _last_line(err_tail.text()) or _exit_text(report.get("returncode"))
         raise ProbeInputError(
-            f"the interpreter {where} did not start the probe ({why}); is it Python 3.9 or newer?"
+            f"the interpreter {where} did not start the probe ({why}); is it Python 3.10 or newer?"
         )
     summary = ranks.summary(summary)
     if summary is not None and summary.input_error:
@@ -457,6 +457,14 @@ def _summary_without_report(
             "timeout",
             f"the script ran past the {timeout_s:g} s limit after {steps} optimizer "
             "steps and was stopped (with every process it had started)",
+        )
+    if f"{STAGED_PACKAGE}{os.sep}" in stderr_tail and "Traceback" in stderr_tail:
+        # The child's own code failed outside the script (after the script's error, or
+        # while reporting): say so rather than blame the script or call it a non-training one.
+        return summary(
+            "script-error",
+            f"the probe failed in its own code after {steps} optimizer steps (a bug in "
+            f"gradient-doctor): {_last_line(stderr_tail)}",
         )
     if parent_killed is not None:
         return summary(

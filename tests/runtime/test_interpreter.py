@@ -24,6 +24,7 @@ from tests.conftest import run_cli
 from .conftest import fixture
 
 PYTHON2 = Path("/root/.pyenv/versions/2.7.18/bin/python")
+PYTHON39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
 
 
 def _fake_venv(folder: Path) -> Path:
@@ -163,7 +164,14 @@ def test_program_that_is_not_python_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.skipif(not PYTHON2.exists(), reason="no Python 2 interpreter here")
 def test_python_2_is_one_line() -> None:
     line = _one_line_error("--python", str(PYTHON2))
-    assert "did not start the probe" in line and "Python 3.9 or newer" in line
+    assert "did not start the probe" in line and "Python 3.10 or newer" in line
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PYTHON39.exists(), reason="no Python 3.9 interpreter here")
+def test_python_older_than_the_child_needs_is_one_line() -> None:
+    line = _one_line_error("--python", str(PYTHON39))
+    assert "Python 3.9" in line and "older than 3.10" in line
 
 
 @pytest.mark.slow

@@ -59,6 +59,9 @@ def _is_cpu_oom(exc: BaseException) -> bool:
     )
 
 
+#: The oldest Python the child package runs in (it uses ``zip(..., strict=True)``, 3.10); this
+#: module itself still parses in 3.7+, so that an older interpreter gets a clear line.
+MIN_PYTHON = (3, 10)
 #: The oldest torch the probe supports, from the newest API the child uses: global optimizer
 #: step hooks (``torch.optim.optimizer.register_optimizer_step_pre_hook``, 2.0), the
 #: device-generic ``torch.amp.grad_scaler`` that the hooks wrap (2.3) and
@@ -155,6 +158,13 @@ def main() -> None:
         "hello",
         {"python": platform.python_version(), "executable": sys.executable, "pid": os.getpid()},
     )
+    if sys.version_info < MIN_PYTHON:
+        oldest = ".".join(map(str, MIN_PYTHON))
+        _refuse(
+            writer,
+            f"Python {platform.python_version()} ({sys.executable}) is older than {oldest}, "
+            "the oldest the probe runs in",
+        )
 
     torch, hooks, collector_module = _import_torch_side(writer, settings)
     Collector, ProbeStop = collector_module.Collector, collector_module.ProbeStop
@@ -249,7 +259,8 @@ def main() -> None:
                 f"the probe failed in its own code with torch {torch.__version__} (a bug in "
                 f"gradient-doctor; the script itself did not fail there): {summary['message']}"
             )
-            summary["traceback_tail"] = "".join(traceback.format_exception(exc))[-4000:]
+            lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+            summary["traceback_tail"] = "".join(lines)[-4000:]
     finish()
 
 
