@@ -102,6 +102,26 @@ def test_loopback_refuses_a_foreign_host_header(workspace: Path) -> None:
     assert good.status_code == 200
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "PORT"])
+def test_loopback_accepts_its_own_names_with_or_without_the_port(
+    workspace: Path, host: str
+) -> None:
+    with _serving(workspace) as port:
+        header = f"127.0.0.1:{port}" if host == "PORT" else host
+        answer = httpx2.post(
+            f"http://127.0.0.1:{port}/mcp",
+            json=INITIALIZE,
+            headers={**MCP_HEADERS, "Host": header},
+        )
+        other_port = httpx2.post(
+            f"http://127.0.0.1:{port}/mcp",
+            json=INITIALIZE,
+            headers={**MCP_HEADERS, "Host": "evil.example:80"},
+        )
+    assert answer.status_code == 200, answer.text
+    assert other_port.status_code == 421
+
+
 @pytest.mark.anyio
 async def test_sdk_client_over_http(workspace: Path) -> None:
     with _serving(workspace) as port:
