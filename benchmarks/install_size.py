@@ -25,6 +25,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _fresh_copy(target: Path) -> Path:
+    """The checkout's files as git sees them (no stale build/ folder in the wheel)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode()  # fmt: skip
+    for name in filter(None, listed.split("\0")):
+        if (REPO / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, target / name)
+    return target
+
+
 def folder_bytes(folder: Path) -> int:
     """Bytes of the regular files under ``folder`` (links not followed)."""
     total = 0
@@ -68,7 +81,7 @@ def main() -> int:
         dist = work / "dist"
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-             "-w", str(dist), str(REPO)],
+             "-w", str(dist), str(_fresh_copy(work / "source"))],
             check=True,
         )  # fmt: skip
         (wheel,) = dist.glob("gradient_doctor-*.whl")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -64,6 +65,21 @@ def _torch_spec() -> str:
     return os.environ.get("TORCH_SPEC") or f"torch=={version('torch')}"
 
 
+def _fresh_copy(target: Path) -> Path:
+    """The tracked files of the checkout, copied: the wheel builds from what a clone has, not
+    from a ``build/`` folder left over from earlier builds."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode()  # fmt: skip
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     """The wheel, a tool venv with it (no torch), and a project with its own venv."""
@@ -71,7 +87,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     dist = base / "dist"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(dist), str(REPO)],
+         "-w", str(dist), str(_fresh_copy(base / "source"))],
         check=True, cwd=base, timeout=600,
     )  # fmt: skip
     (wheel,) = dist.glob("gradient_doctor-*.whl")

@@ -400,7 +400,9 @@ async def run_probe_async(
                 max_memory=max_memory,
                 scrubbed_env=scrubbed,
                 parent_signals=[
-                    f"{s.get('signal')} from pid {s.get('from_pid')} (ignored)"
+                    f"{s.get('signal')}"
+                    + (f" from pid {s['from_pid']}" if s.get("from_pid") else "")
+                    + " (ignored)"
                     for s in report.get("signals", [])
                 ],
                 parent_killed=parent_killed,

@@ -107,6 +107,18 @@ def _run_shim(config: dict[str, Any], supervisor: int) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
     state: dict[str, Any] = {"signals": []}
+    if not hasattr(signal, "sigtimedwait"):
+        # No sigtimedwait (macOS): handlers note the signal (not its sender) and are reset to
+        # the default in the child by exec itself.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+
+        def note(signum: int, _frame: Any) -> None:
+            state["signals"].append({"signal": signal.Signals(signum).name, "from_pid": None})
+            _write_json(report, state)
+
+        for sig in blocked - {signal.SIGCHLD}:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                signal.signal(sig, note)
     try:
         child = subprocess.Popen(
             config["command"],
@@ -121,6 +133,10 @@ def _run_shim(config: dict[str, Any], supervisor: int) -> None:
         os._exit(127)
     state["child_pid"] = child.pid
     _write_json(report, state)
+    if not hasattr(signal, "sigtimedwait"):
+        state["returncode"] = child.wait()  # retried across the handlers (PEP 475)
+        _write_json(report, state)
+        os._exit(0)
     while True:
         info = signal.sigtimedwait(blocked, POLL_S)
         if info is not None and info.si_signo != signal.SIGCHLD:
@@ -141,12 +157,12 @@ def _run_shim(config: dict[str, Any], supervisor: int) -> None:
 
 
 def _children_map() -> dict[int, list[int]]:
-    """Parent pid → child pids of every process we can see (from /proc)."""
+    """Parent pid → child pids of every process we can see (from /proc, else from ``ps``)."""
     tree: dict[int, list[int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return tree
+        return _children_map_from_ps()
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -160,6 +176,23 @@ def _children_map() -> dict[int, list[int]]:
         if len(fields) < 2 or fields[0] in (b"Z", b"X"):
             continue
         tree.setdefault(int(fields[1]), []).append(int(entry))
+    return tree
+
+
+def _children_map_from_ps() -> dict[int, list[int]]:
+    """The same map where there is no /proc (macOS): ``ps -A -o pid= -o ppid= -o stat=``."""
+    tree: dict[int, list[int]] = {}
+    try:
+        listing = subprocess.run(
+            ["ps", "-A", "-o", "pid=", "-o", "ppid=", "-o", "stat="],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return tree
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0].isdigit() and not fields[2].startswith("Z"):
+            tree.setdefault(int(fields[1]), []).append(int(fields[0]))
     return tree
 
 
@@ -206,6 +239,9 @@ def _stop_subtree(grace_s: float, statuses: dict[int, int], skip: int | None) ->
     SIGKILL what is left until nothing is. Returns the pids found running at the start."""
     me = os.getpid()
     first = _descendants(me)
+    if not first:
+        _reap(statuses)
+        return first
     _signal_all([p for p in first if p != skip], signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:

@@ -219,6 +219,9 @@ def run(args: argparse.Namespace) -> int:
 
     _report_modules_at_exit()
     if not args.http:
+        if sys.platform == "win32":  # the early initialize answer needs POSIX descriptors
+            build().run()
+            return EXIT_OK
         from gradient_doctor.skill_server.stdio import serve_stdio
 
         serve_stdio(build)

@@ -238,3 +238,47 @@ def test_probe_dies_with_its_caller_and_takes_the_daemon_along(tmp_path: Path) -
         assert _gone(script) and _gone(daemon)
     finally:
         caller.kill()
+
+
+@pytest.mark.parametrize("has_sigtimedwait", [True, False])
+def test_supervisor_shim_absorbs_signals_with_and_without_sigtimedwait(
+    tmp_path: Path, has_sigtimedwait: bool
+) -> None:
+    """The supervisor on its own; without ``signal.sigtimedwait`` (macOS) the shim falls back
+    to handlers, which know the signal but not its sender."""
+    from gradient_doctor.probes.runtime import supervisor
+
+    report = tmp_path / "report.json"
+    child = "import os, signal; os.kill(os.getppid(), signal.SIGTERM); print('child done')"
+    hide = "" if has_sigtimedwait else "import signal; del signal.sigtimedwait; "
+    launcher = (
+        f"import sys, runpy; {hide}"
+        f"sys.argv = ['supervisor', sys.argv[1]]; "
+        f"runpy.run_path({supervisor.__file__!r}, run_name='__main__')"
+    )
+    config = {
+        "command": [sys.executable, "-c", child],
+        "cwd": str(tmp_path),
+        "max_memory": None,
+        "report": str(report),
+        "run_folder": str(tmp_path),
+        "caller_pid": os.getpid(),
+        "grace_s": 1.0,
+    }
+    # stdin is the lifeline: kept open until the supervisor has finished on its own.
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", launcher, json.dumps(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert proc.stdout is not None and proc.stderr is not None
+    assert b"child done" in proc.stdout.read(), proc.stderr.read()
+    seen = json.loads(report.read_text())
+    assert seen["returncode"] == 0 and seen["shim"] == {"exit_code": 0}
+    assert [s["signal"] for s in seen["signals"]] == ["SIGTERM"]
+    assert (seen["signals"][0]["from_pid"] is not None) == has_sigtimedwait
