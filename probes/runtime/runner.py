@@ -364,7 +364,8 @@ async def run_probe_async(
     summary = ranks.summary(summary)
     if summary is not None and summary.input_error:
         raise ProbeInputError(summary.message or "the probe's input was not usable")
-    parent_killed = report.get("shim", {}).get("signal")
+    # The shim dies by a signal when the script kills it, or when a stop had to SIGKILL it.
+    parent_killed = None if report.get("stopped") else report.get("shim", {}).get("signal")
     if summary is None:
         summary = _summary_without_report(
             timed_out,

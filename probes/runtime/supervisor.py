@@ -92,6 +92,9 @@ def _write_json(path: str, payload: dict[str, Any]) -> None:
 def _run_shim(config: dict[str, Any], supervisor: int) -> None:
     """Start the child and wait for it; never returns (``os._exit``)."""
     _set_parent_death_signal(supervisor)
+    # A group of its own: ``killpg`` of the script's parent's group reaches the shim only.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     report = f"{config['report']}.parent"
     blocked = _catchable()
     signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
@@ -261,6 +264,16 @@ def _stop_subtree(grace_s: float, statuses: dict[int, int], skip: int | None) ->
     return first
 
 
+def _read_shim_report(config: dict[str, Any]) -> dict[str, Any]:
+    with (
+        contextlib.suppress(OSError, ValueError),
+        open(f"{config['report']}.parent", encoding="utf-8") as handle,
+    ):
+        loaded = json.load(handle)
+        return loaded if isinstance(loaded, dict) else {}
+    return {}
+
+
 def _describe_status(status: int | None) -> dict[str, Any]:
     if status is None:
         return {}
@@ -324,25 +337,23 @@ def main() -> int:
         if os.getppid() != caller:
             stop["reason"] = "caller-gone"
 
+    shim_report: dict[str, Any] = {}
     left_behind: list[str] = []
     if "reason" in stop:
         _stop_subtree(float(config.get("grace_s", 1.0)), statuses, skip=shim)
     else:
-        # The child has ended (and its parent, the shim, with it): whatever still runs below us
-        # was left behind by the script (a daemon, a double-forked process, a stray worker).
+        # The child has ended (or is ending: its parent, the shim, is gone): whatever else
+        # still runs below us was left behind by the script (a daemon, a double fork, a worker).
+        shim_report = _read_shim_report(config)
         names = {pid: _name(pid) for pid in _descendants(me)}
+        names.pop(shim_report.get("child_pid", -1), None)
         stopped = _stop_subtree(LEFTOVER_GRACE_S, statuses, None)
         left_behind = [names[p] for p in stopped if p in names]
     if stop.get("reason") == "caller-gone":
         # Nobody will read the report: leave nothing behind either.
         shutil.rmtree(config["run_folder"], ignore_errors=True)
         return 0
-    shim_report: dict[str, Any] = {}
-    with (
-        contextlib.suppress(OSError, ValueError),
-        open(f"{config['report']}.parent", encoding="utf-8") as handle,
-    ):
-        shim_report = json.load(handle)
+    shim_report = _read_shim_report(config)
     _write_json(
         config["report"],
         {

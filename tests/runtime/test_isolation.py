@@ -131,15 +131,17 @@ def test_signals_the_script_sends_its_parent_are_ignored_and_reported(sig: str) 
     assert result.isolation.parent_killed is None
 
 
-def test_script_that_sigkills_its_parent_ends_its_own_run_only() -> None:
+@pytest.mark.parametrize(("name", "args"), [("kills_parent", ["KILL"]), ("kills_parent_group", [])])
+def test_script_that_sigkills_its_parent_ends_its_own_run_only(name: str, args: list[str]) -> None:
     from gradient_doctor.probes.runtime import run_probe
 
-    result = run_probe(hostile("kills_parent"), ["KILL"], steps=10)
+    result = run_probe(hostile(name), args, steps=10)
     # We are the caller: still here. The run says what happened.
     assert result.status == "script-error"
     assert result.isolation is not None and result.isolation.parent_killed == "SIGKILL"
     assert "killed its parent process with SIGKILL" in (result.message or "")
     assert 2 <= result.steps < 10
+    assert result.isolation.left_behind == []  # the script's own process is not "left behind"
 
 
 def test_setsid_double_fork_daemon_is_collected(tmp_path: Path) -> None:
