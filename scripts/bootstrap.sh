@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 VPY=.venv/bin/python
-if ! "$VPY" -c 'import torch, sys; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(0 if v >= (2, 1) else 1)' 2>/dev/null; then
+if ! "$VPY" -c 'import torch, sys; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(0 if v >= (2, 4) else 1)' 2>/dev/null; then
   echo "bootstrap: installing $TORCH_SPEC" >&2
   "$VPY" -m pip install -q --disable-pip-version-check "$TORCH_SPEC"
 fi

@@ -6,6 +6,10 @@ not listed, so adding a command is adding a file.
 
 Exit codes (design.md): 0 nothing at or above ``--fail-on``, 1 findings at or above it,
 2 usage or input error with a one-line reason on stderr.
+
+Commands that run a script (``probe``, ``check``) share one rule, :func:`add_script_arguments`:
+options go before or after SCRIPT, everything after ``--`` is the script's own argv, and the
+script runs in its own folder unless ``--cwd`` says otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from gradient_doctor.skill_server import commands
 
@@ -43,45 +48,115 @@ def _command_names() -> list[str]:
     )
 
 
-def _command_modules(names: Sequence[str] | None = None) -> list[ModuleType]:
+SCRIPT_USAGE = "%(prog)s SCRIPT [options] [-- SCRIPT_ARGS...]"
+SCRIPT_RULES = """\
+Options may come before or after SCRIPT; everything after `--` goes to the script as its own
+arguments. The script runs in its own folder (the folder that holds SCRIPT) unless --cwd names
+another; relative paths inside it resolve from there, the same for probe, check and the MCP
+tools. It runs with the project's interpreter: --python, else a .venv or venv found from the
+script's folder upwards, else $VIRTUAL_ENV, else $CONDA_PREFIX, else gradient-doctor's own; the
+report says which one ran and why."""
+
+
+def add_script_arguments(parser: argparse.ArgumentParser, script_help: str) -> None:
+    """SCRIPT plus the options of where and how it runs (``--python``, ``--cwd``,
+    ``--max-memory``); the script's own arguments come after ``--`` (see :func:`main`)."""
+    parser.usage = SCRIPT_USAGE
+    parser.add_argument("script", metavar="SCRIPT", help=script_help)
+    parser.set_defaults(script_args=[], _takes_script_args=True)
+    parser.add_argument(
+        "--python",
+        metavar="PATH",
+        default=None,
+        help="interpreter that runs the script: a path, a command on PATH or a virtualenv "
+        "folder (default: the project's .venv/venv from the script's folder up, then "
+        "$VIRTUAL_ENV, then $CONDA_PREFIX, then gradient-doctor's own)",
+    )
+    parser.add_argument(
+        "--cwd",
+        metavar="DIR",
+        default=None,
+        help="working folder of the script (default: the script's own folder)",
+    )
+    parser.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        default=None,
+        help="cap the script's address space, e.g. 8G or 512M (a run that hits it gets the "
+        "status out-of-memory); no cap by default",
+    )
+
+
+def launch_of(args: argparse.Namespace) -> Any:
+    """The probe's :class:`~gradient_doctor.probes.runtime.Launch` from the script options."""
+    from gradient_doctor.probes.runtime.launch import Launch
+    from gradient_doctor.skill_server.safety import InputError, parse_memory_size
+
+    try:
+        cap = parse_memory_size(args.max_memory) if args.max_memory is not None else None
+    except InputError as exc:
+        raise UsageError(f"--max-memory: {exc}") from None
+    return Launch(python=args.python, max_memory=cap)
+
+
+def _split_script_args(words: list[str]) -> tuple[list[str], list[str] | None]:
+    """Words before the first ``--`` (after the command) and the script's words after it."""
+    if "--" not in words:
+        return words, None
+    cut = words.index("--")
+    return words[:cut], words[cut + 1 :]
+
+
+def _command_modules(only: str | None = None) -> list[ModuleType]:
+    """The command modules; ``only``: just that one (module file named like the command), so
+    that ``serve`` starts without importing what the other commands need."""
     found = []
-    for name in _command_names() if names is None else names:
-        module = importlib.import_module(f"{commands.__name__}.{name}")
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
+        if info.name.startswith("_") or (only is not None and info.name != only):
+            continue
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
         if hasattr(module, "run") and hasattr(module, "NAME"):
             found.append(module)
     return found
 
 
-def build_parser(modules: Sequence[ModuleType] | None = None) -> argparse.ArgumentParser:
-    """The command-line parser over ``modules`` (default: every command)."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of the one named ``only`` (see :func:`_command_modules`)."""
     parser = _Parser(
         prog="gradient-doctor",
         description="Find and fix gradient failures in PyTorch training scripts.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in _command_modules() if modules is None else modules:
+    for module in _command_modules(only):
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
 
 
-def _only_module(argv: Sequence[str]) -> list[ModuleType] | None:
-    """The module of the command that runs, when the command line starts with its name.
-
-    Start-up then imports that module alone (``match`` needs neither the MCP SDK nor anyio
-    nor the knowledge models); help, a typo or no command get the full parser.
-    """
-    if not argv or argv[0].startswith("-") or argv[0] not in _command_names():
+def _only_command(words: Sequence[str]) -> str | None:
+    """The command that runs, when the command line starts with its name (help, a typo or no
+    command get the full parser)."""
+    if not words or words[0].startswith("-") or words[0] not in _command_names():
         return None
-    modules = _command_modules([argv[0]])
-    return modules if [m.NAME for m in modules] == [argv[0]] else None
+    modules = _command_modules(words[0])
+    return words[0] if [m.NAME for m in modules] == [words[0]] else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(_only_module(arguments))
-    args = parser.parse_args(arguments)
+    words, script_args = _split_script_args(list(sys.argv[1:] if argv is None else argv))
+    # Start-up time matters (`serve`: a client waits for the handshake; `match`: a person
+    # waits): when the command line starts with a command's name, load that command alone.
+    parser = build_parser(_only_command(words))
+    args, extras = parser.parse_known_args(words)
+    takes_script_args = getattr(args, "_takes_script_args", False)
+    if extras:
+        hint = "; a script's own arguments go after `--`" if takes_script_args else ""
+        parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+    if script_args is not None:
+        if not takes_script_args:
+            parser.error("`--` separates a script's own arguments; this command runs no script")
+        args.script_args = script_args
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE

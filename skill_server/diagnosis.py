@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradient_doctor.knowledge.findings import SEVERITY_RANK, Finding, Severity
 from gradient_doctor.skill_server.names import guess_names
@@ -26,6 +26,9 @@ from gradient_doctor.skill_server.results import (
     SymptomMatch,
 )
 from gradient_doctor.skill_server.safety import InputError, one_line, tail
+
+if TYPE_CHECKING:
+    from gradient_doctor.probes.runtime.launch import Launch
 
 ProgressCallback = Callable[[int, int], Awaitable[None] | None]
 
@@ -159,11 +162,14 @@ async def probe(
     cwd: Path | None,
     on_progress: ProgressCallback | None = None,
     nproc: int | None = None,
+    launch: Launch | None = None,
 ) -> ProbeReport:
     """Run the runtime probe on ``script`` (in a child process) and keep its whole result.
 
-    ``nproc`` > 1 launches the script under torchrun with that many ranks. The pictures of the
-    run go to the tool's :func:`skill_server.images.collecting` block, if it opened one.
+    ``cwd`` None runs the script in its own folder; ``launch`` (``probes.runtime.Launch``) picks
+    the interpreter, the memory cap and the secrets kept from it. ``nproc`` > 1 launches the
+    script under torchrun with that many ranks. The pictures of the run go to the tool's
+    :func:`skill_server.images.collecting` block, if it opened one.
     """
     try:
         from gradient_doctor.probes.runtime import run_probe_async
@@ -178,6 +184,7 @@ async def probe(
         cwd=str(cwd) if cwd is not None else None,
         on_progress=on_progress,
         nproc=nproc,
+        launch=launch,
     )
     from gradient_doctor.skill_server import images
 
@@ -446,7 +453,10 @@ class DiagnoseRequest:
     timeout_s: float = 120.0
     device: str = "auto"
     args: list[str] = field(default_factory=list)
+    #: The script's working folder; None: the script's own folder.
     cwd: Path | None = None
+    #: Interpreter, memory cap and scrubbed secrets (``probes.runtime.Launch``); None: defaults.
+    launch: Launch | None = None
 
 
 async def diagnose(
@@ -488,6 +498,7 @@ async def diagnose(
             device=request.device,
             cwd=request.cwd,
             on_progress=on_progress,
+            launch=request.launch,
         )
 
     matches: list[SymptomMatch] = []
@@ -530,6 +541,7 @@ async def diagnose(
         static_checked=lint is not None,
         probe_status=report.status if report else None,
         probe_note=note,
+        probe_interpreter=_interpreter_line(report),
         probe_steps=report.steps if report else None,
         profile=report.profile if report else None,
         summary=[_static_row(lint), *_runtime_rows(report, note)],
@@ -543,6 +555,22 @@ async def diagnose(
         worst_severity=_worst([i.severity for i in issues]),
         script_output_tail=output_tail,
     )
+
+
+def _interpreter_line(report: ProbeReport | None) -> str | None:
+    """``path`` (Python and torch versions): why it was chosen, for the report's header."""
+    chosen = report.measurements.get("interpreter") if report is not None else None
+    if not isinstance(chosen, dict):
+        return None
+    versions = ", ".join(
+        f"{name} {value}"
+        for name, value in (
+            ("Python", chosen.get("python_version")),
+            ("torch", report.measurements.get("torch_version") if report else None),
+        )
+        if value
+    )
+    return f"`{chosen.get('path')}` ({versions}): {chosen.get('reason')}"
 
 
 def render_report(diagnosis: Diagnosis) -> str:

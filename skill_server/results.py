@@ -121,6 +121,9 @@ class Diagnosis(_Result):
         default=None, description="Probe status, or None when the probe did not run."
     )
     probe_note: str | None = Field(default=None, description="Why the probe did not run.")
+    probe_interpreter: str | None = Field(
+        default=None, description="The interpreter that ran the script, and why it was chosen."
+    )
     probe_steps: int | None = None
     profile: str | None = None
     summary: list[SummaryRow]

@@ -7,6 +7,7 @@ turns it into a ``ToolError`` and the CLI into a usage error (exit 2). Nothing h
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,8 +69,19 @@ class PathPolicy:
         """The roots, for messages."""
         return ", ".join(str(r) for r in self.roots)
 
-    def resolve_file(self, path: str) -> Path:
-        """The real path of ``path`` if it is a regular file inside an allowed root."""
+    def _outside(self, path: str) -> InputError:
+        # One answer for every path outside the roots, whether it exists or not, is a file or
+        # a folder, resolves or loops: anything more would tell the caller what exists there.
+        return InputError(
+            f"{path} is outside the allowed roots ({self.describe()}); "
+            "start the server with --root to allow another directory"
+        )
+
+    def _inside(self, real: Path) -> bool:
+        return any(real == root or real.is_relative_to(root) for root in self.roots)
+
+    def _resolve(self, path: str) -> Path:
+        """The real path of ``path`` once it is known to lie inside a root (may not exist)."""
         if not isinstance(path, str) or not path.strip():
             raise InputError("path is empty")
         if "\x00" in path:
@@ -78,21 +90,44 @@ class PathPolicy:
         if not candidate.is_absolute():
             candidate = self.roots[0] / candidate
         try:
-            real = candidate.resolve(strict=True)
-        except FileNotFoundError:
-            raise InputError(f"no such file: {path}") from None
+            real = candidate.resolve(strict=False)
         except (OSError, RuntimeError) as exc:
+            if not self._inside(Path(os.path.normpath(candidate))):
+                raise self._outside(path) from None
             raise InputError(f"cannot resolve {path}: {one_line(str(exc))}") from None
-        if not any(real == root or real.is_relative_to(root) for root in self.roots):
-            raise InputError(
-                f"{path} is outside the allowed roots ({self.describe()}); "
-                "start the server with --root to allow another directory"
-            )
+        if not self._inside(real):
+            raise self._outside(path)
+        return real
+
+    def resolve_file(self, path: str) -> Path:
+        """The real path of ``path`` if it is a regular file inside an allowed root."""
+        real = self._resolve(path)
+        if not real.exists():
+            raise InputError(f"no such file: {path}")
         if real.is_dir():
             raise InputError(f"{path} is a directory, not a file")
         if not real.is_file():
             raise InputError(f"{path} is not a regular file")
         return real
+
+    def resolve_dir(self, path: str) -> Path:
+        """The real path of ``path`` if it is a folder inside an allowed root."""
+        real = self._resolve(path)
+        if not real.is_dir():
+            raise InputError(f"no such folder: {path}")
+        return real
+
+
+_SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_memory_size(text: str) -> int:
+    """``"8G"``, ``"512M"``, ``"1.5GiB"`` or a plain number of bytes, as bytes (binary units)."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if match is None:
+        raise InputError(f"not a memory size: {text!r} (write it like 8G or 512M)")
+    number, unit = match.groups()
+    return int(float(number) * _SIZE_UNITS[unit.upper()])
 
 
 def decode_source(data: bytes, name: str) -> str:

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,8 +24,9 @@ from typing import Annotated, Any, Literal
 import anyio
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from gradient_doctor.skill_server import diagnosis as diag
@@ -142,6 +143,8 @@ class ServerConfig:
     policy: PathPolicy
     allow_exec: bool = True
     queue: ProbeQueue = field(default_factory=ProbeQueue.default)
+    #: Interpreter, memory cap and secrets for every probe (``probes.runtime.Launch``).
+    launch: Any = None
 
 
 @contextmanager
@@ -168,6 +171,10 @@ MAX_PROBE_NPROC = 8
 NPROC_HELP = (
     "Launch the script like `torchrun --nproc-per-node N` (DDP/FSDP): every rank is probed, "
     "rank 0 merges them (sharded global norms, diverging ranks, all-reduces per step)."
+)
+CWD_HELP = (
+    "Working folder for the script, inside the allowed roots (default: the script's own "
+    "folder, where its relative paths usually point)."
 )
 PLOTS_HELP = (
     "Return pictures of the run as PNG images: gradient flow per layer, total norm over "
@@ -213,6 +220,9 @@ def build_server(
     max_probes: int | None = None,
     token_verifier: Any = None,
     auth: Any = None,
+    python: str | None = None,
+    max_memory: int | None = None,
+    scrub_env: Sequence[str] = (),
 ) -> MCPServer:
     """A configured Gradient Doctor server.
 
@@ -220,12 +230,23 @@ def build_server(
     ``allow_exec``: False refuses to run scripts (``probe_script``, the probe of ``diagnose``).
     ``max_probes``: concurrent probes per device kind (default 1 per GPU, 2 on CPU).
     ``token_verifier`` / ``auth``: bearer-token checking for the HTTP transport.
+    ``python``: the interpreter for probed scripts (default: found per script, see
+    ``probes.runtime.interpreter``, with the project venv search stopping at its root).
+    ``max_memory``: address-space cap of a probed script, bytes. ``scrub_env``: environment
+    variables (the token's) never passed to a probed script.
     """
     queue = ProbeQueue.default()
     if max_probes is not None:
         queue = ProbeQueue(gpu_slots=max_probes if queue.gpu_slots else 0, cpu_slots=max_probes)
-    config = ServerConfig(policy=PathPolicy.from_roots(roots), allow_exec=allow_exec, queue=queue)
-    server = MCPServer(
+    from gradient_doctor.probes.runtime.launch import Launch
+
+    config = ServerConfig(
+        policy=PathPolicy.from_roots(roots),
+        allow_exec=allow_exec,
+        queue=queue,
+        launch=Launch(python=python, max_memory=max_memory, scrub_env=frozenset(scrub_env)),
+    )
+    server = GradientDoctorServer(
         SERVER_NAME,
         title="Gradient Doctor",
         description="Diagnose and fix gradient problems in PyTorch training scripts.",
@@ -238,6 +259,69 @@ def build_server(
     _add_resources(server)
     _add_prompts(server)
     return server
+
+
+#: "Resource not found" before protocol 2026-07-28; from then on the spec says -32602.
+RESOURCE_NOT_FOUND = -32002
+#: The first protocol version whose resources/read answers a missing resource with -32602.
+_STATELESS_PROTOCOL = "2026-07-28"
+
+
+class GradientDoctorServer(MCPServer):
+    """``MCPServer`` with the JSON-RPC error codes of the MCP specification.
+
+    - ``prompts/get`` with an unknown prompt name, a missing required argument or an argument
+      its schema refuses: -32602 (invalid params), one line, no traceback.
+    - ``resources/read`` of a resource that does not exist: -32002 (resource not found) for
+      protocols up to 2025-11-25, -32602 from 2026-07-28 on, with the URI in ``data``.
+    """
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Any = None
+    ) -> Any:
+        """Render a prompt; bad names and arguments are the caller's error (-32602)."""
+        known = {prompt.name: prompt for prompt in await self.list_prompts()}
+        prompt = known.get(name)
+        if prompt is None:
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message=f"unknown prompt {name!r} (prompts: {', '.join(sorted(known))})",
+            )
+        given = arguments or {}
+        missing = [a.name for a in prompt.arguments or [] if a.required and a.name not in given]
+        if missing:
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message=f"prompt {name!r} needs the argument(s): {', '.join(missing)}",
+            )
+        try:
+            return await super().get_prompt(name, arguments, context)
+        except ValueError as exc:
+            from pydantic import ValidationError
+
+            if isinstance(exc.__cause__, ValidationError):
+                problems = "; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
+                    for e in exc.__cause__.errors()
+                )
+                raise MCPError(
+                    code=INVALID_PARAMS,
+                    message=one_line(f"invalid arguments for prompt {name!r}: {problems}"),
+                ) from None
+            raise
+
+    async def read_resource(self, uri: Any, context: Any = None) -> Any:
+        """Read a resource; a missing one is "resource not found" in the client's protocol."""
+        try:
+            return await super().read_resource(uri, context)
+        except ResourceNotFoundError as exc:
+            version = getattr(context, "protocol_version", None)
+            code = (
+                INVALID_PARAMS
+                if version is not None and version >= _STATELESS_PROTOCOL
+                else RESOURCE_NOT_FOUND
+            )
+            raise MCPError(code=code, message=str(exc), data={"uri": str(uri)}) from None
 
 
 def _add_tools(server: MCPServer, config: ServerConfig) -> None:
@@ -334,6 +418,7 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
             int | None, Field(description=NPROC_HELP, ge=1, le=MAX_PROBE_NPROC)
         ] = None,
         plots: Annotated[bool, Field(description=PLOTS_HELP)] = True,
+        cwd: Annotated[str | None, Field(description=CWD_HELP)] = None,
     ) -> Annotated[CallToolResult, ProbeReport]:
         """Run the script in a child process for a few optimizer steps under gradient hooks
         and report what the gradients do (norms per step and layer, NaN/Inf, zero and dead
@@ -348,9 +433,19 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
             real = policy.resolve_file(path)
             display = _display_path(real, policy)
             script_args = check_script_args(args or [])
+            workdir = policy.resolve_dir(cwd) if cwd is not None else None
             with images.collecting(plots) as pictures:
                 report = await _queued_probe(
-                    config, ctx, real, display, script_args, steps, timeout_s, device, nproc
+                    config,
+                    ctx,
+                    real,
+                    display,
+                    script_args,
+                    steps,
+                    timeout_s,
+                    device,
+                    nproc,
+                    workdir,
                 )
             return _result(report, _render("server/probe.md.j2", r=report), pictures)
 
@@ -381,6 +476,7 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
             int | None, Field(description=NPROC_HELP, ge=1, le=MAX_PROBE_NPROC)
         ] = None,
         plots: Annotated[bool, Field(description=PLOTS_HELP)] = True,
+        cwd: Annotated[str | None, Field(description=CWD_HELP)] = None,
     ) -> Annotated[CallToolResult, Diagnosis]:
         """The one-shot check: static analysis + a short run under the gradient probe +
         matching the described symptom, merged into one issue per catalogue id with the
@@ -398,7 +494,7 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
                 real = policy.resolve_file(path)
                 request.script = real
                 request.display_path = _display_path(real, policy)
-                request.cwd = _root_of(real, policy)
+                request.cwd = policy.resolve_dir(cwd) if cwd is not None else None
 
             async def queued(
                 script: Path,
@@ -410,9 +506,10 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
                 device: str,
                 cwd: Path | None,
                 on_progress: Any = None,
+                launch: Any = None,
             ) -> ProbeReport:
                 return await _queued_probe(
-                    config, ctx, script, display, list(args), steps, timeout_s, device, nproc
+                    config, ctx, script, display, list(args), steps, timeout_s, device, nproc, cwd
                 )
 
             with images.collecting(plots) as pictures:
@@ -524,7 +621,11 @@ async def _queued_probe(
     timeout_s: float,
     device: str,
     nproc: int | None = None,
+    cwd: Path | None = None,
 ) -> ProbeReport:
+    """Run one probe when a slot is free: in ``cwd`` (default: the script's own folder), with
+    the server's launch settings and the project venv search bounded by the script's root."""
+
     async def progress(done: int, total: int) -> None:
         await ctx.report_progress(done, total, f"{done} of {total} steps")
 
@@ -541,16 +642,17 @@ async def _queued_probe(
             steps=steps,
             timeout_s=timeout_s,
             device=device,
-            cwd=_root_of(script, config.policy),
+            cwd=cwd,
             on_progress=progress,
             nproc=nproc,
+            launch=replace(config.launch, venv_boundary=_root_of(script, config.policy)),
         )
 
 
 def _add_resources(server: MCPServer) -> None:
     from gradient_doctor.skill_server import resources
 
-    resources.register(server, URI_PREFIX, ResourceError)
+    resources.register(server, URI_PREFIX, ResourceNotFoundError)
 
 
 def _add_prompts(server: MCPServer) -> None:

@@ -68,6 +68,31 @@ def _finding_view(finding: Finding) -> dict[str, Any]:
     }
 
 
+def _where_it_ran(result: ProbeResult) -> list[tuple[str, str]]:
+    """Rows saying which interpreter ran the script and why, and what its supervisor saw."""
+    rows: list[tuple[str, str]] = []
+    chosen = result.interpreter
+    if chosen is not None:
+        versions = ", ".join(
+            f"{name} {value}"
+            for name, value in (("Python", chosen.python_version), ("torch", result.torch_version))
+            if value
+        )
+        rows.append(("Interpreter", f"`{chosen.path}` ({versions}): {chosen.reason}"))
+    seen = result.isolation
+    if seen is not None:
+        rows.append(("Working folder", f"`{seen.working_dir}`"))
+        if seen.max_memory:
+            rows.append(("Memory cap", f"{seen.max_memory / 2**20:g} MiB"))
+        if seen.parent_signals:
+            rows.append(("Signals to its parent", "; ".join(seen.parent_signals)))
+        if seen.parent_killed:
+            rows.append(("Its parent process was killed", seen.parent_killed))
+        if seen.left_behind:
+            rows.append(("Processes it left running, stopped", ", ".join(seen.left_behind)))
+    return rows
+
+
 def probe_markdown(result: ProbeResult) -> str:
     """The Markdown report of ``result``: status, summary numbers, findings, fix code."""
     norms = [n for n in result.total_norm if math.isfinite(n)]
@@ -76,6 +101,7 @@ def probe_markdown(result: ProbeResult) -> str:
         ("Steps measured", f"{result.steps} of {result.steps_requested}"),
         ("Device", result.device),
         ("Threshold profile", result.profile),
+        *_where_it_ran(result),
     ]
     if norms:
         summary.append(

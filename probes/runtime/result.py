@@ -132,6 +132,37 @@ class ChildSummary(_Series):
     probe_s: float = 0.0
 
 
+class InterpreterInfo(_Series):
+    """The interpreter that ran the script and why it was chosen."""
+
+    path: str
+    source: Literal["option", "project-venv", "virtual-env", "conda", "tool"]
+    reason: str = Field(description="Why this interpreter: --python, a .venv found, ...")
+    python_version: str | None = Field(default=None, description="As the child reported it.")
+
+
+class IsolationInfo(_Series):
+    """What the probe's supervisor saw around the script's process
+    (``probes.runtime.supervisor``)."""
+
+    working_dir: str = Field(description="The script's working folder.")
+    max_memory: int | None = Field(default=None, description="Address-space cap, bytes.")
+    scrubbed_env: list[str] = Field(
+        default_factory=list, description="Server secrets kept out of the script's environment."
+    )
+    parent_signals: list[str] = Field(
+        default_factory=list,
+        description="Signals sent to the script's parent process (ignored there).",
+    )
+    parent_killed: str | None = Field(
+        default=None, description="Signal that killed the script's parent (the run ended)."
+    )
+    left_behind: list[str] = Field(
+        default_factory=list,
+        description="Processes the script left running (daemons, double forks), stopped.",
+    )
+
+
 class LayerSeries(_Series):
     """Per-layer gradient norms (L2 over the layer's own parameters), one value per step."""
 
@@ -168,6 +199,10 @@ class ProbeResult(_Series):
     script_s: float = 0.0
     probe_s: float = Field(default=0.0, description="Time spent inside the probe's hooks.")
     torch_version: str | None = None
+    interpreter: InterpreterInfo | None = Field(
+        default=None, description="The interpreter that ran the script, and why."
+    )
+    isolation: IsolationInfo | None = None
     distributed: DistributedInfo | None = Field(
         default=None,
         description="Rank series and merge details when the script ran under "

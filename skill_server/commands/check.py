@@ -16,7 +16,14 @@ from pathlib import Path
 import anyio
 
 from gradient_doctor.knowledge.findings import severity_at_least
-from gradient_doctor.skill_server.cli import EXIT_FINDINGS, EXIT_OK, UsageError
+from gradient_doctor.skill_server.cli import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    SCRIPT_RULES,
+    UsageError,
+    add_script_arguments,
+    launch_of,
+)
 from gradient_doctor.skill_server.safety import (
     DEVICE_PATTERN,
     MAX_PROBE_STEPS,
@@ -33,13 +40,9 @@ HELP = "Diagnose a training script: static red flags + a short probed run, with 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``check`` options."""
-    parser.add_argument("script", metavar="SCRIPT", help="training script to check")
-    parser.add_argument(
-        "script_args",
-        metavar="ARGS",
-        nargs="*",
-        help="arguments for the script, after `--`",
-    )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = SCRIPT_RULES
+    add_script_arguments(parser, "training script to check")
     parser.add_argument(
         "--no-probe", action="store_true", help="only read the script; do not run it"
     )
@@ -78,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         # The terminal user may name any file they can read; only the server confines paths.
         policy = PathPolicy.from_roots([Path(Path.cwd().anchor)])
         script = policy.resolve_file(str(Path(args.script).absolute()) if args.script else "")
+        workdir = policy.resolve_dir(str(Path(args.cwd).absolute())) if args.cwd else None
         request = diag.DiagnoseRequest(
             script=script,
             display_path=args.script,
@@ -87,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             device=args.device,
             args=check_script_args(args.script_args),
-            cwd=Path.cwd(),
+            cwd=workdir,
+            launch=launch_of(args),
         )
         progress = _progress_printer() if sys.stderr.isatty() else None
         result = anyio.run(lambda: diag.diagnose(request, on_progress=progress))

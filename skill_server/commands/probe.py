@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from gradient_doctor.knowledge.findings import severity_at_least
-from gradient_doctor.skill_server.cli import EXIT_FINDINGS, EXIT_OK, UsageError
+from gradient_doctor.skill_server.cli import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    SCRIPT_RULES,
+    UsageError,
+    add_script_arguments,
+    launch_of,
+)
 
 NAME = "probe"
 HELP = (
@@ -19,9 +26,11 @@ HELP = (
 FAIL_ON_CHOICES = ("critical", "warning", "info", "never")
 
 EPILOG = """\
-The script runs unmodified in a child process (its own process group, its own folder as the
-working directory, its own argv after `--`), is stopped after --steps optimizer steps, and is
-never written to. Its stdout/stderr are kept out of the report (only a traceback tail).
+The script runs unmodified in a child process, is stopped after --steps optimizer steps, and is
+never written to. Its stdout/stderr are kept out of the report (only a traceback tail). It runs
+under a supervisor: signals it sends its parent are ignored, processes it leaves behind
+(daemons, double forks) are stopped at the end, and the gradient-doctor token variables are
+removed from its environment (everything else, e.g. CUDA_VISIBLE_DEVICES, HF_HOME, stays).
 
 exit status:
   0  the probe measured the run (status ok or stopped) and no finding is at or above
@@ -31,21 +40,17 @@ exit status:
      out-of-memory or no-training-loop. These are results about the script, reported in the
      output, so they are not usage errors; they still fail CI because nothing was verified.
   2  usage or input error with a one-line reason on stderr: the script does not exist, is not
-     a readable text file, an option is out of range, the --profile is unknown, or
-     --device cuda without a CUDA device.
+     a readable text file, an option is out of range, the --profile is unknown,
+     --device cuda without a CUDA device, or the interpreter does not exist, is not Python,
+     has no torch or a torch older than the probe supports.
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``gradient-doctor probe``."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = EPILOG
-    parser.usage = "%(prog)s SCRIPT [options] [-- SCRIPT_ARGS...]"
-    parser.add_argument("script", metavar="SCRIPT", help="the training script to run")
-    parser.add_argument(
-        "script_args", nargs="*", metavar="SCRIPT_ARGS", help="arguments for the script, after --"
-    )
-    _pass_through_after_double_dash(parser)
+    parser.epilog = SCRIPT_RULES + "\n\n" + EPILOG
+    add_script_arguments(parser, "the training script to run")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps (default: 30)")
     parser.add_argument(
         "--timeout", type=float, default=120.0, help="wall-clock limit in seconds (default: 120)"
@@ -88,28 +93,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _pass_through_after_double_dash(parser: argparse.ArgumentParser) -> None:
-    """Send everything after ``--`` to the script, even when options follow SCRIPT.
-
-    argparse fills the ``*`` positional right after SCRIPT (empty, when options come next) and
-    then has no slot left for the words after ``--``; this hands them to ``script_args``.
-    """
-    original = parser.parse_known_args
-
-    def parse_known_args(
-        args: Any = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        words = list(sys.argv[1:] if args is None else args)
-        if "--" not in words:
-            return original(words, namespace)
-        cut = words.index("--")
-        parsed, extras = original(words[:cut], namespace)
-        parsed.script_args = [*getattr(parsed, "script_args", []), *words[cut + 1 :]]
-        return parsed, extras
-
-    setattr(parser, "parse_known_args", parse_known_args)  # noqa: B010 - instance override
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the probe and print the report; see the exit status in the command's help."""
     from gradient_doctor.probes.runtime import ProbeInputError, run_probe
@@ -125,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
             sample_every=args.sample_every,
             profile=args.profile,
             nproc=args.nproc,
+            cwd=args.cwd,
+            launch=launch_of(args),
         )
     except ProbeInputError as exc:
         raise UsageError(str(exc)) from None

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from gradient_doctor.skill_server.cli import EXIT_OK, UsageError
 
@@ -70,6 +71,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST[:PORT]",
         help="Host header accepted on a non-loopback bind (repeatable; enables the check)",
     )
+    parser.add_argument(
+        "--python",
+        metavar="PATH",
+        default=None,
+        help="interpreter for probed scripts (default: per script, the project's .venv/venv "
+        "from the script's folder up to its root, then $VIRTUAL_ENV, $CONDA_PREFIX, "
+        "gradient-doctor's own)",
+    )
+    parser.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        default=None,
+        help="cap each probed script's address space, e.g. 8G (status out-of-memory when hit)",
+    )
     parser.add_argument("--log-level", default="WARNING", help="stderr log level")
 
 
@@ -114,9 +129,33 @@ def _report_modules_at_exit() -> None:
     atexit.register(write)
 
 
+def _secret_variables(args: argparse.Namespace, token: str | None) -> list[str]:
+    """Environment variables a probed script must not see: the token's, wherever it came from."""
+    names = {DEFAULT_TOKEN_ENV, args.token_env}
+    if token:
+        names |= {name for name, value in os.environ.items() if token in value}
+    return sorted(names)
+
+
+def loopback_security(port: int) -> Any:
+    """Host/Origin checks for a loopback bind: the SDK's own, plus a Host header without a port.
+
+    Clients and proxies that talk to the default port may send ``Host: 127.0.0.1``; a
+    DNS-rebinding page cannot, because its Host header names the attacker's domain.
+    """
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    names = ("127.0.0.1", "localhost", "[::1]")
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[*names, *(f"{n}:{port}" for n in names)],
+        allowed_origins=[f"http://{n}" for n in names] + [f"http://{n}:*" for n in names],
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the server and serve until the client disconnects (stdio) or Ctrl-C (HTTP)."""
-    from gradient_doctor.skill_server.safety import InputError
+    from gradient_doctor.skill_server.safety import InputError, parse_memory_size
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
     if not 1 <= args.port <= 65535:
@@ -124,6 +163,18 @@ def run(args: argparse.Namespace) -> int:
     if args.max_probes is not None and args.max_probes < 1:
         raise UsageError("--max-probes must be at least 1")
     remote = args.http and args.host not in LOOPBACK_HOSTS
+    try:
+        max_memory = parse_memory_size(args.max_memory) if args.max_memory else None
+    except InputError as exc:
+        raise UsageError(f"--max-memory: {exc}") from None
+    python = None
+    if args.python is not None:
+        from gradient_doctor.probes.runtime.interpreter import InterpreterError, from_option
+
+        try:
+            python = from_option(args.python).path
+        except InterpreterError as exc:
+            raise UsageError(str(exc)) from None
     token = _read_token(args) if args.http else None
     if remote and not args.allow_remote:
         raise UsageError(
@@ -135,33 +186,48 @@ def run(args: argparse.Namespace) -> int:
             f"a non-loopback bind needs a bearer token: --token-file or ${args.token_env}"
         )
 
-    from gradient_doctor.skill_server.server import build_server
+    from gradient_doctor.skill_server.safety import PathPolicy
 
-    verifier = auth = None
-    if token is not None:
-        from mcp.server.auth.settings import AuthSettings
-        from pydantic import AnyHttpUrl
-
-        verifier = StaticTokenVerifier(token)
-        auth = AuthSettings(
-            issuer_url=AnyHttpUrl(f"http://{_url_host(args.host)}:{args.port}"),
-            resource_server_url=None,
-        )
     try:
-        server = build_server(
+        PathPolicy.from_roots(args.root)  # a bad --root fails before any answer goes out
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+
+    def build() -> Any:
+        from gradient_doctor.skill_server.server import build_server
+
+        verifier = auth = None
+        if token is not None:
+            from mcp.server.auth.settings import AuthSettings
+            from pydantic import AnyHttpUrl
+
+            verifier = StaticTokenVerifier(token)
+            auth = AuthSettings(
+                issuer_url=AnyHttpUrl(f"http://{_url_host(args.host)}:{args.port}"),
+                resource_server_url=None,
+            )
+        return build_server(
             args.root,
             allow_exec=not args.no_exec,
             max_probes=args.max_probes,
             token_verifier=verifier,
             auth=auth,
+            python=python,
+            max_memory=max_memory,
+            scrub_env=_secret_variables(args, token),
         )
-    except InputError as exc:
-        raise UsageError(str(exc)) from None
+
     _report_modules_at_exit()
     if not args.http:
-        server.run()
+        if sys.platform == "win32":  # the early initialize answer needs POSIX descriptors
+            build().run()
+            return EXIT_OK
+        from gradient_doctor.skill_server.stdio import serve_stdio
+
+        serve_stdio(build)
         return EXIT_OK
-    security = None
+    server = build()
+    security = None if remote else loopback_security(args.port)
     if remote and args.allowed_host:
         from mcp.server.transport_security import TransportSecuritySettings
 

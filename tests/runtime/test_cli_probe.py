@@ -123,3 +123,56 @@ def test_script_error_is_a_status_with_exit_1() -> None:
     assert "`script-error`" in markdown.stdout
     assert "shape mismatch in evaluation" in markdown.stdout
     assert "Traceback" not in markdown.stderr
+
+
+# -- one rule for SCRIPT, its options and its working folder ---------------------------------------
+
+HOSTILE = Path(__file__).resolve().parent.parent / "fixtures" / "isolation"
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["SCRIPT", "--steps", "2", "--format", "json", "--", "OUT", "--flag"],
+        ["--steps", "2", "SCRIPT", "--format", "json", "--", "OUT", "--flag"],
+        ["--steps", "2", "--format", "json", "SCRIPT", "--", "OUT", "--flag"],
+    ],
+)
+def test_options_before_or_after_script_and_args_after_double_dash(
+    tmp_path: Path, layout: list[str]
+) -> None:
+    seen = tmp_path / "seen.json"
+    script = str(HOSTILE / "reports_cwd.py")
+    words = [script if w == "SCRIPT" else str(seen) if w == "OUT" else w for w in layout]
+    done = run_cli("probe", *words, cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stderr
+    assert json.loads(done.stdout)["steps"] == 2
+    ran = json.loads(seen.read_text())
+    assert ran["argv"] == [str(seen), "--flag"]
+    # The default working folder is the script's own, whatever the caller's is.
+    assert ran["cwd"] == str(HOSTILE)
+
+
+def test_cwd_option_moves_the_working_folder(tmp_path: Path) -> None:
+    seen = tmp_path / "seen.json"
+    done = run_cli(
+        "probe", str(HOSTILE / "reports_cwd.py"), "--steps", "2", "--cwd", str(tmp_path),
+        "--", str(seen),
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    assert json.loads(seen.read_text())["cwd"] == str(tmp_path)
+
+
+def test_a_stray_word_before_double_dash_is_a_usage_error() -> None:
+    done = run_cli("probe", str(fixture("healthy_mlp")), "extra.py", "--steps", "2")
+    assert done.returncode == 2
+    assert "unrecognized arguments: extra.py" in done.stderr
+    assert "go after `--`" in done.stderr
+
+
+def test_help_states_the_rule() -> None:
+    for command in ("probe", "check"):
+        text = " ".join(run_cli(command, "--help").stdout.split())
+        assert "Options may come before or after SCRIPT" in text
+        assert "The script runs in its own folder" in text and "--cwd" in text
+        assert "--python" in text and "--max-memory" in text

@@ -110,3 +110,51 @@ def test_the_reported_patch_applies_and_fixes_the_critical_issues(cli: Cli, tmp_
     assert after.returncode == 0, after.stdout
     remaining = {issue["id"] for issue in json.loads(after.stdout)["issues"]}
     assert not remaining & {"accum-unscaled-loss", "clip-after-step"}
+
+
+HOSTILE = REPO / "tests" / "fixtures" / "isolation"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options_first", [False, True])
+def test_check_takes_options_on_either_side_and_runs_in_the_scripts_folder(
+    cli: Cli, tmp_path: Path, options_first: bool
+) -> None:
+    seen = tmp_path / "seen.json"
+    script = str(HOSTILE / "reports_cwd.py")
+    options = ["--steps", "3", "--format", "json"]
+    words = [*options, script] if options_first else [script, *options]
+    result = cli("check", *words, "--", str(seen), cwd=tmp_path)
+    assert result.returncode in (0, 1), result.stderr
+    data = json.loads(result.stdout)
+    assert data["probe_steps"] == 3
+    assert "reports_cwd.py" in data["script"]
+    assert data["probe_interpreter"] and "virtualenv" in data["probe_interpreter"]
+    ran = json.loads(seen.read_text())
+    # Same rule as probe and MCP: the script's own folder, not the caller's.
+    assert ran == {"cwd": str(HOSTILE), "argv": [str(seen)]}
+    report = cli("check", script, "--steps", "3", "--", str(seen), cwd=tmp_path)
+    assert "**Interpreter:**" in report.stdout
+
+
+@pytest.mark.slow
+def test_check_cwd_option(cli: Cli, tmp_path: Path) -> None:
+    seen = tmp_path / "seen.json"
+    result = cli(
+        "check", str(HOSTILE / "reports_cwd.py"), "--steps", "2", "--cwd", str(tmp_path),
+        "--", str(seen),
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    assert json.loads(seen.read_text())["cwd"] == str(tmp_path)
+
+
+def test_check_stray_positional_is_refused(cli: Cli) -> None:
+    result = cli("check", "examples/buggy_train.py", "examples/healthy_train.py", "--no-probe")
+    assert result.returncode == 2
+    assert "unrecognized arguments: examples/healthy_train.py" in result.stderr
+    assert "go after `--`" in result.stderr
+
+
+def test_double_dash_on_a_command_without_a_script_is_refused(cli: Cli) -> None:
+    result = cli("match", "loss is nan", "--", "x")
+    assert result.returncode == 2 and "runs no script" in result.stderr

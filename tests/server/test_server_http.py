@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -102,6 +103,26 @@ def test_loopback_refuses_a_foreign_host_header(workspace: Path) -> None:
     assert good.status_code == 200
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "PORT"])
+def test_loopback_accepts_its_own_names_with_or_without_the_port(
+    workspace: Path, host: str
+) -> None:
+    with _serving(workspace) as port:
+        header = f"127.0.0.1:{port}" if host == "PORT" else host
+        answer = httpx2.post(
+            f"http://127.0.0.1:{port}/mcp",
+            json=INITIALIZE,
+            headers={**MCP_HEADERS, "Host": header},
+        )
+        other_port = httpx2.post(
+            f"http://127.0.0.1:{port}/mcp",
+            json=INITIALIZE,
+            headers={**MCP_HEADERS, "Host": "evil.example:80"},
+        )
+    assert answer.status_code == 200, answer.text
+    assert other_port.status_code == 421
+
+
 @pytest.mark.anyio
 async def test_sdk_client_over_http(workspace: Path) -> None:
     with _serving(workspace) as port:
@@ -161,3 +182,37 @@ async def test_remote_bind_checks_the_bearer_token(workspace: Path) -> None:
     assert anonymous.status_code == 401
     assert wrong.status_code == 401
     assert tools
+
+
+@pytest.mark.anyio
+async def test_hostile_scripts_over_http_cannot_reach_the_server_or_its_token(
+    workspace: Path, tmp_path: Path
+) -> None:
+    hostile = REPO / "tests" / "fixtures" / "isolation"
+    for name in ("kills_parent.py", "reads_env.py", "_train.py"):
+        (workspace / name).write_text((hostile / name).read_text())
+    seen = tmp_path / "env.json"
+    with _serving(workspace, env={"GRADIENT_DOCTOR_TOKEN": TOKEN}) as port:
+        url = f"http://127.0.0.1:{port}/mcp"
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=300) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
+            killed = await client.call_tool(
+                "probe_script",
+                {"path": "kills_parent.py", "args": ["KILL"], "steps": 5, "plots": False},
+            )
+            env_run = await client.call_tool(
+                "probe_script",
+                {"path": "reads_env.py", "args": [str(seen)], "steps": 2, "plots": False},
+            )
+            still = await client.call_tool("explain", {"id": "clip-after-step"})
+    assert killed.structured_content is not None
+    assert killed.structured_content["status"] == "script-error"
+    assert env_run.structured_content is not None
+    assert env_run.structured_content["status"] == "stopped"
+    assert not still.is_error
+    script_env = json.loads(seen.read_text())
+    assert "GRADIENT_DOCTOR_TOKEN" not in script_env
+    assert TOKEN not in json.dumps(script_env)

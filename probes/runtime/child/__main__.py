@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import runpy
 import sys
 import time
@@ -35,6 +36,13 @@ def _traceback_tail(exc: BaseException) -> str:
     return "\n".join(text[-TRACEBACK_LINES:])
 
 
+def _raised_in_probe(exc: BaseException) -> bool:
+    """Whether the innermost Python frame of ``exc`` is the probe's own code (a hook)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    here = os.path.dirname(os.path.abspath(__file__))
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(here + os.sep)
+
+
 def _one_line(exc: BaseException) -> str:
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
     first = text[-1] if text else type(exc).__name__
@@ -51,6 +59,90 @@ def _is_cpu_oom(exc: BaseException) -> bool:
     )
 
 
+#: The oldest Python the child package runs in (it uses ``zip(..., strict=True)``, 3.10); this
+#: module itself still parses in 3.7+, so that an older interpreter gets a clear line.
+MIN_PYTHON = (3, 10)
+#: The oldest torch the probe supports, from the newest API the child uses: global optimizer
+#: step hooks (``torch.optim.optimizer.register_optimizer_step_pre_hook``, 2.0), the
+#: device-generic ``torch.amp.grad_scaler`` that the hooks wrap (2.3) and
+#: ``torch._foreach_norm(..., dtype=...)`` in the measurements (2.4). Checked by running the
+#: probe under torch 2.1.2, 2.3.1 (refused / failing there) and 2.4.1 (same findings as 2.13).
+MIN_TORCH = (2, 4)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def _refuse(writer: ChannelWriter, message: str, **extra: Any) -> NoReturn:
+    """End now with an input error: the probe cannot run here (one line for the caller)."""
+    writer.send(
+        "summary",
+        {
+            "status": "script-error",
+            "input_error": True,
+            "message": message,
+            "parameters": [],
+            "shapes": [],
+            "layers": [],
+            **extra,
+        },
+    )
+    writer.close()
+    os._exit(0)
+
+
+def _looks_like_memory(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or any(
+        needle in text for needle in ("cannot allocate memory", "failed to map segment")
+    )
+
+
+def _import_torch_side(writer: ChannelWriter, settings: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """torch and the modules that hook it, or a one-line reason why this interpreter cannot."""
+    where = sys.executable or "this interpreter"
+    try:
+        import torch
+    except BaseException as exc:
+        if settings.get("max_memory") and _looks_like_memory(exc):
+            writer.send(
+                "summary",
+                {
+                    "status": "out-of-memory",
+                    "message": "torch could not be imported under the memory cap: "
+                    + _one_line(exc),
+                    "parameters": [],
+                    "shapes": [],
+                    "layers": [],
+                },
+            )
+            writer.close()
+            os._exit(0)
+        _refuse(writer, f"cannot import torch with {where}: {_one_line(exc)}")
+    version = str(getattr(torch, "__version__", "0"))
+    if _version_tuple(version) < MIN_TORCH:
+        oldest = ".".join(map(str, MIN_TORCH))
+        _refuse(
+            writer,
+            f"torch {version} ({where}) is older than {oldest}, the oldest the probe supports",
+            torch_version=version,
+        )
+    try:
+        from . import collector, hooks
+    except (ImportError, AttributeError) as exc:
+        _refuse(
+            writer,
+            f"the probe does not support torch {version} ({where}): {_one_line(exc)}",
+            torch_version=version,
+        )
+    return torch, hooks, collector
+
+
 def main() -> None:
     """Run the script under the probe and report; always ends with ``os._exit``."""
     settings: dict[str, Any] = json.loads(os.environ.get(SETTINGS_ENV, "{}"))
@@ -61,29 +153,29 @@ def main() -> None:
     script = sys.argv[1]
     script_args = sys.argv[2:]
     summary: dict[str, Any] = {"status": "script-error", "message": None}
+    # First message: the parent knows from it that this interpreter runs the probe at all.
+    writer.send(
+        "hello",
+        {"python": platform.python_version(), "executable": sys.executable, "pid": os.getpid()},
+    )
+    if sys.version_info < MIN_PYTHON:
+        oldest = ".".join(map(str, MIN_PYTHON))
+        _refuse(
+            writer,
+            f"Python {platform.python_version()} ({sys.executable}) is older than {oldest}, "
+            "the oldest the probe runs in",
+        )
 
-    import torch
-
-    from . import hooks
-    from .collector import Collector, ProbeStop
+    torch, hooks, collector_module = _import_torch_side(writer, settings)
+    Collector, ProbeStop = collector_module.Collector, collector_module.ProbeStop
 
     device = settings.get("device", "auto")
     if device == "cuda" and not torch.cuda.is_available():
-        writer.send(
-            "summary",
-            {
-                "status": "script-error",
-                "input_error": True,
-                "message": "--device cuda was asked for but no CUDA device is available",
-                "device": "cpu",
-                "torch_version": torch.__version__,
-                "parameters": [],
-                "shapes": [],
-                "layers": [],
-            },
+        _refuse(
+            writer,
+            "--device cuda was asked for but no CUDA device is available",
+            torch_version=torch.__version__,
         )
-        writer.close()
-        os._exit(0)
 
     def progress(done: int) -> None:
         writer.send("progress", {"step": done})
@@ -153,7 +245,7 @@ def main() -> None:
         else:
             summary["status"] = "script-error"
             summary["message"] = f"the script exited with code {code!r}"
-    except (torch.OutOfMemoryError, MemoryError) as exc:
+    except (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError) as exc:
         summary["status"] = "out-of-memory"
         summary["message"] = _one_line(exc)
         summary["traceback_tail"] = _traceback_tail(exc)
@@ -161,6 +253,14 @@ def main() -> None:
         summary["status"] = "out-of-memory" if _is_cpu_oom(exc) else "script-error"
         summary["message"] = _one_line(exc)
         summary["traceback_tail"] = _traceback_tail(exc)
+        if summary["status"] == "script-error" and _raised_in_probe(exc):
+            # Not the script's fault: say so rather than blame the user's code.
+            summary["message"] = (
+                f"the probe failed in its own code with torch {torch.__version__} (a bug in "
+                f"gradient-doctor; the script itself did not fail there): {summary['message']}"
+            )
+            lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+            summary["traceback_tail"] = "".join(lines)[-4000:]
     finish()
 
 

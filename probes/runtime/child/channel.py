@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 #: Environment variable holding the channel path for the child.
 CHANNEL_ENV = "GRADIENT_DOCTOR_CHANNEL"
@@ -30,25 +30,51 @@ class ChannelWriter:
     """Appends JSON-line messages; only the process that opened it may write.
 
     Forked children of the script (``DataLoader`` workers, ``multiprocessing``) inherit the open
-    file; the pid check keeps their copies silent.
+    descriptor; the pid check keeps their copies silent. The script may close every descriptor
+    it did not open (``os.closerange(3, ...)``, daemon libraries do) and then open files of its
+    own that get the same number: before each write the descriptor is checked to still be the
+    channel file (same device and inode) and reopened by path if not, so a message never lands
+    in the script's file and the channel survives.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._pid = os.getpid()
-        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the run
+        self._path = os.fspath(path)
+        self._fd = -1
+        self._identity: tuple[int, int] | None = None
+        self._open()
+
+    def _open(self) -> None:
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        info = os.fstat(self._fd)
+        self._identity = (info.st_dev, info.st_ino)
+
+    def _still_ours(self) -> bool:
+        try:
+            info = os.fstat(self._fd)
+        except OSError:
+            return False
+        return (info.st_dev, info.st_ino) == self._identity
 
     def send(self, kind: str, payload: dict[str, Any]) -> None:
-        """Write one message and flush it, so the parent sees it even if we die next."""
-        if os.getpid() != self._pid:
+        """Write one message, so the parent sees it even if we die next."""
+        if os.getpid() != self._pid or self._identity is None:
             return
-        message = {"kind": kind, **payload}
-        self._file.write(_ENCODER.encode(message) + "\n")
-        self._file.flush()
+        data = (_ENCODER.encode({"kind": kind, **payload}) + "\n").encode("utf-8")
+        if not self._still_ours():
+            # Closed (or its number reused) by the script: do not touch that number again.
+            self._open()
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
 
     def close(self) -> None:
-        """Close the file (idempotent)."""
-        if os.getpid() == self._pid and not self._file.closed:
-            self._file.close()
+        """Close the descriptor (idempotent)."""
+        if os.getpid() == self._pid and self._identity is not None:
+            if self._still_ours():
+                os.close(self._fd)
+            self._identity = None
 
 
 class ChannelReader:

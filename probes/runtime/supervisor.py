@@ -1,0 +1,370 @@
+"""The probe's supervisor: the process between the caller (server or CLI) and the probed script.
+
+Standard library only, Linux first (other POSIX systems lose the subreaper and the parent-death
+signal, nothing else). The runner starts it in the tool's own interpreter as
+``python -I -S supervisor.py CONFIG_JSON`` with the child's environment; the process tree is::
+
+    caller ── supervisor ── shim ── child (the user's interpreter: python -m PROBE SCRIPT ...)
+              (subreaper)   (a fork of the supervisor; the script's parent)
+
+Why each piece:
+
+- **The script's parent is the shim, not the caller.** Whatever the script does to
+  ``os.getppid()`` stays below the caller: the shim blocks every catchable signal and records who
+  sent it (SIGTERM, SIGINT, SIGHUP, ... are ignored); SIGKILL ends the shim, which takes the
+  child with it (the child's parent-death signal) and nothing above it.
+- **Descendants are collected.** The supervisor is a child subreaper
+  (``PR_SET_CHILD_SUBREAPER``): processes that the script starts and then orphans (a double
+  fork, a ``setsid`` daemon) are re-parented to it rather than to init, so at the end every one
+  of them is in its own subtree, where it stops them (SIGTERM, a grace period, SIGKILL).
+- **The probe dies with the caller.** The supervisor's stdin is a pipe from the caller (its
+  lifeline): end of file means the caller is gone (even after SIGKILL), ``stop`` means stop now;
+  its parent changing means the same. The shim and the child carry ``PR_SET_PDEATHSIG``
+  (SIGKILL), so they die with their own parent too.
+- **Memory cap.** ``max_memory`` (bytes) becomes the child's ``RLIMIT_AS``.
+
+The supervisor writes what it saw as JSON to ``report`` (see :func:`_report`) and exits 0; the
+caller reads the script's own results from the probe's side channel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+#: How long processes the script left behind get between SIGTERM and SIGKILL once it has ended.
+LEFTOVER_GRACE_S = 0.3
+#: Bound on the final sweeps (a process forking as fast as we kill still ends the sweep).
+SWEEP_LIMIT_S = 5.0
+POLL_S = 0.5
+_DEADLY = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _prctl() -> Any:
+    """libc's ``prctl``, or None where there is none (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+
+PRCTL = _prctl()
+
+
+def _set_parent_death_signal(expected_parent: int) -> None:
+    """SIGKILL this process when its parent dies; exit now if the parent is already gone."""
+    if PRCTL is not None:
+        PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != expected_parent:
+        os._exit(1)
+
+
+def _catchable() -> set[signal.Signals]:
+    return {s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)}
+
+
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle)
+    os.replace(temporary, path)
+
+
+# -- the shim: the script's parent --------------------------------------------------------------
+
+
+def _run_shim(config: dict[str, Any], supervisor: int) -> None:
+    """Start the child and wait for it; never returns (``os._exit``)."""
+    _set_parent_death_signal(supervisor)
+    # A group of its own: ``killpg`` of the script's parent's group reaches the shim only.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    report = f"{config['report']}.parent"
+    blocked = _catchable()
+    signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    shim = os.getpid()
+    max_memory = config.get("max_memory")
+
+    def prepare_child() -> None:
+        # Runs in the forked child before exec: it dies with the shim, gets the memory cap,
+        # and receives signals normally again.
+        _set_parent_death_signal(shim)
+        if max_memory:
+            resource.setrlimit(resource.RLIMIT_AS, (int(max_memory), int(max_memory)))
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+    state: dict[str, Any] = {"signals": []}
+    if not hasattr(signal, "sigtimedwait"):
+        # No sigtimedwait (macOS): handlers note the signal (not its sender) and are reset to
+        # the default in the child by exec itself.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+
+        def note(signum: int, _frame: Any) -> None:
+            state["signals"].append({"signal": signal.Signals(signum).name, "from_pid": None})
+            _write_json(report, state)
+
+        for sig in blocked - {signal.SIGCHLD}:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                signal.signal(sig, note)
+    try:
+        child = subprocess.Popen(
+            config["command"],
+            cwd=config["cwd"],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=prepare_child,  # safe: the shim is single-threaded
+        )
+    except OSError as exc:
+        state["exec_error"] = f"{exc.strerror or exc}: {config['command'][0]}"
+        _write_json(report, state)
+        os._exit(127)
+    state["child_pid"] = child.pid
+    _write_json(report, state)
+    if not hasattr(signal, "sigtimedwait"):
+        state["returncode"] = child.wait()  # retried across the handlers (PEP 475)
+        _write_json(report, state)
+        os._exit(0)
+    while True:
+        info = signal.sigtimedwait(blocked, POLL_S)
+        if info is not None and info.si_signo != signal.SIGCHLD:
+            if info.si_pid not in (supervisor, 0):
+                # Someone below us (the script, in practice) signalled its parent: ignored.
+                state["signals"].append(
+                    {"signal": signal.Signals(info.si_signo).name, "from_pid": info.si_pid}
+                )
+                _write_json(report, state)
+            continue
+        if child.poll() is not None:
+            state["returncode"] = child.returncode
+            _write_json(report, state)
+            os._exit(0)
+
+
+# -- the supervisor ------------------------------------------------------------------------------
+
+
+def _children_map() -> dict[int, list[int]]:
+    """Parent pid → child pids of every process we can see (from /proc, else from ``ps``)."""
+    tree: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return _children_map_from_ps()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: fields start after the last ")".
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) < 2 or fields[0] in (b"Z", b"X"):
+            continue
+        tree.setdefault(int(fields[1]), []).append(int(entry))
+    return tree
+
+
+def _children_map_from_ps() -> dict[int, list[int]]:
+    """The same map where there is no /proc (macOS): ``ps -A -o pid= -o ppid= -o stat=``."""
+    tree: dict[int, list[int]] = {}
+    try:
+        listing = subprocess.run(
+            ["ps", "-A", "-o", "pid=", "-o", "ppid=", "-o", "stat="],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return tree
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0].isdigit() and not fields[2].startswith("Z"):
+            tree.setdefault(int(fields[1]), []).append(int(fields[0]))
+    return tree
+
+
+def _descendants(root: int) -> list[int]:
+    """Live (non-zombie) processes below ``root``, parents before children."""
+    tree = _children_map()
+    found: list[int] = []
+    frontier = list(tree.get(root, []))
+    while frontier:
+        pid = frontier.pop(0)
+        found.append(pid)
+        frontier.extend(tree.get(pid, []))
+    return found
+
+
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _reap(statuses: dict[int, int]) -> None:
+    """Collect every exited child (our own and the orphans we adopted)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        statuses[pid] = status
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _stop_subtree(grace_s: float, statuses: dict[int, int], skip: int | None) -> list[int]:
+    """SIGTERM every descendant (but ``skip``, which blocks it), wait up to ``grace_s``, then
+    SIGKILL what is left until nothing is. Returns the pids found running at the start."""
+    me = os.getpid()
+    first = _descendants(me)
+    if not first:
+        _reap(statuses)
+        return first
+    _signal_all([p for p in first if p != skip], signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap(statuses)
+        if not [p for p in _descendants(me) if p != skip]:
+            break
+        time.sleep(0.02)
+    deadline = time.monotonic() + SWEEP_LIMIT_S
+    while time.monotonic() < deadline:
+        left = _descendants(me)
+        if not left:
+            break
+        _signal_all(left, signal.SIGKILL)
+        time.sleep(0.01)
+        _reap(statuses)
+    _reap(statuses)
+    return first
+
+
+def _read_shim_report(config: dict[str, Any]) -> dict[str, Any]:
+    with (
+        contextlib.suppress(OSError, ValueError),
+        open(f"{config['report']}.parent", encoding="utf-8") as handle,
+    ):
+        loaded = json.load(handle)
+        return loaded if isinstance(loaded, dict) else {}
+    return {}
+
+
+def _describe_status(status: int | None) -> dict[str, Any]:
+    if status is None:
+        return {}
+    if os.WIFSIGNALED(status):
+        return {"signal": signal.Signals(os.WTERMSIG(status)).name}
+    return {"exit_code": os.waitstatus_to_exitcode(status)}
+
+
+def main() -> int:
+    """Supervise one probe run (see the module docstring); the report says what happened."""
+    config: dict[str, Any] = json.loads(sys.argv[1])
+    caller = int(config["caller_pid"])
+    if PRCTL is not None:
+        PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if os.getppid() != caller:
+        return 1
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    os.set_blocking(wake_read, False)
+    signal.set_wakeup_fd(wake_write)
+    stop: dict[str, str] = {}
+
+    def on_deadly(signum: int, _frame: Any) -> None:
+        stop.setdefault("reason", signal.Signals(signum).name)
+
+    for sig in _DEADLY:
+        signal.signal(sig, on_deadly)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    me = os.getpid()
+    shim = os.fork()
+    if shim == 0:
+        signal.set_wakeup_fd(-1)
+        os.close(wake_read)
+        os.close(wake_write)
+        for sig in (*_DEADLY, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            _run_shim(config, me)
+        finally:
+            os._exit(70)
+
+    statuses: dict[int, int] = {}
+    lifeline_open = True
+    while "reason" not in stop:
+        watched = [wake_read, 0] if lifeline_open else [wake_read]
+        ready, _, _ = select.select(watched, [], [], POLL_S)
+        if wake_read in ready:
+            with contextlib.suppress(OSError):
+                os.read(wake_read, 512)
+        if 0 in ready:
+            data = os.read(0, 64)
+            if not data:
+                lifeline_open = False
+                stop["reason"] = "caller-gone"
+            elif b"stop" in data:
+                stop["reason"] = "stop"
+        _reap(statuses)
+        if shim in statuses:
+            break
+        if os.getppid() != caller:
+            stop["reason"] = "caller-gone"
+
+    shim_report: dict[str, Any] = {}
+    left_behind: list[str] = []
+    if "reason" in stop:
+        _stop_subtree(float(config.get("grace_s", 1.0)), statuses, skip=shim)
+    else:
+        # The child has ended (or is ending: its parent, the shim, is gone): whatever else
+        # still runs below us was left behind by the script (a daemon, a double fork, a worker).
+        shim_report = _read_shim_report(config)
+        names = {pid: _name(pid) for pid in _descendants(me)}
+        names.pop(shim_report.get("child_pid", -1), None)
+        stopped = _stop_subtree(LEFTOVER_GRACE_S, statuses, None)
+        left_behind = [names[p] for p in stopped if p in names]
+    if stop.get("reason") == "caller-gone":
+        # Nobody will read the report: leave nothing behind either.
+        shutil.rmtree(config["run_folder"], ignore_errors=True)
+        return 0
+    shim_report = _read_shim_report(config)
+    _write_json(
+        config["report"],
+        {
+            **shim_report,
+            "stopped": stop.get("reason"),
+            "shim": _describe_status(statuses.get(shim)),
+            "left_behind": left_behind,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
