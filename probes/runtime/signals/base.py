@@ -156,6 +156,9 @@ class Signal:
     consults: ClassVar[tuple[str, ...]] = ()
     """Ids whose findings it reads; they run before it."""
     scope: ClassVar[Scope] = "all"
+    per_optimizer: ClassVar[bool] = False
+    """With several optimizers (a GAN, actor-critic), judge each one's steps on their own:
+    their norms and clipping are separate series."""
     healthy: ClassVar[list[Example]] = []
     pathological: ClassVar[list[Example]] = []
 

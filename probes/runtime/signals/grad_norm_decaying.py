@@ -22,6 +22,7 @@ class GradNormDecaying(Signal):
         "rank correlation {correlation:.2f})."
     )
     advice = "Check the learning rate schedule and gradient flow (activations, init)."
+    per_optimizer = True
     rank = 56
     scope = "finite"
     healthy: ClassVar[list[Example]] = [

@@ -27,6 +27,7 @@ class LayerNormSpread(Signal):
         "Look at the small layer: saturating activation, missing normalisation, bad init, or a "
         "path with no residual connection."
     )
+    per_optimizer = True
     rank = 52
     scope = "finite"
     healthy: ClassVar[list[Example]] = [

@@ -38,6 +38,7 @@ class VanishingGradients(Signal):
         "Use non-saturating activations (ReLU/GELU), He/Xavier init, normalisation layers and "
         "residual connections before touching the LR."
     )
+    per_optimizer = True
     rank = 51
     scope = "finite"
     healthy: ClassVar[list[Example]] = [
