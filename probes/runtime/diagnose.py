@@ -84,6 +84,7 @@ def build_result(
         total_norm_before_clip=[r.total_norm_before_clip for r in records],
         loss=losses,
         layer_norms=[LayerSeries(layer=k, norms=v) for k, v in series.items()],
+        optimizer_kinds=list(summary.optimizer_kinds),
         nan_origin=summary.nan_origin,
         wall_s=wall_s,
         script_s=summary.script_s,

@@ -192,6 +192,11 @@ class ProbeResult(_Series):
         default_factory=list, description="Per step: mean of the losses given to backward()."
     )
     layer_norms: list[LayerSeries] = Field(default_factory=list)
+    optimizer_kinds: list[str] = Field(
+        default_factory=list,
+        description="Class name of each optimizer (records' `optimizer` indexes it); 'manual' "
+        "for a hand-written update.",
+    )
     nan_origin: NanOrigin | None = None
     wall_s: float = 0.0
     script_s: float = 0.0

@@ -650,14 +650,15 @@ class Collector:
         self._event("step")
         if self._in_scaler_step:
             self._stepped_in_scaler = True
+        # The hook's args start with the optimizer itself: step(closure) is (opt, closure).
         kwargs = dict(kwargs or {})
-        closure = args[0] if args else kwargs.get("closure")
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
         replaced = None
         if callable(closure):
             self._closure_measured = False
             wrapped = self._wrap_closure(opt, closure)
-            if args:
-                replaced = ((wrapped, *args[1:]), kwargs)
+            if len(args) > 1:
+                replaced = ((args[0], wrapped, *args[2:]), kwargs)
             else:
                 kwargs["closure"] = wrapped
                 replaced = (args, kwargs)

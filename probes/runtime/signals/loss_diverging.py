@@ -25,10 +25,12 @@ RISING = [4.2, 4.0, 3.9, 3.9, 4.5, 6.0, 8.0, 11.0, 13.0, 15.0, 14.0, 15.0]
 
 
 def smoothed(values: list[float]) -> list[float]:
-    """Running median of three (one noisy batch is not the best of the run)."""
+    """Running median of three (one lucky batch is not the best of the run); the first and
+    last values have one neighbour only and stay as they are."""
     if len(values) < 3:
         return list(values)
-    return [statistics.median(values[max(0, i - 1) : i + 2]) for i in range(len(values))]
+    inner = [statistics.median(values[i - 1 : i + 2]) for i in range(1, len(values) - 1)]
+    return [values[0], *inner, values[-1]]
 
 
 def lr_story(points: list[StepPoint]) -> tuple[str, dict[str, float | int | None]]:
@@ -158,7 +160,7 @@ class LossDiverging(Signal):
             best=best,
             best_step=values[best_index][0].step,
             ratio=ratio,
-            first=first,
+            first=losses[0],
             lr_story=story[0].upper() + story[1:],
         )
         if blew_up is not None:

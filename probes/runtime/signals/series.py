@@ -23,6 +23,7 @@ series directly::
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -108,6 +109,7 @@ RUN_FIELDS = frozenset(
         "nan_origin",
         "optimizer_kinds",
         "zero_gain_layers",
+        "layer_roles",
     }
 )
 
@@ -139,6 +141,12 @@ class RunSeries(_Model):
     nan_origin: NanOrigin | None = None
     optimizer_kinds: list[str] | None = Field(
         default=None, description="Optimizer class per index ('manual': a hand-written update)."
+    )
+    layer_roles: dict[str, str] | None = Field(
+        default=None,
+        description="Weight layer → its role: class name and name without indices "
+        "(`Linear:blocks..attn.proj`). Layers of one role repeat across depth; only they are "
+        "compared for spread (a vocabulary head and an attention projection differ by design).",
     )
     zero_gain_layers: list[str] | None = Field(
         default=None,
@@ -192,12 +200,21 @@ class RunSeries(_Model):
             param_layers=list(summary.layers),
             weight_layers=[layer for layer in weight_layers if layer not in gated],
             zero_gain_layers=gated,
+            layer_roles={
+                layer: role_of(layer, summary.layer_types.get(layer, "")) for layer in weight_layers
+            },
             optimizer_kinds=list(summary.optimizer_kinds) or None,
             ddp=summary.ddp,
             saturating_modules=summary.saturating_modules,
             double_unscale=summary.double_unscale,
             nan_origin=summary.nan_origin,
         )
+
+
+def role_of(layer: str, kind: str = "") -> str:
+    """A layer's role: its class and its name with the indices removed (``h.3.mlp.c_fc`` and
+    ``h.5.mlp.c_fc`` share one; ``fc1`` and ``fc2`` too)."""
+    return f"{kind}:{re.sub(r'[0-9]+', '', layer)}"
 
 
 def _layer_norms(layers: list[str], norms: list[float | None]) -> dict[str, float]:
@@ -288,19 +305,25 @@ def _zero_gain_layers(records: list[StepRecord], summary: ChildSummary) -> list[
     if first is None or first.detail is None:
         return []
     gated: list[str] = []
-    previous_weight: str | None = None
+    weights_so_far: list[str] = []
     for name, layer, shape, detail in zip(
         summary.parameters, summary.layers, summary.shapes, first.detail, strict=False
     ):
         if len(shape) >= 2:
-            previous_weight = layer
+            if layer not in weights_so_far:
+                weights_so_far.append(layer)
         elif (
             len(shape) == 1
             and name.endswith("weight")
             and detail is not None
             and detail.param_norm == 0.0
-            and previous_weight is not None
-            and previous_weight not in gated
+            and weights_so_far
         ):
-            gated.append(previous_weight)
+            # The branch the gain closes: the weight layers before it in the same parent
+            # module (a residual block), else the one layer right before it.
+            parent = layer.rsplit(".", 1)[0] + "." if "." in layer else None
+            branch = [w for w in weights_so_far if parent and w.startswith(parent)]
+            for weight in branch or weights_so_far[-1:]:
+                if weight not in gated:
+                    gated.append(weight)
     return gated

@@ -40,6 +40,7 @@ class VanishingGradients(Signal):
     )
     per_optimizer = True
     rank = 51
+    consults = ("loss-diverging",)
     scope = "finite"
     healthy: ClassVar[list[Example]] = [
         Example(
@@ -69,8 +70,8 @@ class VanishingGradients(Signal):
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
         improving = loss_improving(run)
-        if improving:
-            return
+        if improving or ctx.has("loss-diverging"):
+            return  # a diverging loss explains collapsed layers better (the step size)
         norms = finite(raw_norm(p) for p in run.steps)
         if not norms:
             return
