@@ -326,6 +326,8 @@ class Collector:
         self._watch: _UpdateWatch | None = None
         self._manual_pending = False
         self._root_depth = 0
+        #: False while the hooks are uninstalled (the models' own hooks stay, inert).
+        self.active = True
 
     # -- helpers --------------------------------------------------------------------------
     def _mine(self) -> bool:
@@ -739,30 +741,48 @@ class Collector:
         such as a loss module, gets none). True when hooks were added now."""
         if id(module) in self._root_handles or next(module.parameters(), None) is None:
             return False
+        # Looked up on every call (not bound now), like the other event methods.
         self._root_handles[id(module)] = [
-            module.register_forward_pre_hook(self._root_pre_hook, with_kwargs=True),
-            module.register_forward_hook(self._root_post_hook, always_call=True),
+            module.register_forward_pre_hook(
+                lambda m, args, kwargs: self.on_root_forward_pre(m, args, kwargs),
+                with_kwargs=True,
+            ),
+            module.register_forward_hook(
+                lambda m, args, output: self.on_root_forward_post(m, args, output),
+                always_call=True,
+            ),
         ]
         return True
 
     def remove_root_hooks(self) -> None:
-        """Remove the models' own forward hooks (end of a GradientMonitor, uninstall)."""
+        """Remove the models' own forward hooks (end of a GradientMonitor)."""
         for handles in self._root_handles.values():
             for handle in handles:
                 handle.remove()
         self._root_handles.clear()
+        self.pop_modes()
+
+    def pop_modes(self) -> None:
+        """Leave the collector's torch function modes (uninstall, end of a monitor)."""
         self._pop_watch()
         mode, self._activation_mode = self._activation_mode, None
         if mode is not None:
             _pop_mode(mode)
+        self._root_depth = 0
 
-    def _root_pre_hook(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+    def on_root_forward_pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """A model (a module first called at depth 0) starts its forward."""
+        if not self.active:
+            return
         if self._root_depth == 0 and self._mine():
             self._enter_root(module, args, kwargs)
         else:
             self._root_depth += 1  # the same model called inside itself
 
-    def _root_post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+    def on_root_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        """A model's forward returned (or raised)."""
+        if not self.active:
+            return
         self._root_depth = max(0, self._root_depth - 1)
         if self._root_depth == 0 and self._mine():
             self._root_post(output)

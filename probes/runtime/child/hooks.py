@@ -214,12 +214,16 @@ def install(collector: Collector) -> Callable[[], None]:
             forward_handles.clear()
 
     collector.forward_hooks_wanted = want_forward_hooks
+    collector.active = True
     window = collector.window
     want_forward_hooks(window.sampled or window.traced or collector.stop_pending)
 
     def uninstall() -> None:
         want_forward_hooks(False)
-        collector.remove_root_hooks()
+        # The models' own forward hooks stay (inert until the next install): removing and
+        # re-adding them around every step would cost more than they do.
+        collector.active = False
+        collector.pop_modes()
         collector.forward_hooks_wanted = None
         for handle in handles:
             handle.remove()
