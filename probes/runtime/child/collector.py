@@ -292,6 +292,7 @@ class Collector:
         #: the process there); None raises ProbeStop again.
         self.on_stop_ignored: Callable[[], None] | None = None
         self._leaves: dict[int, bool] = {}
+        self._weighted: dict[int, bool] = {}
         self.window = _Window(sampled=True, traced=True)
         self._in_scaler_step = False
         self._stepped_in_scaler = False
@@ -326,6 +327,8 @@ class Collector:
         self._watch: _UpdateWatch | None = None
         self._manual_pending = False
         self._root_depth = 0
+        #: Each activation site's fired units in the previous sampled window.
+        self._fired_before: dict[str, torch.Tensor] = {}
         #: False while the hooks are uninstalled (the models' own hooks stay, inert).
         self.active = True
 
@@ -874,7 +877,9 @@ class Collector:
         if self._module_stack:
             self._module_stack.pop()
         is_leaf = self._is_leaf(module)
-        if is_leaf and not isinstance(module, RELU_FAMILY):
+        if is_leaf and self._has_weights(module):
+            # Functional activations are named after the last layer with weights before them
+            # (a Dropout or pooling in between does not own the units).
             self._last_leaf = self._module_name(module)
         if isinstance(module, RELU_FAMILY):
             self.relu_modules.add(id(module))
@@ -899,6 +904,13 @@ class Collector:
 
     def _tracing(self) -> bool:
         return self.window.traced and self.nan_origin is None
+
+    def _has_weights(self, module: nn.Module) -> bool:
+        owns = self._weighted.get(id(module))
+        if owns is None:
+            owns = next(module.parameters(recurse=False), None) is not None
+            self._weighted[id(module)] = owns
+        return owns
 
     def _is_leaf(self, module: nn.Module) -> bool:
         leaf = self._leaves.get(id(module))
@@ -941,14 +953,22 @@ class Collector:
                 parts.append(scaler_scale.reshape(1).to(home, torch.float32))
             if details is not None:
                 parts.append(details.pack().to(home))
-            fired_names = sorted(window.fired)
+            # Forward order (the first dead layer is the one to name). A unit is dead when it
+            # fired neither in this sampled window nor in the previous one: one batch in which
+            # a unit stays silent is not death (small batches, dropout before the ReLU).
+            fired_names = list(window.fired)
             for name in fired_names:
                 fired = window.fired[name]
+                previous = self._fired_before.get(name)
+                if previous is not None and previous.shape == fired.shape:
+                    fired = fired | previous
                 parts.append(
                     torch.stack(
                         [(~fired).sum(), torch.full((), fired.numel(), device=fired.device)]
                     ).to(home, torch.float32)
                 )
+            if window.fired:
+                self._fired_before = dict(window.fired)
             carried = window.carried.get(id(opt))
             if carried is not None:
                 parts.append(carried.reshape(1).to(home, torch.float32))

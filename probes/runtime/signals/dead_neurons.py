@@ -26,6 +26,17 @@ class DeadNeurons(Signal):
     scope = "finite"
     healthy: ClassVar[list[Example]] = [
         Example(
+            "silent from the start and coming back (a policy on low-diversity states)",
+            None,
+            series={
+                "dead_units": [
+                    {"relu after affine1": (45, 128)},
+                    {"relu after affine1": (26, 128)},
+                ],
+                "grad_norm": [0.5, 0.5],
+            },
+        ),
+        Example(
             "a few dead units",
             None,
             series={"dead_units": [{"relu": (3, 64)}, {"relu": (2, 64)}], "grad_norm": [0.5, 0.5]},
@@ -71,6 +82,15 @@ class DeadNeurons(Signal):
         crit = ctx.threshold("dead_fraction_critical")
         if fraction <= warn:
             return
+        first_counts = sampled[0].dead_units or {}
+        first_units = sum(u for _, u in first_counts.values())
+        if len(sampled) > 1 and first_units == units:
+            first_fraction = sum(d for d, _ in first_counts.values()) / units
+            if fraction < first_fraction:
+                # Fewer silent units than at the start: they come back, they are not dead
+                # (inputs of low diversity, such as a policy's states, leave many units silent
+                # from initialisation on).
+                return
         # The first site (in forward order) above the warning line: layers after a dead one
         # often die of it, so the first is where to look.
         dead_sites = [(k, v) for k, v in counts.items() if v[1] and v[0] / v[1] > warn]

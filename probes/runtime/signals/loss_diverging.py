@@ -78,6 +78,44 @@ class LossDiverging(Signal):
     )
     rank = 45
     healthy: ClassVar[list[Example]] = [
+        Example(
+            "an early transient that recovered below the start (LR x100, no warmup)",
+            None,
+            series={
+                "loss": [
+                    3.25,
+                    3.53,
+                    4.59,
+                    4.89,
+                    4.61,
+                    5.25,
+                    4.3,
+                    3.67,
+                    3.28,
+                    3.45,
+                    3.35,
+                    3.37,
+                    3.16,
+                    3.11,
+                    2.95,
+                    2.93,
+                    2.91,
+                    2.96,
+                    2.94,
+                    2.95,
+                    2.98,
+                    2.93,
+                    2.83,
+                    2.84,
+                    2.81,
+                    2.85,
+                    2.82,
+                    2.87,
+                    2.82,
+                    2.79,
+                ],
+            },
+        ),
         Example("a falling loss", None, series={"loss": [4.2 - 0.1 * s for s in range(12)]}),
         Example(
             "a noisy plateau",
@@ -98,6 +136,46 @@ class LossDiverging(Signal):
         ),
     ]
     pathological: ClassVar[list[Example]] = [
+        Example(
+            "blew up to 6x, partly recovered, still twice the start (nanoGPT, LR x1000)",
+            "critical",
+            series={
+                "loss": [
+                    3.25,
+                    3.42,
+                    5.86,
+                    6.48,
+                    7.48,
+                    8.21,
+                    3.93,
+                    9.13,
+                    6.88,
+                    8.89,
+                    9.94,
+                    18.09,
+                    19.23,
+                    7.88,
+                    8.94,
+                    9.95,
+                    13.45,
+                    10.53,
+                    10.61,
+                    10.83,
+                    12.29,
+                    8.65,
+                    8.96,
+                    8.95,
+                    6.27,
+                    6.97,
+                    9.07,
+                    5.58,
+                    4.59,
+                    6.31,
+                ],
+                "lr": [1.0] * 30,
+            },
+            check={"peak_step": 12},
+        ),
         Example(
             "LR x100 with a warmup: 4.2 to 15",
             "critical",
@@ -143,9 +221,16 @@ class LossDiverging(Signal):
         ratio = recent / best
         warn = ctx.threshold("loss_diverging_warning")
         crit = ctx.threshold("loss_diverging_critical")
-        if ratio <= warn or recent <= first:
+        # The highest (smoothed) loss after the best: a blow-up that partly recovered is still
+        # one while the loss stays above where the run started.
+        peak_index = max(range(best_index + 1, len(smooth)), key=lambda i: smooth[i])
+        peak = smooth[peak_index]
+        spiked = peak / best > crit
+        if recent <= first or not (ratio > warn or spiked):
             return
-        severity: Severity = "critical" if ratio > crit or blew_up is not None else "warning"
+        severity: Severity = (
+            "critical" if ratio > crit or spiked or blew_up is not None else "warning"
+        )
         onset = next(
             (p for (p, loss) in values[best_index + 1 :] if loss > warn * best),
             values[-window][0],
@@ -163,6 +248,11 @@ class LossDiverging(Signal):
             first=losses[0],
             lr_story=story[0].upper() + story[1:],
         )
+        if spiked and peak > recent:
+            message += (
+                f" It had peaked at {peak:.4g} at step {values[peak_index][0].step} "
+                f"({peak / best:.3g}× the best)."
+            )
         if blew_up is not None:
             message += f" At step {blew_up.step} the loss became non-finite."
         yield ctx.finding(
@@ -176,6 +266,8 @@ class LossDiverging(Signal):
             best_step=values[best_index][0].step,
             first_loss=first,
             ratio=ratio,
+            peak_loss=peak,
+            peak_step=values[peak_index][0].step,
             nonfinite_step=blew_up.step if blew_up is not None else None,
             threshold_warning=warn,
             threshold_critical=crit,
