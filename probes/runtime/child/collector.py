@@ -1031,12 +1031,19 @@ class Collector:
             "fired_names": fired_names,
             "calls": [c.name for c in window.calls],
             "grad_names": [name for name, _ in window.grad_flags],
-            "params": state.params if home.type == "cpu" else None,
+            "nonfinite_params": None,
         }
         # Probe time of this window so far: hooks during the window plus this measurement.
         meta["overhead_s"] = (
             self.probe_s - self._window_probe_start + time.perf_counter() - measure_start
         )
+        if home.type == "cpu" and self.anomaly_step is None:
+            # The record is sent after the update; which weights were already non-finite must
+            # be read now, before the update touches them (only at a first anomaly: on the CPU
+            # the values are at hand, the check is one reduction over the norms).
+            head = vector[: len(state.index) + len(losses)]
+            if not bool(torch.isfinite(head).all()):
+                meta["nonfinite_params"] = self._nonfinite_params(state.params)
         before = None
         if window.sampled and not skipped:
             with torch.no_grad():
@@ -1212,8 +1219,8 @@ class Collector:
         if anomalous and self.anomaly_step is None:
             self.anomaly_step = meta["step"]
             self._armed = 2
-            if meta["params"] is not None:
-                record["nonfinite_params"] = self._nonfinite_params(meta["params"])
+            if meta.get("nonfinite_params") is not None:
+                record["nonfinite_params"] = meta["nonfinite_params"]
         if self.nan_origin is None and (calls or grad_names) and anomalous:
             broken = list(record.get("nonfinite_params") or [])
             for i, detail in enumerate(record.get("detail") or []):
