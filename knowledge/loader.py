@@ -308,6 +308,18 @@ def build_knowledge(data_dir: Path | None = None) -> KnowledgeBase:
 
 
 @cache
+def load_thresholds() -> ThresholdSet:
+    """The packaged threshold profiles alone (``thresholds.yaml``), validated.
+
+    The runtime probe needs them before it starts the script; reading and validating the whole
+    catalogue is several times slower and can wait (see :func:`load_knowledge`)."""
+    if _load_cached.cache_info().currsize:
+        return _load_cached(None).thresholds
+    file = importlib.resources.files("gradient_doctor.knowledge") / "data" / THRESHOLDS_FILE
+    return ThresholdSet.model_validate(_parse(file))
+
+
+@cache
 def _load_cached(data_dir: Path | None) -> KnowledgeBase:
     return build_knowledge(data_dir)
 

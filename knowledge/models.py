@@ -195,6 +195,29 @@ class ThresholdProfile(_Strict):
     amp_skip_fraction: ThresholdValue = Field(
         description="Fraction of GradScaler-skipped steps above this: overflow."
     )
+    loss_diverging_warning: ThresholdValue = Field(
+        description="Recent loss / best loss of the run above this (and above the first "
+        "loss): the loss is diverging (warning)."
+    )
+    loss_diverging_critical: ThresholdValue = Field(
+        description="Recent loss / best loss above this, or a non-finite loss after such a "
+        "climb: critical."
+    )
+    update_ratio_high: ThresholdValue = Field(
+        description="‖Δw‖/‖w‖ of a layer's applied update above this on every sampled step: "
+        "steps too large."
+    )
+    update_ratio_low: ThresholdValue = Field(
+        description="‖Δw‖/‖w‖ below this on every sampled step: the layer does not move."
+    )
+    clip_cut_factor: ThresholdValue = Field(
+        description="Median norm before clipping / max_norm above this (with the clip active "
+        "on clip_active_fraction of steps): clipping really cuts every update."
+    )
+    norm_growth: ThresholdValue = Field(
+        description="Total norm growth (last quarter / first quarter of the run) above this "
+        "counts as a rise however noisy, even under the exploding threshold."
+    )
 
 
 class MaxNormAdvice(_Strict):

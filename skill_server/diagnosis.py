@@ -39,6 +39,7 @@ _MAX_RAW_RECORD_CHARS = 200_000
 
 #: Summary table rows (check-gradients "Output Format") and the runtime ids behind each.
 _RUNTIME_ROWS: list[tuple[str, tuple[str, ...]]] = [
+    ("Loss / step size", ("loss-diverging", "update-param-ratio")),
     (
         "Total grad norm",
         (
@@ -51,7 +52,13 @@ _RUNTIME_ROWS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "NaN / Inf",
-        ("nan-gradients", "inf-gradients", "nan-loss-before-backward", "nan-parameters"),
+        (
+            "nonfinite-inputs",
+            "nan-gradients",
+            "inf-gradients",
+            "nan-loss-before-backward",
+            "nan-parameters",
+        ),
     ),
     ("Zero-grad parameters", ("zero-gradients",)),
     ("Dead units", ("dead-neurons",)),
@@ -338,7 +345,30 @@ def _static_row(lint: LintResult | None) -> SummaryRow:
 
 
 def _norm_value(measurements: dict[str, Any]) -> str | None:
-    """A short 'median / max' text of the measured total norms, if the probe recorded them."""
+    """A short 'median / max' text of the measured total norms, if the probe recorded them
+    (one per optimizer when the script has several: their norms are separate series)."""
+    records = measurements.get("records")
+    if isinstance(records, list):
+        by_optimizer: dict[int, list[float]] = {}
+        for record in records:
+            if isinstance(record, dict) and isinstance(record.get("total_norm"), int | float):
+                by_optimizer.setdefault(int(record.get("optimizer", 0)), []).append(
+                    float(record["total_norm"])
+                )
+        if len(by_optimizer) > 1:
+            kinds = measurements.get("optimizer_kinds") or []
+            parts = []
+            for index, values in sorted(by_optimizer.items()):
+                numbers = sorted(v for v in values if v == v)
+                if not numbers:
+                    continue
+                kind = f" ({kinds[index]})" if index < len(kinds) else ""
+                parts.append(
+                    f"optimizer {index}{kind}: median {numbers[len(numbers) // 2]:.3g}, "
+                    f"max {numbers[-1]:.3g} ({len(numbers)} steps)"
+                )
+            if parts:
+                return "; ".join(parts)
     for key in ("total_norm", "total_norms", "grad_norm", "grad_norms", "norms"):
         series = measurements.get(key)
         if isinstance(series, list):

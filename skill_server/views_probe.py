@@ -111,6 +111,19 @@ def probe_markdown(result: ProbeResult) -> str:
                 f"max {max(norms):.4g}",
             )
         )
+    indices = sorted({r.optimizer for r in result.records})
+    if len(indices) > 1:
+        # One series per optimizer (a GAN, actor-critic): their norms are not one curve.
+        parts = []
+        for index in indices:
+            own = [r.total_norm for r in result.records if r.optimizer == index]
+            finite = [n for n in own if math.isfinite(n)]
+            kind = result.optimizer_kinds[index] if index < len(result.optimizer_kinds) else "?"
+            median = f", median ‖g‖ {statistics.median(finite):.4g}" if finite else ""
+            parts.append(f"{index}: {kind} ({len(own)} steps{median})")
+        summary.append(("Optimizers", "; ".join(parts)))
+    elif result.optimizer_kinds:
+        summary.append(("Optimizer", result.optimizer_kinds[0]))
     before = [n for n in result.total_norm_before_clip if n is not None]
     if before:
         summary.append(("Norm before the script's clipping", f"max {max(before):.4g}"))

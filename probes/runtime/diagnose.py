@@ -14,13 +14,20 @@ from gradient_doctor.knowledge.findings import Finding
 from gradient_doctor.knowledge.models import ThresholdProfile
 from gradient_doctor.probes.runtime.result import ChildSummary, LayerSeries, ProbeResult, StepRecord
 from gradient_doctor.probes.runtime.signals import RunSeries, run_signals
+from gradient_doctor.probes.runtime.signals.base import warm_knowledge
 
 
 def resolve_profile(name: str | None = None) -> ThresholdProfile:
-    """The threshold profile ``name`` (default profile when None) from the knowledge base."""
-    from gradient_doctor.knowledge import load_knowledge
+    """The threshold profile ``name`` (default profile when None).
 
-    return load_knowledge().thresholds.profile(name)
+    Only ``thresholds.yaml`` is read here, so the script starts sooner; the rest of the
+    knowledge base (fix snippets for the findings) loads in a background thread meanwhile
+    (:func:`probes.runtime.signals.base.warm_knowledge`)."""
+    from gradient_doctor.knowledge.loader import load_thresholds
+
+    profile = load_thresholds().profile(name)
+    warm_knowledge()
+    return profile
 
 
 def diagnose(
@@ -84,6 +91,7 @@ def build_result(
         total_norm_before_clip=[r.total_norm_before_clip for r in records],
         loss=losses,
         layer_norms=[LayerSeries(layer=k, norms=v) for k, v in series.items()],
+        optimizer_kinds=list(summary.optimizer_kinds),
         nan_origin=summary.nan_origin,
         wall_s=wall_s,
         script_s=summary.script_s,

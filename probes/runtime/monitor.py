@@ -84,7 +84,7 @@ class GradientMonitor:
             return
         collector = self.collector
         self._handles = [
-            self.optimizer.register_step_pre_hook(lambda opt, a, k: collector.on_step_pre(opt)),
+            self.optimizer.register_step_pre_hook(collector.on_step_pre),
             self.optimizer.register_step_post_hook(lambda opt, a, k: collector.on_step_post(opt)),
         ]
         collector.forward_hooks_wanted = self._want_forward_hooks
@@ -118,6 +118,7 @@ class GradientMonitor:
             handle.remove()
         self._handles.clear()
         self._want_forward_hooks(False)
+        self.collector.remove_root_hooks()
         self.collector.forward_hooks_wanted = None
         self.collector.flush()
         if self._log is not None:

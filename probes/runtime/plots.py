@@ -316,8 +316,25 @@ def _raw(record: StepRecord) -> float:
     return before if before is not None else record.total_norm
 
 
+#: One colour per optimizer when a script has several (a GAN's discriminator and generator).
+OPTIMIZER_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
+
+
+def optimizer_label(result: ProbeResult, index: int) -> str:
+    """ "optimizer 1 (Adam)": how the plots and reports name one optimizer's series."""
+    kinds = result.optimizer_kinds
+    kind = kinds[index] if index < len(kinds) else None
+    return f"optimizer {index}" + (f" ({kind})" if kind else "")
+
+
 def total_norm_png(result: ProbeResult) -> bytes:
-    """Total gradient norm per step (log), the clipping threshold, thresholds, spikes, NaN/Inf."""
+    """Total gradient norm per step (log), the clipping threshold, thresholds, spikes, NaN/Inf.
+
+    With several optimizers each has its own line over its own steps: one optimizer's steps
+    are not gaps (or NaN) in another's series."""
+    indices = sorted({r.optimizer for r in result.records})
+    if len(indices) > 1:
+        return _total_norm_per_optimizer_png(result, indices)
     records = result.records
     steps = [r.step for r in records]
     raw = [_raw(r) for r in records]
@@ -412,6 +429,109 @@ def total_norm_png(result: ProbeResult) -> bytes:
         frameon=False,
     )
     figure.suptitle(f"Total gradient norm over steps\n{_subtitle(result)}", fontsize=11)
+    return _png(figure)
+
+
+def _total_norm_per_optimizer_png(result: ProbeResult, indices: list[int]) -> bytes:
+    warn, crit, factor = _thresholds(result.profile)
+    figure = _figure(10.5, 5.2)
+    axes = figure.subplots()
+    twin = axes.twinx()
+    losses_drawn = False
+    top = 1.0
+    for position, index in enumerate(indices):
+        colour = OPTIMIZER_COLOURS[position % len(OPTIMIZER_COLOURS)]
+        own = [r for r in result.records if r.optimizer == index]
+        steps = [r.step for r in own]
+        raw = [_raw(r) for r in own]
+        label = optimizer_label(result, index)
+        axes.plot(
+            steps,
+            [v if math.isfinite(v) and v > 0 else math.nan for v in raw],
+            color=colour,
+            marker="o",
+            markersize=3,
+            linewidth=1.4,
+            label=f"{label}: total ‖g‖"
+            + (
+                " before clipping" if any(r.total_norm_before_clip is not None for r in own) else ""
+            ),
+        )
+        finite = [v for v in raw if math.isfinite(v) and v > 0]
+        top = max([top, *finite])
+        spikes = spike_steps(steps, [v if math.isfinite(v) else math.nan for v in raw], factor)
+        if spikes:
+            axes.scatter(
+                spikes,
+                [raw[steps.index(s)] for s in spikes],
+                s=110,
+                facecolors="none",
+                edgecolors=BAD,
+                linewidths=1.8,
+                zorder=5,
+            )
+        bad = [s for s, v in zip(steps, raw, strict=True) if not math.isfinite(v)]
+        if bad:
+            axes.scatter(
+                bad,
+                [top] * len(bad),
+                marker="x",
+                color=BAD,
+                s=50,
+                zorder=6,
+                label=f"{label}: NaN/Inf norm (first: step {bad[0]})",
+            )
+        losses = []
+        for record in own:
+            present = [v for v in record.losses if v is not None and math.isfinite(v)]
+            losses.append(sum(present) / len(present) if present else math.nan)
+        if any(math.isfinite(v) for v in losses):
+            losses_drawn = True
+            twin.plot(
+                steps,
+                losses,
+                color=colour,
+                linewidth=1.0,
+                alpha=0.5,
+                linestyle=":",
+                label=f"{label}: loss",
+            )
+    limits = sorted({r.clip_max_norm for r in result.records if _finite(r.clip_max_norm)})
+    for limit in limits:
+        axes.axhline(limit, color="black", linewidth=1.2, label=f"clip max_norm = {limit:g}")
+    for value, name, style in ((warn, "warning", ":"), (crit, "critical", "-.")):
+        if value is not None and value <= top * 10:
+            axes.axhline(
+                value,
+                color="#ff7f0e",
+                linestyle=style,
+                linewidth=1.1,
+                label=f"exploding {name} > {value:g} ({result.profile})",
+            )
+    axes.set_yscale("log")
+    axes.set_xlabel("optimizer step (all optimizers, in order)")
+    _integer_steps(axes)
+    axes.set_ylabel("total gradient L2 norm ‖g‖ (log scale)")
+    axes.grid(alpha=0.3, which="major")
+    handles, labels = axes.get_legend_handles_labels()
+    if losses_drawn:
+        twin.set_ylabel("loss (per optimizer)", color="#555555")
+        more = twin.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    else:
+        twin.set_axis_off()
+    figure.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        ncols=min(len(labels), 3),
+        fontsize=8,
+        frameon=False,
+    )
+    figure.suptitle(
+        f"Total gradient norm per optimizer ({len(indices)} optimizers)\n{_subtitle(result)}",
+        fontsize=11,
+    )
     return _png(figure)
 
 

@@ -104,6 +104,31 @@ class StepRecord(_Series):
     nonfinite_params: list[str] | None = Field(
         default=None, description="Parameters already non-finite before this step's update."
     )
+    inputs_finite: bool | None = Field(
+        default=None,
+        description="Every fresh floating-point input given to the model's forward in the step "
+        "was finite (None: no such input).",
+    )
+    grad_carried: bool | None = Field(
+        default=None,
+        description="The optimizer's gradients were still non-zero from its previous update "
+        "when the step's first backward() began (no zero_grad in between).",
+    )
+    batches: int | None = Field(
+        default=None, description="DataLoader batches drawn in the step (None: no DataLoader)."
+    )
+    feeds: int | None = Field(
+        default=None,
+        description="Forwards of the stepped model that took a fresh input in the step.",
+    )
+    closure_evals: int = Field(
+        default=0, description="Extra closure evaluations inside the step (LBFGS line search)."
+    )
+    update_norms: list[float | None] | None = Field(
+        default=None,
+        description="Per-parameter ‖Δw‖ of the applied update (estimated from up to 4096 "
+        "strided elements), on sampled steps.",
+    )
     overhead_s: float = Field(default=0.0, description="Time spent in the probe this step.")
 
 
@@ -121,6 +146,10 @@ class ChildSummary(_Series):
     layers: list[str] = Field(description="Owning module of each parameter, same order.")
     layer_types: dict[str, str] = Field(default_factory=dict, description="Layer → class name.")
     optimizers: int = 0
+    optimizer_kinds: list[str] = Field(
+        default_factory=list,
+        description="Class name of each optimizer by index; 'manual' for a hand-written update.",
+    )
     backward_calls: int = 0
     saturating_modules: int = 0
     relu_modules: int = 0
@@ -194,6 +223,11 @@ class ProbeResult(_Series):
         default_factory=list, description="Per step: mean of the losses given to backward()."
     )
     layer_norms: list[LayerSeries] = Field(default_factory=list)
+    optimizer_kinds: list[str] = Field(
+        default_factory=list,
+        description="Class name of each optimizer (records' `optimizer` indexes it); 'manual' "
+        "for a hand-written update.",
+    )
     nan_origin: NanOrigin | None = None
     wall_s: float = 0.0
     script_s: float = 0.0

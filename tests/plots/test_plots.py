@@ -160,3 +160,18 @@ def test_cli_refuses_a_plots_folder_it_cannot_create(tmp_path: Path, cli: Any) -
     done = cli("probe", str(FIXTURES / "plots_healthy.py"), "--plots", str(blocker / "x"))
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "--plots" in done.stderr
+
+
+def test_two_optimizers_get_one_line_each_and_no_nan_marks(tmp_path: Path) -> None:
+    """A GAN's discriminator and generator: separate series, neither painted as NaN at the
+    other's steps."""
+    gan = Path(__file__).resolve().parents[1] / "fixtures" / "runtime" / "gan_two_optimizers.py"
+    result = run_probe(gan, steps=16, sample_every=4, timeout_s=120)
+    assert result.status == "stopped", result.message
+    assert result.optimizer_kinds == ["Adam", "Adam"]
+    written = {p.name: p for p in write_plots(result, tmp_path)}
+    total = written["total-norm.png"]
+    _check_png(total)
+    assert _count_colour(total, (0x1F, 0x77, 0xB4)) > 200  # optimizer 0's line
+    assert _count_colour(total, (0x2C, 0xA0, 0x2C)) > 200  # optimizer 1's line
+    assert _count_colour(total, SPIKE_RED) < 50  # no NaN/Inf marks, no spike rings

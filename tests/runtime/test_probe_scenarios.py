@@ -55,7 +55,27 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "raises_midway",
         "out_of_memory",
         "swallows_stop",
+        "gan_two_optimizers",
+        "lbfgs_closure",
+        "manual_sgd",
+        "functional_dead_relu",
+        "nan_input_batch",
+        "zero_init_gain",
+        "accum_zero_grad_once",
+        "ddp_single_accum",
     )
+}
+# The learning-rate shapes of nanoGPT / minGPT / word_language_model, in a small Transformer.
+SCENARIOS["lr_x1000"] = {"script": "lr_blowup", "args": ["--lr", "1.0"], "steps": 20}
+SCENARIOS["lr_x1000_warmup_clip"] = {
+    "script": "lr_blowup",
+    "args": ["--lr", "1.0", "--warmup", "10", "--clip", "1.0"],
+    "steps": 20,
+}
+SCENARIOS["lr_usual_clip"] = {
+    "script": "lr_blowup",
+    "args": ["--lr", "0.001", "--clip", "1.0"],
+    "steps": 20,
 }
 SCENARIOS["infinite_loop"] = {"timeout_s": 8.0}
 SCENARIOS["args_and_cwd"] = {"args": ["--lr", "0.05"], "steps": 3}
@@ -73,7 +93,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ProbeResult]:
         async def one(name: str, options: dict[str, Any]) -> None:
             async with limiter:
                 found[name] = await run_probe_async(
-                    fixture(name),
+                    fixture(options.get("script", name)),
                     options.get("args", ()),
                     steps=options.get("steps", STEPS),
                     timeout_s=options.get("timeout_s", 120.0),
@@ -106,12 +126,17 @@ def serious(result: ProbeResult) -> list[str]:
         "healthy_transformer",
         "amp_healthy",
         "accum_healthy",
+        "gan_two_optimizers",
+        "lbfgs_closure",
+        "manual_sgd",
+        "zero_init_gain",
+        "lr_usual_clip",
     ],
 )
 def test_healthy_scripts_report_nothing_serious(results: dict[str, ProbeResult], name: str) -> None:
     result = results[name]
     assert result.status == "stopped", result.message
-    assert result.steps == STEPS
+    assert result.steps == SCENARIOS[name].get("steps", STEPS)
     assert serious(result) == []
     assert ids(result) == ["healthy"]
     assert result.profile == "default"
@@ -137,6 +162,12 @@ def test_healthy_scripts_report_nothing_serious(results: dict[str, ProbeResult],
         ("clip_after_step", "clip-after-step", "critical"),
         ("clip_before_backward", "clip-before-backward", "critical"),
         ("clip_too_aggressive", "clip-too-aggressive", "warning"),
+        ("functional_dead_relu", "dead-neurons", "critical"),
+        ("nan_input_batch", "nonfinite-inputs", "critical"),
+        ("accum_zero_grad_once", "accum-missing-zero-grad", "critical"),
+        ("ddp_single_accum", "ddp-accum-without-no-sync", "warning"),
+        ("lr_x1000", "loss-diverging", "critical"),
+        ("lr_x1000_warmup_clip", "loss-diverging", "critical"),
     ],
 )
 def test_mistakes_are_found(
@@ -265,3 +296,59 @@ def test_result_round_trips_through_json(results: dict[str, ProbeResult]) -> Non
         assert again.findings == results[name].findings
         assert len(again.records) == len(results[name].records)
         json.loads(text)  # standard JSON: non-finite numbers are strings
+
+
+def test_a_gan_is_two_series_and_not_accumulation(results: dict[str, ProbeResult]) -> None:
+    result = results["gan_two_optimizers"]
+    assert result.optimizer_kinds == ["Adam", "Adam"]
+    assert {r.optimizer for r in result.records} == {0, 1}
+    # The discriminator's step: two backward() calls on one DataLoader batch.
+    discriminator = [r for r in result.records if r.optimizer == 0]
+    assert all(r.events.count("backward") == 2 and r.batches == 1 for r in discriminator)
+    assert "accum-unscaled-loss" not in ids(result)
+
+
+def test_closure_optimizer_measures_the_first_evaluation(results: dict[str, ProbeResult]) -> None:
+    result = results["lbfgs_closure"]
+    first = result.records[0]
+    assert first.total_norm > 0
+    assert first.losses and first.losses[0] is not None and first.losses[0] > 0
+    assert result.optimizer_kinds == ["LBFGS"]
+
+
+def test_hand_written_updates_are_steps(results: dict[str, ProbeResult]) -> None:
+    result = results["manual_sgd"]
+    assert result.optimizer_kinds == ["manual"]
+    assert result.steps == STEPS
+    assert all(r.total_norm > 0 and r.losses for r in result.records)
+
+
+def test_dead_units_behind_functional_relu_name_the_first_layer(
+    results: dict[str, ProbeResult],
+) -> None:
+    result = results["functional_dead_relu"]
+    assert result.findings[0].id == "dead-neurons"
+    assert result.findings[0].module == "relu after conv2"
+
+
+def test_a_nan_batch_is_blamed_on_the_data(results: dict[str, ProbeResult]) -> None:
+    result = results["nan_input_batch"]
+    first = result.findings[0]
+    assert first.id == "nonfinite-inputs"
+    assert first.step == 6
+    assert not {"nan-loss-before-backward", "nan-parameters", "nan-gradients"} & set(ids(result))
+
+
+@pytest.mark.parametrize(
+    ("name", "warmup"), [("lr_x1000", "no warmup"), ("lr_x1000_warmup_clip", "warmup of 10")]
+)
+def test_learning_rate_blowup_headline_names_the_step_size(
+    results: dict[str, ProbeResult], name: str, warmup: str
+) -> None:
+    result = results[name]
+    first = result.findings[0]
+    assert first.id == "loss-diverging", ids(result)
+    assert warmup in first.message
+    assert first.fix is not None and first.fix.description.startswith("Reduce the step size")
+    assert "clip-too-aggressive" not in ids(result)
+    assert "grad-param-ratio" not in ids(result)

@@ -149,3 +149,33 @@ def test_a_log_with_loss_and_norm_only_gets_norm_verdicts() -> None:
     exploding = next(f for f in findings if f.id == "exploding-gradients")
     assert exploding.step == 300
     assert math.isclose(exploding.evidence["peak_norm"], 2000.0)
+
+
+def test_each_optimizer_is_its_own_series() -> None:
+    """A GAN: the generator's norms explode, the discriminator's do not; the finding says
+    which optimizer, and the generator's rising loss is not called diverging."""
+    steps = []
+    for i in range(10):
+        steps.append(StepPoint(step=2 * i + 1, optimizer=0, loss=0.7, grad_norm=0.5))
+        steps.append(
+            StepPoint(step=2 * i + 2, optimizer=1, loss=1.0 + i, grad_norm=2000.0 if i > 5 else 1.0)
+        )
+    run = RunSeries(steps=steps, optimizer_kinds=["Adam", "Adam"])
+    findings = run_signals(run, load_knowledge().thresholds.profile())
+    exploding = [f for f in findings if f.id == "exploding-gradients"]
+    assert len(exploding) == 1
+    assert exploding[0].evidence["optimizer"] == 1
+    assert exploding[0].message.startswith("[optimizer 1 (Adam)]")
+    assert "loss-diverging" not in {f.id for f in findings}
+
+
+def test_causes_come_before_consequences_among_equals() -> None:
+    """A diverging loss with exploding norms: both critical, the step size first."""
+    losses = [4.2, 4.0, 3.9, 3.9, 5.0, 8.0, 12.0, 20.0, 30.0, 40.0, 45.0, 50.0]
+    steps = [
+        StepPoint(step=i + 1, loss=loss, grad_norm=1.0 if i < 4 else 5000.0, lr=0.5)
+        for i, loss in enumerate(losses)
+    ]
+    findings = run_signals(RunSeries(steps=steps), load_knowledge().thresholds.profile())
+    assert [f.id for f in findings][:2] == ["loss-diverging", "exploding-gradients"]
+    assert findings[1].fix is not None and "step size first" in findings[1].fix.description

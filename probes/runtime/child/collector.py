@@ -25,12 +25,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from . import measure
 
-RELU_FAMILY: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6)
+RELU_FAMILY: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.LeakyReLU)
 SATURATING: tuple[type[nn.Module], ...] = (nn.Sigmoid, nn.Tanh)
+#: Activations whose units can die (never output > 0), under every name they are called by:
+#: module forwards call these too, so one function mode counts both styles.
+ACTIVATIONS: dict[Any, str] = {
+    fn: name
+    for fn, name in (
+        (F.relu, "relu"),
+        (F.relu_, "relu"),
+        (torch.relu, "relu"),
+        (torch.relu_, "relu"),
+        (torch.Tensor.relu, "relu"),
+        (torch.Tensor.relu_, "relu"),
+        (F.relu6, "relu6"),
+        (F.leaky_relu, "leaky_relu"),
+        (F.leaky_relu_, "leaky_relu"),
+    )
+}
+#: Elements sampled per parameter tensor to estimate ‖Δw‖ on sampled steps.
+UPDATE_SAMPLE = 4096
+#: In-place tensor methods that write a parameter when a script updates weights by hand.
+_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__"})
 #: autograd nodes that mean "the loss was divided or multiplied before backward()".
 SCALED_LOSS_OPS = frozenset({"DivBackward0", "DivBackward1", "MulBackward0", "MulBackward1"})
 
@@ -69,6 +91,17 @@ class _Window:
     calls: list[_Call] = field(default_factory=list)
     grad_flags: list[tuple[str, torch.Tensor]] = field(default_factory=list)
     fired: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: DataLoader batches drawn since the previous step.
+    batches: int = 0
+    #: Finite flags of the fresh floating-point inputs given to the model's forward.
+    input_flags: list[torch.Tensor] = field(default_factory=list)
+    #: Optimizer id → "its gradients were non-zero when this window's first backward began".
+    carried: dict[int, torch.Tensor] = field(default_factory=dict)
+    backward_seen: bool = False
+    #: Root module id → its forwards that took a fresh input (a batch, not a model's output).
+    feeds: Counter[int] = field(default_factory=Counter)
+    #: Closure evaluations after the first one (LBFGS line searches), not separate backwards.
+    closure_evals: int = 0
 
 
 @dataclass
@@ -82,6 +115,68 @@ class _OptimizerState:
     index: list[int] = field(default_factory=list)
     #: ``(id, length)`` of each param group's list when ``params`` was built.
     groups_key: tuple[tuple[int, int], ...] = ()
+    #: The smallest parameter, whose gradient tells whether gradients were carried over.
+    probe: torch.Tensor | None = None
+    #: The root module holding these parameters (whose fresh inputs are this step's batches).
+    root: int | None = None
+
+
+@dataclass
+class _Pending:
+    """A step measured at the optimizer's pre-hook, sent once the update is done."""
+
+    meta: dict[str, Any]
+    parts: list[torch.Tensor]
+    params: list[torch.Tensor]
+    before: list[torch.Tensor] | None
+
+
+class _ManualOptimizer:
+    """Stands for a script's hand-written update (``p -= lr * p.grad`` under ``no_grad``)."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.param_groups = [{"params": params, "lr": None}]
+
+
+class _ActivationMode(TorchFunctionMode):
+    """Counts, per call site, the units of ReLU-family activations that fired (sampled
+    windows only, inside the model's forward)."""
+
+    def __init__(self, collector: Collector) -> None:
+        super().__init__()
+        self.collector = collector
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        kind = ACTIVATIONS.get(func)
+        if kind is not None and isinstance(out, torch.Tensor):
+            self.collector._count_activation(kind, out)
+        return out
+
+
+class _UpdateWatch(TorchFunctionMode):
+    """Between a backward() and the next training call of a script with no optimizer step
+    yet: the first in-place write to a parameter is a hand-written update."""
+
+    def __init__(self, collector: Collector) -> None:
+        super().__init__()
+        self.collector = collector
+        self.armed = True
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.armed and args:
+            name = getattr(func, "__name__", "")
+            if name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("_")):
+                target = args[0]
+                if isinstance(target, (list, tuple)) and target:
+                    target = target[0]
+                if (
+                    isinstance(target, torch.Tensor)
+                    and target.data_ptr() in self.collector._manual_ptrs
+                ):
+                    self.armed = False
+                    self.collector._manual_update_begins()
+        return func(*args, **(kwargs or {}))
 
 
 def _op_name(tensor: torch.Tensor) -> str:
@@ -98,6 +193,43 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
             if found is not None:
                 return found
     return None
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of a forward's arguments or output: top level and one level of nesting
+    (an LSTM's ``(h, c)``, a dict of outputs)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (tuple, list)):
+        items = list(value)
+    else:
+        return []
+    found: list[torch.Tensor] = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list)):
+            found.extend(t for t in item if isinstance(t, torch.Tensor))
+        elif isinstance(item, dict):
+            found.extend(t for t in item.values() if isinstance(t, torch.Tensor))
+    return found
+
+
+def _update_sample(param: torch.Tensor) -> torch.Tensor:
+    """At most UPDATE_SAMPLE elements of a parameter, evenly strided (a view: no copy)."""
+    flat = measure.local_tensor(param).detach().reshape(-1)
+    stride = max(1, flat.numel() // UPDATE_SAMPLE)
+    return flat[::stride][:UPDATE_SAMPLE]
+
+
+def _pop_mode(mode: TorchFunctionMode) -> None:
+    """Leave ``mode`` if it is the innermost torch function mode (a script's own mode pushed
+    after it is never popped by us)."""
+    depth = torch._C._len_torch_function_stack()
+    if depth and torch._C._get_function_stack_at(depth - 1) is mode:
+        mode.__exit__(None, None, None)
 
 
 def _unit_matrix(out: torch.Tensor) -> torch.Tensor:
@@ -160,6 +292,7 @@ class Collector:
         #: the process there); None raises ProbeStop again.
         self.on_stop_ignored: Callable[[], None] | None = None
         self._leaves: dict[int, bool] = {}
+        self._weighted: dict[int, bool] = {}
         self.window = _Window(sampled=True, traced=True)
         self._in_scaler_step = False
         self._stepped_in_scaler = False
@@ -168,9 +301,36 @@ class Collector:
         self._armed = 0
         self.nan_origin: dict[str, Any] | None = None
         self.forward_hooks_wanted: Callable[[bool], None] | None = None
-        #: (number of root modules, whether they hold ReLU-family modules), see
-        #: _sampling_needs_forward_hooks.
-        self._hooks_needed_for_roots: tuple[int, bool] | None = None
+        #: Class name of each optimizer (by index); "manual" for a hand-written update.
+        self.optimizer_kinds: list[str] = []
+        #: Whether the script draws batches from a DataLoader (then ``batches`` is counted).
+        self._loader_seen = False
+        #: Root modules (called at depth 0, with parameters) → their own forward hooks, which
+        #: run on every step (DDP sync flag, input check, stop request, activation mode).
+        self._root_handles: dict[int, list[Any]] = {}
+        #: data_ptr → step of tensors a root module returned (recently): not fresh data.
+        self._recent_outputs: dict[int, int] = {}
+        self._module_stack: list[tuple[str, bool]] = []
+        self._last_leaf: str | None = None
+        self._activation_mode: _ActivationMode | None = None
+        self._activations_seen = False
+        self._activation_checked = False
+        self._pending: _Pending | None = None
+        #: Inside an extra closure evaluation (LBFGS): calls are not events of the step.
+        self._quiet = False
+        self._closure_measured = True
+        #: A torch optimizer stepped at least once (then no hand-written update is looked for).
+        self._stepped = False
+        self._manual_params: list[torch.Tensor] | None = None
+        self._manual_ptrs: set[int] = set()
+        self._manual_opt: _ManualOptimizer | None = None
+        self._watch: _UpdateWatch | None = None
+        self._manual_pending = False
+        self._root_depth = 0
+        #: Each activation site's fired units in the previous sampled window.
+        self._fired_before: dict[str, torch.Tensor] = {}
+        #: False while the hooks are uninstalled (the models' own hooks stay, inert).
+        self.active = True
 
     # -- helpers --------------------------------------------------------------------------
     def _mine(self) -> bool:
@@ -178,6 +338,8 @@ class Collector:
         return os.getpid() == self.pid
 
     def _event(self, name: str) -> None:
+        if self._quiet:
+            return
         self.window.events.append(name)
         self.events_total[name] += 1
 
@@ -245,6 +407,8 @@ class Collector:
             return state
         if id(opt) not in self.optimizers:
             self.optimizers[id(opt)] = len(self.optimizers)
+            kind = type(opt).__name__
+            self.optimizer_kinds.append("manual" if isinstance(opt, _ManualOptimizer) else kind)
         unknown = [p for p in params if id(p) not in self.param_names]
         if unknown:
             self._resolve_module_names()
@@ -262,21 +426,47 @@ class Collector:
             params=params,
             index=[self._param_index[id(p)] for p in params],
             groups_key=groups_key,
+            probe=min(params, key=lambda p: p.numel()) if params else None,
+            root=self._root_of(params),
         )
         self._opt_state[id(opt)] = state
         return state
+
+    def _root_of(self, params: list[torch.Tensor]) -> int | None:
+        """The hooked root module that owns the first of ``params``."""
+        if not params:
+            return None
+        first = id(params[0])
+        for ref in self._roots:
+            root = ref()
+            if (
+                root is not None
+                and id(root) in self._root_handles
+                and any(id(p) == first for p in root.parameters())
+            ):
+                return id(root)
+        return None
 
     # -- events ---------------------------------------------------------------------------
     def on_backward(self, tensors: Any) -> None:
         """``torch.autograd.backward`` is about to run on ``tensors``."""
         if not self._mine():
             return
+        self._settle_manual("backward")
         self._check_stop()
         self._depth = 0
         self._root_input = None
         self.backward_calls += 1
+        if self._quiet:
+            self.window.closure_evals += 1
+            return
+        if not self.window.backward_seen:
+            self.window.backward_seen = True
+            self._note_carried()
         self._event("backward")
         loss = _first_tensor(tensors)
+        if not self._stepped and self._manual_params is None and loss is not None:
+            self._manual_params = self._find_manual_params(loss)
         if loss is None or loss.numel() != 1:
             self.window.losses.append(None)
             self.window.loss_ops.append("non-scalar")
@@ -288,6 +478,91 @@ class Collector:
         else:
             self.window.losses.append(loss.detach().reshape(()))
             self.window.loss_ops.append(_op_name(loss))
+
+    def on_backward_done(self) -> None:
+        """``torch.autograd.backward`` returned: with no optimizer step seen so far, watch for
+        a hand-written update of the parameters."""
+        if not self._mine() or self._stepped or self._quiet or not self._manual_params:
+            return
+        if self._watch is None:
+            self._manual_ptrs = {p.data_ptr() for p in self._manual_params}
+            self._watch = _UpdateWatch(self)
+            self._watch.__enter__()
+
+    def _note_carried(self) -> None:
+        """Before a window's first backward: is each optimizer's smallest gradient still
+        non-zero from its previous update (no zero_grad in between)? No host sync."""
+        for opt_id, state in self._opt_state.items():
+            probe = state.probe
+            grad = None if probe is None else probe.grad
+            if grad is not None and not grad.is_sparse:
+                self.window.carried[opt_id] = grad.detach().ne(0).any()
+
+    def _find_manual_params(self, loss: torch.Tensor) -> list[torch.Tensor]:
+        """The tensors a hand-written update would write: the models' parameters, else the
+        leaves of the loss's graph (a script with plain tensors and no module)."""
+        params: dict[int, torch.Tensor] = {}
+        for ref in self._roots:
+            root = ref()
+            if root is not None and id(root) in self._root_handles:
+                for p in root.parameters():
+                    if p.requires_grad:
+                        params.setdefault(id(p), p)
+        if params:
+            return list(params.values())
+        seen: set[int] = set()
+        stack = [loss.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            variable = getattr(node, "variable", None)
+            if isinstance(variable, torch.Tensor):
+                params.setdefault(id(variable), variable)
+            stack.extend(fn for fn, _ in getattr(node, "next_functions", ()))
+        return list(params.values())
+
+    def _manual_update_begins(self) -> None:
+        """The first in-place write to a parameter since the last backward: measure the
+        gradients the hand-written update is using, as an optimizer's pre-hook would."""
+        start = time.perf_counter()
+        if self._manual_opt is None:
+            self._manual_opt = _ManualOptimizer(list(self._manual_params or []))
+        self._event("step")
+        self._measure(self._manual_opt, skipped=False)  # type: ignore[arg-type]
+        self._manual_pending = True
+        self.probe_s += time.perf_counter() - start
+
+    def _settle_manual(self, call: str) -> None:
+        """At the next training call: a detected hand-written update ends its step; a new
+        backward or forward without one ends the watch."""
+        if self._watch is None and not self._manual_pending:
+            return
+        if self._manual_pending:
+            self._manual_pending = False
+            self._pop_watch()
+            self._finish_step()
+        elif call in ("backward", "forward", "step"):
+            self._pop_watch()
+
+    def _pop_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.armed = False
+            _pop_mode(watch)
+
+    def _drop_manual(self) -> None:
+        """A torch optimizer steps: the script does not update its weights by hand."""
+        self._pop_watch()
+        self._manual_pending = False
+        self._manual_params = []
+
+    def on_batch(self) -> None:
+        """A DataLoader iterator returned a batch."""
+        if self._mine():
+            self._loader_seen = True
+            self.window.batches += 1
 
     def on_scale(self, scaler: Any, loss: Any, scaled: Any) -> None:
         """``GradScaler.scale(loss)`` returned ``scaled``."""
@@ -312,6 +587,7 @@ class Collector:
         """A clipping function ran; ``total`` is the norm ``clip_grad_norm_`` returned."""
         if not self._mine():
             return
+        self._settle_manual("clip")
         if kind == "norm":
             self._event("clip")
             self.window.clip_max_norm = float(limit)
@@ -324,11 +600,13 @@ class Collector:
     def on_zero_grad(self) -> None:
         """An optimizer's or module's ``zero_grad`` ran."""
         if self._mine():
+            self._settle_manual("zero-grad")
             self._event("zero-grad")
 
     def on_scheduler_step(self) -> None:
         """An LR scheduler stepped (its initial step at construction is not reported)."""
         if self._mine():
+            self._settle_manual("scheduler")
             self._event("scheduler")
 
     def on_scaler_update(self) -> None:
@@ -358,22 +636,71 @@ class Collector:
             self.probe_s += time.perf_counter() - start
         self._finish_step()
 
-    def on_step_pre(self, opt: torch.optim.Optimizer) -> None:
-        """``opt.step()`` is about to consume the gradients: measure them now."""
+    def on_step_pre(
+        self,
+        opt: torch.optim.Optimizer,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """``opt.step()`` is about to consume the gradients: measure them now. With a closure
+        (LBFGS), the gradients exist only once the closure ran: the closure is wrapped and the
+        first evaluation is measured; returns the new ``(args, kwargs)`` then."""
         if not self._mine():
-            return
+            return None
         self._check_stop()
+        if not self._stepped:
+            self._stepped = True
+            self._drop_manual()
         start = time.perf_counter()
         self._event("step")
         if self._in_scaler_step:
             self._stepped_in_scaler = True
-        self._measure(opt, skipped=False)
+        # The hook's args start with the optimizer itself: step(closure) is (opt, closure).
+        kwargs = dict(kwargs or {})
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        replaced = None
+        if callable(closure):
+            self._closure_measured = False
+            wrapped = self._wrap_closure(opt, closure)
+            if len(args) > 1:
+                replaced = ((args[0], wrapped, *args[2:]), kwargs)
+            else:
+                kwargs["closure"] = wrapped
+                replaced = (args, kwargs)
+        else:
+            self._measure(opt, skipped=False)
         self.probe_s += time.perf_counter() - start
+        return replaced
+
+    def _wrap_closure(self, opt: torch.optim.Optimizer, closure: Callable[..., Any]) -> Any:
+        calls = 0
+
+        def closure_measured(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls > 1:
+                # Line-search re-evaluations belong to the same step: not new backwards.
+                self._quiet = True
+                try:
+                    return closure(*args, **kwargs)
+                finally:
+                    self._quiet = False
+            loss = closure(*args, **kwargs)
+            start = time.perf_counter()
+            self._measure(opt, skipped=False)
+            self._closure_measured = True
+            self.probe_s += time.perf_counter() - start
+            return loss
+
+        return closure_measured
 
     def on_step_post(self, opt: torch.optim.Optimizer) -> None:
         """``opt.step()`` returned."""
         if not self._mine() or self._in_scaler_step:
             return
+        if not self._closure_measured:  # a closure the optimizer never called
+            self._closure_measured = True
+            self._measure(opt, skipped=False)
         self._finish_step()
 
     def on_forward_pre(self, module: nn.Module, args: Any) -> None:
@@ -388,16 +715,19 @@ class Collector:
 
     def _forward_pre(self, module: nn.Module, args: Any) -> None:
         if self._depth == 0:
-            self._check_stop()
-            if id(module) not in self._root_ids:
-                self._root_ids.add(id(module))
-                self._roots.append(weakref.ref(module))
+            if id(module) not in self._root_handles:
+                self._check_stop()
+                if id(module) not in self._root_ids:
+                    self._root_ids.add(id(module))
+                    self._roots.append(weakref.ref(module))
+                if self._hook_root(module):
+                    # Its own hooks run from the next call on; this call's root work is here
+                    # (its post hook, registered now, already runs at the end of this call).
+                    self._enter_root(module, args, {})
             self._saturating_now = 0
-            if hasattr(module, "require_backward_grad_sync"):
-                self.ddp = True
-                sync = bool(module.require_backward_grad_sync)
-                self._event("forward-ddp-sync" if sync else "forward-ddp-no-sync")
+            self._module_stack.clear()
         self._depth += 1
+        self._module_stack.append((self._module_name(module), isinstance(module, RELU_FAMILY)))
         if isinstance(module, SATURATING):
             self._saturating_now += 1
             self.saturating_per_forward = max(self.saturating_per_forward, self._saturating_now)
@@ -407,6 +737,130 @@ class Collector:
             tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
             if tensors:
                 self._root_input = torch.stack([measure.finite_flag(t) for t in tensors]).all()
+
+    # -- root modules (hooked on every step) ----------------------------------------------
+    def _hook_root(self, module: nn.Module) -> bool:
+        """Give a model called at depth 0 its own forward hooks (a module without parameters,
+        such as a loss module, gets none). True when hooks were added now."""
+        if id(module) in self._root_handles or next(module.parameters(), None) is None:
+            return False
+        # Looked up on every call (not bound now), like the other event methods.
+        self._root_handles[id(module)] = [
+            module.register_forward_pre_hook(
+                lambda m, args, kwargs: self.on_root_forward_pre(m, args, kwargs),
+                with_kwargs=True,
+            ),
+            module.register_forward_hook(
+                lambda m, args, output: self.on_root_forward_post(m, args, output),
+                always_call=True,
+            ),
+        ]
+        return True
+
+    def remove_root_hooks(self) -> None:
+        """Remove the models' own forward hooks (end of a GradientMonitor)."""
+        for handles in self._root_handles.values():
+            for handle in handles:
+                handle.remove()
+        self._root_handles.clear()
+        self.pop_modes()
+
+    def pop_modes(self) -> None:
+        """Leave the collector's torch function modes (uninstall, end of a monitor)."""
+        self._pop_watch()
+        mode, self._activation_mode = self._activation_mode, None
+        if mode is not None:
+            _pop_mode(mode)
+        self._root_depth = 0
+
+    def on_root_forward_pre(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """A model (a module first called at depth 0) starts its forward."""
+        if not self.active:
+            return
+        if self._root_depth == 0 and self._mine():
+            self._enter_root(module, args, kwargs)
+        else:
+            self._root_depth += 1  # the same model called inside itself
+
+    def on_root_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        """A model's forward returned (or raised)."""
+        if not self.active:
+            return
+        self._root_depth = max(0, self._root_depth - 1)
+        if self._root_depth == 0 and self._mine():
+            self._root_post(output)
+
+    def _enter_root(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        start = time.perf_counter()
+        self._settle_manual("forward")
+        self.probe_s += time.perf_counter() - start
+        self._check_stop()  # before the depth moves: a stop leaves the counters as they were
+        self._root_depth = 1
+        start = time.perf_counter()
+        if self._quiet:
+            self.probe_s += time.perf_counter() - start
+            return
+        if hasattr(module, "require_backward_grad_sync"):
+            self.ddp = True
+            sync = bool(module.require_backward_grad_sync)
+            self._event("forward-ddp-sync" if sync else "forward-ddp-no-sync")
+        self._check_inputs(module, args, kwargs)
+        self._last_leaf = None
+        if self._activation_mode is None and self._wants_activation_mode():
+            self._activation_mode = _ActivationMode(self)
+            self._activation_mode.__enter__()
+        self.probe_s += time.perf_counter() - start
+
+    def _root_post(self, output: Any) -> None:
+        mode, self._activation_mode = self._activation_mode, None
+        if mode is not None:
+            _pop_mode(mode)
+        step = self.steps_done
+        for tensor in _tensors(output):
+            self._recent_outputs[tensor.data_ptr()] = step
+
+    def _check_inputs(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """Count the forward as fed with fresh data, and keep finite flags (no host sync) of
+        its fresh floating-point tensors. Fresh: not a tensor a model returned in this or the
+        previous step (a generator's sample, an RNN's carried hidden state), and not one
+        computed in the autograd graph."""
+        values = (*args, *(kwargs or {}).values())
+        fed = False
+        for tensor in _tensors(values):
+            if (
+                tensor.grad_fn is None
+                and tensor.numel() > 0
+                and tensor.data_ptr() not in self._recent_outputs
+            ):
+                fed = True
+                if tensor.is_floating_point():
+                    self.window.input_flags.append(measure.finite_flag(tensor))
+        if fed:
+            self.window.feeds[id(module)] += 1
+
+    def _wants_activation_mode(self) -> bool:
+        """Sampled windows count activations: always on the first, later only when the first
+        found a ReLU-family activation (a GELU Transformer skips the function mode's cost)."""
+        return self.window.sampled and (self._activations_seen or not self._activation_checked)
+
+    def _count_activation(self, kind: str, out: torch.Tensor) -> None:
+        """Units of one ReLU-family call that fired, OR-ed over the window per call site."""
+        if out.dim() < 1 or out.numel() == 0 or not out.is_floating_point():
+            return
+        self._activations_seen = True
+        top = self._module_stack[-1] if self._module_stack else None
+        if top is not None and top[1]:
+            name = top[0]  # an nn.ReLU module: its own name
+        elif self._last_leaf is not None:
+            name = f"{kind} after {self._last_leaf}"
+        else:
+            name = f"{kind} in {top[0] if top else 'the model'}"
+        with torch.no_grad():
+            fired = (_unit_matrix(out.detach()) > 0).any(0)
+        previous = self.window.fired.get(name)
+        if previous is not None and previous.shape == fired.shape:
+            fired = fired | previous
+        self.window.fired[name] = fired
 
     def on_forward_post(self, module: nn.Module, output: Any) -> None:
         """A module's forward returned ``output``."""
@@ -420,21 +874,21 @@ class Collector:
 
     def _forward_post(self, module: nn.Module, output: Any) -> None:
         self._depth = max(0, self._depth - 1)
-        if not (self.window.sampled or self.window.traced):
+        if self._module_stack:
+            self._module_stack.pop()
+        is_leaf = self._is_leaf(module)
+        if is_leaf and self._has_weights(module):
+            # Functional activations are named after the last layer with weights before them
+            # (a Dropout or pooling in between does not own the units).
+            self._last_leaf = self._module_name(module)
+        if isinstance(module, RELU_FAMILY):
+            self.relu_modules.add(id(module))
+        if not self._tracing():
             return
         out = _first_tensor(output)
         if out is None or not out.is_floating_point():
             return
-        if isinstance(module, RELU_FAMILY) and out.dim() >= 1 and out.numel() > 0:
-            self.relu_modules.add(id(module))
-            name = self._module_name(module)
-            with torch.no_grad():
-                fired = (_unit_matrix(out.detach()) > 0).any(0)
-            previous = self.window.fired.get(name)
-            if previous is not None and previous.shape == fired.shape:
-                fired = fired | previous
-            self.window.fired[name] = fired
-        if self._tracing() and self._is_leaf(module):
+        if is_leaf:
             # Leaf modules only: a container's output is its last child's output, checking it
             # again would only double the cost. Calls are kept in completion order.
             name = self._module_name(module)
@@ -450,6 +904,13 @@ class Collector:
 
     def _tracing(self) -> bool:
         return self.window.traced and self.nan_origin is None
+
+    def _has_weights(self, module: nn.Module) -> bool:
+        owns = self._weighted.get(id(module))
+        if owns is None:
+            owns = next(module.parameters(recurse=False), None) is not None
+            self._weighted[id(module)] = owns
+        return owns
 
     def _is_leaf(self, module: nn.Module) -> bool:
         leaf = self._leaves.get(id(module))
@@ -492,13 +953,28 @@ class Collector:
                 parts.append(scaler_scale.reshape(1).to(home, torch.float32))
             if details is not None:
                 parts.append(details.pack().to(home))
-            fired_names = sorted(window.fired)
+            # Forward order (the first dead layer is the one to name). A unit is dead when it
+            # fired neither in this sampled window nor in the previous one: one batch in which
+            # a unit stays silent is not death (small batches, dropout before the ReLU).
+            fired_names = list(window.fired)
             for name in fired_names:
                 fired = window.fired[name]
+                previous = self._fired_before.get(name)
+                if previous is not None and previous.shape == fired.shape:
+                    fired = fired | previous
                 parts.append(
                     torch.stack(
                         [(~fired).sum(), torch.full((), fired.numel(), device=fired.device)]
                     ).to(home, torch.float32)
+                )
+            if window.fired:
+                self._fired_before = dict(window.fired)
+            carried = window.carried.get(id(opt))
+            if carried is not None:
+                parts.append(carried.reshape(1).to(home, torch.float32))
+            if window.input_flags:
+                parts.append(
+                    torch.stack(window.input_flags).all().reshape(1).to(home, torch.float32)
                 )
             trace_parts = (
                 [c.inputs_finite for c in window.calls]
@@ -526,7 +1002,10 @@ class Collector:
         if first_grad is not None:
             reused = state.last_grad is not None and state.last_grad() is first_grad
             state.last_grad = weakref.ref(first_grad)
-        lr = opt.param_groups[0].get("lr") if opt.param_groups else None
+        rates = [g.get("lr") for g in opt.param_groups]
+        numeric = [float(r) for r in rates if isinstance(r, (int, float))]
+        # The largest step size of the groups: the one a divergence comes from.
+        lr = max(numeric) if numeric else None
         meta = {
             "step": self.steps_done + 1,
             "optimizer": self.optimizers[id(opt)],
@@ -539,24 +1018,70 @@ class Collector:
             "clip_max_norm": window.clip_max_norm,
             "clip_value": window.clip_value,
             "events": list(window.events),
-            "lr": float(lr) if isinstance(lr, (int, float)) else None,
+            "lr": lr,
             "skipped": skipped,
+            "has_carried": carried is not None,
+            "has_inputs": bool(window.input_flags),
+            "batches": window.batches if self._loader_seen else None,
+            "feeds": window.feeds.get(state.root) if state.root is not None else None,
+            "closure_evals": window.closure_evals,
             "grad_reused": reused,
             "sampled": window.sampled,
             "numel": details.numel if details is not None else None,
             "fired_names": fired_names,
             "calls": [c.name for c in window.calls],
             "grad_names": [name for name, _ in window.grad_flags],
-            "params": state.params if home.type == "cpu" else None,
+            "nonfinite_params": None,
         }
         # Probe time of this window so far: hooks during the window plus this measurement.
         meta["overhead_s"] = (
             self.probe_s - self._window_probe_start + time.perf_counter() - measure_start
         )
-        self._transfer.submit(meta, vector)
+        if home.type == "cpu" and self.anomaly_step is None:
+            # The record is sent after the update; which weights were already non-finite must
+            # be read now, before the update touches them (only at a first anomaly: on the CPU
+            # the values are at hand, the check is one reduction over the norms).
+            head = vector[: len(state.index) + len(losses)]
+            if not bool(torch.isfinite(head).all()):
+                meta["nonfinite_params"] = self._nonfinite_params(state.params)
+        before = None
+        if window.sampled and not skipped:
+            with torch.no_grad():
+                before = [_update_sample(p).clone() for p in state.params]
+        self._submit_pending()  # a previous step whose update never returned
+        self._pending = _Pending(meta, [vector], list(state.params), before)
+
+    def _submit_pending(self) -> None:
+        """Send the measured step, with ‖Δw‖ estimates when its weights were sampled before
+        the update (the update has happened by now)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        parts = pending.parts
+        pending.meta["has_update"] = False
+        if pending.before is not None:
+            with torch.no_grad():
+                home = parts[0].device
+                after = [_update_sample(p) for p in pending.params]
+                deltas = torch._foreach_sub(after, pending.before)
+                norms = torch.stack(torch._foreach_norm(deltas)).to(home, torch.float32)
+                scale = torch.tensor(
+                    [
+                        math.sqrt(p.numel() / max(1, b.numel()))
+                        for p, b in zip(pending.params, pending.before, strict=True)
+                    ],
+                    dtype=torch.float32,
+                    device=home,
+                )
+                parts = [*parts, norms * scale]
+            pending.meta["has_update"] = True
+        self._transfer.submit(pending.meta, torch.cat(parts) if len(parts) > 1 else parts[0])
         self._drain(self._transfer.ready())
 
     def _finish_step(self) -> None:
+        self._submit_pending()
+        if self._activation_mode is None and self.window.sampled:
+            self._activation_checked = True
         self.steps_done += 1
         if self.on_progress is not None:
             self.on_progress(self.steps_done)
@@ -573,6 +1098,9 @@ class Collector:
             self._armed -= 1
         self.window = _Window(sampled=sampled, traced=traced)
         self._window_probe_start = self.probe_s
+        oldest = self.steps_done - 1
+        if len(self._recent_outputs) > 64 or any(v < oldest for v in self._recent_outputs.values()):
+            self._recent_outputs = {k: v for k, v in self._recent_outputs.items() if v >= oldest}
         if self.forward_hooks_wanted is not None:
             self.forward_hooks_wanted(
                 traced or self.stop_pending or (sampled and self._sampling_needs_forward_hooks())
@@ -581,24 +1109,20 @@ class Collector:
     def _sampling_needs_forward_hooks(self) -> bool:
         """Whether a sampled (not traced) window has anything to learn from forward hooks.
 
-        There it counts dead units of ReLU-family modules and sees DDP's sync flag; a model
-        with neither (a Transformer with functional GELUs) saves the hooks' Python calls, about
-        0.5 ms a sampled step on the benchmark model. The answer is kept per set of root modules
-        seen so far (the first step always runs with hooks and finds them).
+        There they name the call sites of ReLU-family activations (the function mode counts
+        them); a model with none (a Transformer with GELUs) saves the hooks' Python calls,
+        about 0.5 ms a sampled step on the benchmark model. The first sampled window always
+        looks. DDP's sync flag and the input check come from the root modules' own hooks.
         """
-        roots = len(self._roots)
-        if self._hooks_needed_for_roots is None or self._hooks_needed_for_roots[0] != roots:
-            found = self.ddp or any(
-                isinstance(module, RELU_FAMILY)
-                for ref in self._roots
-                if (root := ref()) is not None
-                for module in root.modules()
-            )
-            self._hooks_needed_for_roots = (roots, found)
-        return self.ddp or self._hooks_needed_for_roots[1]
+        return self._activations_seen or not self._activation_checked
 
     def flush(self) -> None:
         """Finish every pending transfer (end of run)."""
+        if self._manual_pending:
+            self._manual_pending = False
+            self._pop_watch()
+            self._finish_step()
+        self._submit_pending()
         self._drain(self._transfer.flush())
 
     def _drain(self, ready: list[tuple[Any, list[float]]]) -> None:
@@ -667,6 +1191,15 @@ class Collector:
                 dead[name] = [int(values[pos]), int(values[pos + 1])]
                 pos += 2
             record["dead_units"] = dead
+        if meta["has_carried"]:
+            record["grad_carried"] = values[pos] >= 0.5
+            pos += 1
+        if meta["has_inputs"]:
+            record["inputs_finite"] = values[pos] >= 0.5
+            pos += 1
+        record["batches"] = meta["batches"]
+        record["feeds"] = meta["feeds"]
+        record["closure_evals"] = meta["closure_evals"]
         calls: list[str] = meta["calls"]
         grad_names: list[str] = meta["grad_names"]
         n_calls = len(calls)
@@ -674,14 +1207,20 @@ class Collector:
         outputs_ok = values[pos + n_calls : pos + 2 * n_calls]
         grads_ok = values[pos + 2 * n_calls : pos + 2 * n_calls + len(grad_names)]
         pos += 2 * n_calls + len(grad_names)
+        if meta.get("has_update"):
+            updates: list[float | None] = [None] * n_total
+            for i, value in zip(index, values[pos : pos + len(index)], strict=True):
+                updates[i] = value
+            pos += len(index)
+            record["update_norms"] = updates
         anomalous = not math.isfinite(total) or any(
             v is not None and not math.isfinite(v) for v in losses
         )
         if anomalous and self.anomaly_step is None:
             self.anomaly_step = meta["step"]
             self._armed = 2
-            if meta["params"] is not None:
-                record["nonfinite_params"] = self._nonfinite_params(meta["params"])
+            if meta.get("nonfinite_params") is not None:
+                record["nonfinite_params"] = meta["nonfinite_params"]
         if self.nan_origin is None and (calls or grad_names) and anomalous:
             broken = list(record.get("nonfinite_params") or [])
             for i, detail in enumerate(record.get("detail") or []):
@@ -721,6 +1260,7 @@ class Collector:
             "layers": self.layers,
             "layer_types": self.layer_types,
             "optimizers": len(self.optimizers),
+            "optimizer_kinds": list(self.optimizer_kinds),
             "backward_calls": self.backward_calls,
             "saturating_modules": self.saturating_per_forward,
             "relu_modules": len(self.relu_modules),

@@ -4,7 +4,8 @@ Installed before the user's script runs, so the script needs no change: optimize
 hooks (``torch.optim.optimizer.register_optimizer_step_pre_hook``), wrappers of
 ``torch.autograd.backward`` (which ``Tensor.backward`` calls), ``clip_grad_norm_`` /
 ``clip_grad_value_``, ``GradScaler.scale/unscale_/step/update``, LR scheduler ``step``,
-``Optimizer.zero_grad`` / ``Module.zero_grad``, and global module forward hooks. The forward
+``Optimizer.zero_grad`` / ``Module.zero_grad``, DataLoader iterators' ``__next__``, and global
+module forward hooks (plus the models' own forward hooks, added by the collector). The forward
 hooks cost a Python call per module call, so they are present only while the collector wants
 them (the first step, sampled steps, armed steps after an anomaly, and after the last step to
 stop the script at its next forward).
@@ -23,6 +24,7 @@ import torch
 import torch.nn.utils.clip_grad as clip_grad_module
 import torch.optim.lr_scheduler as lr_scheduler
 import torch.optim.optimizer as optimizer_module
+import torch.utils.data.dataloader as dataloader_module
 from torch import nn
 from torch.amp import grad_scaler
 from torch.nn.modules import module as module_module
@@ -54,7 +56,9 @@ def install(collector: Collector) -> Callable[[], None]:
     def make_backward(original: Any) -> Any:
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             collector.on_backward(tensors)
-            return original(tensors, *args, **kwargs)
+            result = original(tensors, *args, **kwargs)
+            collector.on_backward_done()
+            return result
 
         return backward
 
@@ -168,10 +172,22 @@ def install(collector: Collector) -> Callable[[], None]:
     patch(torch.optim.Optimizer, "zero_grad", make_zero_grad)
     patch(nn.Module, "zero_grad", make_zero_grad)
 
+    # DataLoader batches: a step that draws one batch but calls backward() twice (a GAN's
+    # real/fake losses) is not gradient accumulation.
+    def make_next(original: Any) -> Any:
+        def __next__(self: Any) -> Any:
+            result = original(self)
+            collector.on_batch()
+            return result
+
+        return __next__
+
+    patch(dataloader_module._BaseDataLoaderIter, "__next__", make_next)
+
     # optimizer step hooks (fire for every optimizer, including subclasses' own step()).
     handles: list[RemovableHandle] = [
         optimizer_module.register_optimizer_step_pre_hook(
-            lambda opt, args, kwargs: collector.on_step_pre(opt)
+            lambda opt, args, kwargs: collector.on_step_pre(opt, args, kwargs)
         ),
         optimizer_module.register_optimizer_step_post_hook(
             lambda opt, args, kwargs: collector.on_step_post(opt)
@@ -198,11 +214,16 @@ def install(collector: Collector) -> Callable[[], None]:
             forward_handles.clear()
 
     collector.forward_hooks_wanted = want_forward_hooks
+    collector.active = True
     window = collector.window
     want_forward_hooks(window.sampled or window.traced or collector.stop_pending)
 
     def uninstall() -> None:
         want_forward_hooks(False)
+        # The models' own forward hooks stay (inert until the next install): removing and
+        # re-adding them around every step would cost more than they do.
+        collector.active = False
+        collector.pop_modes()
         collector.forward_hooks_wanted = None
         for handle in handles:
             handle.remove()

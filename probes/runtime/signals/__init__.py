@@ -65,11 +65,38 @@ def run_signals(run: RunSeries, profile: ThresholdProfile) -> list[Finding]:
     bad = first_nonfinite(run)
     ctx = Context(profile, bad.step if bad is not None else None)
     finite_run = run.up_to(ctx.first_nonfinite)
+    optimizers = finite_run.optimizers()
+    rank = {}
     for signal in _discover():
+        rank[signal.id] = signal.rank
         if not signal.reads <= available:
             continue
         judged = finite_run if signal.scope == "finite" else run
         if not judged.steps and signal.scope == "finite":
             continue
+        if signal.per_optimizer and len(optimizers) > 1:
+            for index in optimizers:
+                ctx.findings.extend(
+                    _for_optimizer(f, index, run)
+                    for f in signal.check(judged.for_optimizer(index), ctx)
+                )
+            continue
         ctx.findings.extend(signal.check(judged, ctx))
-    return sorted(ctx.findings, key=lambda f: (-SEVERITY_RANK[f.severity], f.step or 0))
+    # Most severe first; among equals, causes before consequences (the signals' rank).
+    return sorted(
+        ctx.findings,
+        key=lambda f: (-SEVERITY_RANK[f.severity], rank.get(f.id, 0), f.step or 0),
+    )
+
+
+def _for_optimizer(finding: Finding, index: int, run: RunSeries) -> Finding:
+    """A finding judged on one optimizer's steps says which optimizer it is about."""
+    kinds = run.optimizer_kinds or []
+    kind = kinds[index] if index < len(kinds) else None
+    label = f"optimizer {index}" + (f" ({kind})" if kind else "")
+    return finding.model_copy(
+        update={
+            "message": f"[{label}] {finding.message}",
+            "evidence": {**finding.evidence, "optimizer": index, "optimizer_kind": kind},
+        }
+    )

@@ -16,8 +16,10 @@ class AccumMissingZeroGrad(Signal):
     id = "accum-missing-zero-grad"
     severities = ("critical",)
     summary = "No zero_grad() ran and the same gradient tensors carried over between updates."
-    reads = frozenset({"events", "grad_reused", "grad_norm"})
-    optional = frozenset({"grad_norm_before_clip"})
+    reads = frozenset({"grad_norm"})
+    optional = frozenset(
+        {"grad_norm_before_clip", "grad_carried", "events", "grad_reused", "batches", "feeds"}
+    )
     message = (
         "No zero_grad() ran and the same gradient tensors carried over from update to update "
         "for {count} steps: gradients keep adding up (total norm {first:.3g} at step 1, "
@@ -33,7 +35,26 @@ class AccumMissingZeroGrad(Signal):
             series={"grad_norm": [0.5, 0.5, 0.5, 0.5]},
         ),
     ]
+    healthy += [
+        Example(
+            "zeroed in place by hand (no zero_grad call)",
+            None,
+            each={"events": ["backward", "step"], "grad_carried": False, "grad_reused": True},
+            series={"grad_norm": [0.5, 0.5, 0.5, 0.5]},
+        ),
+    ]
     pathological: ClassVar[list[Example]] = [
+        Example(
+            "zero_grad once before the loop, gradients carried over",
+            "critical",
+            each={"events": ["backward", "backward", "step"], "feeds": 2},
+            series={
+                "grad_norm": [0.5, 1.0, 1.5, 2.0, 2.5],
+                "grad_carried": [None, True, True, True, True],
+            },
+            steps={0: {"events": ["zero-grad", "backward", "backward", "step"]}},
+            check={"step": 2},
+        ),
         Example(
             "gradients never zeroed",
             "critical",
@@ -50,9 +71,17 @@ class AccumMissingZeroGrad(Signal):
         later = run.steps[1:]
         if len(later) < 2:
             return
-        if any("zero-grad" in events(p) for p in run.steps):
-            return
-        if not all(p.grad_reused for p in later):
+        known = [p for p in later if p.grad_carried is not None]
+        if known:
+            # Measured: the gradients were still non-zero when a step's first backward began.
+            carried = [p for p in known if p.grad_carried]
+            if len(carried) < 2 or len(carried) * 2 < len(known):
+                return
+        elif (
+            not all(p.events is not None for p in run.steps)
+            or any("zero-grad" in events(p) for p in run.steps)
+            or not all(p.grad_reused for p in later)
+        ):
             return
         norms = [raw_norm(p) or 0.0 for p in run.steps]
         where = " of the update branch" if accumulated(run) is not None else ""

@@ -23,6 +23,7 @@ class AccumUnscaledLoss(Signal):
     severities = ("critical",)
     summary = "Accumulated steps whose micro-batch losses reach backward() undivided."
     reads = frozenset({"events", "loss_ops"})
+    optional = frozenset({"batches", "feeds"})
     message = (
         "{micro:g} backward() calls per optimizer step, and the loss reaches backward() "
         "straight from `{op}` without a division by the number of micro-batches: the "
@@ -37,6 +38,28 @@ class AccumUnscaledLoss(Signal):
             "losses divided by 4",
             None,
             each={"events": MICRO, "loss_ops": ["DivBackward0"] * 4, "losses": [1.0] * 4},
+            series={"loss": [1.0] * 4},
+        ),
+    ]
+    healthy += [
+        Example(
+            "a GAN discriminator: real and fake backward() on one batch",
+            None,
+            each={
+                "events": ["zero-grad", "backward", "backward", "step"],
+                "loss_ops": ["BinaryCrossEntropyBackward0"] * 2,
+                "batches": 1,
+            },
+            series={"loss": [1.0] * 4},
+        ),
+        Example(
+            "two losses of one forward, no DataLoader",
+            None,
+            each={
+                "events": ["zero-grad", "backward", "backward", "step"],
+                "loss_ops": ["MseLossBackward0", "NllLossBackward0"],
+                "feeds": 1,
+            },
             series={"loss": [1.0] * 4},
         ),
     ]

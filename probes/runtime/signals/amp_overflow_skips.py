@@ -11,13 +11,18 @@ from gradient_doctor.probes.runtime.signals.series import RunSeries
 from gradient_doctor.probes.runtime.signals.windows import events
 
 AMP = ["scale", "backward", "scaler-step", "scaler-update"]
+#: Skipped steps at the start that are the GradScaler finding its scale (from 2**16 down a
+#: few halvings). More than this in a row is not calibration: a loss summed over elements
+#: rather than averaged, or an op that overflows, keeps the scaler halving for many steps.
+CALIBRATION_STEPS = 5
 
 
 class AmpOverflowSkips(Signal):
     id = "amp-overflow-skips"
     severities = ("warning",)
     summary = "More than amp_skip_fraction of steps skipped by the GradScaler after calibration."
-    reads = frozenset({"scale", "skipped", "events"})
+    reads = frozenset({"scale", "skipped"})
+    optional = frozenset({"events"})
     thresholds = ("amp_skip_fraction",)
     message = (
         "GradScaler skipped {skipped} of {steps} steps after its initial calibration (limit "
@@ -42,6 +47,17 @@ class AmpOverflowSkips(Signal):
     ]
     pathological: ClassVar[list[Example]] = [
         Example(
+            "a summed loss: the scaler halves for 14 steps before one update goes through",
+            "warning",
+            each={"events": AMP},
+            series={
+                "skipped": [s <= 14 for s in range(1, 21)],
+                "scale": [2.0 ** (16 - min(s, 14)) for s in range(1, 21)],
+                "grad_norm": [float("inf")] * 14 + [3.0] * 6,
+            },
+            check={"step": 1, "skipped": 14},
+        ),
+        Example(
             "every other step skipped",
             "warning",
             each={"events": AMP},
@@ -55,12 +71,18 @@ class AmpOverflowSkips(Signal):
     ]
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
-        scaled = [p for p in run.steps if "scale" in events(p) and p.scale is not None]
+        scaled = [
+            p
+            for p in run.steps
+            if p.scale is not None and (p.events is None or "scale" in events(p))
+        ]
         if len(scaled) < 4:
             return
         index = 0
         while index < len(scaled) and scaled[index].skipped:
             index += 1  # the scaler calibrates its scale on the first steps
+        if index > CALIBRATION_STEPS or index == len(scaled):
+            index = 0  # a long run of skips is the problem, not calibration
         rest = scaled[index:]
         skipped = [p for p in rest if p.skipped]
         limit = ctx.threshold("amp_skip_fraction")

@@ -11,6 +11,7 @@ generated from them.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -121,12 +122,45 @@ class Context:
         )
 
 
+_warming: threading.Thread | None = None
+_warming_lock = threading.Lock()
+
+
+def warm_knowledge() -> None:
+    """Start loading the knowledge base in a daemon thread (idempotent): the probe's parent
+    does it while the script runs, so the diagnosis does not wait for it afterwards."""
+    global _warming
+    with _warming_lock:
+        if _warming is None:
+            from gradient_doctor.knowledge import load_knowledge
+
+            _warming = threading.Thread(
+                target=_quietly, args=(load_knowledge,), name="gd-knowledge", daemon=True
+            )
+            _warming.start()
+
+
+def _quietly(load: Any) -> None:
+    try:
+        load()
+    except Exception:  # the diagnosis reports a broken knowledge base itself, later
+        return
+
+
+def _knowledge() -> Any:
+    """The knowledge base, after the background load (if one was started) finished."""
+    from gradient_doctor.knowledge import load_knowledge
+
+    thread = _warming
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
+    return load_knowledge()
+
+
 def snippet_for(entry_id: str) -> str | None:
     """The first fix snippet of catalogue entry ``entry_id`` (None when it has none)."""
     try:
-        from gradient_doctor.knowledge import load_knowledge
-
-        snippets = load_knowledge().get(entry_id).snippets
+        snippets = _knowledge().get(entry_id).snippets
     except Exception:  # the diagnosis must not fail because the knowledge base is incomplete
         return None
     return snippets[0] if snippets else None
@@ -156,6 +190,9 @@ class Signal:
     consults: ClassVar[tuple[str, ...]] = ()
     """Ids whose findings it reads; they run before it."""
     scope: ClassVar[Scope] = "all"
+    per_optimizer: ClassVar[bool] = False
+    """With several optimizers (a GAN, actor-critic), judge each one's steps on their own:
+    their norms and clipping are separate series."""
     healthy: ClassVar[list[Example]] = []
     pathological: ClassVar[list[Example]] = []
 

@@ -36,6 +36,7 @@ class ClipNeverActive(Signal):
         "training was unstable."
     )
     advice = "Lower max_norm towards the norm of healthy steps."
+    per_optimizer = True
     rank = 61
     consults = (*MISPLACED, "grad-norm-spikes")
     healthy: ClassVar[list[Example]] = [

@@ -29,11 +29,38 @@ class ExplodingGradients(Signal):
         "Clip the total norm after backward() and before the step (max_norm 1.0 for "
         "Transformers, 5–10 for RNNs) and check the learning rate."
     )
+    per_optimizer = True
     rank = 50
-    consults = ("amp-clip-without-unscale", *MISPLACED_CLIP)
+    consults = (*MISPLACED_CLIP, "loss-diverging")
+    diverging_advice = (
+        "The loss is diverging with it: reduce the step size first (learning rate, warmup), "
+        "then keep norm clipping between backward() and the step as a guard."
+    )
     scope = "finite"
     healthy: ClassVar[list[Example]] = [
-        Example("norms around 1", None, series={"grad_norm": [1.2, 0.9, 1.1, 1.0, 0.8]})
+        Example("norms around 1", None, series={"grad_norm": [1.2, 0.9, 1.1, 1.0, 0.8]}),
+        Example(
+            "GradScaler overflow steps are skipped, not exploding",
+            None,
+            each={"events": ["scale", "backward", "scaler-step", "scaler-update"]},
+            series={
+                "grad_norm": [float("inf"), float("inf"), 0.9, 1.1, float("inf"), 1.0],
+                "skipped": [True, True, False, False, True, False],
+                "scale": [65536.0, 32768.0, 16384.0, 16384.0, 16384.0, 8192.0],
+            },
+        ),
+        Example(
+            "a clip on scaled gradients saw 3e4 at scale 65536: 0.46 unscaled",
+            None,
+            each={
+                "events": ["scale", "backward", "clip", "scaler-step", "step"],
+                "grad_norm_before_clip": 3e4,
+                "scale": 65536.0,
+                "clipped": True,
+                "clip_max_norm": 1.0,
+            },
+            series={"grad_norm": [1e-5, 1e-5, 1e-5]},
+        ),
     ]
     pathological: ClassVar[list[Example]] = [
         Example(
@@ -57,12 +84,11 @@ class ExplodingGradients(Signal):
     ]
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
+        # Unscaled norms of the applied steps: a GradScaler-skipped step's Inf is an overflow
+        # the scaler handled (amp-overflow-skips), not an explosion.
         norms: list[tuple[float, StepPoint]] = [
             (norm, p) for p in run.steps if (norm := raw_norm(p)) is not None
         ]
-        if ctx.has("amp-clip-without-unscale"):
-            # The clip saw scaled gradients: their norm says nothing about explosion.
-            norms = [(p.grad_norm, p) for p in run.steps if p.grad_norm is not None]
         if not norms:
             return
         peak, peak_point = max(norms, key=lambda item: item[0])
@@ -88,7 +114,7 @@ class ExplodingGradients(Signal):
             )
             + (" The script's clipping contained it." if clipped else ""),
             step=peak_point.step,
-            fix=self.advice,
+            fix=self.diverging_advice if ctx.has("loss-diverging") else self.advice,
             peak_norm=peak,
             steps_above=above,
             steps=len(norms),

@@ -8,6 +8,7 @@ from typing import ClassVar
 from gradient_doctor.knowledge.findings import Finding
 from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries
+from gradient_doctor.probes.runtime.signals.stats import loss_improving
 from gradient_doctor.probes.runtime.signals.trend import norm_trend
 
 
@@ -16,15 +17,24 @@ class GradNormDecaying(Signal):
     severities = ("warning",)
     summary = "The norm falls > 100x steadily and ends below 0.1."
     reads = frozenset({"grad_norm"})
-    optional = frozenset({"grad_norm_before_clip"})
+    optional = frozenset({"loss", "losses", "grad_norm_before_clip"})
     message = (
         "Total gradient norm decayed from {first:.3g} to {last:.3g} ({shrink:.3g}× smaller, "
         "rank correlation {correlation:.2f})."
     )
     advice = "Check the learning rate schedule and gradient flow (activations, init)."
+    per_optimizer = True
     rank = 56
     scope = "finite"
     healthy: ClassVar[list[Example]] = [
+        Example(
+            "converging: the norm falls with the loss",
+            None,
+            series={
+                "grad_norm": [0.7 * 0.5**s for s in range(1, 17)],
+                "loss": [1.0 * 0.7**s for s in range(1, 17)],
+            },
+        ),
         Example(
             "converging from a large start",
             None,
@@ -41,8 +51,8 @@ class GradNormDecaying(Signal):
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
         trend = norm_trend(run)
-        if trend is None or trend.first <= 0:
-            return
+        if trend is None or trend.first <= 0 or loss_improving(run):
+            return  # a norm falling with the loss is convergence (LBFGS on a small fit)
         if (
             trend.last / trend.first < 0.01
             and trend.correlation < -0.8

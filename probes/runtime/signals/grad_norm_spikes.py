@@ -30,6 +30,7 @@ class GradNormSpikes(Signal):
     contained_advice = (
         "Keep the clipping; if spikes are frequent, check the batches of the spike steps."
     )
+    per_optimizer = True
     rank = 57
     consults = MISPLACED_CLIP
     scope = "finite"

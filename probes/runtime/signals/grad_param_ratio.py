@@ -41,7 +41,12 @@ class GradParamRatio(Signal):
     severities = ("warning",)
     summary = "A weight layer's ‖g‖/‖w‖ is outside the profile's range on every sampled step."
     reads = frozenset({"param_grad_norms", "param_norms", "param_layers", "weight_layers"})
+    optional = frozenset({"optimizer_kinds"})
     thresholds = ("grad_param_ratio_high", "grad_param_ratio_low")
+    consults = ("loss-diverging",)
+    #: ‖g‖/‖w‖ is the size of the update only for plain gradient steps; Adam-family
+    #: optimizers normalise each element (their update size is update-param-ratio's).
+    sgd_like = frozenset({"SGD", "ASGD", "manual"})
     message = (
         "‖g‖/‖w‖ of `{layer}` is {ratio:.3g} at step {step} ({direction}), out of [{low:g}, "
         "{high:g}] on all {sampled} sampled steps; {count} layer(s) affected."
@@ -65,6 +70,19 @@ class GradParamRatio(Signal):
             run=RUN,
         ),
     ]
+    healthy += [
+        Example(
+            "the same ratios under Adam say nothing",
+            None,
+            each={
+                "param_grad_norms": [0.5, 0.1, 0.4, 0.1],
+                "param_norms": [1e-3, 1e-3, 1e-3, 1e-3],
+                "grad_norm": 0.66,
+            },
+            series={"loss": [1.0, 0.9]},
+            run={**RUN, "optimizer_kinds": ["AdamW"]},
+        ),
+    ]
     pathological: ClassVar[list[Example]] = [
         Example(
             "gradients 500x the weights",
@@ -81,6 +99,19 @@ class GradParamRatio(Signal):
     ]
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
+        if ctx.has("loss-diverging"):
+            return  # the divergence finding already names the step size
+        kinds = run.optimizer_kinds
+        if kinds is not None:
+            run = run.model_copy(
+                update={
+                    "steps": [
+                        p
+                        for p in run.steps
+                        if p.optimizer < len(kinds) and kinds[p.optimizer] in self.sgd_like
+                    ]
+                }
+            )
         sampled = [p for p in run.steps if p.param_norms]
         if not sampled:
             return

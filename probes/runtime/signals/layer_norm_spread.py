@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from gradient_doctor.knowledge.findings import Finding
 from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
-from gradient_doctor.probes.runtime.signals.series import RunSeries
+from gradient_doctor.probes.runtime.signals.series import RunSeries, role_of
 from gradient_doctor.probes.runtime.signals.stats import weight_layer_medians
 
 RUN = {"weight_layers": ["fc1", "fc2"]}
@@ -16,18 +16,25 @@ RUN = {"weight_layers": ["fc1", "fc2"]}
 class LayerNormSpread(Signal):
     id = "layer-norm-spread"
     severities = ("warning", "critical")
-    summary = "Median per-layer norms of weight layers differ by more than layer_spread_warning."
+    summary = (
+        "Median per-layer norms of weight layers of one role (the same layer across depth) "
+        "differ by more than layer_spread_warning."
+    )
     reads = frozenset({"layer_grad_norms", "weight_layers"})
+    optional = frozenset({"layer_roles"})
     thresholds = ("layer_spread_warning", "layer_spread_critical")
     message = (
-        "Per-layer gradient norms differ by {spread:.3g}×: `{high}` {high_norm:.3g} vs `{low}` "
-        "{low_norm:.3g} (median over steps; warning above {warn:g}×, critical above {crit:g}×)."
+        "Gradient norms of layers of the same kind differ by {spread:.3g}×: `{high}` "
+        "{high_norm:.3g} vs `{low}` {low_norm:.3g} (median over steps; warning above "
+        "{warn:g}×, critical above {crit:g}×)."
     )
     advice = (
         "Look at the small layer: saturating activation, missing normalisation, bad init, or a "
         "path with no residual connection."
     )
+    per_optimizer = True
     rank = 52
+    consults = ("loss-diverging",)
     scope = "finite"
     healthy: ClassVar[list[Example]] = [
         Example(
@@ -36,6 +43,31 @@ class LayerNormSpread(Signal):
             each={"layer_grad_norms": {"fc1": 0.5, "fc2": 0.2}},
             series={"grad_norm": [0.54] * 5},
             run=RUN,
+        ),
+    ]
+    healthy += [
+        Example(
+            "a Transformer's head and attention projection differ by design",
+            None,
+            each={
+                "layer_grad_norms": {
+                    "h.0.attn.proj": 1e-3,
+                    "h.1.attn.proj": 2e-3,
+                    "h.0.mlp.fc": 0.05,
+                    "h.1.mlp.fc": 0.04,
+                    "lm_head": 0.9,
+                }
+            },
+            series={"grad_norm": [1.0] * 5},
+            run={
+                "weight_layers": [
+                    "h.0.attn.proj",
+                    "h.0.mlp.fc",
+                    "h.1.attn.proj",
+                    "h.1.mlp.fc",
+                    "lm_head",
+                ]
+            },
         ),
     ]
     pathological: ClassVar[list[Example]] = [
@@ -50,12 +82,27 @@ class LayerNormSpread(Signal):
     ]
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
+        if ctx.has("loss-diverging"):
+            return  # layers thrown apart by a diverging step size: that finding says why
         medians, layers = weight_layer_medians(run)
-        if len(layers) < 2:
+        roles = run.layer_roles or {layer: role_of(layer) for layer in layers}
+        groups: dict[str, list[str]] = {}
+        for layer in layers:
+            groups.setdefault(roles.get(layer, role_of(layer)), []).append(layer)
+        # Layers are compared with the layers of their own role (the same projection at
+        # every depth; fc1 with fc2): different roles differ by design.
+        worst: tuple[float, str, str] | None = None
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            high = max(members, key=lambda layer: medians[layer])
+            low = min(members, key=lambda layer: medians[layer])
+            spread = medians[high] / medians[low]
+            if worst is None or spread > worst[0]:
+                worst = (spread, high, low)
+        if worst is None:
             return
-        high = max(layers, key=lambda layer: medians[layer])
-        low = min(layers, key=lambda layer: medians[layer])
-        spread = medians[high] / medians[low]
+        spread, high, low = worst
         warn = ctx.threshold("layer_spread_warning")
         crit = ctx.threshold("layer_spread_critical")
         if spread <= warn:

@@ -23,6 +23,7 @@ series directly::
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -81,6 +82,19 @@ class StepPoint(_Model):
     nonfinite_params: list[str] | None = Field(
         default=None, description="Parameters already non-finite before the step's forward."
     )
+    inputs_finite: bool | None = Field(
+        default=None, description="The fresh inputs given to the model's forward were finite."
+    )
+    grad_carried: bool | None = Field(
+        default=None, description="Gradients were still non-zero from the previous update."
+    )
+    batches: int | None = Field(default=None, description="DataLoader batches drawn.")
+    feeds: int | None = Field(
+        default=None, description="Forwards of the stepped model that took fresh inputs."
+    )
+    update_ratios: dict[str, float] | None = Field(
+        default=None, description="Per weight layer ‖Δw‖/‖w‖ of the applied update (sampled)."
+    )
 
 
 #: Fields a signal may read: every StepPoint field plus the run-level ones below.
@@ -93,6 +107,9 @@ RUN_FIELDS = frozenset(
         "saturating_modules",
         "double_unscale",
         "nan_origin",
+        "optimizer_kinds",
+        "zero_gain_layers",
+        "layer_roles",
     }
 )
 
@@ -122,6 +139,20 @@ class RunSeries(_Model):
         default=None, description="RuntimeErrors from a second GradScaler.unscale_ call."
     )
     nan_origin: NanOrigin | None = None
+    optimizer_kinds: list[str] | None = Field(
+        default=None, description="Optimizer class per index ('manual': a hand-written update)."
+    )
+    layer_roles: dict[str, str] | None = Field(
+        default=None,
+        description="Weight layer → its role: class name and name without indices "
+        "(`Linear:blocks..attn.proj`). Layers of one role repeat across depth; only they are "
+        "compared for spread (a vocabulary head and an attention projection differ by design).",
+    )
+    zero_gain_layers: list[str] | None = Field(
+        default=None,
+        description="Weight layers whose gradient is gated by a gain initialised at zero "
+        "(a zero-init BatchNorm/LayerNorm scale after them): small by design at first.",
+    )
 
     # -- what is there ---------------------------------------------------------------------
     def available(self) -> frozenset[str]:
@@ -137,6 +168,18 @@ class RunSeries(_Model):
         """True when every one of ``fields`` is available."""
         return set(fields) <= self.available()
 
+    def optimizers(self) -> list[int]:
+        """The optimizer indices that stepped, in order of first appearance."""
+        seen: list[int] = []
+        for point in self.steps:
+            if point.optimizer not in seen:
+                seen.append(point.optimizer)
+        return seen
+
+    def for_optimizer(self, index: int) -> RunSeries:
+        """The steps of optimizer ``index`` only."""
+        return self.model_copy(update={"steps": [p for p in self.steps if p.optimizer == index]})
+
     def up_to(self, step: int | None) -> RunSeries:
         """This run restricted to the steps before ``step`` (all of them when None)."""
         if step is None:
@@ -147,18 +190,31 @@ class RunSeries(_Model):
     @classmethod
     def from_probe(cls, records: list[StepRecord], summary: ChildSummary) -> RunSeries:
         """The series the probe measured (``records`` sorted by step)."""
+        gated = _zero_gain_layers(records, summary)
+        weight_layers = _weight_layers(summary)
         return cls(
             source="probe",
             status=summary.status,
-            steps=[_point(record, summary.layers) for record in records],
+            steps=[_point(record, summary.layers, weight_layers) for record in records],
             parameters=list(summary.parameters),
             param_layers=list(summary.layers),
-            weight_layers=_weight_layers(summary),
+            weight_layers=[layer for layer in weight_layers if layer not in gated],
+            zero_gain_layers=gated,
+            layer_roles={
+                layer: role_of(layer, summary.layer_types.get(layer, "")) for layer in weight_layers
+            },
+            optimizer_kinds=list(summary.optimizer_kinds) or None,
             ddp=summary.ddp,
             saturating_modules=summary.saturating_modules,
             double_unscale=summary.double_unscale,
             nan_origin=summary.nan_origin,
         )
+
+
+def role_of(layer: str, kind: str = "") -> str:
+    """A layer's role: its class and its name with the indices removed (``h.3.mlp.c_fc`` and
+    ``h.5.mlp.c_fc`` share one; ``fc1`` and ``fc2`` too)."""
+    return f"{kind}:{re.sub(r'[0-9]+', '', layer)}"
 
 
 def _layer_norms(layers: list[str], norms: list[float | None]) -> dict[str, float]:
@@ -175,7 +231,28 @@ def _step_loss(losses: list[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def _point(record: StepRecord, layers: list[str]) -> StepPoint:
+def _update_ratios(
+    record: StepRecord, layers: list[str], weight_layers: list[str]
+) -> dict[str, float] | None:
+    """‖Δw‖/‖w‖ per weight layer (L2 over its parameters; ‖w‖ before the update)."""
+    if record.update_norms is None or record.detail is None:
+        return None
+    updates: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for layer, update, detail in zip(layers, record.update_norms, record.detail, strict=False):
+        if update is None or detail is None:
+            continue
+        updates[layer] = updates.get(layer, 0.0) + update * update
+        weights[layer] = weights.get(layer, 0.0) + detail.param_norm**2
+    ratios = {
+        layer: math.sqrt(updates[layer]) / math.sqrt(weights[layer])
+        for layer in weight_layers
+        if weights.get(layer, 0.0) > 0 and layer in updates
+    }
+    return ratios or None
+
+
+def _point(record: StepRecord, layers: list[str], weight_layers: list[str]) -> StepPoint:
     values: dict[str, Any] = {
         "step": record.step,
         "optimizer": record.optimizer,
@@ -195,6 +272,11 @@ def _point(record: StepRecord, layers: list[str]) -> StepPoint:
         "layer_grad_norms": _layer_norms(layers, record.grad_norms),
         "param_grad_norms": list(record.grad_norms),
         "nonfinite_params": record.nonfinite_params,
+        "inputs_finite": record.inputs_finite,
+        "grad_carried": record.grad_carried,
+        "batches": record.batches,
+        "feeds": record.feeds,
+        "update_ratios": _update_ratios(record, layers, weight_layers),
     }
     if record.detail is not None:
         values["param_norms"] = [None if d is None else d.param_norm for d in record.detail]
@@ -213,3 +295,35 @@ def _weight_layers(summary: ChildSummary) -> list[str]:
         if len(shape) >= 2 and layer not in seen and not kind.startswith("Embedding"):
             seen.append(layer)
     return seen
+
+
+def _zero_gain_layers(records: list[StepRecord], summary: ChildSummary) -> list[str]:
+    """Weight layers followed (in parameter order) by a normalisation scale that was exactly
+    zero on the first sampled step: a zero-initialised residual gain (timm's zero_init_last),
+    which keeps the layer's gradient near zero by design until the gain grows."""
+    first = next((r for r in records if r.detail), None)
+    if first is None or first.detail is None:
+        return []
+    gated: list[str] = []
+    weights_so_far: list[str] = []
+    for name, layer, shape, detail in zip(
+        summary.parameters, summary.layers, summary.shapes, first.detail, strict=False
+    ):
+        if len(shape) >= 2:
+            if layer not in weights_so_far:
+                weights_so_far.append(layer)
+        elif (
+            len(shape) == 1
+            and name.endswith("weight")
+            and detail is not None
+            and detail.param_norm == 0.0
+            and weights_so_far
+        ):
+            # The branch the gain closes: the weight layers before it in the same parent
+            # module (a residual block), else the one layer right before it.
+            parent = layer.rsplit(".", 1)[0] + "." if "." in layer else None
+            branch = [w for w in weights_so_far if parent and w.startswith(parent)]
+            for weight in branch or weights_so_far[-1:]:
+                if weight not in gated:
+                    gated.append(weight)
+    return gated

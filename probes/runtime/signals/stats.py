@@ -38,9 +38,25 @@ def rank_correlation(values: Sequence[float]) -> float:
 
 
 def raw_norm(point: StepPoint) -> float | None:
-    """The norm the script's own backward produced (before its clipping, if any)."""
+    """The norm the script's own backward produced (before its clipping, if any), in
+    unscaled units; None for a step the GradScaler skipped (its overflow is not a norm).
+
+    Under a GradScaler, a clip that ran before ``unscale_`` saw scaled gradients, and an
+    ``optimizer.step()`` that bypassed ``scaler.step`` applied them: both norms are divided by
+    the scale so that they say what the gradients are.
+    """
+    if point.skipped:
+        return None
     before = point.grad_norm_before_clip
-    return before if before is not None else point.grad_norm
+    norm = before if before is not None else point.grad_norm
+    calls = point.events or []
+    if norm is None or point.scale is None or not point.scale or "scale" not in calls:
+        return norm
+    if before is not None and "clip" in calls and "unscale" not in calls[: calls.index("clip")]:
+        return norm / point.scale
+    if before is None and "step" in calls and "scaler-step" not in calls:
+        return norm / point.scale
+    return norm
 
 
 def step_loss(point: StepPoint) -> float | None:
@@ -67,9 +83,14 @@ def grads_bad(point: StepPoint) -> bool:
 
 
 def first_nonfinite(run: RunSeries) -> StepPoint | None:
-    """The first step whose loss, gradients or parameters were non-finite."""
+    """The first step whose inputs, loss, gradients or parameters were non-finite."""
     for point in run.steps:
-        if loss_bad(point) or grads_bad(point) or point.nonfinite_params:
+        if (
+            point.inputs_finite is False
+            or loss_bad(point)
+            or grads_bad(point)
+            or point.nonfinite_params
+        ):
             return point
     return None
 

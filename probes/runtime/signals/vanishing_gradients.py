@@ -38,7 +38,9 @@ class VanishingGradients(Signal):
         "Use non-saturating activations (ReLU/GELU), He/Xavier init, normalisation layers and "
         "residual connections before touching the LR."
     )
+    per_optimizer = True
     rank = 51
+    consults = ("loss-diverging",)
     scope = "finite"
     healthy: ClassVar[list[Example]] = [
         Example(
@@ -68,8 +70,8 @@ class VanishingGradients(Signal):
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
         improving = loss_improving(run)
-        if improving:
-            return
+        if improving or ctx.has("loss-diverging"):
+            return  # a diverging loss explains collapsed layers better (the step size)
         norms = finite(raw_norm(p) for p in run.steps)
         if not norms:
             return

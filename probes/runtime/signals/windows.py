@@ -45,10 +45,27 @@ def clip_placements(run: RunSeries) -> tuple[list[int], list[int]]:
     return after, before
 
 
+def is_accumulation(point: StepPoint) -> bool:
+    """Two or more backward() calls in the step over two or more batches.
+
+    Several backward() calls on one batch are not accumulation: a GAN's real and fake losses,
+    several losses of one model. The batches are counted from DataLoader iterators when the
+    script uses one, else from the forwards of the stepped model that took fresh data; a
+    series with neither (a log) keeps the backward count alone.
+    """
+    if events(point).count("backward") < 2:
+        return False
+    if point.batches is not None:
+        return point.batches >= 2
+    if point.feeds is not None:
+        return point.feeds >= 2
+    return True
+
+
 def accumulated(run: RunSeries) -> list[StepPoint] | None:
-    """The steps with two or more backward() calls when they are at least half of the run
-    (gradient accumulation), else None."""
-    windows = [p for p in run.steps if events(p).count("backward") >= 2]
+    """The accumulated steps (:func:`is_accumulation`) when they are at least half of the
+    run, else None."""
+    windows = [p for p in run.steps if is_accumulation(p)]
     if not windows or len(windows) * 2 < len(run.steps):
         return None
     return windows

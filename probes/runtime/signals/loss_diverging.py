@@ -1,0 +1,275 @@
+"""loss-diverging: the loss climbs far above its best value while updates keep being applied.
+
+The step size is the first suspect (TD: a loss spike means a learning rate too high; GM lists
+a high learning rate first among the causes of exploding gradients), so the finding names the
+learning rate and the warmup seen, and its advice starts with them. Only single-objective runs
+are judged: with two optimizers (a GAN, actor-critic), each loss is adversarial and may rise by
+design. Losses that go negative (policy-gradient surrogates) have no "far above the best".
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from typing import ClassVar
+
+from gradient_doctor.knowledge.findings import Finding, Severity
+from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
+from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
+from gradient_doctor.probes.runtime.signals.stats import loss_bad, step_loss
+
+#: Fewer finite losses than this say nothing about a trend.
+MIN_STEPS = 6
+NAN = float("nan")
+RISING = [4.2, 4.0, 3.9, 3.9, 4.5, 6.0, 8.0, 11.0, 13.0, 15.0, 14.0, 15.0]
+
+
+def smoothed(values: list[float]) -> list[float]:
+    """Running median of three (one lucky batch is not the best of the run); the first and
+    last values have one neighbour only and stay as they are."""
+    if len(values) < 3:
+        return list(values)
+    inner = [statistics.median(values[i - 1 : i + 2]) for i in range(1, len(values) - 1)]
+    return [values[0], *inner, values[-1]]
+
+
+def lr_story(points: list[StepPoint]) -> tuple[str, dict[str, float | int | None]]:
+    """What the learning rate did over ``points``: a sentence and the numbers."""
+    rates = [(p.step, p.lr) for p in points if p.lr is not None]
+    if not rates:
+        return "learning rate not seen (no optimizer's param_groups, e.g. a hand-written update)", {
+            "lr": None
+        }
+    first_lr = rates[0][1]
+    peak_step, peak = max(rates, key=lambda item: item[1] or 0.0)
+    last_lr = rates[-1][1]
+    numbers: dict[str, float | int | None] = {"lr": peak, "lr_first": first_lr, "lr_last": last_lr}
+    if peak is not None and first_lr is not None and peak > first_lr * 1.01:
+        warmup = peak_step - rates[0][0] + 1
+        numbers["warmup_steps"] = warmup
+        return (
+            f"learning rate {first_lr:.3g} → {peak:.3g} (a warmup of {warmup} step(s), peak at "
+            f"step {peak_step}), {last_lr:.3g} at the end",
+            numbers,
+        )
+    numbers["warmup_steps"] = 0
+    return f"learning rate {peak:.3g} from the first measured step on: no warmup seen", numbers
+
+
+class LossDiverging(Signal):
+    id = "loss-diverging"
+    severities = ("warning", "critical")
+    summary = (
+        "Recent loss above loss_diverging_warning × the best (smoothed) loss of the run and "
+        "above the first loss, while the optimizer keeps stepping."
+    )
+    reads = frozenset({"loss"})
+    optional = frozenset({"losses", "lr", "skipped", "optimizer_kinds"})
+    thresholds = ("loss_diverging_warning", "loss_diverging_critical")
+    message = (
+        "The loss climbed to {recent:.4g} (median of the last {window} steps) from its best "
+        "{best:.4g} at step {best_step} ({ratio:.3g}×; it started at {first:.4g}) while updates "
+        "kept being applied. {lr_story}."
+    )
+    advice = (
+        "Reduce the step size first: a lower peak learning rate{lower} and a warmup of a few "
+        "hundred steps; then keep norm clipping as a guard against single spikes (clipping and "
+        "architecture changes do not fix a step size that is too large)."
+    )
+    rank = 45
+    healthy: ClassVar[list[Example]] = [
+        Example(
+            "an early transient that recovered below the start (LR x100, no warmup)",
+            None,
+            series={
+                "loss": [
+                    3.25,
+                    3.53,
+                    4.59,
+                    4.89,
+                    4.61,
+                    5.25,
+                    4.3,
+                    3.67,
+                    3.28,
+                    3.45,
+                    3.35,
+                    3.37,
+                    3.16,
+                    3.11,
+                    2.95,
+                    2.93,
+                    2.91,
+                    2.96,
+                    2.94,
+                    2.95,
+                    2.98,
+                    2.93,
+                    2.83,
+                    2.84,
+                    2.81,
+                    2.85,
+                    2.82,
+                    2.87,
+                    2.82,
+                    2.79,
+                ],
+            },
+        ),
+        Example("a falling loss", None, series={"loss": [4.2 - 0.1 * s for s in range(12)]}),
+        Example(
+            "a noisy plateau",
+            None,
+            series={"loss": [2.3, 2.1, 2.4, 2.2, 2.35, 2.15, 2.3, 2.25, 2.4, 2.2, 2.3, 2.35]},
+        ),
+        Example(
+            "falls, then rises a little, still below the start",
+            None,
+            series={"loss": [3.0, 2.0, 1.2, 1.0, 1.0, 1.1, 1.3, 1.6, 1.8, 1.9, 2.0, 2.1]},
+        ),
+        Example(
+            "a GAN's generator loss rises by design",
+            None,
+            series={"loss": RISING, "optimizer": [1] * 12},
+            run={"optimizer_kinds": ["Adam", "Adam"]},
+            steps={0: {"optimizer": 0, "loss": 0.7}},
+        ),
+    ]
+    pathological: ClassVar[list[Example]] = [
+        Example(
+            "blew up to 6x, partly recovered, still twice the start (nanoGPT, LR x1000)",
+            "critical",
+            series={
+                "loss": [
+                    3.25,
+                    3.42,
+                    5.86,
+                    6.48,
+                    7.48,
+                    8.21,
+                    3.93,
+                    9.13,
+                    6.88,
+                    8.89,
+                    9.94,
+                    18.09,
+                    19.23,
+                    7.88,
+                    8.94,
+                    9.95,
+                    13.45,
+                    10.53,
+                    10.61,
+                    10.83,
+                    12.29,
+                    8.65,
+                    8.96,
+                    8.95,
+                    6.27,
+                    6.97,
+                    9.07,
+                    5.58,
+                    4.59,
+                    6.31,
+                ],
+                "lr": [1.0] * 30,
+            },
+            check={"peak_step": 12},
+        ),
+        Example(
+            "LR x100 with a warmup: 4.2 to 15",
+            "critical",
+            series={"loss": RISING, "lr": [0.01 * min(s + 1, 10) for s in range(12)]},
+            check={
+                "best_step": 3,
+                "learning_rate": {"lr": 0.1, "lr_first": 0.01, "lr_last": 0.1, "warmup_steps": 10},
+            },
+        ),
+        Example(
+            "rising to 2.5x the best, no learning rate known",
+            "warning",
+            series={"loss": [2.0, 1.5, 1.2, 1.0, 1.0, 1.3, 1.8, 2.2, 2.5, 2.6, 2.5, 2.6]},
+        ),
+        Example(
+            "climbing, then NaN",
+            "critical",
+            series={"loss": [4.0, 3.5, 3.3, 3.4, 5.0, 9.0, 20.0, NAN], "lr": [1.0] * 8},
+        ),
+    ]
+
+    def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
+        if len(run.optimizers()) > 1:
+            return  # adversarial or multi-objective losses: no single best to diverge from
+        applied = [p for p in run.steps if not p.skipped]
+        values = [(p, loss) for p in applied if (loss := step_loss(p)) is not None]
+        if len(values) < MIN_STEPS or any(loss <= 0 for _, loss in values):
+            return
+        blew_up = next((p for p in applied if loss_bad(p)), None)
+        if blew_up is not None:
+            values = [(p, loss) for p, loss in values if p.step < blew_up.step]
+            if len(values) < MIN_STEPS // 2:
+                return
+        losses = [loss for _, loss in values]
+        smooth = smoothed(losses)
+        window = max(3, len(losses) // 6)
+        recent = statistics.median(losses[-window:])
+        best_index = min(range(len(smooth) - window), key=lambda i: smooth[i], default=None)
+        if best_index is None:
+            return
+        best = smooth[best_index]
+        first = statistics.median(losses[:3])
+        ratio = recent / best
+        warn = ctx.threshold("loss_diverging_warning")
+        crit = ctx.threshold("loss_diverging_critical")
+        # The highest (smoothed) loss after the best: a blow-up that partly recovered is still
+        # one while the loss stays above where the run started.
+        peak_index = max(range(best_index + 1, len(smooth)), key=lambda i: smooth[i])
+        peak = smooth[peak_index]
+        spiked = peak / best > crit
+        if recent <= first or not (ratio > warn or spiked):
+            return
+        severity: Severity = (
+            "critical" if ratio > crit or spiked or blew_up is not None else "warning"
+        )
+        onset = next(
+            (p for (p, loss) in values[best_index + 1 :] if loss > warn * best),
+            values[-window][0],
+        )
+        story, numbers = lr_story(applied)
+        lower = ""
+        if numbers.get("lr"):
+            lower = f" (try {float(numbers['lr'] or 0) / 10:.2g}, a tenth of {numbers['lr']:.3g})"
+        message = self.message.format(
+            recent=recent,
+            window=window,
+            best=best,
+            best_step=values[best_index][0].step,
+            ratio=ratio,
+            first=losses[0],
+            lr_story=story[0].upper() + story[1:],
+        )
+        if spiked and peak > recent:
+            message += (
+                f" It had peaked at {peak:.4g} at step {values[peak_index][0].step} "
+                f"({peak / best:.3g}× the best)."
+            )
+        if blew_up is not None:
+            message += f" At step {blew_up.step} the loss became non-finite."
+        yield ctx.finding(
+            self.id,
+            severity,
+            message,
+            step=onset.step,
+            fix=self.advice.format(lower=lower),
+            recent_loss=recent,
+            best_loss=best,
+            best_step=values[best_index][0].step,
+            first_loss=first,
+            ratio=ratio,
+            peak_loss=peak,
+            peak_step=values[peak_index][0].step,
+            nonfinite_step=blew_up.step if blew_up is not None else None,
+            threshold_warning=warn,
+            threshold_critical=crit,
+            learning_rate=numbers,
+        )
