@@ -13,7 +13,6 @@ import ast
 import gc
 import importlib
 import pkgutil
-import warnings
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from gradient_doctor.knowledge.findings import Finding, Fix, severity_at_least
 from gradient_doctor.probes.static import rules as rules_package
 from gradient_doctor.probes.static.base import RawFinding, Rule
 from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.parsing import parse_source, syntax_error
 from gradient_doctor.probes.static.patches import (
     DiffError,
     Patch,
@@ -77,42 +77,16 @@ def _selected(select: Collection[str] | None, ignore: Collection[str] | None) ->
 
 
 def _syntax_error(source: str) -> str | None:
-    """A one-line reason when CPython cannot parse ``source``, else None."""
-    tree = _python_ast(source)
-    return tree if isinstance(tree, str) else None
+    """A one-line reason when no supported Python can parse ``source``, else None."""
+    return syntax_error(source)
 
 
-def _python_ast(source: str) -> ast.Module | str:
-    """CPython's tree of ``source``, or a one-line reason it cannot be parsed (checked before
-    libcst, whose native parser can crash on pathological nesting)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return ast.parse(source)
-    except SyntaxError as exc:
-        line = max(exc.lineno or 1, 1)
-        col = max(exc.offset or 1, 1)
-        return f"syntax error at line {line}:{col}: {exc.msg}"
-    except (RecursionError, MemoryError):
-        return "syntax error at line 1:1: the file is too deeply nested to analyse"
-    except ValueError as exc:  # e.g. NUL bytes
-        return f"syntax error at line 1:1: {str(exc).splitlines()[0] if str(exc) else 'invalid'}"
-
-
-def _parse(source: str) -> tuple[cst.Module, ast.Module] | str:
+def _parse(source: str) -> tuple[cst.Module, ast.Module | None] | str:
     # A byte-order mark is not code; patches are still made against the exact text (with it).
-    source = source.removeprefix(BOM)
-    tree = _python_ast(source)
-    if isinstance(tree, str):
-        return tree
-    try:
-        return cst.parse_module(source), tree
-    except cst.ParserSyntaxError as exc:
-        return f"syntax error at line {exc.raw_line}:{exc.raw_column + 1}: {exc.message}"
-    except (RecursionError, MemoryError):
-        return "the file is too deeply nested to analyse"
-    except Exception as exc:  # libcst raises a few other types on odd input
-        return f"could not parse the file: {type(exc).__name__}"
+    parsed = parse_source(source)
+    if isinstance(parsed, str):
+        return parsed
+    return parsed.module, parsed.tree
 
 
 @dataclass

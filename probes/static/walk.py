@@ -9,15 +9,14 @@ the text handed to the engine, and the diffs made against it, match the file exa
 
 from __future__ import annotations
 
-import ast
 import io
 import os
 import tokenize
-import warnings
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 from gradient_doctor.probes.static.engine import all_rules, lint_source
+from gradient_doctor.probes.static.parsing import syntax_error
 from gradient_doctor.probes.static.report import FileReport, LintReport
 
 MAX_FILE_BYTES = 5 * 1024 * 1024
@@ -139,23 +138,14 @@ def decode_source(data: bytes) -> str:
 
 
 def check_syntax(source: str) -> str | None:
-    """Return a one-line syntax error for ``source``, or None when CPython accepts it.
+    """Return a one-line syntax error for ``source``, or None when some Python 3.8-3.14 accepts it.
 
     CPython's own parser runs first because it rejects pathological nesting cleanly, where
-    libcst's native parser can overflow its stack and take the process down.
+    libcst's native parser can overflow its stack and take the process down; code that only a
+    newer Python accepts (PEP 701 f-strings...) is then read by libcst behind a nesting guard
+    (see :mod:`probes.static.parsing`).
     """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # SyntaxWarning for odd escapes is not our concern.
-            ast.parse(source)
-    except SyntaxError as exc:
-        where = f"line {exc.lineno}:{exc.offset}" if exc.lineno else "unknown position"
-        return f"syntax error at {where}: {_one_line(exc.msg)}"
-    except (RecursionError, MemoryError):
-        return "syntax error: the code is nested too deeply to parse"
-    except ValueError as exc:
-        return f"syntax error: {_one_line(str(exc))}"
-    return None
+    return syntax_error(source)
 
 
 def _one_line(text: str) -> str:
@@ -176,9 +166,7 @@ def lint_file(
         source = read_source(path, named_explicitly=named_explicitly)
     except SourceError as exc:
         return FileReport(path=shown, error=str(exc))
-    syntax_error = check_syntax(source)
-    if syntax_error is not None:
-        return FileReport(path=shown, error=syntax_error)
+    # lint_source reports a syntax error itself (one parse, one message).
     try:
         report = lint_source(source, shown, select=select, ignore=ignore)
     except RecursionError:
