@@ -17,10 +17,11 @@ branch that gates the update). Rules only read these objects.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 import libcst as cst
 
@@ -125,6 +126,10 @@ class FuncInfo:
     items: list[Event | HelperCall] = field(default_factory=list)
     loop_ids: set[int] = field(default_factory=set)
     """ids of the loops written in this function's own body."""
+    model: FileModel | None = None
+    """The file that defines it (helpers may come from other files of the project)."""
+    returns: list[cst.BaseExpression] = field(default_factory=list)
+    """The values of its ``return`` statements, in source order."""
 
 
 @dataclass(eq=False)
@@ -216,16 +221,58 @@ def exclusive(a: Event, b: Event) -> bool:
     return False
 
 
+class ProjectLink(Protocol):
+    """What a file's model asks of the project index (see :mod:`probes.static.project`)."""
+
+    def register(self, model: FileModel) -> None:
+        """``model`` is being built: other files may already resolve their calls into it."""
+
+    def function(self, qualified: str, model: FileModel) -> FuncInfo | None:
+        """The function (or ``Class.method``) named ``qualified`` as seen from ``model``."""
+
+    def class_method(self, qualified_class: str, method: str, model: FileModel) -> FuncInfo | None:
+        """``method`` of the project class ``qualified_class`` (or of its bases)."""
+
+    def parameter_kinds(self, model: FileModel) -> dict[tuple[int, str], str]:
+        """(id of a function of ``model``, parameter) -> the kind its callers pass."""
+
+
+def bind_arguments(call: cst.Call, target: cst.FunctionDef) -> list[tuple[str, cst.BaseExpression]]:
+    """(parameter, argument) pairs of ``call`` to ``target``; ``self``/``cls`` is skipped for
+    a method called through an attribute, and star arguments end the positional matching."""
+    params = [*target.params.posonly_params, *target.params.params]
+    names = [p.name.value for p in params]
+    if names and names[0] in {"self", "cls"} and isinstance(call.func, cst.Attribute):
+        names = names[1:]
+    keyword_ok = {p.name.value for p in [*params, *target.params.kwonly_params]}
+    bound: list[tuple[str, cst.BaseExpression]] = []
+    position = 0
+    positional_open = True
+    for arg in call.args:
+        if arg.star:
+            positional_open = False
+            continue
+        if arg.keyword is not None:
+            if arg.keyword.value in keyword_ok:
+                bound.append((arg.keyword.value, arg.value))
+            continue
+        if positional_open and position < len(names):
+            bound.append((names[position], arg.value))
+        position += 1
+    return bound
+
+
 @dataclass
 class Accumulation:
     """Gradient accumulation recognised in a unit."""
 
-    style: Literal["conditional", "nested"]
+    style: Literal["conditional", "nested", "accelerate"]
     divisor: cst.BaseExpression | None
-    """``N``: the modulo operand of the gate or the ``range(N)`` of the micro-step loop
-    (None when the micro-step loop does not say how many micro-batches it runs)."""
+    """``N``: the modulo operand of the gate, the ``range(N)`` of the micro-step loop, or the
+    ``gradient_accumulation_steps`` of the ``Accelerator`` (None when not written)."""
     gate: Frame | None
-    """The branch that runs the update (conditional style)."""
+    """The branch that runs the update (conditional style), or the ``with
+    accelerator.accumulate(model):`` block (accelerate style)."""
     condition: cst.BaseExpression | None = None
     handles_last_batch: bool = False
 
@@ -246,6 +293,11 @@ class Unit:
     events: list[Event]
     accumulation: Accumulation | None = None
     framework: str | None = None
+    variants: list[Unit] = field(default_factory=list)
+    """One unit per execution path through the ``if``s that choose how the update runs
+    (``if amp: ... else: ...``), when the whole unit does not show one accumulation."""
+    whole: Unit | None = None
+    """For a path variant: the unit it is taken from."""
 
     @property
     def backwards(self) -> list[Event]:
@@ -265,6 +317,12 @@ class Unit:
             return False
         if acc.style == "nested":
             return event.inside(self.micro)
+        if acc.style == "accelerate":
+            if not event.inside(acc.gate) or event.kind in STEP_KINDS:
+                return False  # a prepared optimizer steps only on the sync step
+            return not any(
+                f.tag == "framework-gate" and f.branch == 0 for f in event.frames_after(acc.gate)
+            )
         if not event.inside(self.micro):
             return False
         for frame in event.frames_after(self.micro):
@@ -283,6 +341,12 @@ class Unit:
             return False
         if acc.style == "nested":
             return not event.inside(self.micro)
+        if acc.style == "accelerate":
+            if not event.inside(acc.gate):
+                return False
+            return event.kind in STEP_KINDS or any(
+                f.tag == "framework-gate" and f.branch == 0 for f in event.frames_after(acc.gate)
+            )
         return acc.gate is not None and any(f.same(acc.gate) for f in event.frames)
 
 
@@ -296,13 +360,24 @@ def _is_accumulation_gate(frame: Frame) -> bool:
 class FileModel:
     """Everything the rules read about one file."""
 
-    def __init__(self, module: cst.Module, path: str = "<string>") -> None:
+    def __init__(
+        self,
+        module: cst.Module,
+        path: str = "<string>",
+        *,
+        project: ProjectLink | None = None,
+    ) -> None:
         self.module = module
         self.path = path
+        self.project = project
+        """The project index when a folder is analysed: helpers of other files are followed."""
         self.aliases: dict[str, str] = {}
         self.functions: list[FuncInfo] = []
         self.by_name: dict[str, list[FuncInfo]] = {}
         self.methods: dict[tuple[str, str], FuncInfo] = {}
+        self.class_bases: dict[str, list[str]] = {}
+        """The qualified names of each class's bases, as written."""
+        self.class_nodes: dict[str, cst.ClassDef] = {}
         self.kinds: dict[str, str] = {}
         """What a variable holds (``scaler``, ``optimizer``, ``ddp``...), from its constructor."""
         self.scaler_disabled: set[str] = set()
@@ -322,22 +397,70 @@ class FileModel:
         self.lightning_clipping = False
         self.hf_trainer = False
         self.uses_ddp = False
+        self.uses_fsdp = False
         self.uses_deepspeed = False
+        self.accelerators: dict[str, cst.Call] = {}
+        """``Accelerator(...)`` constructor calls by the name they are bound to."""
+        self.prepared: set[str] = set()
+        """Names passed to, or bound from, ``accelerator.prepare(...)``."""
+        self.trainer_configs: list[cst.Call] = []
+        """Lightning ``Trainer(...)`` / HF ``TrainingArguments(...)`` calls and DeepSpeed config
+        dicts: where a framework's accumulation count is set."""
+        self.config_dicts: list[cst.Dict] = []
         self.sequence_models: list[cst.Call] = []
         self.for_loops: list[cst.For] = []
         self.comprehensions: list[tuple[cst.ListComp | cst.GeneratorExp, cst.CSTNode]] = []
         self.divisions: list[tuple[cst.BinaryOperation, cst.CSTNode, FuncInfo]] = []
         self.monitoring_calls: list[cst.Call] = []
-        self.units: list[Unit] = []
+        self._units: list[Unit] | None = None
         self._gate_info: dict[int, tuple[cst.BaseExpression, cst.BaseExpression, bool]] = {}
         """For each ``if`` that gates an accumulation update: (N, its test, handles the last
         batch)."""
-        module_info = FuncInfo(module, "<module>", None)
+        self._method_cache: dict[tuple[str, str, bool], FuncInfo | None] = {}
+        self._parents: dict[int, dict[int, cst.CSTNode]] = {}
+        module_info = FuncInfo(module, "<module>", None, model=self)
         self.module_info = module_info
         _Collector(self, module_info).collect()
+        if project is not None:
+            project.register(self)
+        self._propagate_parameter_kinds()
         for func in [module_info, *self.functions]:
             _EventWalker(self, func).walk()
-        self._build_units()
+
+    def ancestors(self, node: cst.CSTNode) -> list[cst.CSTNode]:
+        """The nodes that enclose ``node``, innermost first (empty when it is not in this file)."""
+        index = self.top_level.get(id(node))
+        if index is None:
+            return []
+        parents = self._parents.get(index)
+        if parents is None:
+            parents = {}
+            stack: list[cst.CSTNode] = [self.module.body[index]]
+            while stack:
+                current = stack.pop()
+                for kid in children(current):
+                    parents[id(kid)] = current
+                    stack.append(kid)
+            self._parents[index] = parents
+        out: list[cst.CSTNode] = []
+        current = parents.get(id(node))
+        while current is not None:
+            out.append(current)
+            current = parents.get(id(current))
+        out.append(self.module)
+        return out
+
+    def owns(self, node: cst.CSTNode) -> bool:
+        """True when ``node`` is in this file's syntax tree."""
+        return id(node) in self.top_level
+
+    @property
+    def units(self) -> list[Unit]:
+        """The training iterations of the file (built on first use)."""
+        if self._units is None:
+            self._units = []
+            self._build_units()
+        return self._units
 
     # -- names -------------------------------------------------------------------------------
     def qualify(self, node: cst.BaseExpression) -> str | None:
@@ -384,20 +507,97 @@ class FileModel:
         return None
 
     def function_for_call(self, call: cst.Call, context: FuncInfo) -> FuncInfo | None:
-        """The local function or method ``call`` runs, when it is defined in this file."""
+        """The function or method ``call`` runs, when it is defined in this file or (with a
+        project index) in another file of the project."""
         func = call.func
         if isinstance(func, cst.Name):
             candidates = self.by_name.get(func.value, [])
             top = [c for c in candidates if c.class_name is None]
-            return top[0] if len(top) == 1 else None
+            if top:
+                return top[0] if len(top) == 1 else None
+            if func.value in self.class_nodes:
+                return None  # a constructor call
+            return self._imported(func.value)
+        if not isinstance(func, cst.Attribute):
+            return None
+        owner = context.class_name
+        base = func.value
+        if isinstance(base, cst.Name) and base.value in {"self", "cls"} and owner is not None:
+            return self.method_of(owner, func.attr.value)
         if (
-            isinstance(func, cst.Attribute)
-            and isinstance(func.value, cst.Name)
-            and func.value.value in {"self", "cls"}
-            and context.class_name is not None
+            isinstance(base, cst.Call)
+            and isinstance(base.func, cst.Name)
+            and base.func.value == "super"
+            and owner is not None
         ):
-            return self.methods.get((context.class_name, func.attr.value))
+            return self.method_of(owner, func.attr.value, inherited_only=True)
+        dotted = dotted_name(func)
+        if dotted is not None and dotted.split(".", 1)[0] in self.aliases:
+            return self._imported(dotted)
         return None
+
+    def method_of(
+        self, class_name: str, method: str, *, inherited_only: bool = False, depth: int = 0
+    ) -> FuncInfo | None:
+        """``class_name.method``, looked up in the class and then its bases (local or, with a
+        project index, in other files); None when it is not found or defined outside."""
+        key = (class_name, method, inherited_only)
+        if key in self._method_cache:
+            return self._method_cache[key]
+        self._method_cache[key] = None  # a cycle of bases ends here
+        found: FuncInfo | None = None
+        if not inherited_only:
+            found = self.methods.get((class_name, method))
+        if found is None and depth < 8:
+            for base in self.class_bases.get(class_name, []):
+                if base in self.class_nodes:
+                    found = self.method_of(base, method, depth=depth + 1)
+                elif self.project is not None:
+                    found = self.project.class_method(self.qualify_text(base), method, self)
+                if found is not None:
+                    break
+        self._method_cache[key] = found
+        return found
+
+    def qualify_text(self, dotted: str) -> str:
+        """``dotted`` with its first part's import alias resolved."""
+        head, dot, rest = dotted.partition(".")
+        base = self.aliases.get(head)
+        return dotted if base is None else base + dot + rest
+
+    def _imported(self, dotted: str) -> FuncInfo | None:
+        if self.project is None:
+            return None
+        head = dotted.split(".", 1)[0]
+        if head not in self.aliases:
+            return None
+        return self.project.function(self.qualify_text(dotted), self)
+
+    def _propagate_parameter_kinds(self) -> None:
+        """A scaler, optimizer, scheduler or wrapped model passed to a function keeps its role
+        there: the parameter it binds gets the argument's kind (when every call agrees)."""
+        seen: dict[tuple[int, str], str] = {}
+        for call, _, func in self.all_calls:
+            target = self.function_for_call(call, func)
+            if (
+                target is None
+                or target.model is not self
+                or not isinstance(target.node, cst.FunctionDef)
+            ):
+                continue
+            for param, value in bind_arguments(call, target.node):
+                text = dotted_name(value)
+                kind = self.kinds.get(text) if text is not None else None
+                if kind is None or kind == "other":
+                    continue
+                key = (id(target), param)
+                seen[key] = kind if seen.get(key, kind) == kind else "other"
+        if self.project is not None:
+            for (func_id, param), kind in self.project.parameter_kinds(self).items():
+                seen.setdefault((func_id, param), kind)
+        for (_, param), kind in seen.items():
+            if kind != "other":
+                self.kinds.setdefault(param, kind)
 
     def direct_events(self) -> Iterator[Event]:
         """Every event of every function once, where it is written (no inlining)."""
@@ -448,8 +648,9 @@ class FileModel:
         self._inlined: set[int] = set()
         self._expanded: dict[int, list[Event]] = {}
         per_root = [(func, self.expanded(func)) for func in [self.module_info, *self.functions]]
+        assert self._units is not None
         for func, events in per_root:
-            self.units.extend(self._units_of(func, events))
+            self._units.extend(self._units_of(func, events))
 
     def _units_of(self, func: FuncInfo, events: list[Event]) -> Iterator[Unit]:
         groups: dict[int, list[Event]] = {}
@@ -477,18 +678,95 @@ class FileModel:
         framework = next((b.framework for b in backwards if b.framework), None)
         if steps_inside or micro is None:
             unit = Unit(func, micro, micro, inside, framework=framework)
-            unit.accumulation = self._conditional_accumulation(unit, steps_inside)
-            return unit
-        # The step is not in the backward's loop: look one loop out (nested micro-step loop).
-        sample = backwards[0] if backwards else inside[0]
-        loops = [f for f in sample.frames if f.kind == "loop"]
-        outer = loops[-2] if len(loops) >= 2 else None
-        scope_events = [e for e in events if e.inside(outer)]
-        unit = Unit(func, micro, outer, scope_events, framework=framework)
-        steps_after = [e for e in scope_events if e.kind in STEP_KINDS and not e.inside(micro)]
-        if steps_after and micro is not None and _is_micro_step_loop(micro.node):
-            unit.accumulation = Accumulation("nested", _range_bound(micro.node), None)
+        else:
+            # The step is not in the backward's loop: look one loop out (nested micro-steps).
+            sample = backwards[0] if backwards else inside[0]
+            loops = [f for f in sample.frames if f.kind == "loop"]
+            outer = loops[-2] if len(loops) >= 2 else None
+            unit = Unit(
+                func, micro, outer, [e for e in events if e.inside(outer)], framework=framework
+            )
+        unit.accumulation = self._accumulation(unit)
+        if unit.accumulation is None:
+            unit.variants = self._path_variants(unit)
         return unit
+
+    def _accumulation(self, unit: Unit) -> Accumulation | None:
+        accelerate = self._accelerate_accumulation(unit)
+        if accelerate is not None:
+            return accelerate
+        micro = unit.micro
+        if unit.scope is micro:
+            steps = [e for e in unit.events if e.kind in STEP_KINDS]
+            return self._conditional_accumulation(unit, steps)
+        steps_after = [e for e in unit.events if e.kind in STEP_KINDS and not e.inside(micro)]
+        if steps_after and micro is not None and _is_micro_step_loop(micro.node):
+            return Accumulation("nested", _range_bound(micro.node), None)
+        return None
+
+    def _accelerate_accumulation(self, unit: Unit) -> Accumulation | None:
+        """``with accelerator.accumulate(model):`` around the backward: Accelerate decides on
+        which micro-batch the prepared optimizer really steps (``sync_gradients``)."""
+        for backward in unit.backwards:
+            block = next((f for f in backward.frames if f.tag == "accumulate"), None)
+            if block is None:
+                continue
+            divisor = None
+            if len(self.accelerators) == 1:
+                call = next(iter(self.accelerators.values()))
+                divisor = call_arg(call, None, "gradient_accumulation_steps")
+            return Accumulation("accelerate", divisor, block)
+        return None
+
+    def _path_variants(self, unit: Unit) -> list[Unit]:
+        """The unit once per consistent choice of the ``if``s that hold a backward or a step
+        (``if use_amp: ... else: ...``, ``if accum_steps > 1: ... else: ...``), kept when that
+        path shows an accumulation the whole unit hides. Tests written the same way (``if
+        amp`` twice, or ``if amp`` and ``if not amp``) take the same branch on one path."""
+        groups: dict[str, list[tuple[cst.If, bool]]] = {}
+        for event in unit.events:
+            if event.kind not in STEP_KINDS and event.kind != "backward":
+                continue
+            for frame in event.frames_after(unit.scope):
+                if frame.kind != "if" or frame.tag in {_GATE_TAG, "framework-gate"}:
+                    continue
+                node = frame.node
+                assert isinstance(node, cst.If)
+                key, positive = condition_key(node.test)
+                entries = groups.setdefault(key, [])
+                if all(n is not node for n, _ in entries):
+                    entries.append((node, positive))
+        if not groups or len(groups) > MAX_PATH_GROUPS:
+            return []
+        variants: list[Unit] = []
+        seen: set[tuple[int, ...]] = set()
+        for values in itertools.product((True, False), repeat=len(groups)):
+            branch_of: dict[int, int] = {}
+            for (_, entries), value in zip(groups.items(), values, strict=True):
+                for node, positive in entries:
+                    branch_of[id(node)] = 0 if value == positive else 1
+            kept = [
+                e
+                for e in unit.events
+                if all(
+                    branch_of.get(id(f.node), f.branch) == f.branch
+                    for f in e.frames_after(unit.scope)
+                    if f.kind == "if"
+                )
+            ]
+            key = tuple(id(e) for e in kept)
+            if key in seen:
+                continue
+            seen.add(key)
+            variant = Unit(
+                unit.root, unit.micro, unit.scope, kept, framework=unit.framework, whole=unit
+            )
+            if not variant.backwards or not variant.steps:
+                continue
+            variant.accumulation = self._accumulation(variant)
+            if variant.accumulation is not None:
+                variants.append(variant)
+        return variants
 
     def _conditional_accumulation(self, unit: Unit, steps: list[Event]) -> Accumulation | None:
         if not steps:
@@ -509,6 +787,31 @@ class FileModel:
             return None
         divisor, condition, last_batch = info
         return Accumulation("conditional", divisor, gate, condition, last_batch)
+
+
+MAX_PATH_GROUPS = 4
+"""At most 2**4 execution paths are told apart per unit."""
+
+
+def condition_key(test: cst.BaseExpression) -> tuple[str, bool]:
+    """(the tested expression, True when the branch runs if it is truthy): ``if not amp`` and
+    ``if amp`` test the same thing; so do ``if scaler is None`` and ``if scaler``."""
+    positive = True
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test = test.expression
+        positive = not positive
+    if (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].comparator, cst.Name)
+        and test.comparisons[0].comparator.value == "None"
+    ):
+        operator = test.comparisons[0].operator
+        if isinstance(operator, cst.Is):
+            return code_of(test.left), not positive
+        if isinstance(operator, cst.IsNot):
+            return code_of(test.left), positive
+    return code_of(test), positive
 
 
 _MICRO_WORDS = re.compile(r"micro|accum|chunk|split|shard", re.I)
@@ -536,6 +839,24 @@ def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
     if len(args) == 2 and isinstance(args[0].value, cst.Integer) and args[0].value.value == "0":
         return args[1].value
     return None
+
+
+def _is_prepare(value: cst.BaseExpression) -> bool:
+    """``accelerator.prepare(...)`` (or ``fabric.setup(...)``)."""
+    return (
+        isinstance(value, cst.Call)
+        and method_name(value)
+        in {
+            "prepare",
+            "prepare_model",
+            "setup",
+        }
+        and "accelerator" in code_of(value.func).lower()
+    ) or (
+        isinstance(value, cst.Call)
+        and method_name(value) in {"setup", "setup_module"}
+        and "fabric" in code_of(value.func).lower()
+    )
 
 
 def modulo_divisor(test: cst.BaseExpression) -> cst.BaseExpression | None:
@@ -629,8 +950,13 @@ class _Collector:
             self.model.divisions.append((node, self.stmt_stack[-1], self.func_stack[-1]))
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self.class_stack.append(node.name.value)
+        name = node.name.value
+        self.class_stack.append(name)
         self.containers.append("class")
+        if not (len(self.containers) > 1 and self.containers[-2] == "def"):
+            self.model.class_nodes.setdefault(name, node)
+            bases = [dotted_name(arg.value) for arg in node.bases if arg.keyword is None]
+            self.model.class_bases.setdefault(name, [b for b in bases if b is not None])
         return True
 
     def leave_ClassDef(self, node: cst.ClassDef) -> None:
@@ -641,7 +967,7 @@ class _Collector:
         direct_method = bool(self.containers) and self.containers[-1] == "class"
         owner = self.class_stack[-1] if direct_method else None
         self.containers.append("def")
-        info = FuncInfo(node, node.name.value, owner)
+        info = FuncInfo(node, node.name.value, owner, model=self.model)
         params = node.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             info.params.add(param.name.value)
@@ -662,6 +988,18 @@ class _Collector:
         self.func_stack.pop()
         self.containers.pop()
         self.stmt_stack.pop()
+
+    def visit_Return(self, node: cst.Return) -> None:
+        if node.value is not None and len(self.func_stack) > 1:
+            self.func_stack[-1].returns.append(node.value)
+
+    def visit_Dict(self, node: cst.Dict) -> None:
+        for element in node.elements:
+            if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+                key = element.key.evaluated_value
+                if key in {"gradient_accumulation_steps", "gradient_clipping"}:
+                    self.model.config_dicts.append(node)
+                    return
 
     # imports ---------------------------------------------------------------------------------
     def visit_Import(self, node: cst.Import) -> bool:
@@ -721,8 +1059,11 @@ class _Collector:
         if isinstance(target, cst.Tuple | cst.List):
             elements = [e.value for e in target.elements]
             kinds = self._tuple_kinds(value, len(elements))
+            prepared = _is_prepare(value)
             for element, kind in zip(elements, kinds, strict=False):
                 text = dotted_name(element)
+                if text is not None and prepared:
+                    self.model.prepared.add(text)
                 if text is not None and kind is not None:
                     self.model.kinds[text] = kind
                 if isinstance(element, cst.Name):
@@ -735,7 +1076,11 @@ class _Collector:
         if isinstance(target, cst.Name):
             func.assigns.setdefault(text, []).append(value)
             self.model.constants.setdefault(text, value)
+        if _is_prepare(value):
+            self.model.prepared.add(text)
         kind = self._constructed_kind(value)
+        if kind == "accelerator" and isinstance(value, cst.Call):
+            self.model.accelerators[text] = value
         if kind is not None:
             self.model.kinds[text] = kind
             if isinstance(value, cst.Call):
@@ -767,7 +1112,8 @@ class _Collector:
         if last in {"DistributedDataParallel", "DDP"}:
             self.model.uses_ddp = True
             return "ddp"
-        if last in {"FullyShardedDataParallel", "FSDP"}:
+        if last in {"FullyShardedDataParallel", "FSDP", "fully_shard"}:
+            self.model.uses_fsdp = True
             return "fsdp"
         if last == "Accelerator":
             return "accelerator"
@@ -779,6 +1125,17 @@ class _Collector:
 
     def _tuple_kinds(self, value: cst.BaseExpression, count: int) -> list[str | None]:
         kinds: list[str | None] = [None] * count
+        if _is_prepare(value):
+            # `model, opt, sched = accelerator.prepare(model, opt, sched)`: each keeps its role.
+            assert isinstance(value, cst.Call)
+            args = [a.value for a in value.args if a.keyword is None and not a.star]
+            for index, arg in enumerate(args[:count]):
+                text = dotted_name(arg)
+                if text is not None:
+                    self.model.prepared.add(text)
+                    known = self.model.kinds.get(text)
+                    kinds[index] = known if known != "other" else None
+            return kinds
         if isinstance(value, cst.Call):
             qual = self.model.qualify(value.func) or ""
             if qual.endswith("deepspeed.initialize") or (
@@ -811,6 +1168,16 @@ class _Collector:
             self.model.hf_trainer = True
         if last in {"DistributedDataParallel", "DDP"}:
             self.model.uses_ddp = True
+        if last == "fully_shard" or last == "FullyShardedDataParallel":
+            self.model.uses_fsdp = True
+            target = call_arg(node, 0, "module")
+            text = dotted_name(target) if target is not None else None
+            if text is not None:
+                self.model.kinds.setdefault(text, "fsdp")
+        if _is_prepare(node):
+            self.model.uses_ddp = True  # prepare() wraps the model in DDP on several processes
+        if last in {"Trainer", "TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig"}:
+            self.model.trainer_configs.append(node)
         if (
             last in SEQUENCE_MODEL_NAMES
             or last.startswith("AutoModelFor")
@@ -1089,6 +1456,10 @@ class _EventWalker:
             return
         if name == "zero_grad":
             event("zero_grad", receiver=code_of(recv) if recv is not None else None)
+            return
+        if name == "set_requires_gradient_sync" and recv is not None:
+            # FSDP2's no_sync(): `model.set_requires_gradient_sync(is_last_micro_batch)`.
+            event("sync_flag", receiver=code_of(recv))
             return
         if name in {"zero_", "detach_", "fill_"} and recv is not None and _mentions_grad(recv):
             event("zero_grad", receiver=code_of(recv))

@@ -87,16 +87,17 @@ def accumulating_units(
     ``skip_deepspeed`` leaves out units stepped by a DeepSpeed engine, whose ``step()``
     zeroes the gradients and divides the loss by the accumulation count itself.
     """
-    for unit in model.units:
-        accumulation = unit.accumulation
-        if accumulation is None:
-            continue
-        steps = [s for s in unit.steps if unit.gated(s)]
-        if not steps:
-            continue
-        if skip_deepspeed and any(s.framework == "deepspeed" for s in steps):
-            continue
-        yield AccumulatingUnit(unit, accumulation, steps)
+    for whole in model.units:
+        for unit in [whole] if whole.accumulation is not None else whole.variants:
+            accumulation = unit.accumulation
+            if accumulation is None:
+                continue
+            steps = [s for s in unit.steps if unit.gated(s)]
+            if not steps:
+                continue
+            if skip_deepspeed and any(s.framework == "deepspeed" for s in steps):
+                continue
+            yield AccumulatingUnit(unit, accumulation, steps)
 
 
 def micro_step_backwards(unit: Unit) -> list[Event]:
@@ -320,3 +321,31 @@ def torch_name(model: FileModel) -> str | None:
         if full == "torch":
             return local
     return None
+
+
+def update_anchor(model: FileModel, unit: Unit, stmt: cst.CSTNode) -> cst.CSTNode:
+    """The statement of the update that holds ``stmt`` on every path: climbing out of the
+    ``if``s between the update's own block and ``stmt`` (``if amp: scaler.step(opt) else:
+    opt.step()`` as a whole), so that what is inserted next to it runs on every path."""
+    acc = unit.accumulation
+    owner: cst.CSTNode | None = None
+    if acc is not None and acc.gate is not None:
+        owner = acc.gate.node
+    elif unit.scope is not None:
+        owner = unit.scope.node
+    chain = [stmt, *model.ancestors(stmt)]
+    best = stmt
+    for node in chain[1:]:
+        if node is owner or isinstance(node, cst.FunctionDef | cst.Module | cst.For | cst.While):
+            break
+        if isinstance(node, cst.If | cst.With | cst.Try):
+            if isinstance(node, cst.If) and _is_gate(model, node):
+                break
+            best = node
+    return best
+
+
+def _is_gate(model: FileModel, node: cst.If) -> bool:
+    from gradient_doctor.probes.static.model import modulo_divisor
+
+    return modulo_divisor(node.test) is not None or "sync_gradients" in code_of(node.test)

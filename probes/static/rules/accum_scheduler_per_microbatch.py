@@ -6,9 +6,14 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.model import Event, FileModel
 from gradient_doctor.probes.static.patches import Patch
-from gradient_doctor.probes.static.ruletools import accumulating_units, label, placements
+from gradient_doctor.probes.static.ruletools import (
+    accumulating_units,
+    label,
+    placements,
+    update_anchor,
+)
 
 
 class AccumSchedulerPerMicrobatch(Rule):
@@ -95,10 +100,13 @@ for it in range(iters):
             for sched in unit.of_kind("sched_step"):
                 if not unit.in_micro_step(sched):
                     continue
+                if acc.style == "accelerate" and not _unprepared(model, sched):
+                    continue  # a prepared scheduler steps only when the optimizer does
                 sched_at, step_at = placements(sched, step)
                 patch = None
                 if sched_at.standalone:
-                    patch = Patch().move_after(sched_at.stmt, step_at.stmt)
+                    anchor = update_anchor(model, unit, step_at.stmt)
+                    patch = Patch().move_after(sched_at.stmt, anchor)
                 yield RawFinding(
                     node=sched_at.node,
                     message=self.message,
@@ -111,3 +119,14 @@ for it in range(iters):
                     patch=patch,
                     fix_description="Move the scheduler step into the update, after the step.",
                 )
+
+
+def _unprepared(model: FileModel, sched: Event) -> bool:
+    """A scheduler built in this file and never passed to ``accelerator.prepare()``."""
+    name = sched.receiver
+    return (
+        name is not None
+        and name in model.constructors
+        and name not in model.prepared
+        and bool(model.prepared)
+    )
