@@ -26,6 +26,7 @@ from gradient_doctor.probes.static import rules as rules_package
 from gradient_doctor.probes.static.base import RawFinding, Rule
 from gradient_doctor.probes.static.model import FileModel
 from gradient_doctor.probes.static.parsing import parse_source, syntax_error
+from gradient_doctor.probes.static.patchcheck import amp_hazards, check_patch
 from gradient_doctor.probes.static.patches import (
     DiffError,
     Patch,
@@ -121,29 +122,61 @@ class _Verifier:
     """Checks patches: they apply to the exact text, the edited code parses, and re-analysing
     the result no longer reports what they fix (and reports nothing new)."""
 
-    def __init__(self, source: str, module: cst.Module, path: str, baseline: list[_Raw]) -> None:
+    def __init__(
+        self,
+        source: str,
+        module: cst.Module,
+        path: str,
+        baseline: list[_Raw],
+        model: FileModel,
+    ) -> None:
         self.source = source
         self.module = module
         self.path = path
+        self.model = model
         self.patcher = Patcher(source, module)
         self.baseline = _counts(baseline)
-        self.cache: dict[str, Counter[str] | None] = {}
+        self.hazards: int | None = None
+        self.cache: dict[str, tuple[Counter[str], int] | None] = {}
         self.single_checks = 0
+        self.withheld: dict[int, str] = {}
+        """Why a rule's patch is not offered, by id of the patch."""
 
     def counts(self, code: str) -> Counter[str] | None:
+        result = self._analyse(code)
+        if result is None:
+            return None
+        counts, hazards = result
+        if self.hazards is None:
+            self.hazards = amp_hazards(self.model)
+        if hazards > self.hazards:
+            return None  # a second unscale_ per step, or one on every micro-step
+        return counts
+
+    def _analyse(self, code: str) -> tuple[Counter[str], int] | None:
         if code not in self.cache:
             parsed = _parse(code)
             if isinstance(parsed, str):
                 self.cache[code] = None
             else:
                 try:
-                    self.cache[code] = _counts(_check(parsed[0], self.path, all_rules()))
+                    model = FileModel(parsed[0], self.path, project=self.model.project)
+                    raws = _run_rules(model, all_rules())
+                    self.cache[code] = (_counts(raws), amp_hazards(model))
                 except RecursionError:
                     self.cache[code] = None
         return self.cache[code]
 
     def prepare(self, patch: Patch) -> tuple[str, str] | None:
-        """(patched text, its diff) when the patch applies and what it edits parses."""
+        """(patched text, its diff) when the patch is safe (see :mod:`patchcheck`), applies,
+        and what it edits parses."""
+        try:
+            reason = check_patch(self.model, patch)
+        except Exception:  # pragma: no cover - a check that cannot decide rejects
+            reason = "the analyser could not check it"
+        if reason is not None:
+            self.withheld[id(patch)] = reason
+            return None
         try:
             code, changed, region = self.patcher.apply(patch)
         except Exception:
@@ -233,7 +266,7 @@ def _lint(source: str, path: str, rules: list[Rule]) -> FileReport:
                 nodes.append(item.raw.node)
                 nodes.extend(_nodes_in(item.raw.evidence))
         positions = spans_of(module, nodes, top_level=model.top_level, tree=tree)
-        return _report(source, module, path, raws, rules, positions)
+        return _report(source, module, path, raws, rules, positions, model)
     except RecursionError:
         return FileReport(path=path, error="the file is too deeply nested to analyse")
     except Exception as exc:  # pragma: no cover - last line of defence: never a traceback
@@ -256,9 +289,10 @@ def _report(
     raws: list[_Raw],
     rules: Sequence[Rule],
     positions: dict[int, Span],
+    model: FileModel,
 ) -> FileReport:
     wanted = {r.id for r in rules}
-    verifier = _Verifier(source, module, path, raws)
+    verifier = _Verifier(source, module, path, raws, model)
     findings: list[Finding] = []
     candidates: list[_Candidate] = []
     fix_texts: list[tuple[str, bool]] = []
@@ -285,6 +319,8 @@ def _report(
             prepared = verifier.prepare(raw.patch)
             if prepared is not None:
                 candidates.append(_Candidate(len(findings), rule.id, raw.patch, *prepared))
+            elif id(raw.patch) in verifier.withheld:
+                evidence["fix_withheld"] = verifier.withheld[id(raw.patch)]
         fix_texts.append((raw.fix_description or "Apply the suggested change.", raw.fix_safe))
         findings.append(
             Finding(
