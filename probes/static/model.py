@@ -1392,7 +1392,14 @@ class _EventWalker:
             )
             if recv_kind in {"accelerator", "fabric"}:
                 limit = call_arg(call, 1, "max_norm")
-                event("clip", clip_kind=clip_kind, limit=limit, framework=recv_kind)
+                event(
+                    "clip",
+                    clip_kind=clip_kind,
+                    limit=limit,
+                    framework=recv_kind,
+                    receiver=code_of(recv) if recv is not None else None,
+                    result_used=result_used,
+                )
             elif is_module_function:
                 keyword = "clip_value" if clip_kind == "value" else "max_norm"
                 event(

@@ -64,6 +64,20 @@ class Patch:
         self.inserts.append((anchor, statement, True))
         return self
 
+    def wrap_in_if(self, stmt: cst.CSTNode, condition: str) -> Patch:
+        """Put the statement ``stmt`` under ``if condition:`` where it is."""
+        if not isinstance(stmt, cst.SimpleStatementLine | cst.BaseCompoundStatement):
+            raise TypeError(f"only statements are wrapped, not {type(stmt).__name__}")
+        inner = stmt.with_changes(leading_lines=[])
+        wrapped = cst.If(
+            test=cst.parse_expression(condition),
+            body=cst.IndentedBlock(body=[inner]),
+            leading_lines=stmt.leading_lines,
+        )
+        self.replace.append((stmt, wrapped))
+        self.inserts.append((stmt, wrapped, False))
+        return self
+
     def accompany(self, *statements: cst.CSTNode) -> Patch:
         """What this patch places must run wherever each of ``statements`` runs."""
         self.covers.extend(statements)

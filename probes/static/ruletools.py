@@ -349,3 +349,27 @@ def _is_gate(model: FileModel, node: cst.If) -> bool:
     from gradient_doctor.probes.static.model import modulo_divisor
 
     return modulo_divisor(node.test) is not None or "sync_gradients" in code_of(node.test)
+
+
+def guarded_statement(model: FileModel, stmt: cst.CSTNode) -> cst.CSTNode | None:
+    """What to move for the one-statement line ``stmt``, guards included: the line itself, or
+    the ``if`` that holds nothing but it (``if max_grad_norm is not None: clip(...)``) so the
+    guard moves with it. None when ``stmt`` cannot move on its own."""
+    if not movable(stmt):
+        return None
+    current: cst.CSTNode = stmt
+    while True:
+        parents = model.ancestors(current)
+        if len(parents) < 2:
+            return current
+        block, owner = parents[0], parents[1]
+        if not (
+            isinstance(block, cst.IndentedBlock)
+            and isinstance(owner, cst.If)
+            and owner.body is block
+            and owner.orelse is None
+            and len(block.body) == 1
+            and not _is_gate(model, owner)
+        ):
+            return current
+        current = owner

@@ -10,6 +10,7 @@ from gradient_doctor.probes.static.model import Event, FileModel
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
+    guarded_statement,
     label,
     placements,
     update_anchor,
@@ -104,9 +105,16 @@ for it in range(iters):
                     continue  # a prepared scheduler steps only when the optimizer does
                 sched_at, step_at = placements(sched, step)
                 patch = None
-                if sched_at.standalone:
+                moving = (
+                    guarded_statement(model, sched_at.stmt) if not sched_at.via_helper else None
+                )
+                if moving is not None:
                     anchor = update_anchor(model, unit, step_at.stmt)
-                    patch = Patch().move_after(sched_at.stmt, anchor)
+                    patch = (
+                        Patch()
+                        .move_after(moving, anchor)
+                        .accompany(*(s.relative_to(sched)[1] for s in steps))
+                    )
                 yield RawFinding(
                     node=sched_at.node,
                     message=self.message,

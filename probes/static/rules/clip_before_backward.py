@@ -12,8 +12,8 @@ from gradient_doctor.probes.static.ruletools import (
     between,
     clipping,
     following,
+    guarded_statement,
     label,
-    movable,
     placement,
     placements,
     previous,
@@ -120,8 +120,9 @@ def train(model, loader, opt):
                 clip_at, backward_at = placements(clip, backward)
                 step_at = placement(step, clip)
                 patch = None
-                if movable(clip_at.stmt) and clip_at.stmt is not step_at.stmt:
-                    patch = Patch().move_before(clip_at.stmt, step_at.stmt)
+                moving = guarded_statement(model, clip_at.stmt)
+                if moving is not None and clip_at.stmt is not step_at.stmt:
+                    patch = Patch().move_before(moving, step_at.stmt)
                 yield RawFinding(
                     node=clip_at.node,
                     message=self.message,
