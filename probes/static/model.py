@@ -1038,9 +1038,9 @@ class _Collector:
     def visit_Assign(self, node: cst.Assign) -> bool:
         for target in node.targets:
             self._assigned(target.target, node.value)
-            if isinstance(target.target, cst.Name):
-                sites = self.func_stack[-1].assign_sites
-                sites.setdefault(target.target.value, []).append(node)
+            sites = self.func_stack[-1].assign_sites
+            for name in _bound_names(target.target):
+                sites.setdefault(name, []).append(node)
         return True
 
     def visit_AugAssign(self, node: cst.AugAssign) -> bool:
@@ -1520,6 +1520,17 @@ class _EventWalker:
             self._add(Event("backward", call, stmt, func, frames, loss=loss_arg, framework=kind))
             return
         self._add(Event("backward", call, stmt, func, frames, loss=recv))
+
+
+def _bound_names(target: cst.BaseExpression) -> list[str]:
+    """The plain names an assignment target binds (``a`` and ``b`` in ``a, (b, c.d) = ...``)."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, cst.Tuple | cst.List):
+        return [n for e in target.elements for n in _bound_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return _bound_names(target.value)
+    return []
 
 
 def _mentions_grad(node: cst.BaseExpression) -> bool:

@@ -11,11 +11,11 @@ from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.model import Event, FileModel, Unit
 from gradient_doctor.probes.static.names import code_of, receiver
 from gradient_doctor.probes.static.patches import Patch
+from gradient_doctor.probes.static.provenance import loss_scaling
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     divide,
     label,
-    loss_is_scaled,
     names_in,
 )
 
@@ -159,7 +159,9 @@ class Trainer:
                     continue
                 if any(f.tag == "accumulate" for f in backward.frames):
                     continue
-                if loss_is_scaled(model, backward.func, backward.loss):
+                micro = unit.micro.node if unit.micro is not None else None
+                scaling = loss_scaling(model, backward, acc, unit.root, micro)
+                if scaling.verdict != "none":
                     continue
                 loss = backward.loss
                 assert loss is not None
