@@ -72,7 +72,9 @@ def summarise(report: LintReport) -> dict[str, Any]:
 
 
 def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+    if count == 1:
+        return f"{count} {word}"
+    return f"{count} {word}es" if word.endswith(("x", "s", "sh", "ch")) else f"{count} {word}s"
 
 
 def summary_line(report: LintReport) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -10,7 +11,12 @@ import libcst as cst
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.model import FileModel, FuncInfo
 from gradient_doctor.probes.static.names import call_arg, code_of, dotted_name, keyword_names
-from gradient_doctor.probes.static.ruletools import has_scaling, micro_step_backwards
+from gradient_doctor.probes.static.ruletools import (
+    accumulating_units,
+    has_scaling,
+    micro_step_backwards,
+    shorten,
+)
 from gradient_doctor.probes.static.traverse import calls_in, children
 
 TOKEN_COUNT_HINTS = ("token", "num_items", "n_items", "count", "mask.sum", "numel")
@@ -20,7 +26,7 @@ class AccumTokenMeanBias(Rule):
     id = "accum-token-mean-bias"
     severity = "warning"
     message = (
-        "line {line} divides a token-mean loss (`ignore_index` on line {loss_line}) by "
+        "line {line} divides a token-mean loss (`{source}` on line {loss_line}) by "
         "`{divisor}` micro-batches: micro-batches with fewer real tokens weigh as much as full "
         "ones; sum the token losses and divide by the step's total token count"
     )
@@ -98,10 +104,7 @@ for it in range(iters):
             for name, values in func.assigns.items():
                 if any(isinstance(v, cst.Call) and _token_mean(v) for v in values):
                     criteria.add(name)
-        for unit in model.units:
-            acc = unit.accumulation
-            if acc is None:
-                continue
+        for unit, acc, _ in accumulating_units(model):
             for backward in micro_step_backwards(unit):
                 found = _derivation(model, backward.func, backward.loss, criteria)
                 if found is None:
@@ -113,9 +116,37 @@ for it in range(iters):
                     evidence={
                         "line": division if division is not None else backward.call,
                         "loss_line": loss_call,
+                        "source": _source(loss_call),
                         "divisor": acc.divisor_text,
                     },
                 )
+
+
+MASKED_MEAN = re.compile(r"masked_?(mean|avg|average)|mean_with_mask|token_?mean", re.I)
+
+
+def _source(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Call) and "ignore_index" in keyword_names(node):
+        return "ignore_index"
+    return shorten(code_of(node.func) + "(...)" if isinstance(node, cst.Call) else code_of(node))
+
+
+def _masked_mean(model: FileModel, func: FuncInfo, call: cst.Call) -> bool:
+    """A masked-mean helper (``masked_mean(x, mask)``): a mean over this micro-batch's real
+    tokens, by its name or by its body (``(x * mask).sum() / mask.sum()``)."""
+    name = (dotted_name(call.func) or "").rsplit(".", 1)[-1]
+    if MASKED_MEAN.search(name):
+        return True
+    target = model.function_for_call(call, func)
+    return target is not None and any(_inline_token_mean(r) for r in target.returns)
+
+
+def _inline_token_mean(expr: cst.BaseExpression) -> bool:
+    """``(x * mask).sum() / mask.sum()``: a sum divided by this batch's count of real tokens."""
+    if not (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide)):
+        return False
+    left, right = code_of(expr.left), code_of(expr.right)
+    return ".sum(" in left and "mask" in right.lower() and ".sum(" in right
 
 
 def _token_mean(call: cst.Call) -> bool:
@@ -148,7 +179,7 @@ def _derivation(
         current = pending.pop()
         for call in _calls(current):
             name = dotted_name(call.func) or ""
-            if _token_mean(call) or name in criteria:
+            if _token_mean(call) or name in criteria or _masked_mean(model, func, call):
                 loss_call = call
         for name in _names(current):
             if name in seen:
