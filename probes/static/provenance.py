@@ -114,6 +114,19 @@ def loss_scaling(
     return reader.expression(backward.loss, context, 0)
 
 
+def value_scaling(
+    model: FileModel,
+    func: FuncInfo,
+    expr: cst.BaseExpression,
+    divisor: str | None = None,
+) -> Scaling:
+    """How ``expr`` (a value of ``func``, such as what ``training_step`` returns) is scaled;
+    ``divisor`` is the accumulation count when the configuration names one."""
+    reader = _Reader(model, None, None)
+    reader.divisor_text = divisor
+    return reader.expression(expr, _Context(func, {}), 0)
+
+
 def _combine_terms(parts: list[Scaling]) -> Scaling:
     """A sum of terms is scaled when every term is; unscaled when none is."""
     if not parts:
