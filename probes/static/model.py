@@ -275,6 +275,12 @@ class Accumulation:
     accelerator.accumulate(model):`` block (accelerate style)."""
     condition: cst.BaseExpression | None = None
     handles_last_batch: bool = False
+    gates: list[Frame] = field(default_factory=list)
+    """Every ``if`` that runs part of the update under the same condition (one per optimizer
+    in a GAN); ``gate`` is the first."""
+    counter: str | None = None
+    """The micro-step counter the gate tests (``i`` in ``(i + 1) % N``, or a counter reset to 0
+    in the update): dividing the loss by it is not dividing by N."""
 
     @property
     def divisor_text(self) -> str:
@@ -298,6 +304,9 @@ class Unit:
     (``if amp: ... else: ...``), when the whole unit does not show one accumulation."""
     whole: Unit | None = None
     """For a path variant: the unit it is taken from."""
+    partial: bool = False
+    """A helper that steps with no backward of its own (the backward is in its callers,
+    elsewhere): only rules that need no backward read it."""
 
     @property
     def backwards(self) -> list[Event]:
@@ -328,9 +337,10 @@ class Unit:
         for frame in event.frames_after(self.micro):
             if not _is_accumulation_gate(frame):
                 continue
-            if acc.gate is not None and frame.node is acc.gate.node:
-                # The other branch of the update's `if` runs on the non-update micro-batches.
-                return frame.branch != acc.gate.branch
+            for gate in acc.gates or ([acc.gate] if acc.gate is not None else []):
+                if frame.node is gate.node:
+                    # The other branch of the update's `if` runs on the other micro-batches.
+                    return frame.branch != gate.branch
             return False  # another `% N` branch: runs once per window
         return True
 
@@ -347,7 +357,8 @@ class Unit:
             return event.kind in STEP_KINDS or any(
                 f.tag == "framework-gate" and f.branch == 0 for f in event.frames_after(acc.gate)
             )
-        return acc.gate is not None and any(f.same(acc.gate) for f in event.frames)
+        gates = acc.gates or ([acc.gate] if acc.gate is not None else [])
+        return any(f.same(gate) for gate in gates for f in event.frames)
 
 
 _GATE_TAG = "accumulation-gate"
@@ -418,11 +429,20 @@ class FileModel:
         batch)."""
         self._method_cache: dict[tuple[str, str, bool], FuncInfo | None] = {}
         self._parents: dict[int, dict[int, cst.CSTNode]] = {}
+        self._gate_counters: dict[int, str] = {}
+        """For each accumulation gate: the micro-step counter it tests (``i``, ``accum_n``)."""
+        self._zeroed: set[str] = set()
+        """What ``.zero_grad()`` is called on."""
         module_info = FuncInfo(module, "<module>", None, model=self)
         self.module_info = module_info
         _Collector(self, module_info).collect()
         if project is not None:
             project.register(self)
+        for text in self._zeroed:
+            # Something zeroed and stepped is an optimizer, whatever its name says
+            # (`scheduler.step(); scheduler.zero_grad()` on an optimizer wrapper).
+            if self.kind_of(cst.parse_expression(text)) == "scheduler":
+                self.kinds[text] = "optimizer"
         self._propagate_parameter_kinds()
         for func in [module_info, *self.functions]:
             _EventWalker(self, func).walk()
@@ -670,6 +690,12 @@ class FileModel:
             if micro is not None and id(micro.node) not in func.loop_ids:
                 continue  # the loop is in a helper, which is analysed on its own
             yield self._unit(func, events, micro)
+        if (
+            not groups
+            and id(func) not in self._inlined
+            and any(e.kind == "scaler_step" for e in events)
+        ):
+            yield Unit(func, None, None, events, partial=True)
 
     def _unit(self, func: FuncInfo, events: list[Event], micro: Frame | None) -> Unit:
         inside = [e for e in events if e.inside(micro)]
@@ -779,14 +805,33 @@ class FileModel:
             if gate is None:
                 return None
             gates.append(gate)
-        if any(not g.same(gates[0]) for g in gates):
-            return None
         gate = gates[0]
         info = self._gate_info.get(id(gate.node))
         if info is None:
             return None
+        distinct: list[Frame] = []
+        for other in gates:
+            if any(other.same(g) for g in distinct):
+                continue
+            other_info = self._gate_info.get(id(other.node))
+            # Several `if (i + 1) % N == 0:` blocks (one per optimizer) are one update.
+            if (
+                other_info is None
+                or other.branch != gate.branch
+                or code_of(other_info[1]) != code_of(info[1])
+            ):
+                return None
+            distinct.append(other)
         divisor, condition, last_batch = info
-        return Accumulation("conditional", divisor, gate, condition, last_batch)
+        return Accumulation(
+            "conditional",
+            divisor,
+            gate,
+            condition,
+            last_batch,
+            gates=distinct,
+            counter=self._gate_counters.get(id(gate.node)),
+        )
 
 
 MAX_PATH_GROUPS = 4
@@ -838,6 +883,45 @@ def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
         return args[0].value
     if len(args) == 2 and isinstance(args[0].value, cst.Integer) and args[0].value.value == "0":
         return args[1].value
+    return None
+
+
+def _modulo_counter(test: cst.BaseExpression) -> str | None:
+    """``i`` in ``(i + 1) % N == 0``: the one name on the left of the modulo."""
+    for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            names = [
+                dotted_name(n)
+                for n in walk(node.left, prune=lambda n: isinstance(n, cst.Attribute))
+                if isinstance(n, cst.Name | cst.Attribute)
+            ]
+            names = [n for n in names if n]
+            return names[0] if len(names) == 1 else None
+    return None
+
+
+def _counter_gate(stmt: cst.If) -> tuple[str, cst.BaseExpression] | None:
+    """(counter, N) for ``if count >= N: ...; count = 0`` (a counter reset in the update)."""
+    resets: set[str] = set()
+    for node in walk(stmt.body):
+        if (
+            isinstance(node, cst.Assign)
+            and isinstance(node.value, cst.Integer)
+            and node.value.value == "0"
+        ):
+            for target in node.targets:
+                text = dotted_name(target.target)
+                if text:
+                    resets.add(text)
+    if not resets:
+        return None
+    for node in walk(stmt.test, prune=lambda n: isinstance(n, cst.Call)):
+        if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1:
+            continue
+        left = dotted_name(node.left)
+        operator = node.comparisons[0].operator
+        if left in resets and isinstance(operator, cst.GreaterThanEqual | cst.Equal):
+            return left, node.comparisons[0].comparator
     return None
 
 
@@ -1176,6 +1260,10 @@ class _Collector:
                 self.model.kinds.setdefault(text, "fsdp")
         if _is_prepare(node):
             self.model.uses_ddp = True  # prepare() wraps the model in DDP on several processes
+        if method_name(node) == "zero_grad" and isinstance(node.func, cst.Attribute):
+            text = dotted_name(node.func.value)
+            if text is not None:
+                self.model._zeroed.add(text)
         if last in {"Trainer", "TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig"}:
             self.model.trainer_configs.append(node)
         if (
@@ -1289,6 +1377,13 @@ class _EventWalker:
                     divisor = modulo_divisor(condition)
                     if divisor is not None:
                         break
+        counter: str | None = None
+        if divisor is not None:
+            counter = _modulo_counter(condition)
+        else:
+            found = _counter_gate(stmt)
+            if found is not None:
+                counter, divisor = found
         if divisor is not None:
             # `(i + 1) % N == 0 or i + 1 == len(loader)`: an `or` is the end-of-epoch step.
             last_batch = any(
@@ -1296,6 +1391,8 @@ class _EventWalker:
                 for expr in (stmt.test, condition)
             )
             self.model._gate_info[id(stmt)] = (divisor, stmt.test, last_batch)
+            if counter is not None:
+                self.model._gate_counters[id(stmt)] = counter
             return Frame("if", stmt, branch, _GATE_TAG)
         text = code_of(test)
         if "sync_gradients" in text:

@@ -31,7 +31,12 @@ from gradient_doctor.probes.static.model import (
     HelperCall,
     bind_arguments,
 )
-from gradient_doctor.probes.static.names import code_of, dotted_name, method_name, number_value
+from gradient_doctor.probes.static.names import (
+    code_of,
+    dotted_name,
+    method_name,
+    number_value,
+)
 from gradient_doctor.probes.static.traverse import walk
 
 Verdict = Literal["accumulation", "none", "unknown"]
@@ -87,6 +92,8 @@ class Scaling:
     """For ``unknown``: what the analyser could not follow."""
     others: list[str] = field(default_factory=list)
     """Divisions and products that are not accumulation scaling (for messages)."""
+    by_counter: bool = False
+    """The loss is divided by the running micro-step counter instead of N."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,7 @@ def _combine_terms(parts: list[Scaling]) -> Scaling:
     if len(scaled) == len(parts):
         return Scaling("accumulation", scaled[0].node, scaled[0].divisor, others=others)
     if not scaled:
-        return Scaling("none", others=others)
+        return Scaling("none", others=others, by_counter=any(p.by_counter for p in parts))
     return Scaling("unknown", reason="only some terms of the loss are divided by N")
 
 
@@ -168,6 +175,7 @@ class _Reader:
             if accumulation is not None and accumulation.divisor is not None
             else None
         )
+        self.counter = accumulation.counter if accumulation is not None else None
 
     def context_of(self, event: Event, root: FuncInfo) -> _Context:
         context = _Context(root if event.chain else event.func, {})
@@ -257,7 +265,11 @@ class _Reader:
             return base
         if base.verdict == "accumulation":
             return base
-        return Scaling("none", others=[*base.others, _short(node)])
+        return Scaling(
+            "none",
+            others=[*base.others, _short(node)],
+            by_counter=base.by_counter or factor == "counter",
+        )
 
     def _call(self, call: cst.Call, context: _Context, depth: int) -> Scaling:
         name = method_name(call)
@@ -270,7 +282,22 @@ class _Reader:
             base = self.expression(func.value, context, depth + 1)
             factor = self.factor(call.args[0].value, context, depth)
             return self._scaled(base, "other" if factor in {"weight", "constant"} else factor, call)
-        if isinstance(func, cst.Attribute) and name in TENSOR_METHODS:
+        module_function = (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value in self._module_aliases(context)
+        )
+        if module_function and name in TENSOR_METHODS | {"div", "true_divide", "mul"}:
+            # torch.sum(x), torch.mean(x): the tensor is the first argument.
+            if not call.args:
+                return Scaling("unknown", reason=f"`{_short(call)}` is not followed")
+            if name in {"div", "true_divide"} and len(call.args) > 1:
+                base = self.expression(call.args[0].value, context, depth + 1)
+                return self._scaled(base, self.divisor(call.args[1].value, context, depth), call)
+            if name == "mul" and len(call.args) > 1:
+                return Scaling("unknown", reason=f"`{_short(call)}` is not followed")
+            return self.expression(call.args[0].value, context, depth + 1)
+        if isinstance(func, cst.Attribute) and name in TENSOR_METHODS and not module_function:
             return self.expression(func.value, context, depth + 1)
         if isinstance(func, cst.Name) and func.value in {"sum", "float", "abs"} and call.args:
             return _combine_terms([self.expression(call.args[0].value, context, depth + 1)])
@@ -279,6 +306,21 @@ class _Reader:
         if keywords & {"num_items_in_batch"}:
             # Hugging Face losses divide by the token count of the whole accumulation window.
             return Scaling("accumulation", call, "num_items_in_batch")
+        if target is None:
+            target = self._forward_of(call, context)
+        reduction = next(
+            (
+                a.value
+                for a in call.args
+                if a.keyword is not None and a.keyword.value == "reduction"
+            ),
+            None,
+        )
+        if isinstance(reduction, cst.SimpleString) and "sum" in reduction.value:
+            return Scaling(
+                "unknown",
+                reason="a summed loss (reduction='sum') is normalised elsewhere, if at all",
+            )
         if target is not None and isinstance(target.node, cst.FunctionDef):
             if not target.returns:
                 return Scaling("unknown", reason=f"`{_short(call.func)}` returns nothing visible")
@@ -292,6 +334,19 @@ class _Reader:
         if any(ACCUMULATION_WORDS.search(code_of(a.value)) for a in call.args):
             return Scaling("unknown", reason=f"`{_short(call)}` is given the accumulation count")
         return Scaling("none")
+
+    def _module_aliases(self, context: _Context) -> set[str]:
+        model = context.func.model or self.model
+        return {local for local, full in model.aliases.items() if "." not in local}
+
+    def _forward_of(self, call: cst.Call, context: _Context) -> FuncInfo | None:
+        """``forward`` of the local class an object was built from: ``model(x)`` with
+        ``model = GPT(...).cuda()`` (through ``torch.compile``, ``DDP(...)``, ``.to()``)."""
+        model = context.func.model or self.model
+        class_name = instance_class(model, context.func, call.func)
+        if class_name is None:
+            return None
+        return model.method_of(class_name, "forward")
 
     def _name(self, name: str, node: cst.CSTNode, context: _Context, depth: int) -> Scaling:
         func = context.func
@@ -325,7 +380,10 @@ class _Reader:
         use_index = order.get(id(use))
         if use_index is None:
             use_index = _first_order(order, use)
-        before = [s for s in sites if order.get(id(s), -1) < use_index] if use_index else sites
+        model = func.model
+        around = {id(a) for a in model.ancestors(use)} if model is not None else set()
+        # `loss = loss / N` reads the previous value: an assignment never reaches its own value.
+        before = [s for s in sites if order.get(id(s), -1) < use_index and id(s) not in around]
         if not before:
             # Assigned only after the use (a loop carrying it to the next iteration): all.
             before = list(sites)
@@ -382,6 +440,8 @@ class _Reader:
     def divisor(self, node: cst.BaseExpression, context: _Context, depth: int) -> str:
         """``accumulation`` / ``other`` / ``unknown`` for what a loss is divided by."""
         text = code_of(node)
+        if self.counter is not None and text == self.counter:
+            return "counter"  # the running micro-step counter (1, 2, 3...), not N
         if self._is_accumulation_count(node, text):
             return "accumulation"
         value = number_value(node)
@@ -495,6 +555,66 @@ def _assigned_value(site: cst.Assign, name: str) -> cst.BaseExpression | None:
             if any(isinstance(e, cst.Name) and e.value == name for e in names):
                 return value
     return None
+
+
+WRAPPERS = frozenset(
+    {
+        "compile",
+        "DistributedDataParallel",
+        "DDP",
+        "FSDP",
+        "FullyShardedDataParallel",
+        "DataParallel",
+    }
+)
+
+
+def instance_class(
+    model: FileModel, func: FuncInfo, expr: cst.BaseExpression, depth: int = 0
+) -> str | None:
+    """The local class whose instance ``expr`` names, when its construction is visible."""
+    if depth > 6:
+        return None
+    if isinstance(expr, cst.Call):
+        callee = expr.func
+        if isinstance(callee, cst.Name) and callee.value in model.class_nodes:
+            return callee.value
+        last = (dotted_name(callee) or "").rsplit(".", 1)[-1]
+        if last in WRAPPERS and expr.args:
+            return instance_class(model, func, expr.args[0].value, depth + 1)
+        if isinstance(callee, cst.Attribute) and callee.attr.value in {
+            "to",
+            "cuda",
+            "half",
+            "float",
+        }:
+            return instance_class(model, func, callee.value, depth + 1)
+        return None
+    text = dotted_name(expr) if isinstance(expr, cst.Name | cst.Attribute) else None
+    if text is None:
+        return None
+    values: list[cst.BaseExpression] = []
+    if isinstance(expr, cst.Name):
+        values = func.assigns.get(text, []) or model.module_info.assigns.get(text, [])
+    else:
+        for other in [model.module_info, *model.functions]:
+            if other.class_name == func.class_name:
+                values.extend(_attribute_values(other, text))
+    for value in values:
+        found = instance_class(model, func, value, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _attribute_values(func: FuncInfo, text: str) -> list[cst.BaseExpression]:
+    out: list[cst.BaseExpression] = []
+    for node in walk(func.node):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                if dotted_name(target.target) == text:
+                    out.append(node.value)
+    return out
 
 
 def _same_name(a: str, b: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Literal, NamedTuple
 
@@ -373,3 +374,39 @@ def guarded_statement(model: FileModel, stmt: cst.CSTNode) -> cst.CSTNode | None
         ):
             return current
         current = owner
+
+
+def path_guard(model: FileModel, target: cst.CSTNode, anchor: cst.CSTNode) -> str | None:
+    """The condition under which ``target`` runs that ``anchor`` does not already imply: the
+    tests of the ``if`` branches around ``target`` that are not around ``anchor`` (``"scaler is
+    not None"`` for a ``scaler.step()`` in ``if scaler is not None:``). Empty string: none;
+    None: one of them is an accumulation gate or an ``elif`` the analyser does not rebuild."""
+    around_anchor = {id(node) for node in model.ancestors(anchor)}
+    chain = [target, *model.ancestors(target)]
+    tests: list[str] = []
+    for child, parent in itertools.pairwise(chain):
+        if id(parent) in around_anchor:
+            break
+        if not isinstance(parent, cst.If) or child is parent.test:
+            continue
+        if _is_gate(model, parent):
+            return None
+        test = code_of(parent.test)
+        if child is parent.body:
+            tests.append(test if _simple(parent.test) else f"({test})")
+        elif isinstance(child, cst.Else):
+            tests.append(f"not ({test})")
+        else:
+            return None  # an elif chain: leave it to the user
+    return " and ".join(reversed(tests))
+
+
+def _simple(test: cst.BaseExpression) -> bool:
+    return not isinstance(test, cst.BooleanOperation | cst.IfExp | cst.Lambda)
+
+
+def guarded_code(statement: str, condition: str) -> str:
+    """``statement``, under ``if condition:`` when there is one."""
+    if not condition:
+        return statement
+    return f"if {condition}:\n    {statement}\n"

@@ -5,10 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+import libcst as cst
+
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
 from gradient_doctor.probes.static.patches import Patch
-from gradient_doctor.probes.static.ruletools import accumulating_units, label, optimizer_of
+from gradient_doctor.probes.static.ruletools import (
+    accumulating_units,
+    label,
+    optimizer_of,
+    update_anchor,
+)
 
 
 class AccumMissingZeroGrad(Rule):
@@ -91,28 +98,124 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        reported: set[int] = set()
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
             if unit.of_kind("zero_grad"):
                 continue
             step = steps[0]
+            reported.add(id(step.call))
             optimizer = optimizer_of(step) or "optimizer"
-            anchor = step.stmt
+            anchor = update_anchor(model, unit, step.anchor_stmt)
             following = [
                 e
                 for e in unit.of_kind("scaler_update")
                 if e.order > step.order and e.frames == step.frames and e.chain == step.chain
             ]
-            if following:
-                anchor = following[0].stmt
+            if following and anchor is step.anchor_stmt:
+                anchor = following[0].anchor_stmt
             yield RawFinding(
-                node=step.call,
+                node=step.anchor,
                 message=self.message,
                 evidence={
-                    "step": label(step.call),
-                    "step_line": step.call,
+                    "step": label(step.anchor),
+                    "step_line": step.anchor,
                     "optimizer": optimizer,
                     "divisor": acc.divisor_text,
                 },
-                patch=Patch().insert_after(anchor, f"{optimizer}.zero_grad()"),
+                patch=Patch()
+                .insert_after(anchor, f"{optimizer}.zero_grad()")
+                .accompany(*(s.anchor_stmt for s in steps)),
                 fix_description=f"Insert `{optimizer}.zero_grad()` after the update.",
             )
+        for unit in model.units:
+            if unit.accumulation is not None or unit.micro is None:
+                continue
+            for finding in _plain_loop(model, unit):
+                if id(finding.node) not in reported:
+                    reported.add(id(finding.node))
+                    yield finding
+
+
+ONCE_MESSAGE = (
+    "`{step}` on line {step_line} steps on every iteration, but the gradients are zeroed only "
+    "once, before the loop (line {zero_line}): every update adds up all gradients since the "
+    "start; call `{optimizer}.zero_grad()` in the loop"
+)
+OTHER_OPTIMIZER_MESSAGE = (
+    "`{step}` on line {step_line} steps `{optimizer}`, but the loop only zeroes `{zeroed}` "
+    "(line {zero_line}): `{optimizer}`'s gradients keep growing across iterations; call "
+    "`{optimizer}.zero_grad()` before its backward"
+)
+
+
+def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
+    """A loop that steps on every iteration and never zeroes (or zeroes another optimizer)."""
+    steps = [
+        s
+        for s in unit.steps
+        if s.receiver
+        and s.framework is None
+        and s.kind == "step"
+        and isinstance(s.call, cst.Call)
+        and not s.call.args  # `opt.step(closure)` (LBFGS) zeroes in the closure
+        and model.kind_of(cst.parse_expression(s.receiver)) == "optimizer"
+    ]
+    if not steps or not unit.backwards:
+        return
+    zeros = unit.of_kind("zero_grad")
+    if not zeros:
+        before = _zeroed_before_the_loop(model, unit)
+        if before is None:
+            return
+        step = steps[0]
+        optimizer = optimizer_of(step) or "optimizer"
+        yield RawFinding(
+            node=step.anchor,
+            message=ONCE_MESSAGE,
+            evidence={
+                "step": label(step.anchor),
+                "step_line": step.anchor,
+                "zero_line": before.call,
+                "optimizer": optimizer,
+            },
+        )
+        return
+    receivers = {z.receiver for z in zeros}
+    if any(r is None or model.kind_of(cst.parse_expression(r)) != "optimizer" for r in receivers):
+        return  # `model.zero_grad()` / `p.grad = None` may cover every optimizer
+    for step in steps:
+        optimizer = optimizer_of(step)
+        if optimizer is None or optimizer in receivers:
+            continue
+        zero = zeros[0]
+        yield RawFinding(
+            node=step.anchor,
+            message=OTHER_OPTIMIZER_MESSAGE,
+            evidence={
+                "step": label(step.anchor),
+                "step_line": step.anchor,
+                "optimizer": optimizer,
+                "zeroed": "`, `".join(sorted(r for r in receivers if r)),
+                "zero_line": zero.anchor,
+            },
+        )
+
+
+def _zeroed_before_the_loop(model: FileModel, unit: Unit) -> Event | None:
+    """A ``zero_grad()`` of the same function that runs before the loop, not inside it."""
+    loop = unit.micro
+    for event in model.expanded(unit.root):
+        if event.kind != "zero_grad" or event.inside(loop):
+            continue
+        if loop is not None and isinstance(loop.node, cst.CSTNode):
+            anchor = event.anchor
+            if _before(model, unit.root, anchor, loop.node):
+                return event
+    return None
+
+
+def _before(model: FileModel, func: FuncInfo, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+    from gradient_doctor.probes.static.traverse import walk
+
+    order = {id(node): index for index, node in enumerate(walk(func.node))}
+    return order.get(id(first), 1 << 30) < order.get(id(second), -1)
