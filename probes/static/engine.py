@@ -394,19 +394,31 @@ def _verify(
 
 
 def _combined(verifier: _Verifier, accepted: list[_Candidate]) -> str | None:
+    """One diff with as many accepted patches as hold together: each is added only when the
+    result still removes what it fixes and adds no hazard (two safe patches can make a second
+    ``unscale_`` together)."""
     if len(accepted) == 1:
         return accepted[0].diff
-    chosen: list[Patch] = []
+    chosen: list[_Candidate] = []
     changed: set[int] = set()
     touched: set[int] = set()
+    best: str | None = None
     for candidate in accepted:
         patch = candidate.patch
-        if not (patch.changed() & touched or patch.touched() & changed):
-            chosen.append(patch)
-            changed |= patch.changed()
-            touched |= patch.touched()
-    prepared = verifier.prepare(combine(chosen))
-    return prepared[1] if prepared is not None else None
+        if patch.changed() & touched or patch.touched() & changed:
+            continue
+        trial = [*chosen, candidate]
+        prepared = verifier.prepare(combine(c.patch for c in trial))
+        if prepared is None:
+            continue
+        expected = Counter(c.rule_id for c in trial)
+        if len(trial) > 1 and not verifier.removes(prepared[0], expected):
+            continue
+        chosen = trial
+        changed |= patch.changed()
+        touched |= patch.touched()
+        best = prepared[1]
+    return best
 
 
 def _nodes_in(evidence: dict[str, object]) -> list[cst.CSTNode]:

@@ -155,11 +155,16 @@ class Event:
     limit: cst.BaseExpression | None = None
     """``max_norm`` (or ``clip_value``) of a clip."""
     result_used: bool = False
+    no_clipping: bool = False
+    """A clip call told not to clip (``clip_grad=False`` in a project's own helper)."""
 
     @property
     def measures_only(self) -> bool:
-        """A norm clip with an infinite limit: it reads the norm and clips nothing."""
-        return self.kind == "clip" and self.limit is not None and "inf" in code_of(self.limit)
+        """A norm clip with an infinite limit (or told not to clip): it reads the norm and
+        clips nothing."""
+        if self.kind != "clip":
+            return False
+        return self.no_clipping or (self.limit is not None and "inf" in code_of(self.limit))
 
     @property
     def inlined(self) -> bool:
@@ -469,6 +474,17 @@ class FileModel:
             current = parents.get(id(current))
         out.append(self.module)
         return out
+
+    def function_holding(self, node: cst.CSTNode) -> FuncInfo:
+        """The function (or the module body) whose own code holds ``node``."""
+        by_node = self.__dict__.get("_by_node")
+        if by_node is None:
+            by_node = self.__dict__["_by_node"] = {id(f.node): f for f in self.functions}
+        for parent in self.ancestors(node):
+            found = by_node.get(id(parent))
+            if found is not None:
+                return found
+        return self.module_info
 
     def owns(self, node: cst.CSTNode) -> bool:
         """True when ``node`` is in this file's syntax tree."""
@@ -1339,9 +1355,24 @@ class _EventWalker:
             tag: str | None = None
             for item in stmt.items:
                 context: cst.CSTNode = item.item
+                if (
+                    isinstance(context, cst.Call)
+                    and isinstance(context.func, cst.Name)
+                    and not context.args
+                    and self.func.assigns.get(context.func.value)
+                ):
+                    # `my_context = model.no_sync if accumulating else nullcontext`, then
+                    # `with my_context():`
+                    context = self.func.assigns[context.func.value][-1]
                 if isinstance(context, cst.Name) and self.func.assigns.get(context.value):
                     # `ctx = nullcontext() if last else model.no_sync()` then `with ctx:`
                     context = self.func.assigns[context.value][-1]
+                if any(
+                    isinstance(node, cst.Attribute)
+                    and node.attr.value in {"no_sync", "no_backward_sync"}
+                    for node in walk(context)
+                ):
+                    tag = "no_sync"
                 for call in calls_in(context):
                     name = method_name(call)
                     if name == "no_sync" or name == "no_backward_sync":
@@ -1477,6 +1508,9 @@ class _EventWalker:
         result_used = small is not None and not isinstance(small, cst.Expr)
 
         def event(kind: EventKind, **details: object) -> None:
+            if kind == "clip":
+                flag = call_arg(call, None, "clip_grad")
+                details["no_clipping"] = isinstance(flag, cst.Name) and flag.value == "False"
             self._add(Event(kind, call, stmt, func, frames, **details))  # type: ignore[arg-type]
 
         if last in CLIP_NORM_NAMES or last in CLIP_VALUE_NAMES:

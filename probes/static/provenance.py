@@ -121,6 +121,16 @@ def loss_scaling(
     return reader.expression(backward.loss, context, 0)
 
 
+def loss_origin(model: FileModel, backward: Event, root: FuncInfo) -> cst.CSTNode | None:
+    """The statement that computed the backpropagated loss with a call the analyser does not
+    look into (the forward pass: ``loss = model(batch)``), followed through assignments,
+    arithmetic and the helper calls that led to the backward; None when it cannot tell."""
+    reader = _Reader(model, None, None)
+    if backward.loss is None:
+        return None
+    return reader.origin(backward.loss, reader.context_of(backward, root), 0)
+
+
 def value_scaling(
     model: FileModel,
     func: FuncInfo,
@@ -335,6 +345,39 @@ class _Reader:
             return Scaling("unknown", reason=f"`{_short(call)}` is given the accumulation count")
         return Scaling("none")
 
+    def origin(self, expr: cst.BaseExpression, context: _Context, depth: int) -> cst.CSTNode | None:
+        if depth > MAX_DEPTH:
+            return None
+        if isinstance(expr, cst.BinaryOperation):
+            return self.origin(expr.left, context, depth + 1)
+        if isinstance(expr, cst.Attribute | cst.Subscript):
+            return self.origin(expr.value, context, depth + 1)
+        if isinstance(expr, cst.Call):
+            func = expr.func
+            name = method_name(expr)
+            if isinstance(func, cst.Attribute) and name in TENSOR_METHODS | {"div", "mul", "scale"}:
+                return self.origin(func.value, context, depth + 1)
+            return expr
+        if not isinstance(expr, cst.Name):
+            return None
+        sites = self._sites(context.func, expr.value, expr)
+        if sites is None:
+            bound = context.bindings.get(expr.value)
+            if bound is None:
+                return None
+            value, outer = bound
+            return self.origin(value, outer or context, depth + 1)
+        site = sites[0]
+        if isinstance(site, cst.AugAssign):
+            return self.origin(expr, context, depth + 1) if len(sites) > 1 else None
+        if isinstance(site, cst.Assign):
+            value = _assigned_value(site, expr.value)
+            if value is None:
+                return None
+            found = self.origin(value, context, depth + 1)
+            return site if found is value else found
+        return None
+
     def _module_aliases(self, context: _Context) -> set[str]:
         model = context.func.model or self.model
         return {local for local, full in model.aliases.items() if "." not in local}
@@ -385,8 +428,10 @@ class _Reader:
         # `loss = loss / N` reads the previous value: an assignment never reaches its own value.
         before = [s for s in sites if order.get(id(s), -1) < use_index and id(s) not in around]
         if not before:
+            if name in func.params:
+                return None  # the parameter's value, re-bound only later
             # Assigned only after the use (a loop carrying it to the next iteration): all.
-            before = list(sites)
+            before = [s for s in sites if id(s) not in around]
         chosen: list[cst.CSTNode] = []
         for site in reversed(before):
             chosen.append(site)

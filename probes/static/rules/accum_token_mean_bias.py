@@ -17,7 +17,7 @@ from gradient_doctor.probes.static.ruletools import (
     micro_step_backwards,
     shorten,
 )
-from gradient_doctor.probes.static.traverse import calls_in, children
+from gradient_doctor.probes.static.traverse import calls_in, children, walk
 
 TOKEN_COUNT_HINTS = ("token", "num_items", "n_items", "count", "mask.sum", "numel")
 
@@ -99,12 +99,18 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        units = list(accumulating_units(model))
+        if not units:
+            return
         criteria = {name for name, call in model.constructors.items() if _token_mean(call)}
+        # A loss object whose `ignore_index` the script reads (to pad labels with it) is a
+        # token-level criterion with padding, built elsewhere (from a config).
+        criteria |= _ignore_index_owners(model)
         for func in [model.module_info, *model.functions]:
             for name, values in func.assigns.items():
                 if any(isinstance(v, cst.Call) and _token_mean(v) for v in values):
                     criteria.add(name)
-        for unit, acc, _ in accumulating_units(model):
+        for unit, acc, _ in units:
             for backward in micro_step_backwards(unit):
                 found = _derivation(model, backward.func, backward.loss, criteria)
                 if found is None:
@@ -120,6 +126,16 @@ for it in range(iters):
                         "divisor": acc.divisor_text,
                     },
                 )
+
+
+def _ignore_index_owners(model: FileModel) -> set[str]:
+    owners: set[str] = set()
+    for node in walk(model.module):
+        if isinstance(node, cst.Attribute) and node.attr.value == "ignore_index":
+            text = dotted_name(node.value)
+            if text is not None and "loss" in text.lower():
+                owners.add(text)
+    return owners
 
 
 MASKED_MEAN = re.compile(r"masked_?(mean|avg|average)|mean_with_mask|token_?mean", re.I)
@@ -172,31 +188,36 @@ def _derivation(
     if any(hint in text for hint in TOKEN_COUNT_HINTS):
         return None
     division: cst.CSTNode | None = expr if has_scaling(expr) else None
-    pending: list[cst.BaseExpression] = [expr]
-    seen: set[str] = set()
+    pending: list[tuple[cst.BaseExpression, FuncInfo, int]] = [(expr, func, 0)]
+    seen: set[tuple[int, str]] = set()
     loss_call: cst.CSTNode | None = None
     while pending:
-        current = pending.pop()
+        current, where, depth = pending.pop()
         for call in _calls(current):
             name = dotted_name(call.func) or ""
-            if _token_mean(call) or name in criteria or _masked_mean(model, func, call):
+            if _token_mean(call) or name in criteria or _masked_mean(model, where, call):
                 loss_call = call
-        for name in _names(current):
-            if name in seen:
                 continue
-            seen.add(name)
-            for site in func.assign_sites.get(name, []):
+            helper = model.function_for_call(call, where)
+            if helper is not None and depth < 3 and helper is not where:
+                # `loss = self._loss_step(batch)`: what the helper returns.
+                pending.extend((value, helper, depth + 1) for value in helper.returns)
+        for name in _names(current):
+            if (id(where), name) in seen:
+                continue
+            seen.add((id(where), name))
+            for site in where.assign_sites.get(name, []):
                 if isinstance(site, cst.AugAssign) and isinstance(
                     site.operator, cst.DivideAssign | cst.MultiplyAssign
                 ):
                     division = division or site
-                    pending.append(site.value)
+                    pending.append((site.value, where, depth))
                 elif isinstance(site, cst.Assign):
-                    if has_scaling(site.value) and division is None:
+                    if has_scaling(site.value) and division is None and where is func:
                         division = site
                     if any(h in code_of(site.value).lower() for h in TOKEN_COUNT_HINTS):
                         return None
-                    pending.append(site.value)
+                    pending.append((site.value, where, depth))
     if loss_call is None:
         return None
     return loss_call, division

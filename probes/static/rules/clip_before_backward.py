@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import automatic_optimization, lightning_modules
 from gradient_doctor.probes.static.model import FileModel
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
@@ -136,3 +137,32 @@ def train(model, loader, opt):
                     patch=patch,
                     fix_description="Move the clipping call after backward, before the step.",
                 )
+        yield from _lightning_training_step(model)
+
+
+LIGHTNING_MESSAGE = (
+    "`{clip}` on line {clip_line} clips inside `training_step` of `{module}`, which Lightning "
+    "runs before it calls backward on the returned loss: the clip sees the previous step's "
+    "(already zeroed) gradients and the new ones are never clipped; clip in "
+    "`configure_gradient_clipping` / `on_before_optimizer_step`, or set `gradient_clip_val`"
+)
+
+
+def _lightning_training_step(model: FileModel) -> Iterator[RawFinding]:
+    """Automatic optimisation runs ``training_step`` (the forward) before backward: Lightning
+    2.6.6 ``loops/optimization/automatic.py`` 130-140 (step, then zero_grad, then backward)."""
+    for class_name in lightning_modules(model):
+        if not automatic_optimization(model, class_name):
+            continue
+        func = model.methods.get((class_name, "training_step"))
+        if func is None:
+            continue
+        for event in model.expanded(func):
+            if event.kind != "clip" or event.measures_only or event.framework == "lightning":
+                continue
+            node = event.anchor
+            yield RawFinding(
+                node=node,
+                message=LIGHTNING_MESSAGE,
+                evidence={"clip": label(node), "clip_line": node, "module": class_name},
+            )

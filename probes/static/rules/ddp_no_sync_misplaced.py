@@ -19,7 +19,7 @@ used) or ``{"ranks_diverging": true, "max_param_difference": x}``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import libcst as cst
 
@@ -33,14 +33,14 @@ from gradient_doctor.probes.static.model import (
     Unit,
 )
 from gradient_doctor.probes.static.names import code_of, dotted_name, method_name, receiver
+from gradient_doctor.probes.static.provenance import loss_origin
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     label,
     micro_step_backwards,
-    names_in,
     shorten,
 )
-from gradient_doctor.probes.static.traverse import calls_in, children
+from gradient_doctor.probes.static.traverse import calls_in, children, walk
 
 NOT_FORWARD = frozenset(
     {
@@ -255,11 +255,11 @@ for step, batch in enumerate(loader):
     # -- shape 1: the forward pass is not inside no_sync() -------------------------------------
     def _forward_outside(self, model: FileModel, unit: Unit) -> Iterator[RawFinding]:
         for backward in unit.backwards:
-            if backward.chain or not model.owns(backward.call):
+            if not model.owns(backward.call):
                 continue
             frame = next((f for f in reversed(backward.frames) if f.tag == "no_sync"), None)
             if frame is not None:
-                finding = self._outside_context(model, backward, frame)
+                finding = self._outside_context(model, unit, backward, frame)
                 if finding is not None:
                     yield finding
         for flag in unit.of_kind("sync_flag"):
@@ -270,7 +270,7 @@ for step, batch in enumerate(loader):
                 yield finding
 
     def _outside_context(
-        self, model: FileModel, backward: Event, frame: Frame
+        self, model: FileModel, unit: Unit, backward: Event, frame: Frame
     ) -> RawFinding | None:
         node = frame.node
         if not isinstance(node, cst.With) or not isinstance(node.body, cst.IndentedBlock):
@@ -286,8 +286,8 @@ for step, batch in enumerate(loader):
                 return None
         if backward.loss is not None and _calls_something(backward.loss):
             return None
-        forward = _forward_site(model, backward)
-        if forward is None:
+        forward = _forward_site(model, backward, unit.root)
+        if forward is None or any(a is node for a in model.ancestors(forward)):
             return None
         return RawFinding(
             node=node,
@@ -309,7 +309,7 @@ for step, batch in enumerate(loader):
         backward = next((b for b in unit.backwards if b.order > flag.order and not b.chain), None)
         if backward is None or backward.func is not flag.func:
             return None
-        forward = _forward_site(model, backward)
+        forward = _forward_site(model, backward, unit.root)
         if forward is None:
             return None
         order = _order(flag.func)
@@ -369,11 +369,17 @@ for step, batch in enumerate(loader):
 
             window_only = False
 
+        relevant = {counter, divisor}
+
         def sync(env: Mapping[str, Value]) -> bool:
             for source in sources:
                 assert source is not None
                 path, syncs, _ = source
-                if all(bool(evaluate(t, env)) == want for t, want in path):
+                # Conditions on configuration flags (`if scaler:`) do not depend on the
+                # micro-step: only the ones on the counter choose the path here.
+                if all(
+                    bool(evaluate(t, env)) == want for t, want in path if _variables(t) & relevant
+                ):
                     return syncs is None or bool(syncs(env))
             return True
 
@@ -432,28 +438,15 @@ def _order(func: FuncInfo) -> dict[int, int]:
     return {id(node): index for index, node in enumerate(walk(func.node))}
 
 
-def _forward_site(model: FileModel, backward: Event) -> cst.CSTNode | None:
-    """The assignment that computed the backpropagated loss with a call (the forward)."""
-    loss = backward.loss
-    if loss is None:
+def _forward_site(model: FileModel, backward: Event, root: FuncInfo) -> cst.CSTNode | None:
+    """The statement that ran the forward pass whose loss ``backward`` backpropagates."""
+    site = loss_origin(model, backward, root)
+    if site is None:
         return None
-    names = [n for n in names_in(loss) if n not in {"self"}]
-    if len(names) != 1:
+    node = site.value if isinstance(site, cst.Assign) else site
+    if not _calls_something(node):
         return None
-    sites = backward.func.assign_sites.get(names[0], [])
-    order = _order(backward.func)
-    where = order.get(id(backward.call), -1)
-    before = [s for s in sites if order.get(id(s), -1) < where]
-    if not before:
-        return None
-    site = before[-1]
-    if isinstance(site, cst.Assign) and _calls_something(site.value):
-        return site
-    if isinstance(site, cst.AugAssign) and len(before) > 1:
-        first = before[-2]
-        if isinstance(first, cst.Assign) and _calls_something(first.value):
-            return first
-    return None
+    return site
 
 
 def _wraps_fsdp(model: FileModel, node: cst.With, func: FuncInfo) -> bool:
@@ -474,21 +467,67 @@ def _kind_of_wrapped(model: FileModel, node: cst.BaseExpression, func: FuncInfo)
 
 
 def _context_value(item: cst.BaseExpression, func: FuncInfo) -> cst.BaseExpression:
+    """The expression a ``with`` item stands for: ``ctx`` or ``ctx()`` resolved to the value
+    last assigned to ``ctx``."""
+    if isinstance(item, cst.Call) and isinstance(item.func, cst.Name) and not item.args:
+        item = item.func
     if isinstance(item, cst.Name) and func.assigns.get(item.value):
         return func.assigns[item.value][-1]
     return item
 
 
-def _resolved(expr: cst.BaseExpression, func: FuncInfo) -> cst.BaseExpression:
-    """``expr``, or the value of the flag it names (``if do_step:`` with ``do_step = ...``)."""
-    if isinstance(expr, cst.Name) and len(func.assigns.get(expr.value, [])) == 1:
-        return func.assigns[expr.value][0]
-    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Not):
-        inner = _resolved(expr.expression, func)
-        if inner is not expr.expression:
-            wrapped = inner.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-            return expr.with_changes(expression=wrapped)
-    return expr
+def _context_name(item: cst.BaseExpression) -> str | None:
+    if isinstance(item, cst.Call) and isinstance(item.func, cst.Name) and not item.args:
+        return item.func.value
+    return item.value if isinstance(item, cst.Name) else None
+
+
+def _mentions_no_sync(node: cst.CSTNode) -> bool:
+    return any(
+        isinstance(inner, cst.Attribute) and inner.attr.value in {"no_sync", "no_backward_sync"}
+        for inner in walk(node)
+    )
+
+
+def _resolved(expr: cst.BaseExpression, func: FuncInfo, depth: int = 0) -> cst.BaseExpression:
+    """``expr`` with each name that is assigned once in ``func`` from plain arithmetic,
+    comparisons or another name replaced by that value (``if do_step:`` with ``do_step =
+    (i + 1) % N == 0``; ``accum_grad`` with ``accum_grad = self.accum_grad``)."""
+    if depth > 4:
+        return expr
+    return cast(cst.BaseExpression, expr.visit(_Substitute(func, depth)))
+
+
+class _Substitute(cst.CSTTransformer):
+    def __init__(self, func: FuncInfo, depth: int) -> None:
+        super().__init__()
+        self.func = func
+        self.depth = depth
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False  # `self.accum` stays as written
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        return False
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        values = self.func.assigns.get(original.value, [])
+        if len(values) != 1 or not _plain(values[0]):
+            return updated
+        value = _resolved(values[0], self.func, self.depth + 1)
+        return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def _plain(value: cst.BaseExpression) -> bool:
+    """Arithmetic, comparisons and boolean logic on names and integers (no calls but len)."""
+    for node in walk(value):
+        if isinstance(node, cst.Call) and not (
+            isinstance(node.func, cst.Name) and node.func.value == "len"
+        ):
+            return False
+        if isinstance(node, cst.Subscript | cst.Lambda | cst.IfExp | cst.SimpleString):
+            return False
+    return True
 
 
 def _variables(expr: cst.BaseExpression) -> set[str]:
@@ -523,7 +562,7 @@ def _sync_source(
             continue
         node = frame.node
         assert isinstance(node, cst.If)
-        path.append((_resolved(node.test, backward.func), frame.branch == 0))
+        path.append((_resolved(node.test, model.function_holding(node)), frame.branch == 0))
     flags = [
         f for f in unit.of_kind("sync_flag") if f.order < backward.order and f.inside(unit.micro)
     ]
@@ -539,18 +578,20 @@ def _sync_source(
         return path, None, None
     node = frame.node
     assert isinstance(node, cst.With)
+    holder = model.function_holding(node)
     raw = node.items[0].item
-    item = _context_value(raw, backward.func)
+    item = _context_value(raw, holder)
     decided: cst.CSTNode = node
-    if item is not raw and isinstance(raw, cst.Name):
-        sites = backward.func.assign_sites.get(raw.value, [])
+    name = _context_name(raw)
+    if item is not raw and name is not None:
+        sites = holder.assign_sites.get(name, [])
         decided = sites[-1] if sites else node
     if isinstance(item, cst.Call):
         # An unconditional no_sync(): the path that leads here is the no-sync condition.
         return path, (lambda env: False), node
     if isinstance(item, cst.IfExp):
-        body_is_no_sync = any(method_name(c) == "no_sync" for c in calls_in(item.body))
-        test = _resolved(item.test, backward.func)
+        body_is_no_sync = _mentions_no_sync(item.body)
+        test = _resolved(item.test, holder)
         if body_is_no_sync:
             return path, (lambda env, t=test: not evaluate(t, env)), decided
         return path, (lambda env, t=test: bool(evaluate(t, env))), decided
