@@ -159,3 +159,13 @@ def lightning_clips(model: FileModel, class_name: str) -> bool:
 
 def enclosing_class(func: FuncInfo) -> str | None:
     return func.class_name
+
+
+def accelerate_runs_deepspeed(model: FileModel) -> bool:
+    """An ``Accelerator(deepspeed_plugin=...)`` in this file: DeepSpeed then zeroes, clips and
+    steps itself, and the prepared optimizer's ``zero_grad``/``step`` do nothing (accelerate
+    1.15.0 ``utils/deepspeed.py`` 308-312; ``accelerator.py`` 3023-3027 for clipping)."""
+    return any(
+        call_arg(call, None, "deepspeed_plugin") is not None or "deepspeed" in code_of(call)
+        for call in model.accelerators.values()
+    )

@@ -1159,7 +1159,12 @@ class _Collector:
         if isinstance(target, cst.Tuple | cst.List):
             elements = [e.value for e in target.elements]
             kinds = self._tuple_kinds(value, len(elements))
-            prepared = _is_prepare(value)
+            prepared = _is_prepare(value) or self._prepare_helper(value)
+            if prepared and isinstance(value, cst.Call):
+                for arg in value.args:
+                    text = dotted_name(arg.value)
+                    if text is not None:
+                        self.model.prepared.add(text)
             for element, kind in zip(elements, kinds, strict=False):
                 text = dotted_name(element)
                 if text is not None and prepared:
@@ -1189,6 +1194,17 @@ class _Collector:
                 enabled = call_arg(value, None, "enabled")
                 if isinstance(enabled, cst.Name) and enabled.value == "False":
                     self.model.scaler_disabled.add(text)
+
+    def _prepare_helper(self, value: cst.BaseExpression) -> bool:
+        """A project helper that hands objects to the accelerator and returns them prepared:
+        ``model, opt = self.setup_distributed(self.accelerator, model, opt)``."""
+        if not isinstance(value, cst.Call) or len(value.args) < 2:
+            return False
+        for arg in value.args:
+            text = dotted_name(arg.value) or ""
+            if "accelerator" in text.rsplit(".", 1)[-1].lower():
+                return True
+        return False
 
     def _constructed_kind(self, value: cst.BaseExpression) -> str | None:
         if not isinstance(value, cst.Call):

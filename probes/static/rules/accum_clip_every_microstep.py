@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed
 from gradient_doctor.probes.static.model import FileModel
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
@@ -101,6 +102,8 @@ for it in range(iters):
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         for unit, acc, steps in accumulating_units(model):
             step = steps[0]
+            if acc.style == "accelerate" and accelerate_runs_deepspeed(model):
+                continue  # DeepSpeed clips by its config; the call only reads the norm
             for clip in clipping(unit):
                 if not unit.in_micro_step(clip) or previous(unit, clip, {"backward"}) is None:
                     continue

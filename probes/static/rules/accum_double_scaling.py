@@ -26,6 +26,7 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import (
+    accelerate_runs_deepspeed,
     accelerator_divides,
     automatic_optimization,
     deepspeed_accumulation,
@@ -38,6 +39,7 @@ from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
 from gradient_doctor.probes.static.names import call_arg, code_of
 from gradient_doctor.probes.static.provenance import Scaling, loss_scaling, value_scaling
 from gradient_doctor.probes.static.ruletools import label, shorten
+from gradient_doctor.probes.static.traverse import walk
 
 FRAMEWORK_MESSAGE = (
     "line {line} divides the loss by `{divisor}` and `{backward}` on line {backward_line} "
@@ -239,9 +241,16 @@ class Lit(L.LightningModule):
             return None
         accumulates = unit.accumulation is not None and unit.accumulation.style == "accelerate"
         divides = accelerator_divides(model)
-        if not accumulates and divides is not True:
+        divisor = _divisor_text(scaling)
+        via_deepspeed = accelerate_runs_deepspeed(model) or _from_deepspeed_config(model, divisor)
+        if not accumulates and divides is not True and not via_deepspeed:
             return None  # manual accumulation with an Accelerator that does not divide
-        return self._finding(scaling, backward, "`accelerator.backward`", None, None)
+        framework = (
+            "`accelerator.backward` (through DeepSpeed's `engine.backward`)"
+            if via_deepspeed
+            else "`accelerator.backward`"
+        )
+        return self._finding(scaling, backward, framework, None, None)
 
     def _finding(
         self,
@@ -315,6 +324,20 @@ class Lit(L.LightningModule):
                     },
                     severity="info",
                 )
+
+
+def _from_deepspeed_config(model: FileModel, divisor: str) -> bool:
+    """``divisor`` is set from the DeepSpeed config (``args.gradient_accumulation_steps =
+    accelerator.state.deepspeed_plugin.deepspeed_config["gradient_accumulation_steps"]``): the
+    engine behind ``accelerator.backward`` divides by the same count."""
+    for node in walk(model.module):
+        if (
+            isinstance(node, cst.Assign)
+            and "deepspeed" in code_of(node.value)
+            and any(code_of(t.target) == divisor for t in node.targets)
+        ):
+            return True
+    return False
 
 
 def _divisor_text(scaling: Scaling) -> str:

@@ -130,11 +130,12 @@ for it in range(iters):
 
 
 def _unprepared(model: FileModel, sched: Event) -> bool:
-    """A scheduler built in this file and never passed to ``accelerator.prepare()``."""
+    """A scheduler never handed to ``accelerator.prepare()`` (or a helper that prepares the
+    model and optimizer) while something else is: Accelerate does not hold it back on the
+    micro-batches where the optimizer does not step (accelerate 1.15.0 ``scheduler.py`` 61
+    only gates a prepared scheduler)."""
     name = sched.receiver
-    return (
-        name is not None
-        and name in model.constructors
-        and name not in model.prepared
-        and bool(model.prepared)
-    )
+    if name is None or not model.prepared:
+        return False
+    tail = name.rsplit(".", 1)[-1]
+    return all(p.rsplit(".", 1)[-1] != tail for p in model.prepared)

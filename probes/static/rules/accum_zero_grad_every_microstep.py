@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed
 from gradient_doctor.probes.static.model import FileModel
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
@@ -109,6 +110,8 @@ for it in range(iters):
                     continue
                 message = self.message
                 if acc.style == "accelerate":
+                    if accelerate_runs_deepspeed(model):
+                        continue  # DeepSpeed zeroes at the boundary; zero_grad is a no-op
                     # A prepared optimizer zeroes only on the sync step: harmful only when that
                     # happens before the backward of the last micro-batch.
                     if following(unit, zero, {"backward"}) is None:

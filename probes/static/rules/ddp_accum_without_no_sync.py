@@ -12,8 +12,8 @@ from gradient_doctor.probes.static.model import FileModel, Unit
 from gradient_doctor.probes.static.names import code_of
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
+    accumulating_units,
     label,
-    micro_step_backwards,
     micro_step_for,
     names_in,
 )
@@ -109,30 +109,35 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        if not model.uses_ddp:
+        if not (model.uses_ddp or model.uses_fsdp):
             return
-        for unit in model.units:
-            acc = unit.accumulation
-            if acc is None or unit.framework is not None:
-                continue
+        for unit, acc, _ in accumulating_units(model, skip_deepspeed=True):
+            if acc.style == "accelerate" or unit.framework not in {None, "accelerator"}:
+                continue  # accumulate() skips the all-reduce itself
             if unit.of_kind("sync_flag") or any(
                 e.kind == "sync_flag" for e in model.expanded(unit.root)
             ):
                 continue
             if any(f.tag == "no_sync" for b in unit.backwards for f in b.frames):
                 continue  # some micro-steps already skip the all-reduce
-            for backward in micro_step_backwards(unit):
+            backwards = [
+                b
+                for b in unit.backwards
+                if b.framework in {None, "accelerator"} and unit.in_micro_step(b)
+            ]
+            for backward in backwards:
                 if any(f.tag in {"no_sync", "accumulate"} for f in backward.frames):
                     continue
+                node = backward.call if model.owns(backward.call) else backward.anchor
                 yield RawFinding(
-                    node=backward.call,
+                    node=node,
                     message=self.message,
                     evidence={
-                        "backward": label(backward.call),
-                        "backward_line": backward.call,
+                        "backward": label(node),
+                        "backward_line": node,
                         "divisor": acc.divisor_text,
                     },
-                    patch=self._patch(model, unit),
+                    patch=self._patch(model, unit) if backward.framework is None else None,
                     fix_description="Skip the all-reduce on all but the last micro-batch.",
                 )
                 break
@@ -142,6 +147,8 @@ for it in range(iters):
         loop = micro_step_for(unit)
         if acc is None or loop is None or not isinstance(loop.body, cst.IndentedBlock):
             return None
+        if model.uses_fsdp:
+            return None  # FSDP needs no_sync() / set_requires_gradient_sync, not this flag
         wrapped = [name for name, kind in model.kinds.items() if kind == "ddp"]
         if len(wrapped) != 1:
             return None
