@@ -414,6 +414,8 @@ class FileModel:
         self.hf_trainer = False
         self.uses_ddp = False
         self.uses_fsdp = False
+        self.explicit_ddp = False
+        """DDP is built in this file (not only implied by ``accelerator.prepare``)."""
         self.uses_deepspeed = False
         self.accelerators: dict[str, cst.Call] = {}
         """``Accelerator(...)`` constructor calls by the name they are bound to."""
@@ -1284,6 +1286,7 @@ class _Collector:
             self.model.hf_trainer = True
         if last in {"DistributedDataParallel", "DDP"}:
             self.model.uses_ddp = True
+            self.model.explicit_ddp = True
         if last == "fully_shard" or last == "FullyShardedDataParallel":
             self.model.uses_fsdp = True
             target = call_arg(node, 0, "module")
@@ -1620,6 +1623,10 @@ class _EventWalker:
             return
         if name in {"div_", "mul_"} and recv is not None and _mentions_grad(recv):
             event("grad_div", receiver=code_of(recv))
+            return
+        if last in {"scale_grads", "scale_gradients", "scale_grads_"}:
+            # torchtune's `training.scale_grads(model, 1 / num_tokens)` and friends.
+            event("grad_div", receiver=None)
             return
         target = model.function_for_call(call, func)
         if target is not None and target is not func:

@@ -113,12 +113,13 @@ for it in range(iters):
             ]
             if following and anchor is step.anchor_stmt:
                 anchor = following[0].anchor_stmt
+            node = step.call if model.owns(step.call) else step.anchor
             yield RawFinding(
-                node=step.anchor,
+                node=node,
                 message=self.message,
                 evidence={
-                    "step": label(step.anchor),
-                    "step_line": step.anchor,
+                    "step": label(node),
+                    "step_line": node,
                     "optimizer": optimizer,
                     "divisor": acc.divisor_text,
                 },
@@ -169,12 +170,13 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
             return
         step = steps[0]
         optimizer = optimizer_of(step) or "optimizer"
+        node = step.call if model.owns(step.call) else step.anchor
         yield RawFinding(
-            node=step.anchor,
+            node=node,
             message=ONCE_MESSAGE,
             evidence={
-                "step": label(step.anchor),
-                "step_line": step.anchor,
+                "step": label(node),
+                "step_line": node,
                 "zero_line": before.call,
                 "optimizer": optimizer,
             },
@@ -188,12 +190,13 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
         if optimizer is None or optimizer in receivers:
             continue
         zero = zeros[0]
+        node = step.call if model.owns(step.call) else step.anchor
         yield RawFinding(
-            node=step.anchor,
+            node=node,
             message=OTHER_OPTIMIZER_MESSAGE,
             evidence={
-                "step": label(step.anchor),
-                "step_line": step.anchor,
+                "step": label(node),
+                "step_line": node,
                 "optimizer": optimizer,
                 "zeroed": "`, `".join(sorted(r for r in receivers if r)),
                 "zero_line": zero.anchor,

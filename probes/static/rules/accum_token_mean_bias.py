@@ -111,6 +111,8 @@ for it in range(iters):
                 if any(isinstance(v, cst.Call) and _token_mean(v) for v in values):
                     criteria.add(name)
         for unit, acc, _ in units:
+            if unit.of_kind("grad_div"):
+                continue  # the gradients are rescaled by hand (by a token count, often)
             for backward in micro_step_backwards(unit):
                 found = _derivation(model, backward.func, backward.loss, criteria)
                 if found is None:

@@ -18,6 +18,13 @@ from gradient_doctor.probes.static.ruletools import (
     names_in,
 )
 
+PREPARE_MESSAGE = (
+    "`{backward}` on line {backward_line} accumulates `{divisor}` micro-batches by hand after "
+    "`accelerator.prepare()`: on several processes the model is wrapped in DDP and every "
+    "micro-batch all-reduces; use `with accelerator.accumulate(model):` or "
+    "`accelerator.no_sync(model)` on the intermediate micro-batches"
+)
+
 
 class DdpAccumWithoutNoSync(Rule):
     id = "ddp-accum-without-no-sync"
@@ -129,14 +136,24 @@ for it in range(iters):
                 if any(f.tag in {"no_sync", "accumulate"} for f in backward.frames):
                     continue
                 node = backward.call if model.owns(backward.call) else backward.anchor
+                # Only `accelerator.prepare()` says DDP: it wraps the model on several
+                # processes only, so the cost may not exist in this run.
+                implied = not (model.explicit_ddp or model.uses_fsdp)
+                evidence: dict[str, object] = {
+                    "backward": label(node),
+                    "backward_line": node,
+                    "divisor": acc.divisor_text,
+                }
+                if implied:
+                    evidence["uncertain"] = (
+                        "accelerator.prepare() wraps the model in DDP only when the script "
+                        "runs on several processes"
+                    )
                 yield RawFinding(
                     node=node,
-                    message=self.message,
-                    evidence={
-                        "backward": label(node),
-                        "backward_line": node,
-                        "divisor": acc.divisor_text,
-                    },
+                    message=PREPARE_MESSAGE if implied else self.message,
+                    severity="info" if implied else None,
+                    evidence=evidence,
                     patch=self._patch(model, unit) if backward.framework is None else None,
                     fix_description="Skip the all-reduce on all but the last micro-batch.",
                 )

@@ -340,9 +340,6 @@ for step, batch in enumerate(loader):
         ]
         if not backwards:
             return None
-        sources = [_sync_source(model, unit, b) for b in backwards]
-        if any(s is None for s in sources) or all(s[1] is None for s in sources if s):
-            return None
         if acc.style == "nested":
             loop = unit.micro.node if unit.micro is not None else None
             if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name):
@@ -357,7 +354,7 @@ for step, batch in enumerate(loader):
             gate = acc.gate
             if gate is None or acc.condition is None:
                 return None
-            step_test = _resolved(acc.condition, unit.root)
+            step_test = _resolved(acc.condition, unit.root, keep={divisor})
             names = _variables(step_test) - {divisor}
             if len(names) != 1:
                 return None
@@ -368,7 +365,10 @@ for step, batch in enumerate(loader):
                 return bool(evaluate(step_test, env)) != negate
 
             window_only = False
-
+        keep = {counter, divisor}
+        sources = [_sync_source(model, unit, b, keep) for b in backwards]
+        if any(s is None for s in sources) or all(s[1] is None for s in sources if s):
+            return None
         relevant = {counter, divisor}
 
         def sync(env: Mapping[str, Value]) -> bool:
@@ -489,20 +489,27 @@ def _mentions_no_sync(node: cst.CSTNode) -> bool:
     )
 
 
-def _resolved(expr: cst.BaseExpression, func: FuncInfo, depth: int = 0) -> cst.BaseExpression:
+def _resolved(
+    expr: cst.BaseExpression,
+    func: FuncInfo,
+    depth: int = 0,
+    keep: set[str] | frozenset[str] = frozenset(),
+) -> cst.BaseExpression:
     """``expr`` with each name that is assigned once in ``func`` from plain arithmetic,
     comparisons or another name replaced by that value (``if do_step:`` with ``do_step =
-    (i + 1) % N == 0``; ``accum_grad`` with ``accum_grad = self.accum_grad``)."""
+    (i + 1) % N == 0``; ``accum_grad`` with ``accum_grad = self.accum_grad``). Names in
+    ``keep`` (the counter and N themselves) and names changed in place stay as written."""
     if depth > 4:
         return expr
-    return cast(cst.BaseExpression, expr.visit(_Substitute(func, depth)))
+    return cast(cst.BaseExpression, expr.visit(_Substitute(func, depth, keep)))
 
 
 class _Substitute(cst.CSTTransformer):
-    def __init__(self, func: FuncInfo, depth: int) -> None:
+    def __init__(self, func: FuncInfo, depth: int, keep: set[str] | frozenset[str]) -> None:
         super().__init__()
         self.func = func
         self.depth = depth
+        self.keep = keep
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         return False  # `self.accum` stays as written
@@ -511,10 +518,14 @@ class _Substitute(cst.CSTTransformer):
         return False
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        values = self.func.assigns.get(original.value, [])
-        if len(values) != 1 or not _plain(values[0]):
+        name = original.value
+        if name in self.keep:
             return updated
-        value = _resolved(values[0], self.func, self.depth + 1)
+        values = self.func.assigns.get(name, [])
+        sites = self.func.assign_sites.get(name, [])
+        if len(values) != 1 or len(sites) != 1 or not _plain(values[0]):
+            return updated  # re-bound, or changed in place (`n //= world_size`)
+        value = _resolved(values[0], self.func, self.depth + 1, self.keep)
         return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
@@ -552,7 +563,7 @@ SyncTest = Callable[[Mapping[str, Value]], bool] | None
 
 
 def _sync_source(
-    model: FileModel, unit: Unit, backward: Event
+    model: FileModel, unit: Unit, backward: Event, keep: set[str]
 ) -> tuple[Path, SyncTest, cst.CSTNode | None] | None:
     """(the path condition of ``backward`` inside the micro-step, when it synchronises (None:
     always), the statement that decides it) or None when that cannot be read."""
@@ -562,7 +573,8 @@ def _sync_source(
             continue
         node = frame.node
         assert isinstance(node, cst.If)
-        path.append((_resolved(node.test, model.function_holding(node)), frame.branch == 0))
+        test = _resolved(node.test, model.function_holding(node), keep=keep)
+        path.append((test, frame.branch == 0))
     flags = [
         f for f in unit.of_kind("sync_flag") if f.order < backward.order and f.inside(unit.micro)
     ]
@@ -571,7 +583,7 @@ def _sync_source(
         value = _flag_value(flag)
         if value is None:
             return None
-        expr = _resolved(value, flag.func)
+        expr = _resolved(value, flag.func, keep=keep)
         return path, (lambda env, e=expr: bool(evaluate(e, env))), flag.call
     frame = next((f for f in reversed(backward.frames) if f.tag == "no_sync"), None)
     if frame is None:
@@ -591,7 +603,7 @@ def _sync_source(
         return path, (lambda env: False), node
     if isinstance(item, cst.IfExp):
         body_is_no_sync = _mentions_no_sync(item.body)
-        test = _resolved(item.test, holder)
+        test = _resolved(item.test, holder, keep=keep)
         if body_is_no_sync:
             return path, (lambda env, t=test: not evaluate(t, env)), decided
         return path, (lambda env, t=test: bool(evaluate(t, env))), decided
