@@ -74,9 +74,10 @@ import lightning as L
 import torch
 class Model(L.LightningModule):
     def training_step(self, batch, batch_idx):
-        loss = self.compute_loss(batch)
+        return self.compute_loss(batch)
+
+    def on_before_optimizer_step(self, optimizer):
         torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
-        return loss
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
@@ -104,6 +105,18 @@ def train(model, loader, opt):
         opt.step()
 """,
             6,
+        ),
+        Invalid(
+            """
+import lightning as L
+import torch
+class Model(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        loss = self.compute_loss(batch)
+        torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
+        return loss
+""",
+            7,
         ),
     ]
 
