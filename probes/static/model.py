@@ -401,6 +401,10 @@ class FileModel:
         self.grad_reads: set[int] = set()
         """ids of statements that read a ``.grad`` attribute."""
         self.all_calls: list[tuple[cst.Call, cst.CSTNode, FuncInfo]] = []
+        self.ignore_index_owners: set[str] = set()
+        """Objects whose ``.ignore_index`` the script reads (token-level criteria)."""
+        self.attribute_assigns: dict[str, list[cst.BaseExpression]] = {}
+        """Values assigned to attributes (``self.model = ...``), by dotted target."""
         self.constants: dict[str, cst.BaseExpression] = {}
         """The first value bound to each name (assignments and parameter defaults)."""
         self.top_level: dict[int, int] = {}
@@ -1183,6 +1187,8 @@ class _Collector:
         if isinstance(target, cst.Name):
             func.assigns.setdefault(text, []).append(value)
             self.model.constants.setdefault(text, value)
+        else:
+            self.model.attribute_assigns.setdefault(text, []).append(value)
         if _is_prepare(value):
             self.model.prepared.add(text)
         kind = self._constructed_kind(value)
@@ -1314,6 +1320,10 @@ class _Collector:
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if node.attr.value == "grad" and self.stmt_stack:
             self.model.grad_reads.add(id(self.stmt_stack[-1]))
+        elif node.attr.value == "ignore_index":
+            owner = dotted_name(node.value)
+            if owner is not None:
+                self.model.ignore_index_owners.add(owner)
 
 
 class _EventWalker:

@@ -642,24 +642,12 @@ def instance_class(
     if isinstance(expr, cst.Name):
         values = func.assigns.get(text, []) or model.module_info.assigns.get(text, [])
     else:
-        for other in [model.module_info, *model.functions]:
-            if other.class_name == func.class_name:
-                values.extend(_attribute_values(other, text))
+        values = model.attribute_assigns.get(text, [])
     for value in values:
         found = instance_class(model, func, value, depth + 1)
         if found is not None:
             return found
     return None
-
-
-def _attribute_values(func: FuncInfo, text: str) -> list[cst.BaseExpression]:
-    out: list[cst.BaseExpression] = []
-    for node in walk(func.node):
-        if isinstance(node, cst.Assign):
-            for target in node.targets:
-                if dotted_name(target.target) == text:
-                    out.append(node.value)
-    return out
 
 
 def _same_name(a: str, b: str) -> bool:

@@ -17,7 +17,7 @@ from gradient_doctor.probes.static.ruletools import (
     micro_step_backwards,
     shorten,
 )
-from gradient_doctor.probes.static.traverse import calls_in, children, walk
+from gradient_doctor.probes.static.traverse import calls_in, children
 
 TOKEN_COUNT_HINTS = ("token", "num_items", "n_items", "count", "mask.sum", "numel")
 
@@ -131,13 +131,7 @@ for it in range(iters):
 
 
 def _ignore_index_owners(model: FileModel) -> set[str]:
-    owners: set[str] = set()
-    for node in walk(model.module):
-        if isinstance(node, cst.Attribute) and node.attr.value == "ignore_index":
-            text = dotted_name(node.value)
-            if text is not None and "loss" in text.lower():
-                owners.add(text)
-    return owners
+    return {owner for owner in model.ignore_index_owners if "loss" in owner.lower()}
 
 
 MASKED_MEAN = re.compile(r"masked_?(mean|avg|average)|mean_with_mask|token_?mean", re.I)
