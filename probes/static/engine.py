@@ -12,12 +12,13 @@ from __future__ import annotations
 import ast
 import gc
 import importlib
+import os
 import pkgutil
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
@@ -36,6 +37,9 @@ from gradient_doctor.probes.static.patches import (
 )
 from gradient_doctor.probes.static.positions import Span, spans_of
 from gradient_doctor.probes.static.report import FileReport
+
+if TYPE_CHECKING:
+    from gradient_doctor.probes.static.project import ProjectIndex
 
 __all__ = ["all_rules", "lint_source", "rule_ids"]
 
@@ -229,11 +233,15 @@ def lint_source(
     *,
     select: Collection[str] | None = None,
     ignore: Collection[str] | None = None,
+    project: ProjectIndex | None = None,
 ) -> FileReport:
     """Analyse one script's text; findings sorted by (line, col, id), fixes verified.
 
     ``select`` keeps only those rule ids, ``ignore`` drops them (ValueError on an unknown
-    id). Never raises on bad source text: it returns a report with ``error`` set instead.
+    id). ``project``: the index of the folder the file belongs to (helpers in other files are
+    followed; findings that belong to another file are handed to it, see
+    :class:`probes.static.project.ProjectIndex`). Never raises on bad source text: it returns
+    a report with ``error`` set instead.
     """
     rules = _selected(select, ignore)
     # The syntax tree is a large graph of small objects that lives only for this call: the
@@ -241,13 +249,15 @@ def lint_source(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _lint(source, path, rules)
+        return _lint(source, path, rules, project)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _lint(source: str, path: str, rules: list[Rule]) -> FileReport:
+def _lint(
+    source: str, path: str, rules: list[Rule], project: ProjectIndex | None = None
+) -> FileReport:
     if not isinstance(source, str):
         return FileReport(path=path, error="not text")
     parsed = _parse(source)
@@ -255,22 +265,75 @@ def _lint(source: str, path: str, rules: list[Rule]) -> FileReport:
         return FileReport(path=path, error=parsed)
     module, tree = parsed
     try:
-        model = FileModel(module, path)
+        model = FileModel(module, path, project=project)
+        if project is not None:
+            project.keep(model)
         raws = _run_rules(model, all_rules())
         if not raws:
             return FileReport(path=path)
         wanted = {rule.id for rule in rules}
-        nodes: list[cst.CSTNode] = []
+        local: list[_Raw] = []
         for item in raws:
+            if model.owns(item.raw.node):
+                local.append(item)
+            elif project is not None and item.rule.id in wanted:
+                _hand_over(project, item, model)
+        nodes: list[cst.CSTNode] = []
+        for item in local:
             if item.rule.id in wanted:
                 nodes.append(item.raw.node)
-                nodes.extend(_nodes_in(item.raw.evidence))
+                nodes.extend(n for n in _nodes_in(item.raw.evidence) if model.owns(n))
         positions = spans_of(module, nodes, top_level=model.top_level, tree=tree)
-        return _report(source, module, path, raws, rules, positions, model)
+        return _report(source, module, path, local, rules, positions, model)
     except RecursionError:
         return FileReport(path=path, error="the file is too deeply nested to analyse")
     except Exception as exc:  # pragma: no cover - last line of defence: never a traceback
         return FileReport(path=path, error=f"internal analyser error ({type(exc).__name__})")
+
+
+def _hand_over(project: ProjectIndex, item: _Raw, origin: FileModel) -> None:
+    """A finding whose statement is in another file of the project (a clip inside a helper of
+    ``utils.py``, seen from the loop of ``train.py``) goes to that file's report, without a
+    patch: the patch would edit a file other than the one analysed."""
+    owner = project.owner(item.raw.node)
+    if owner is None:
+        return
+    raw, rule = item.raw, item.rule
+    nodes = [raw.node, *(n for n in _nodes_in(raw.evidence) if owner.owns(n))]
+    positions = spans_of(owner.module, nodes, top_level=owner.top_level)
+    where = positions.get(id(raw.node))
+    if where is None:
+        return
+    evidence = _evidence(raw.evidence, positions)
+    # Evidence in the file that was being analysed: "12 in train.py".
+    here = [n for n in _nodes_in(raw.evidence) if origin.owns(n)]
+    if here:
+        elsewhere = spans_of(origin.module, here, top_level=origin.top_level)
+        name = os.path.basename(origin.path)
+        for key, value in raw.evidence.items():
+            if isinstance(value, cst.CSTNode) and id(value) in elsewhere:
+                evidence[key] = f"{elsewhere[id(value)].line} in {name}"
+    try:
+        message = raw.message.format(**evidence)
+    except (KeyError, IndexError, ValueError):
+        message = raw.message
+    if rule.snippet_id is not None:
+        evidence.setdefault("snippet_id", rule.snippet_id)
+    project.foreign.setdefault(owner.path, []).append(
+        Finding(
+            id=rule.id,
+            severity=raw.severity or rule.severity,
+            message=message,
+            origin="static",
+            path=owner.path,
+            line=where.line,
+            col=where.column + 1,
+            end_line=where.end_line,
+            end_col=where.end_column + 1,
+            evidence=evidence,
+            fix=None,
+        )
+    )
 
 
 @dataclass

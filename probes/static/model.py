@@ -908,6 +908,37 @@ def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
     return None
 
 
+def constructor_kind(qualified: str, method: str | None = None) -> str | None:
+    """What an object built by calling ``qualified`` is: ``scaler``, ``optimizer``,
+    ``scheduler``, ``ddp``, ``fsdp``, ``accelerator``, ``fabric`` (``other`` for data
+    scalers), or None."""
+    last = qualified.rsplit(".", 1)[-1]
+    if last == "GradScaler" or last == "ShardedGradScaler":
+        return "scaler"
+    if last.endswith("Scaler"):
+        return "other"  # StandardScaler and friends: data scalers, not loss scalers
+    is_optimizer = last in OPTIMIZER_CLASSES or (
+        qualified.startswith("torch.optim.") and last[:1].isupper()
+    )
+    if is_optimizer and ".lr_scheduler." not in qualified:
+        return "optimizer"
+    if ".lr_scheduler." in qualified or last.endswith(("LR", "Scheduler", "Schedule")):
+        return "scheduler"
+    if re.fullmatch(r"get_\w*schedule\w*", last):
+        return "scheduler"
+    if last in {"DistributedDataParallel", "DDP"}:
+        return "ddp"
+    if last in {"FullyShardedDataParallel", "FSDP", "fully_shard"}:
+        return "fsdp"
+    if last == "Accelerator":
+        return "accelerator"
+    if last == "Fabric":
+        return "fabric"
+    if method == "optimizers":
+        return "optimizer"
+    return None
+
+
 def _modulo_counter(test: cst.BaseExpression) -> str | None:
     """``i`` in ``(i + 1) % N == 0``: the one name on the left of the modulo."""
     for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
@@ -1123,10 +1154,17 @@ class _Collector:
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        if node.module is None or node.relative:
+        if isinstance(node.names, cst.ImportStar):
             return False
-        base = dotted_name(node.module)
-        if base is None or isinstance(node.names, cst.ImportStar):
+        dots = "." * len(node.relative)
+        if node.module is None:
+            base: str | None = dots[:-1] if dots else None  # `from . import x`: x is a module
+            if base is None:
+                return False
+        else:
+            module = dotted_name(node.module)
+            base = dots + module if module is not None else None
+        if base is None:
             return False
         if base.startswith("deepspeed"):
             self.model.uses_deepspeed = True
@@ -1218,34 +1256,12 @@ class _Collector:
         if not isinstance(value, cst.Call):
             return None
         qual = self.model.qualify(value.func) or ""
-        last = qual.rsplit(".", 1)[-1]
-        name = method_name(value)
-        if last == "GradScaler" or last == "ShardedGradScaler":
-            return "scaler"
-        if last.endswith("Scaler"):
-            return "other"  # StandardScaler and friends: data scalers, not loss scalers
-        is_optimizer = last in OPTIMIZER_CLASSES or (
-            qual.startswith("torch.optim.") and last[:1].isupper()
-        )
-        if is_optimizer and ".lr_scheduler." not in qual:
-            return "optimizer"
-        if ".lr_scheduler." in qual or last.endswith(("LR", "Scheduler", "Schedule")):
-            return "scheduler"
-        if re.fullmatch(r"get_\w*schedule\w*", last):
-            return "scheduler"
-        if last in {"DistributedDataParallel", "DDP"}:
+        kind = constructor_kind(qual, method_name(value))
+        if kind == "ddp":
             self.model.uses_ddp = True
-            return "ddp"
-        if last in {"FullyShardedDataParallel", "FSDP", "fully_shard"}:
+        elif kind == "fsdp":
             self.model.uses_fsdp = True
-            return "fsdp"
-        if last == "Accelerator":
-            return "accelerator"
-        if last == "Fabric":
-            return "fabric"
-        if name == "optimizers":
-            return "optimizer"
-        return None
+        return kind
 
     def _tuple_kinds(self, value: cst.BaseExpression, count: int) -> list[str | None]:
         kinds: list[str | None] = [None] * count

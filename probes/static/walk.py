@@ -14,10 +14,14 @@ import os
 import tokenize
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gradient_doctor.probes.static.engine import all_rules, lint_source
 from gradient_doctor.probes.static.parsing import syntax_error
 from gradient_doctor.probes.static.report import FileReport, LintReport
+
+if TYPE_CHECKING:
+    from gradient_doctor.probes.static.project import ProjectIndex
 
 MAX_FILE_BYTES = 5 * 1024 * 1024
 """Files larger than this are reported, not analysed (no training script is this big)."""
@@ -159,6 +163,7 @@ def lint_file(
     ignore: Collection[str] | None = None,
     named_explicitly: bool = True,
     display_path: str | None = None,
+    project: ProjectIndex | None = None,
 ) -> FileReport:
     """Analyse one file; never raises. Problems reading or parsing it land in ``error``."""
     shown = display_path if display_path is not None else str(path)
@@ -168,7 +173,7 @@ def lint_file(
         return FileReport(path=shown, error=str(exc))
     # lint_source reports a syntax error itself (one parse, one message).
     try:
-        report = lint_source(source, shown, select=select, ignore=ignore)
+        report = lint_source(source, shown, select=select, ignore=ignore, project=project)
     except RecursionError:
         return FileReport(path=shown, error="could not analyse: the code is nested too deeply")
     except Exception as exc:  # The engine promises not to raise; one bad file must not end a run.
@@ -192,6 +197,7 @@ def lint_paths(
     *,
     select: Collection[str] | None = None,
     ignore: Collection[str] | None = None,
+    project_index: bool = True,
 ) -> LintReport:
     """Analyse every Python file under ``paths`` (files and directories); never raises.
 
@@ -200,12 +206,19 @@ def lint_paths(
     gets an entry whose ``error`` says why; the other files are analysed as usual.
     The one thing it refuses is a rule id in ``select`` / ``ignore`` that does not exist
     (ValueError naming it), since that is a mistake of the caller, not of the files.
+
+    When a directory is among ``paths`` (and ``project_index`` is true), the files are read
+    as one project: calls into helpers of other files are followed, and a finding that lies in
+    another file is reported in that file (see :mod:`probes.static.project`).
     """
     check_rule_ids(select, ignore)
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]  # one path, not an iterable of characters
+    paths = list(paths)
+    found = list(iter_python_files(paths))
+    project = _project_index(paths, found) if project_index else None
     files: list[FileReport] = []
-    for path, explicit in iter_python_files(paths):
+    for path, explicit in found:
         files.append(
             lint_file(
                 path,
@@ -213,6 +226,64 @@ def lint_paths(
                 ignore=ignore,
                 named_explicitly=explicit,
                 display_path=str(path),
+                project=project,
             )
         )
+    if project is not None and project.foreign:
+        _merge_foreign(files, project, select, ignore)
     return LintReport(files=files)
+
+
+def _project_index(
+    paths: list[str | os.PathLike[str]], found: list[tuple[Path, bool]]
+) -> ProjectIndex | None:
+    """The index of every file found, when a folder is linted (module names are taken relative
+    to the folder named on the command line)."""
+    roots = [Path(p) for p in paths if Path(p).is_dir()]
+    if not roots:
+        return None
+    from gradient_doctor.probes.static.project import ProjectIndex
+
+    def root_of(file: Path) -> Path:
+        for root in roots:
+            try:
+                file.resolve().relative_to(root.resolve())
+            except (ValueError, OSError):
+                continue
+            return root
+        return file.parent
+
+    return ProjectIndex((file, root_of(file)) for file, _ in found)
+
+
+def _merge_foreign(
+    files: list[FileReport],
+    project: ProjectIndex,
+    select: Collection[str] | None,
+    ignore: Collection[str] | None,
+) -> None:
+    """Add the findings other files' analyses made about each file, once each."""
+    by_key = {_resolved(f.path): f for f in files if f.error is None}
+    for owner, findings in project.foreign.items():
+        report = by_key.get(_resolved(owner))
+        if report is None:
+            continue
+        have = {(f.id, f.line, f.col) for f in report.findings}
+        for finding in findings:
+            if select is not None and finding.id not in set(select):
+                continue
+            if ignore is not None and finding.id in set(ignore):
+                continue
+            key = (finding.id, finding.line, finding.col)
+            if key in have:
+                continue
+            have.add(key)
+            report.findings.append(finding.model_copy(update={"path": report.path}))
+        report.findings.sort(key=lambda f: (f.line or 0, f.col or 0, f.id))
+
+
+def _resolved(path: str) -> str:
+    try:
+        return str(Path(path).resolve())
+    except OSError:
+        return os.path.abspath(path)

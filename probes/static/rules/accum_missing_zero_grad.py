@@ -113,7 +113,7 @@ for it in range(iters):
             ]
             if following and anchor is step.anchor_stmt:
                 anchor = following[0].anchor_stmt
-            node = step.call if model.owns(step.call) else step.anchor
+            node = step.call
             yield RawFinding(
                 node=node,
                 message=self.message,
@@ -170,7 +170,7 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
             return
         step = steps[0]
         optimizer = optimizer_of(step) or "optimizer"
-        node = step.call if model.owns(step.call) else step.anchor
+        node = step.call
         yield RawFinding(
             node=node,
             message=ONCE_MESSAGE,
@@ -190,7 +190,7 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
         if optimizer is None or optimizer in receivers:
             continue
         zero = zeros[0]
-        node = step.call if model.owns(step.call) else step.anchor
+        node = step.call
         yield RawFinding(
             node=node,
             message=OTHER_OPTIMIZER_MESSAGE,

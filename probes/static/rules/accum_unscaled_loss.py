@@ -182,7 +182,7 @@ class Trainer:
                     message = COUNTER_MESSAGE
                 elif scaling.others:
                     message = OTHERS_MESSAGE
-                node = backward.call if model.owns(backward.call) else backward.anchor
+                node = backward.call
                 yield RawFinding(
                     node=node,
                     message=message,

@@ -135,7 +135,7 @@ for it in range(iters):
             for backward in backwards:
                 if any(f.tag in {"no_sync", "accumulate"} for f in backward.frames):
                     continue
-                node = backward.call if model.owns(backward.call) else backward.anchor
+                node = backward.call
                 # Only `accelerator.prepare()` says DDP: it wraps the model on several
                 # processes only, so the cost may not exist in this run.
                 implied = not (model.explicit_ddp or model.uses_fsdp)
