@@ -576,6 +576,37 @@ class FileModel:
         dotted = dotted_name(func)
         if dotted is not None and dotted.split(".", 1)[0] in self.aliases:
             return self._imported(dotted)
+        # `self.updater.step()` with `self.updater = Updater(...)`: that class's method.
+        built = self._built_from(func.value, context)
+        if built is None:
+            return None
+        if built in self.class_nodes:
+            return self.method_of(built, func.attr.value)
+        if self.project is not None:
+            return self.project.class_method(self.qualify_text(built), func.attr.value, self)
+        return None
+
+    def _built_from(self, node: cst.BaseExpression, context: FuncInfo) -> str | None:
+        """The class (as written) whose constructor built the object ``node`` names, when the
+        assignment is visible and the class is local or imported (a project class)."""
+        text = dotted_name(node)
+        if text is None:
+            return None
+        if isinstance(node, cst.Name):
+            values = context.assigns.get(text) or self.module_info.assigns.get(text) or []
+        else:
+            values = self.attribute_assigns.get(text, [])
+        for value in values:
+            if isinstance(value, cst.Call):
+                name = dotted_name(value.func)
+                if name is None:
+                    continue
+                if name in self.class_nodes or (
+                    self.project is not None
+                    and name.split(".", 1)[0] in self.aliases
+                    and name[:1].isupper() | name.rsplit(".", 1)[-1][:1].isupper()
+                ):
+                    return name
         return None
 
     def method_of(

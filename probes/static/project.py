@@ -47,6 +47,7 @@ RELEVANT_WORDS = (
     "sqrt(",
     "loss",
 )
+CONSTRUCTOR_WORDS = ("Scaler", "optim", "DistributedDataParallel", "DDP", "FSDP", "fully_shard")
 MODEL_CACHE = 32
 """Full models of helper files kept at once (a libcst tree is large)."""
 
@@ -64,6 +65,8 @@ class _Module:
     relevant: bool = False
     calls: list[tuple[str, int | str, str]] = field(default_factory=list)
     """(qualified callee as written here, parameter position or keyword, kind of argument)."""
+    builds: bool = False
+    """The text builds a scaler, an optimizer or a wrapped model (its call sites matter)."""
 
 
 class ProjectIndex:
@@ -84,6 +87,27 @@ class ProjectIndex:
                 continue
             self.modules.setdefault(summary.name, summary)
             self.by_path[_key(path)] = summary
+        self._suffixes: dict[str, list[_Module]] = {}
+        """Every dotted tail of every module name (``engine``, ``pkg.engine``): one lookup
+        finds the module an import names, whatever folder the project is rooted at."""
+        for name, module in self.modules.items():
+            parts = name.split(".")
+            for start in range(1, len(parts)):
+                self._suffixes.setdefault(".".join(parts[start:]), []).append(module)
+        self._heads = {suffix.split(".", 1)[0] for suffix in self._suffixes} | {
+            name.split(".", 1)[0] for name in self.modules
+        }
+        """First parts of every module name and tail: `torch.nn.X` is rejected at once."""
+        self._resolved: dict[tuple[str, str], tuple[_Module, str] | None] = {}
+        for summary in self.modules.values():
+            if summary.builds and any(
+                target.split(".", 1)[0] in self._heads for target in summary.imports.values()
+            ):
+                # Only a file that calls into the project can pass it a scaler / optimizer:
+                # read it once more, in full (the first pass kept no tree, to keep memory low).
+                tree = _tree(summary.path)
+                if tree is not None:
+                    _Summariser(summary, _package(summary)).visit(tree)
 
     # -- what FileModel asks ----------------------------------------------------------------------
     def register(self, model: FileModel) -> None:
@@ -159,7 +183,16 @@ class ProjectIndex:
     def _resolve(self, qualified: str, model: FileModel) -> tuple[_Module, str] | None:
         """(the module, the function / ``Class.method`` / class name in it) for a dotted name
         with its import alias already resolved (``pkg.engine.train_one_epoch``)."""
+        key = (qualified, str(Path(model.path).parent))
+        if key not in self._resolved:
+            self._resolved[key] = None  # a cycle of re-exports ends here
+            self._resolved[key] = self._lookup(qualified, model)
+        return self._resolved[key]
+
+    def _lookup(self, qualified: str, model: FileModel) -> tuple[_Module, str] | None:
         parts = qualified.split(".")
+        if parts[0] not in self._heads:
+            return None
         for cut in range(len(parts) - 1, 0, -1):
             module = self._module_named(".".join(parts[:cut]), model)
             if module is None:
@@ -182,7 +215,7 @@ class ProjectIndex:
         if dotted.startswith("."):
             return None
         # `from pkg.engine import x` in a repository whose root is above `pkg`, or `src/` layouts.
-        matches = [m for name, m in self.modules.items() if name.endswith("." + dotted)]
+        matches = self._suffixes.get(dotted, [])
         if len(matches) == 1:
             return matches[0]
         here = self.by_path.get(_key(Path(model.path)))
@@ -312,8 +345,26 @@ def _summarise(path: Path, root: Path) -> _Module | None:
     text = data.decode("utf-8", "replace")
     summary = _Module(path, name, relevant=any(w in text for w in RELEVANT_WORDS))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    _Summariser(summary, package).visit(tree)
+    summariser = _Summariser(summary, package)
+    # Names, imports and classes come from the top level (cheap); the call sites that pass a
+    # scaler / optimizer / wrapped model need a full walk, done later and only for files that
+    # import the project and build one of those.
+    for statement in tree.body:
+        summariser.outline(statement)
+    summary.builds = any(word in text for word in CONSTRUCTOR_WORDS)
     return summary
+
+
+def _tree(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _package(summary: _Module) -> str:
+    name = summary.name
+    return name if summary.path.name == "__init__.py" else name.rpartition(".")[0]
 
 
 class _Summariser(ast.NodeVisitor):
@@ -322,6 +373,28 @@ class _Summariser(ast.NodeVisitor):
         self.package = package
         self.classes: list[str] = []
         self.kinds: list[dict[str, str]] = [{}]
+        self.outlined = False
+
+    def outline(self, statement: ast.stmt) -> None:
+        """Imports, functions and classes of one top-level statement (and of the class or
+        ``if``/``try`` blocks that hold module-level definitions)."""
+        self.outlined = True
+        if isinstance(statement, ast.Import):
+            self.visit_Import(statement)
+        elif isinstance(statement, ast.ImportFrom):
+            self.visit_ImportFrom(statement)
+        elif isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+            self.summary.functions.add(statement.name)
+        elif isinstance(statement, ast.ClassDef):
+            bases = [_dotted(b) for b in statement.bases]
+            self.summary.classes[statement.name] = [b for b in bases if b]
+            for inner in statement.body:
+                if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef):
+                    self.summary.functions.add(f"{statement.name}.{inner.name}")
+        elif isinstance(statement, ast.If | ast.Try):
+            for block in (statement.body, statement.orelse, getattr(statement, "finalbody", [])):
+                for inner in block:
+                    self.outline(inner)
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -343,18 +416,11 @@ class _Summariser(ast.NodeVisitor):
             self.summary.imports[alias.asname or alias.name] = f"{base}.{alias.name}"
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        if not self.classes:
-            bases = [_dotted(b) for b in node.bases]
-            self.summary.classes[node.name] = [b for b in bases if b]
         self.classes.append(node.name)
         self.generic_visit(node)
         self.classes.pop()
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        if len(self.classes) == 1:
-            self.summary.functions.add(f"{self.classes[0]}.{node.name}")
-        elif not self.classes:
-            self.summary.functions.add(node.name)
         saved = self.classes
         self.classes = [*saved, "<def>"] if saved else ["<def>"]
         self.kinds.append({})
