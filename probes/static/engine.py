@@ -86,9 +86,9 @@ def _syntax_error(source: str) -> str | None:
     return syntax_error(source)
 
 
-def _parse(source: str) -> tuple[cst.Module, ast.Module | None] | str:
+def _parse(source: str, *, checked: bool = False) -> tuple[cst.Module, ast.Module | None] | str:
     # A byte-order mark is not code; patches are still made against the exact text (with it).
-    parsed = parse_source(source)
+    parsed = parse_source(source, checked=checked)
     if isinstance(parsed, str):
         return parsed
     return parsed.module, parsed.tree
@@ -260,7 +260,9 @@ def _lint(
 ) -> FileReport:
     if not isinstance(source, str):
         return FileReport(path=path, error="not text")
-    parsed = _parse(source)
+    # The project index already read this exact text with CPython's parser: no second pass.
+    first_lines = project.first_lines(path, source) if project is not None else None
+    parsed = _parse(source, checked=first_lines is not None)
     if isinstance(parsed, str):
         return FileReport(path=path, error=parsed)
     module, tree = parsed
@@ -283,7 +285,9 @@ def _lint(
             if item.rule.id in wanted:
                 nodes.append(item.raw.node)
                 nodes.extend(n for n in _nodes_in(item.raw.evidence) if model.owns(n))
-        positions = spans_of(module, nodes, top_level=model.top_level, tree=tree)
+        positions = spans_of(
+            module, nodes, top_level=model.top_level, tree=tree, first_lines=first_lines
+        )
         return _report(source, module, path, local, rules, positions, model)
     except RecursionError:
         return FileReport(path=path, error="the file is too deeply nested to analyse")

@@ -59,12 +59,17 @@ def _cpython(source: str) -> ast.Module | str:
         return f"syntax error at line 1:1: {first}"
 
 
-def parse_source(source: str) -> Parsed | str:
+def parse_source(source: str, *, checked: bool = False) -> Parsed | str:
     """Both trees of ``source``, or a one-line reason why it cannot be analysed.
 
-    Never raises. A leading byte-order mark is ignored (it is not code).
+    ``checked``: CPython already parsed this exact text (the project index did), so libcst
+    runs directly and no CPython tree is returned. Never raises. A leading byte-order mark is
+    ignored (it is not code).
     """
     source = source.removeprefix(BOM)
+    if checked:
+        checked_module = _libcst(source)
+        return checked_module if isinstance(checked_module, str) else Parsed(checked_module, None)
     tree = _cpython(source)
     if isinstance(tree, str):
         if "nested too deeply" in tree or "null bytes" in tree.lower():

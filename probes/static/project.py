@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gradient_doctor.probes.static.model import FileModel, FuncInfo, constructor_kind
+from gradient_doctor.probes.static.positions import first_lines
 
 if TYPE_CHECKING:
     from gradient_doctor.knowledge.findings import Finding
@@ -67,6 +68,11 @@ class _Module:
     """(qualified callee as written here, parameter position or keyword, kind of argument)."""
     builds: bool = False
     """The text builds a scaler, an optimizer or a wrapped model (its call sites matter)."""
+    first_lines: list[int] = field(default_factory=list)
+    """First line of each top-level statement (CPython's tree), for finding positions."""
+    size: int = 0
+    digest: int = 0
+    """Length and hash of the text read: the file is not parsed twice if it did not change."""
 
 
 class ProjectIndex:
@@ -133,6 +139,8 @@ class ProjectIndex:
         return ".".join([*parts, rest] if rest else parts)
 
     def function(self, qualified: str, model: FileModel) -> FuncInfo | None:
+        if qualified.split(".", 1)[0] not in self._heads and not qualified.startswith("."):
+            return None  # `torch.nn.functional.relu`: not a module of this project
         qualified = self.absolute(qualified, model)
         found = self._resolve(qualified, model)
         if found is None:
@@ -179,11 +187,20 @@ class ProjectIndex:
                 out[(id(func), key)] = kind
         return out
 
+    def first_lines(self, path: str, source: str) -> list[int] | None:
+        """The top-level statements' first lines when the index parsed exactly ``source`` for
+        ``path`` (so the engine need not run CPython's parser again), else None."""
+        summary = self.by_path.get(_key(Path(path)))
+        text = source.removeprefix("\ufeff")
+        if summary is None or summary.size != len(text) or summary.digest != hash(text):
+            return None
+        return summary.first_lines
+
     # -- resolution --------------------------------------------------------------------------------
     def _resolve(self, qualified: str, model: FileModel) -> tuple[_Module, str] | None:
         """(the module, the function / ``Class.method`` / class name in it) for a dotted name
         with its import alias already resolved (``pkg.engine.train_one_epoch``)."""
-        key = (qualified, str(Path(model.path).parent))
+        key = (qualified, os.path.dirname(model.path))
         if key not in self._resolved:
             self._resolved[key] = None  # a cycle of re-exports ends here
             self._resolved[key] = self._lookup(qualified, model)
@@ -342,7 +359,7 @@ def _summarise(path: Path, root: Path) -> _Module | None:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     name = _module_name(path, root)
-    text = data.decode("utf-8", "replace")
+    text = data.decode("utf-8-sig", "replace")
     summary = _Module(path, name, relevant=any(w in text for w in RELEVANT_WORDS))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     summariser = _Summariser(summary, package)
@@ -352,6 +369,9 @@ def _summarise(path: Path, root: Path) -> _Module | None:
     for statement in tree.body:
         summariser.outline(statement)
     summary.builds = any(word in text for word in CONSTRUCTOR_WORDS)
+    summary.first_lines = first_lines(tree)
+    summary.size = len(text)
+    summary.digest = hash(text)
     return summary
 
 
