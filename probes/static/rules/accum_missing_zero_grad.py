@@ -100,7 +100,7 @@ for it in range(iters):
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         reported: set[int] = set()
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
-            if unit.of_kind("zero_grad"):
+            if unit.of_kind("zero_grad") or any(_step_zeroes(model, s) for s in steps):
                 continue
             step = steps[0]
             reported.add(id(step.call))
@@ -161,7 +161,7 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
         and not s.call.args  # `opt.step(closure)` (LBFGS) zeroes in the closure
         and model.kind_of(cst.parse_expression(s.receiver)) == "optimizer"
     ]
-    if not steps or not unit.backwards:
+    if not steps or not unit.backwards or any(_step_zeroes(model, s) for s in steps):
         return
     zeros = unit.of_kind("zero_grad")
     if not zeros:
@@ -222,3 +222,17 @@ def _before(model: FileModel, func: FuncInfo, first: cst.CSTNode, second: cst.CS
 
     order = {id(node): index for index, node in enumerate(walk(func.node))}
     return order.get(id(first), 1 << 30) < order.get(id(second), -1)
+
+
+def _step_zeroes(model: FileModel, step: Event) -> bool:
+    """The optimizer is an instance of a class of the project whose ``step`` zeroes the
+    gradients itself (``param.grad = None`` after the update)."""
+    call = step.call
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+        return False
+    owner = step.func.model or model
+    method = owner.function_for_call(call, step.func)
+    if method is None:
+        return False
+    holder = method.model or owner
+    return any(e.kind == "zero_grad" for e in holder.expanded(method))
