@@ -87,7 +87,9 @@ def test_fixture_expectations_name_real_rules_and_lines() -> None:
             assert entry["id"] in severity, f"{fixture.name}: unknown id {entry['id']}"
             assert 1 <= entry["line"] <= len(lines) and lines[entry["line"] - 1].strip()
         for rule_id in fixture.allowed_info:
-            assert severity.get(rule_id) == "info", f"{fixture.name}: {rule_id} is not info"
+            # An info rule, or a louder rule that says info when it cannot tell (a DDP implied
+            # only by accelerator.prepare()); the golden test still refuses any warning.
+            assert rule_id in severity, f"{fixture.name}: unknown id {rule_id}"
 
 
 @pytest.mark.parametrize("fixture", GOLDEN_FIXTURES, ids=lambda f: f.name)

@@ -17,7 +17,7 @@ from gradient_doctor.probes.static.ruletools import (
     micro_step_backwards,
     shorten,
 )
-from gradient_doctor.probes.static.traverse import calls_in, children
+from gradient_doctor.probes.static.traverse import calls_in, children, walk
 
 TOKEN_COUNT_HINTS = ("token", "num_items", "n_items", "count", "mask.sum", "numel")
 
@@ -130,6 +130,25 @@ for it in range(iters):
                 )
 
 
+def _hints_tokens(node: cst.CSTNode) -> bool:
+    return any(hint in code_of(node).lower() for hint in TOKEN_COUNT_HINTS)
+
+
+def _divides_by_token_count(expr: cst.CSTNode) -> bool:
+    """A division whose denominator names a token count (``loss / num_items_in_batch``): the
+    loss is already normalised by tokens, not averaged per micro-batch. A masked mean written
+    inline (``(x * mask).sum() / mask.sum()``) is the per-micro-batch mean, not this."""
+    for node in walk(expr):
+        if (
+            isinstance(node, cst.BinaryOperation)
+            and isinstance(node.operator, cst.Divide)
+            and _hints_tokens(node.right)
+            and not _inline_token_mean(node)
+        ):
+            return True
+    return False
+
+
 def _ignore_index_owners(model: FileModel) -> set[str]:
     return {owner for owner in model.ignore_index_owners if "loss" in owner.lower()}
 
@@ -180,8 +199,7 @@ def _derivation(
     """(token-mean loss call, statement dividing it) along the backpropagated loss."""
     if expr is None:
         return None
-    text = code_of(expr).lower()
-    if any(hint in text for hint in TOKEN_COUNT_HINTS):
+    if _divides_by_token_count(expr):
         return None
     division: cst.CSTNode | None = expr if has_scaling(expr) else None
     pending: list[tuple[cst.BaseExpression, FuncInfo, int]] = [(expr, func, 0)]
@@ -207,11 +225,13 @@ def _derivation(
                     site.operator, cst.DivideAssign | cst.MultiplyAssign
                 ):
                     division = division or site
+                    if isinstance(site.operator, cst.DivideAssign) and _hints_tokens(site.value):
+                        return None
                     pending.append((site.value, where, depth))
                 elif isinstance(site, cst.Assign):
                     if has_scaling(site.value) and division is None and where is func:
                         division = site
-                    if any(h in code_of(site.value).lower() for h in TOKEN_COUNT_HINTS):
+                    if _divides_by_token_count(site.value):
                         return None
                     pending.append((site.value, where, depth))
     if loss_call is None:

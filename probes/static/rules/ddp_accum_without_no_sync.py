@@ -30,9 +30,8 @@ class DdpAccumWithoutNoSync(Rule):
     id = "ddp-accum-without-no-sync"
     severity = "warning"
     message = (
-        "`{backward}` on line {backward_line} runs under DistributedDataParallel on every "
-        "micro-batch without `no_sync()`: `{divisor}` gradient all-reduces per optimizer step "
-        "instead of 1"
+        "`{backward}` on line {backward_line} runs under {wrapper} on every micro-batch without "
+        "`no_sync()`: `{divisor}` gradient synchronisations per optimizer step instead of 1"
     )
     what = "Finds DDP gradient accumulation that synchronises gradients on every micro-batch."
     why = (
@@ -143,6 +142,7 @@ for it in range(iters):
                     "backward": label(node),
                     "backward_line": node,
                     "divisor": acc.divisor_text,
+                    "wrapper": "FSDP" if model.uses_fsdp and not model.explicit_ddp else "DDP",
                 }
                 if implied:
                     evidence["uncertain"] = (
