@@ -133,6 +133,8 @@ for batch in loader:
             steps = [s for s in unit.steps if s.framework is None]
             if not steps or not unit.backwards:
                 continue
+            if any(e.kind == "clip" and not e.measures_only for e in unit.events):
+                continue  # it clips in a helper (perhaps at the wrong place: other rules say)
             step = steps[0]
             yield RawFinding(
                 node=step.call,
@@ -190,16 +192,16 @@ def _what_it_trains(model: FileModel) -> tuple[str, cst.CSTNode] | None:
         qual = model.qualify(call.func) or ""
         last = qual.rsplit(".", 1)[-1]
         if last in RECURRENT:
-            return f"a recurrent network (`{last}`)", call
+            return "a recurrent network", call
         if last in ATTENTION or last.startswith("AutoModelFor"):
-            return f"a Transformer (`{last}`)", call
+            return "a Transformer", call
         if method_name(call) == "log_prob" and policy is None:
             policy = call
     for name, node in model.class_nodes.items():
         if TRANSFORMER_CLASS.search(name) and _is_module(model, name):
-            return f"a Transformer (class `{name}`)", node.name
+            return "a Transformer written as a class", node.name
     if policy is not None and _score_function(model):
-        return "a score-function policy gradient (`log_prob` times an advantage)", policy
+        return "a score-function policy gradient (log-probabilities times returns)", policy
     return None
 
 
