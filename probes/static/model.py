@@ -779,8 +779,10 @@ class FileModel:
             steps = [e for e in unit.events if e.kind in STEP_KINDS]
             return self._conditional_accumulation(unit, steps)
         steps_after = [e for e in unit.events if e.kind in STEP_KINDS and not e.inside(micro)]
-        if steps_after and micro is not None and _is_micro_step_loop(micro.node):
-            return Accumulation("nested", _range_bound(micro.node), None)
+        if steps_after and micro is not None:
+            bound = _range_bound(micro.node) or _window_bound(micro.node, unit.root)
+            if bound is not None or _is_micro_step_loop(micro.node):
+                return Accumulation("nested", bound, None)
         return None
 
     def _accelerate_accumulation(self, unit: Unit) -> Accumulation | None:
@@ -912,7 +914,7 @@ def condition_key(test: cst.BaseExpression) -> tuple[str, bool]:
     return code_of(test), positive
 
 
-_MICRO_WORDS = re.compile(r"micro|accum|chunk|split|shard", re.I)
+_MICRO_WORDS = re.compile(r"micro|accum|chunk|split|shard|window", re.I)
 
 
 def _is_micro_step_loop(node: cst.CSTNode) -> bool:
@@ -922,6 +924,27 @@ def _is_micro_step_loop(node: cst.CSTNode) -> bool:
     if _range_bound(node) is not None:
         return True
     return bool(_MICRO_WORDS.search(code_of(node.target) + " " + code_of(node.iter)))
+
+
+def _window_bound(node: cst.CSTNode, func: FuncInfo) -> cst.BaseExpression | None:
+    """``N`` for ``for batch in window:`` with ``window = [next(data) for _ in range(N)]``."""
+    if not isinstance(node, cst.For) or not isinstance(node.iter, cst.Name):
+        return None
+    values = func.assigns.get(node.iter.value, [])
+    if len(values) != 1 or not isinstance(values[0], cst.ListComp):
+        return None
+    loop = values[0].for_in
+    iterable = loop.iter
+    if (
+        loop.inner_for_in is None
+        and isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Name)
+        and iterable.func.value == "range"
+    ):
+        args = [a for a in iterable.args if a.keyword is None and not a.star]
+        if len(args) == 1:
+            return args[0].value
+    return None
 
 
 def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
