@@ -452,7 +452,7 @@ class FileModel:
         for text in self._zeroed:
             # Something zeroed and stepped is an optimizer, whatever its name says
             # (`scheduler.step(); scheduler.zero_grad()` on an optimizer wrapper).
-            if self.kind_of(cst.parse_expression(text)) == "scheduler":
+            if self.kind_of(text) == "scheduler":
                 self.kinds[text] = "optimizer"
         self._propagate_parameter_kinds()
         for func in [module_info, *self.functions]:
@@ -516,8 +516,9 @@ class FileModel:
             return dotted
         return base + dot + rest
 
-    def kind_of(self, node: cst.BaseExpression | None) -> str | None:
-        """What the object ``node`` names is: scaler, optimizer, scheduler, accelerator..."""
+    def kind_of(self, node: cst.BaseExpression | str | None) -> str | None:
+        """What the object ``node`` (an expression, or its dotted text) names is: scaler,
+        optimizer, scheduler, accelerator..."""
         if node is None:
             return None
         if isinstance(node, cst.Call):
@@ -527,7 +528,7 @@ class FileModel:
             if name in {"lr_schedulers"}:
                 return "scheduler"
             return None
-        text = dotted_name(node)
+        text = node if isinstance(node, str) else dotted_name(node)
         if text is None:
             return None
         known = self.kinds.get(text)
@@ -595,7 +596,7 @@ class FileModel:
         if isinstance(node, cst.Name):
             values = context.assigns.get(text) or self.module_info.assigns.get(text) or []
         else:
-            values = self.attribute_assigns.get(text, [])
+            values = self.attribute_assigns.get(attribute_key(text, context.class_name), [])
         for value in values:
             if isinstance(value, cst.Call):
                 name = dotted_name(value.func)
@@ -962,6 +963,13 @@ def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
     return None
 
 
+def attribute_key(text: str, class_name: str | None) -> str:
+    """``self.model`` of one class is not ``self.model`` of another."""
+    if class_name is not None and text.split(".", 1)[0] in {"self", "cls"}:
+        return f"{class_name}:{text}"
+    return text
+
+
 def constructor_kind(qualified: str, method: str | None = None) -> str | None:
     """What an object built by calling ``qualified`` is: ``scaler``, ``optimizer``,
     ``scheduler``, ``ddp``, ``fsdp``, ``accelerator``, ``fabric`` (``other`` for data
@@ -1280,7 +1288,8 @@ class _Collector:
             func.assigns.setdefault(text, []).append(value)
             self.model.constants.setdefault(text, value)
         else:
-            self.model.attribute_assigns.setdefault(text, []).append(value)
+            key = attribute_key(text, func.class_name)
+            self.model.attribute_assigns.setdefault(key, []).append(value)
         if _is_prepare(value):
             self.model.prepared.add(text)
         kind = self._constructed_kind(value)

@@ -29,6 +29,7 @@ from gradient_doctor.probes.static.model import (
     FileModel,
     FuncInfo,
     HelperCall,
+    attribute_key,
     bind_arguments,
 )
 from gradient_doctor.probes.static.names import (
@@ -642,7 +643,7 @@ def instance_class(
     if isinstance(expr, cst.Name):
         values = func.assigns.get(text, []) or model.module_info.assigns.get(text, [])
     else:
-        values = model.attribute_assigns.get(text, [])
+        values = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
     for value in values:
         found = instance_class(model, func, value, depth + 1)
         if found is not None:

@@ -159,7 +159,7 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
         and s.kind == "step"
         and isinstance(s.call, cst.Call)
         and not s.call.args  # `opt.step(closure)` (LBFGS) zeroes in the closure
-        and model.kind_of(cst.parse_expression(s.receiver)) == "optimizer"
+        and model.kind_of(s.receiver) == "optimizer"
     ]
     if not steps or not unit.backwards or any(_step_zeroes(model, s) for s in steps):
         return
@@ -183,7 +183,7 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
         )
         return
     receivers = {z.receiver for z in zeros}
-    if any(r is None or model.kind_of(cst.parse_expression(r)) != "optimizer" for r in receivers):
+    if any(r is None or model.kind_of(r) != "optimizer" for r in receivers):
         return  # `model.zero_grad()` / `p.grad = None` may cover every optimizer
     for step in steps:
         optimizer = optimizer_of(step)
