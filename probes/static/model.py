@@ -474,10 +474,10 @@ class FileModel:
                     stack.append(kid)
             self._parents[index] = parents
         out: list[cst.CSTNode] = []
-        current = parents.get(id(node))
-        while current is not None:
-            out.append(current)
-            current = parents.get(id(current))
+        parent = parents.get(id(node))
+        while parent is not None:
+            out.append(parent)
+            parent = parents.get(id(parent))
         out.append(self.module)
         return out
 
@@ -836,10 +836,10 @@ class FileModel:
                     if f.kind == "if"
                 )
             ]
-            key = tuple(id(e) for e in kept)
-            if key in seen:
+            signature = tuple(id(e) for e in kept)
+            if signature in seen:
                 continue
-            seen.add(key)
+            seen.add(signature)
             variant = Unit(
                 unit.root, unit.micro, unit.scope, kept, framework=unit.framework, whole=unit
             )

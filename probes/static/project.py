@@ -197,7 +197,7 @@ class ProjectIndex:
         return summary.first_lines
 
     # -- resolution --------------------------------------------------------------------------------
-    def _resolve(self, qualified: str, model: FileModel) -> tuple[_Module, str] | None:
+    def _resolve(self, qualified: str, model: _Located) -> tuple[_Module, str] | None:
         """(the module, the function / ``Class.method`` / class name in it) for a dotted name
         with its import alias already resolved (``pkg.engine.train_one_epoch``)."""
         key = (qualified, os.path.dirname(model.path))
@@ -206,7 +206,7 @@ class ProjectIndex:
             self._resolved[key] = self._lookup(qualified, model)
         return self._resolved[key]
 
-    def _lookup(self, qualified: str, model: FileModel) -> tuple[_Module, str] | None:
+    def _lookup(self, qualified: str, model: _Located) -> tuple[_Module, str] | None:
         parts = qualified.split(".")
         if parts[0] not in self._heads:
             return None
@@ -225,7 +225,7 @@ class ProjectIndex:
             return None
         return None
 
-    def _module_named(self, dotted: str, model: FileModel) -> _Module | None:
+    def _module_named(self, dotted: str, model: _Located) -> _Module | None:
         found = self.modules.get(dotted)
         if found is not None:
             return found
@@ -312,10 +312,13 @@ class ProjectIndex:
 
 
 class _Stub:
-    """Enough of a FileModel for :meth:`ProjectIndex._module_named`."""
+    """Enough of a FileModel for :meth:`ProjectIndex._resolve`: where the importing file is."""
 
     def __init__(self, module: _Module) -> None:
         self.path = str(module.path)
+
+
+_Located = FileModel | _Stub
 
 
 def _positional(func: FuncInfo) -> list[str]:

@@ -372,11 +372,11 @@ class _Reader:
         if isinstance(site, cst.AugAssign):
             return self.origin(expr, context, depth + 1) if len(sites) > 1 else None
         if isinstance(site, cst.Assign):
-            value = _assigned_value(site, expr.value)
-            if value is None:
+            assigned = _assigned_value(site, expr.value)
+            if assigned is None:
                 return None
-            found = self.origin(value, context, depth + 1)
-            return site if found is value else found
+            found = self.origin(assigned, context, depth + 1)
+            return site if found is assigned else found
         return None
 
     def _module_aliases(self, context: _Context) -> set[str]:
@@ -518,16 +518,16 @@ class _Reader:
             return None
         verdicts: set[str] = set()
         for site in sites:
-            value = site.value if isinstance(site, cst.Assign) else None
-            if value is None:
+            assigned = site.value if isinstance(site, cst.Assign) else None
+            if assigned is None:
                 return "unknown"
             inside = self.micro is not None and any(
                 p is self.micro for p in (func.model.ancestors(site) if func.model else [])
             )
-            verdict = self.divisor(value, context, depth + 1)
+            verdict = self.divisor(assigned, context, depth + 1)
             # A token count made before the micro-batches run: the window's token count.
             before_window = verdict == "other" and self.micro is not None and not inside
-            if before_window and "token" in (name + code_of(value)):
+            if before_window and "token" in (name + code_of(assigned)):
                 verdict = "accumulation"
             verdicts.add(verdict)
         if len(verdicts) == 1:

@@ -186,8 +186,8 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
     if any(r is None or model.kind_of(r) != "optimizer" for r in receivers):
         return  # `model.zero_grad()` / `p.grad = None` may cover every optimizer
     for step in steps:
-        optimizer = optimizer_of(step)
-        if optimizer is None or optimizer in receivers:
+        stepped = optimizer_of(step)
+        if stepped is None or stepped in receivers:
             continue
         zero = zeros[0]
         node = step.call
@@ -197,7 +197,7 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
             evidence={
                 "step": label(node),
                 "step_line": node,
-                "optimizer": optimizer,
+                "optimizer": stepped,
                 "zeroed": "`, `".join(sorted(r for r in receivers if r)),
                 "zero_line": zero.anchor,
             },

@@ -247,10 +247,10 @@ for step, batch in enumerate(loader):
         for unit, _, steps in accumulating_units(model, skip_deepspeed=True):
             if unit.accumulation is None or unit.accumulation.style == "accelerate":
                 continue
-            finding = self._mismatch(model, unit, steps)
-            if finding is not None and id(finding.node) not in seen:
-                seen.add(id(finding.node))
-                yield finding
+            mismatch = self._mismatch(model, unit, steps)
+            if mismatch is not None and id(mismatch.node) not in seen:
+                seen.add(id(mismatch.node))
+                yield mismatch
 
     # -- shape 1: the forward pass is not inside no_sync() -------------------------------------
     def _forward_outside(self, model: FileModel, unit: Unit) -> Iterator[RawFinding]:
@@ -585,10 +585,10 @@ def _sync_source(
             return None
         expr = _resolved(value, flag.func, keep=keep)
         return path, (lambda env, e=expr: bool(evaluate(e, env))), flag.call
-    frame = next((f for f in reversed(backward.frames) if f.tag == "no_sync"), None)
-    if frame is None:
+    context = next((f for f in reversed(backward.frames) if f.tag == "no_sync"), None)
+    if context is None:
         return path, None, None
-    node = frame.node
+    node = context.node
     assert isinstance(node, cst.With)
     holder = model.function_holding(node)
     raw = node.items[0].item
