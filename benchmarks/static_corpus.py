@@ -24,6 +24,12 @@ A JSON file with every number and every finding is written with ``--out`` so tha
 
     .venv/bin/python benchmarks/static_corpus.py /work/corpus/static --split seen \\
         [--corpus a|b|all] [--out results.json] [--per-file] [--no-run] [--compare OLD.json]
+
+To rebuild the corpus folder elsewhere from the committed manifest (needs the git mirrors of
+the listed repositories, e.g. from the ``fetch`` tool, under MIRRORS/<owner>+<name>/repo):
+
+    .venv/bin/python benchmarks/static_corpus.py NEW_DIR --materialise \\
+        benchmarks/corpus/static_manifest.json /work/.mirror --split seen
 """
 
 from __future__ import annotations
@@ -99,6 +105,51 @@ def load_items(corpus_dir: Path, split: str, corpus: str) -> list[Item]:
             )
         )
     return items
+
+
+def local_root(record: dict[str, Any]) -> str:
+    """The folder an item lives in, relative to the corpus folder (the builder's layout)."""
+    if record["corpus"] == "a":
+        owner_name = record["repo"].replace("/", "+")
+        return f"{record['split']}/a/{owner_name}@{record['commit'][:12]}"
+    return f"{record['split']}/b/{record['id'].split(':', 1)[1]}"
+
+
+def materialise(public_manifest: Path, mirrors: Path, out_dir: Path) -> int:
+    """Rebuild a corpus folder from the committed manifest and local git mirrors.
+
+    ``mirrors/<owner>+<name>/repo`` must be a git directory holding each pinned commit (the
+    layout the ``fetch`` tool produces). Writes ``out_dir/manifest.json`` with local paths
+    and every file at its pinned commit; returns the number of files written.
+    """
+    manifest = json.loads(public_manifest.read_text(encoding="utf-8"))
+    written = 0
+    for record in manifest["items"]:
+        git_dir = mirrors / record["repo"].replace("/", "+") / "repo"
+        if (git_dir / ".git").is_dir():
+            git_dir = git_dir / ".git"
+        root = local_root(record)
+        files = record.get("package_paths") or [
+            *record["paths"],
+            *record.get("context_paths", []),
+        ]
+        for rel in files:
+            dest = out_dir / root / rel
+            if dest.exists():
+                continue
+            blob = subprocess.run(
+                ["git", "--git-dir", str(git_dir), "show", f"{record['commit']}:{rel}"],
+                capture_output=True,
+                check=True,
+            ).stdout
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(blob)
+            written += 1
+        record["local_root"] = root
+        record["local_paths"] = [f"{root}/{rel}" for rel in record["paths"]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
+    return written
 
 
 # --------------------------------------------------------------------------- linting
@@ -1015,7 +1066,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-run", action="store_true", help="do not run runnable items")
     parser.add_argument("--compare", type=Path, help="print before/after against this JSON")
+    parser.add_argument(
+        "--materialise",
+        nargs=2,
+        metavar=("PUBLIC_MANIFEST", "MIRRORS"),
+        type=Path,
+        help="first rebuild corpus_dir from the committed manifest and git mirrors",
+    )
     args = parser.parse_args(argv)
+    if args.materialise:
+        count = materialise(args.materialise[0], args.materialise[1], args.corpus_dir)
+        print(f"materialised {count} files into {args.corpus_dir}")
     if not (args.corpus_dir / "manifest.json").is_file():
         print(f"error: no manifest.json in {args.corpus_dir}", file=sys.stderr)
         return 2
