@@ -797,6 +797,13 @@ class FileModel:
             if len(self.accelerators) == 1:
                 call = next(iter(self.accelerators.values()))
                 divisor = call_arg(call, None, "gradient_accumulation_steps")
+                configured = divisor is not None or any(
+                    a.keyword is not None
+                    and a.keyword.value in {"gradient_accumulation_plugin", "deepspeed_plugin"}
+                    for a in call.args
+                )
+                if not configured and not any(a.star for a in call.args):
+                    return None  # `Accelerator()` accumulates over 1 batch: no accumulation
             return Accumulation("accelerate", divisor, block)
         return None
 

@@ -495,6 +495,13 @@ class _Reader:
             return "other"
         if WINDOW_TOKEN_WORDS.search(text):
             return "accumulation"
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            # `loss / (batch_size * accum_steps)`: the window's sample count includes N.
+            sides = [self.divisor(side, context, depth + 1) for side in (node.left, node.right)]
+            if "accumulation" in sides:
+                return "accumulation"
+            if "unknown" in sides:
+                return "unknown"
         if isinstance(node, cst.Name) and depth < MAX_DEPTH:
             verdict = self._named_divisor(node.value, node, context, depth)
             if verdict is not None:

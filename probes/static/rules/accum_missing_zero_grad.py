@@ -8,14 +8,18 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import automatic_optimization, is_lightning_module
 from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
+from gradient_doctor.probes.static.names import method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     label,
+    names_in,
     optimizer_of,
     update_anchor,
 )
+from gradient_doctor.probes.static.traverse import calls_in
 
 
 class AccumMissingZeroGrad(Rule):
@@ -129,7 +133,9 @@ for it in range(iters):
                 fix_description=f"Insert `{optimizer}.zero_grad()` after the update.",
             )
         for unit in model.units:
-            if unit.accumulation is not None or unit.micro is None:
+            if unit.accumulation is not None:
+                continue
+            if unit.micro is None and not _manual_training_step(model, unit):
                 continue
             for finding in _plain_loop(model, unit):
                 if id(finding.node) not in reported:
@@ -141,6 +147,11 @@ ONCE_MESSAGE = (
     "`{step}` on line {step_line} steps on every iteration, but the gradients are zeroed only "
     "once, before the loop (line {zero_line}): every update adds up all gradients since the "
     "start; call `{optimizer}.zero_grad()` in the loop"
+)
+NEVER_MESSAGE = (
+    "`{step}` on line {step_line} steps after every backward, but nothing in this file zeroes "
+    "the gradients: every update adds up all gradients since the start; call "
+    "`{optimizer}.zero_grad()` once per iteration"
 )
 OTHER_OPTIMIZER_MESSAGE = (
     "`{step}` on line {step_line} steps `{optimizer}`, but the loop only zeroes `{zeroed}` "
@@ -160,13 +171,26 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
         and isinstance(s.call, cst.Call)
         and not s.call.args  # `opt.step(closure)` (LBFGS) zeroes in the closure
         and model.kind_of(s.receiver) == "optimizer"
+        and _every_iteration(unit, s)
     ]
     if not steps or not unit.backwards or any(_step_zeroes(model, s) for s in steps):
         return
     zeros = unit.of_kind("zero_grad")
     if not zeros:
-        before = _zeroed_before_the_loop(model, unit)
+        before = _zeroed_before_the_loop(model, unit) if unit.micro is not None else None
         if before is None:
+            if _zeroes_somewhere(model):
+                return  # zeroed in a way the analyser does not follow (a callback, a hook)
+            step = steps[0]
+            yield RawFinding(
+                node=step.call,
+                message=NEVER_MESSAGE,
+                evidence={
+                    "step": label(step.call),
+                    "step_line": step.call,
+                    "optimizer": optimizer_of(step) or "optimizer",
+                },
+            )
             return
         step = steps[0]
         optimizer = optimizer_of(step) or "optimizer"
@@ -236,3 +260,42 @@ def _step_zeroes(model: FileModel, step: Event) -> bool:
         return False
     holder = method.model or owner
     return any(e.kind == "zero_grad" for e in holder.expanded(method))
+
+
+def _zeroes_somewhere(model: FileModel) -> bool:
+    """Anything in the file that could zero gradients: a zero_grad (of any object), a
+    ``.grad = None`` / ``.grad.zero_()``, or ``set_to_none``."""
+    if any(e.kind == "zero_grad" for e in model.direct_events()):
+        return True
+    return any(
+        (method_name(call) or "") in {"zero_grad", "zero_grads", "reset_grads"}
+        or "set_to_none" in {a.keyword.value for a in call.args if a.keyword is not None}
+        for call, _, _ in model.all_calls
+    )
+
+
+def _manual_training_step(model: FileModel, unit: Unit) -> bool:
+    """``training_step`` of a LightningModule with manual optimisation: Lightning calls it once
+    per batch, so its body is one iteration of the loop."""
+    func = unit.root
+    return (
+        func.name == "training_step"
+        and func.class_name is not None
+        and is_lightning_module(model, func.class_name)
+        and not automatic_optimization(model, func.class_name)
+    )
+
+
+def _every_iteration(unit: Unit, step: Event) -> bool:
+    """The step runs on every pass through the loop: no ``if`` between the loop and the step
+    depends on the iteration (``if should_step(i):`` may be an accumulation the analyser does
+    not recognise). A configuration flag (``if use_amp:``) does not."""
+    loop = unit.micro.node if unit.micro is not None else None
+    varying = names_in(loop.target) if isinstance(loop, cst.For) else set()
+    for frame in step.frames_after(unit.micro):
+        if frame.kind != "if" or not isinstance(frame.node, cst.If):
+            continue
+        test = frame.node.test
+        if calls_in(test) or names_in(test) & (varying | {"step", "i", "it", "batch_idx"}):
+            return False
+    return True
