@@ -919,6 +919,15 @@ def condition_key(test: cst.BaseExpression) -> tuple[str, bool]:
             return code_of(test.left), not positive
         if isinstance(operator, cst.IsNot):
             return code_of(test.left), positive
+    if (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal | cst.NotEqual)
+    ):
+        # `if kind == X:` and `if kind != X:` test the same thing.
+        target = test.comparisons[0]
+        key = f"{code_of(test.left)} == {code_of(target.comparator)}"
+        return key, positive if isinstance(target.operator, cst.Equal) else not positive
     return code_of(test), positive
 
 

@@ -411,7 +411,19 @@ class _Reader:
                     ]
                 )
             return Scaling("unknown", reason=f"`{name}` is not assigned in the function")
-        return _either([self._site(site, name, context, depth) for site in sites])
+        parts = [self._site(site, name, context, depth) for site in sites]
+        if sites and self._conditional(func, sites[-1], node):
+            # Every assignment before the use is conditional: the value it had on entry (a
+            # parameter, or what the caller passed) may reach the use as well.
+            parts.append(self._entry_value(name, context, depth))
+        return _either(parts)
+
+    def _entry_value(self, name: str, context: _Context, depth: int) -> Scaling:
+        bound = context.bindings.get(name)
+        if bound is not None:
+            value, outer = bound
+            return self.expression(value, outer or context, depth + 1)
+        return Scaling("unknown", reason=f"`{name}` is assigned on some paths only")
 
     def _sites(self, func: FuncInfo, name: str, use: cst.CSTNode) -> list[cst.CSTNode] | None:
         """The assignments of ``name`` whose value can reach ``use`` (the last one before it in

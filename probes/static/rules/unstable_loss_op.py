@@ -133,6 +133,7 @@ for x, y in loader:
             if (
                 _in_loss(func, stmt, loss_functions)
                 and _has_reduction(right)
+                and not _counts_tokens(right)
                 and not _guarded(right)
                 and not _safe(model, func, stmt, right)
             ):
@@ -268,6 +269,17 @@ def _safe(model: FileModel, func: FuncInfo, stmt: cst.CSTNode, target: cst.BaseE
     if _statement_guards(stmt):
         return True
     return _checked_against_zero(model, func, target)
+
+
+def _counts_tokens(node: cst.BaseExpression) -> bool:
+    """A count of valid elements (``mask.sum()``, ``(labels != -100).sum()``): the denominator
+    of a masked mean, at least 1 on real data."""
+    text = code_of(node).lower()
+    return any(word in text for word in ("mask", "length", "count", "num_", "n_tokens")) or any(
+        isinstance(n, cst.Comparison)
+        and any(isinstance(c.operator, cst.NotEqual | cst.Equal) for c in n.comparisons)
+        for n in walk(node)
+    )
 
 
 def _positive(node: cst.BaseExpression) -> bool:
