@@ -253,9 +253,9 @@ def _guarded(node: cst.CSTNode) -> bool:
             for side in (current.left, current.right):
                 if isinstance(side, cst.Float | cst.Integer):
                     return True
-                if isinstance(side, cst.Name) and "eps" in side.value.lower():
+                if isinstance(side, cst.Name) and _offset_name(side.value):
                     return True
-                if isinstance(side, cst.Attribute) and "eps" in side.attr.value.lower():
+                if isinstance(side, cst.Attribute) and _offset_name(side.attr.value):
                     return True
     return False
 
@@ -264,11 +264,42 @@ def _safe(model: FileModel, func: FuncInfo, stmt: cst.CSTNode, target: cst.BaseE
     """The hazard cannot happen: the value is bounded away from 0 (``exp(x)``, ``d ** 2 +
     c ** 2``), it is a constant that carries no gradient, the statement clamps or adds an
     epsilon somewhere, or a branch (or an earlier check) tests the value against 0."""
-    if _positive(target) or _constant(func, target, 0):
+    if _positive(target) or _constant(func, target, 0) or _selected_positive(func, target):
         return True
     if _statement_guards(stmt):
         return True
     return _checked_against_zero(model, func, target)
+
+
+def _offset_name(name: str) -> bool:
+    """A name for a small positive constant added to keep a value off 0."""
+    lowered = name.lower()
+    return any(word in lowered for word in ("eps", "offset", "smooth", "tiny", "floor"))
+
+
+def _selected_positive(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``x[valid]`` with ``valid = x > 0`` (or ``>= eps``): only positive values are kept."""
+    node = _strip(node)
+    if not isinstance(node, cst.Subscript) or len(node.slice) != 1:
+        return False
+    index = node.slice[0].slice
+    if not isinstance(index, cst.Index):
+        return False
+    selector = index.value
+    values = func.assigns.get(selector.value, []) if isinstance(selector, cst.Name) else [selector]
+    base = code_of(node.value)
+    for value in values:
+        for inner in walk(value):
+            if (
+                isinstance(inner, cst.Comparison)
+                and code_of(_strip(inner.left)) == base
+                and any(
+                    isinstance(c.operator, cst.GreaterThan | cst.GreaterThanEqual)
+                    for c in inner.comparisons
+                )
+            ):
+                return True
+    return False
 
 
 def _counts_tokens(node: cst.BaseExpression) -> bool:
