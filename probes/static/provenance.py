@@ -496,8 +496,18 @@ class _Reader:
 
     # -- divisors and factors ------------------------------------------------------------------
     def divisor(self, node: cst.BaseExpression, context: _Context, depth: int) -> str:
-        """``accumulation`` / ``other`` / ``unknown`` for what a loss is divided by."""
+        """``accumulation`` / ``other`` / ``unknown`` (or ``counter``) for what a loss is
+        divided by. When the accumulation count is not written anywhere (a micro-step loop over
+        a list), nothing is ``other``: the analyser cannot tell what N is."""
+        verdict = self._divisor(node, context, depth)
+        if verdict == "other" and self.divisor_text is None:
+            return "unknown"
+        return verdict
+
+    def _divisor(self, node: cst.BaseExpression, context: _Context, depth: int) -> str:
         text = code_of(node)
+        if self._length_of_window(node):
+            return "accumulation"
         if self.counter is not None and text == self.counter:
             return "counter"  # the running micro-step counter (1, 2, 3...), not N
         if self._is_accumulation_count(node, text):
@@ -591,6 +601,18 @@ class _Reader:
                 return "unknown"
             return "tensor"
         return "tensor"
+
+    def _length_of_window(self, node: cst.BaseExpression) -> bool:
+        """``len(chunks)`` for a micro-step loop ``for chunk in chunks:``: N itself."""
+        loop = self.micro
+        return (
+            isinstance(loop, cst.For)
+            and isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Name)
+            and node.func.value == "len"
+            and len(node.args) == 1
+            and code_of(node.args[0].value) == code_of(loop.iter)
+        )
 
     def _is_accumulation_count(self, node: cst.BaseExpression, text: str) -> bool:
         if self.divisor_text is not None and _same_name(text, self.divisor_text):
