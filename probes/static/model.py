@@ -781,7 +781,11 @@ class FileModel:
             return self._conditional_accumulation(unit, steps)
         steps_after = [e for e in unit.events if e.kind in STEP_KINDS and not e.inside(micro)]
         if steps_after and micro is not None:
-            bound = _range_bound(micro.node) or _window_bound(micro.node, unit.root)
+            bound = (
+                _range_bound(micro.node)
+                or _window_bound(micro.node, unit.root)
+                or _length_bound(micro.node, unit.root)
+            )
             if bound is not None or _is_micro_step_loop(micro.node):
                 return Accumulation("nested", bound, None)
         return None
@@ -962,6 +966,27 @@ def _window_bound(node: cst.CSTNode, func: FuncInfo) -> cst.BaseExpression | Non
         if len(args) == 1:
             return args[0].value
     return None
+
+
+def _length_bound(node: cst.CSTNode, func: FuncInfo) -> cst.BaseExpression | None:
+    """``N`` for ``for micro_batch in micro_batches:``: the name bound to
+    ``len(micro_batches)`` in the function, or that expression itself."""
+    if not isinstance(node, cst.For) or not isinstance(node.iter, cst.Name | cst.Attribute):
+        return None
+    iterable = code_of(node.iter)
+    for name, values in func.assigns.items():
+        if len(values) == 1 and isinstance(values[0], cst.Call):
+            call = values[0]
+            if (
+                isinstance(call.func, cst.Name)
+                and call.func.value == "len"
+                and len(call.args) == 1
+                and code_of(call.args[0].value) == iterable
+            ):
+                return cst.Name(name)
+    if not _MICRO_WORDS.search(iterable):
+        return None
+    return cst.parse_expression(f"len({iterable})")
 
 
 def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:

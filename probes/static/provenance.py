@@ -16,6 +16,7 @@ to the ``backward()`` (a loss passed as an argument keeps its history).
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -412,7 +413,11 @@ class _Reader:
                 )
             return Scaling("unknown", reason=f"`{name}` is not assigned in the function")
         parts = [self._site(site, name, context, depth) for site in sites]
-        if sites and self._conditional(func, sites[-1], node):
+        if (
+            sites
+            and self._conditional(func, sites[-1], node)
+            and not self._both_branches(func, sites, node)
+        ):
             # Every assignment before the use is conditional: the value it had on entry (a
             # parameter, or what the caller passed) may reach the use as well.
             parts.append(self._entry_value(name, context, depth))
@@ -480,6 +485,28 @@ class _Reader:
             found = {id(node): index for index, node in enumerate(walk(func.node))}
             cache[id(func)] = found
         return found
+
+    def _both_branches(
+        self, func: FuncInfo, sites: list[cst.CSTNode], use: cst.CSTNode
+    ) -> bool:
+        """Some ``if``/``else`` (not itself conditional for ``use``) assigns the name in both
+        branches: one of the sites always runs."""
+        model = func.model
+        if model is None:
+            return False
+        use_chain = {id(n) for n in model.ancestors(use)}
+        seen: dict[int, set[int]] = {}
+        for site in sites:
+            chain = [site, *model.ancestors(site)]
+            for child, parent in itertools.pairwise(chain):
+                if id(parent) in use_chain:
+                    break
+                if isinstance(parent, cst.If) and child is not parent.test:
+                    seen.setdefault(id(parent), set()).add(0 if child is parent.body else 1)
+                    if seen[id(parent)] == {0, 1} and not self._conditional(func, parent, use):
+                        return True
+                    break
+        return False
 
     def _conditional(self, func: FuncInfo, site: cst.CSTNode, use: cst.CSTNode) -> bool:
         """True when ``site`` sits under an ``if`` (or loop) that ``use`` is not under."""

@@ -136,3 +136,14 @@ def train(model, loader, optimizer, accum):
     (backward,) = unit.backwards
     scaling = loss_scaling(model, backward, acc, unit.root)
     assert scaling.verdict == "none" and scaling.by_counter
+
+
+def test_an_assignment_on_some_paths_only_keeps_the_earlier_value() -> None:
+    # Divided only when `scale` is set: on the other path the loss reaches backward undivided.
+    body = "loss = model(batch).loss\nif w:\n    loss = loss / accum"
+    assert _verdict(body)[0] == "unknown"
+    # Both branches of an if/else assign: one of them always runs.
+    body = "if w:\n    loss = model(batch).loss / accum\nelse:\n    loss = model(batch).aux / accum"
+    assert _verdict(body)[0] == "accumulation"
+    body = "if w:\n    loss = model(batch).loss\nelse:\n    loss = model(batch).aux"
+    assert _verdict(body)[0] == "none"
