@@ -486,9 +486,7 @@ class _Reader:
             cache[id(func)] = found
         return found
 
-    def _both_branches(
-        self, func: FuncInfo, sites: list[cst.CSTNode], use: cst.CSTNode
-    ) -> bool:
+    def _both_branches(self, func: FuncInfo, sites: list[cst.CSTNode], use: cst.CSTNode) -> bool:
         """Some ``if``/``else`` (not itself conditional for ``use``) assigns the name in both
         branches: one of the sites always runs."""
         model = func.model

@@ -73,7 +73,9 @@ class AccumDoubleScaling(Rule):
     why = (
         "Dividing twice makes every gradient N times smaller than intended: the effective "
         "learning rate drops by N, nothing crashes, and the run just learns slower, more so "
-        "the larger N is. Divide once: let the framework do it."
+        "the larger N is. Divide once: let the framework do it. (Read in DeepSpeed 0.19.8 "
+        "runtime/engine.py 3413, Accelerate 1.15.0 accelerator.py 2849-2851, Lightning 2.6.6 "
+        "loops/optimization/automatic.py 81-83, transformers 5.23.0 trainer.py 2102-2111.)"
     )
     example = (
         "accelerator = Accelerator(gradient_accumulation_steps=4)\n"
