@@ -226,7 +226,7 @@ def clip_{m}(model, max_norm=1.0):
 
 def backward_{m}(model, x, y, accum):
     loss = torch.nn.functional.mse_loss(model(x), y)
-    (loss / accum).backward()
+    {backward}
     return loss.detach()
 
 
@@ -281,9 +281,24 @@ def generate_project(root: Path, files: int) -> int:
                 break
             kind = m % len(PROJECT_KINDS)
             name = ("models", "data", "utils", "train")[kind]
-            d = m - kind  # the model/data/utils modules of this group of four
-            text = PROJECT_KINDS[kind].format(p=package, m=m, d=d, w=32 + 8 * (m % 4), a=2 + m % 3)
-            (root / package / f"{name}_{m}.py").write_text(text, encoding="utf-8")
+            group = m // len(PROJECT_KINDS)  # models_g, data_g, utils_g and train_g go together
+            # One group in five forgets to divide the loss in its utils module: a bug only the
+            # index sees (the loop that accumulates is in train_g).
+            backward = "loss.backward()" if group % 5 == 2 else "(loss / accum).backward()"
+            text = PROJECT_KINDS[kind].format(
+                p=package,
+                m=group,
+                d=group,
+                w=32 + 8 * (group % 4),
+                a=2 + group % 3,
+                backward=backward,
+            )
+            # The rest of a real module: model code, loops and helpers of its own.
+            for extra in range(3):
+                text += BLOCKS[(m + extra + package_index) % len(BLOCKS)].format(
+                    i=10_000 * package_index + 100 * m + extra, w=64, e=5, a=3
+                )
+            (root / package / f"{name}_{group}.py").write_text(text, encoding="utf-8")
             lines += text.count("\n")
             written += 1
         package_index += 1

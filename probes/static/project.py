@@ -196,6 +196,56 @@ class ProjectIndex:
             return None
         return summary.first_lines
 
+    def order(self, paths: list[Path]) -> list[Path]:
+        """``paths`` in an order where each file comes right after the project files it
+        imports: their models are then still cached when it is analysed (a file is parsed
+        once, not once more for each importer)."""
+        by_key = {_key(p): p for p in paths}
+        done: set[str] = set()
+        out: list[Path] = []
+
+        def dependencies(path: Path) -> list[Path]:
+            summary = self.by_path.get(_key(path))
+            if summary is None:
+                return []
+            stub = _Stub(summary)
+            found_paths: list[Path] = []
+            for target in summary.imports.values():
+                absolute = self.absolute_for(target, summary)
+                found = self._module_named(absolute, stub) or self._module_named(
+                    absolute.rpartition(".")[0], stub
+                )
+                if found is not None and _key(found.path) in by_key:
+                    found_paths.append(by_key[_key(found.path)])
+            return found_paths
+
+        def visit(path: Path, depth: int) -> None:
+            key = _key(path)
+            if key in done:
+                return
+            done.add(key)
+            if depth < 50:
+                for dependency in dependencies(path):
+                    visit(dependency, depth + 1)
+            out.append(path)
+
+        # Files that import the project first (each preceded by what it imports), then the
+        # rest: a helper is analysed just before the loop that uses it.
+        importers = [p for p in paths if dependencies(p)]
+        for path in [*importers, *paths]:
+            visit(path, 0)
+        return out
+
+    def absolute_for(self, target: str, summary: _Module) -> str:
+        if not target.startswith("."):
+            return target
+        level = len(target) - len(target.lstrip("."))
+        parts = _package(summary).split(".") if _package(summary) else []
+        if level > 1:
+            parts = parts[: len(parts) - (level - 1)]
+        rest = target.lstrip(".")
+        return ".".join([*parts, rest] if rest else parts)
+
     # -- resolution --------------------------------------------------------------------------------
     def _resolve(self, qualified: str, model: _Located) -> tuple[_Module, str] | None:
         """(the module, the function / ``Class.method`` / class name in it) for a dotted name

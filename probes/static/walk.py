@@ -238,20 +238,23 @@ def _lint_found(
     project_index: bool,
 ) -> LintReport:
     project = _project_index(paths, found) if project_index else None
-    files: list[FileReport] = []
-    for count, (path, explicit) in enumerate(found, start=1):
+    explicit_of = dict(found)
+    # With a project, each file is analysed right after the files it imports (their models
+    # are still cached); the report keeps the walk order.
+    order = project.order([p for p, _ in found]) if project is not None else [p for p, _ in found]
+    reports: dict[Path, FileReport] = {}
+    for count, path in enumerate(order, start=1):
         if count % GC_EVERY == 0:
             gc.collect()  # the analyses' own cycles (a model and its functions), now and then
-        files.append(
-            lint_file(
-                path,
-                select=select,
-                ignore=ignore,
-                named_explicitly=explicit,
-                display_path=str(path),
-                project=project,
-            )
+        reports[path] = lint_file(
+            path,
+            select=select,
+            ignore=ignore,
+            named_explicitly=explicit_of[path],
+            display_path=str(path),
+            project=project,
         )
+    files = [reports[path] for path, _ in found]
     if project is not None and project.foreign:
         _merge_foreign(files, project, select, ignore)
     return LintReport(files=files)
