@@ -59,14 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", metavar="FILE", help="write the report to FILE instead of standard output"
     )
-    parser.add_argument(
-        "--no-project-index",
-        action="store_true",
-        help=(
-            "analyse each file of a folder on its own (by default a folder is read as one "
-            "project: helpers in other modules are followed)"
-        ),
-    )
 
 
 def _rule_ids() -> list[str]:
@@ -120,9 +112,7 @@ def run(args: argparse.Namespace) -> int:
         if not output.parent.exists():
             raise UsageError(f"--output {output}: directory {output.parent} does not exist")
 
-    report = lint_paths(
-        paths, select=select, ignore=ignore, project_index=not args.no_project_index
-    )
+    report = lint_paths(paths, select=select, ignore=ignore)
     if output is not None and any(_same_file(output, Path(f.path)) for f in report.files):
         raise UsageError(f"--output {output} is a file being analysed; refusing to overwrite it")
     named_files = {str(p) for p in paths if not p.is_dir()}

@@ -86,13 +86,3 @@ def test_cli_lints_a_folder_as_a_project(cli: Callable[..., CompletedProcess[str
     utils = next(f for f in data["files"] if f["path"].endswith("utils.py"))
     assert [(f["id"], f["line"]) for f in utils["findings"]] == [("clip-after-step", 6)]
     assert done.returncode == 1
-
-
-def test_cli_can_lint_each_file_on_its_own(cli: Callable[..., CompletedProcess[str]]) -> None:
-    root = PROJECTS / "backward_in_helper_module"
-    indexed = cli("lint", str(root), "--format", "json")
-    alone = cli("lint", str(root), "--format", "json", "--no-project-index")
-    ids = {f["id"] for file in json.loads(indexed.stdout)["files"] for f in file["findings"]}
-    assert "accum-unscaled-loss" in ids and indexed.returncode == 1
-    ids = {f["id"] for file in json.loads(alone.stdout)["files"] for f in file["findings"]}
-    assert "accum-unscaled-loss" not in ids and alone.returncode == 0
