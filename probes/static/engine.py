@@ -12,13 +12,13 @@ from __future__ import annotations
 import ast
 import gc
 import importlib
+import os
 import pkgutil
-import warnings
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
@@ -26,6 +26,8 @@ from gradient_doctor.knowledge.findings import Finding, Fix, severity_at_least
 from gradient_doctor.probes.static import rules as rules_package
 from gradient_doctor.probes.static.base import RawFinding, Rule
 from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.parsing import parse_source, syntax_error
+from gradient_doctor.probes.static.patchcheck import amp_hazards, check_patch
 from gradient_doctor.probes.static.patches import (
     DiffError,
     Patch,
@@ -35,6 +37,9 @@ from gradient_doctor.probes.static.patches import (
 )
 from gradient_doctor.probes.static.positions import Span, spans_of
 from gradient_doctor.probes.static.report import FileReport
+
+if TYPE_CHECKING:
+    from gradient_doctor.probes.static.project import ProjectIndex
 
 __all__ = ["all_rules", "lint_source", "rule_ids"]
 
@@ -77,42 +82,16 @@ def _selected(select: Collection[str] | None, ignore: Collection[str] | None) ->
 
 
 def _syntax_error(source: str) -> str | None:
-    """A one-line reason when CPython cannot parse ``source``, else None."""
-    tree = _python_ast(source)
-    return tree if isinstance(tree, str) else None
+    """A one-line reason when no supported Python can parse ``source``, else None."""
+    return syntax_error(source)
 
 
-def _python_ast(source: str) -> ast.Module | str:
-    """CPython's tree of ``source``, or a one-line reason it cannot be parsed (checked before
-    libcst, whose native parser can crash on pathological nesting)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return ast.parse(source)
-    except SyntaxError as exc:
-        line = max(exc.lineno or 1, 1)
-        col = max(exc.offset or 1, 1)
-        return f"syntax error at line {line}:{col}: {exc.msg}"
-    except (RecursionError, MemoryError):
-        return "syntax error at line 1:1: the file is too deeply nested to analyse"
-    except ValueError as exc:  # e.g. NUL bytes
-        return f"syntax error at line 1:1: {str(exc).splitlines()[0] if str(exc) else 'invalid'}"
-
-
-def _parse(source: str) -> tuple[cst.Module, ast.Module] | str:
+def _parse(source: str, *, checked: bool = False) -> tuple[cst.Module, ast.Module | None] | str:
     # A byte-order mark is not code; patches are still made against the exact text (with it).
-    source = source.removeprefix(BOM)
-    tree = _python_ast(source)
-    if isinstance(tree, str):
-        return tree
-    try:
-        return cst.parse_module(source), tree
-    except cst.ParserSyntaxError as exc:
-        return f"syntax error at line {exc.raw_line}:{exc.raw_column + 1}: {exc.message}"
-    except (RecursionError, MemoryError):
-        return "the file is too deeply nested to analyse"
-    except Exception as exc:  # libcst raises a few other types on odd input
-        return f"could not parse the file: {type(exc).__name__}"
+    parsed = parse_source(source, checked=checked)
+    if isinstance(parsed, str):
+        return parsed
+    return parsed.module, parsed.tree
 
 
 @dataclass
@@ -147,29 +126,61 @@ class _Verifier:
     """Checks patches: they apply to the exact text, the edited code parses, and re-analysing
     the result no longer reports what they fix (and reports nothing new)."""
 
-    def __init__(self, source: str, module: cst.Module, path: str, baseline: list[_Raw]) -> None:
+    def __init__(
+        self,
+        source: str,
+        module: cst.Module,
+        path: str,
+        baseline: list[_Raw],
+        model: FileModel,
+    ) -> None:
         self.source = source
         self.module = module
         self.path = path
+        self.model = model
         self.patcher = Patcher(source, module)
         self.baseline = _counts(baseline)
-        self.cache: dict[str, Counter[str] | None] = {}
+        self.hazards: int | None = None
+        self.cache: dict[str, tuple[Counter[str], int] | None] = {}
         self.single_checks = 0
+        self.withheld: dict[int, str] = {}
+        """Why a rule's patch is not offered, by id of the patch."""
 
     def counts(self, code: str) -> Counter[str] | None:
+        result = self._analyse(code)
+        if result is None:
+            return None
+        counts, hazards = result
+        if self.hazards is None:
+            self.hazards = amp_hazards(self.model)
+        if hazards > self.hazards:
+            return None  # a second unscale_ per step, or one on every micro-step
+        return counts
+
+    def _analyse(self, code: str) -> tuple[Counter[str], int] | None:
         if code not in self.cache:
             parsed = _parse(code)
             if isinstance(parsed, str):
                 self.cache[code] = None
             else:
                 try:
-                    self.cache[code] = _counts(_check(parsed[0], self.path, all_rules()))
+                    model = FileModel(parsed[0], self.path, project=self.model.project)
+                    raws = _run_rules(model, all_rules())
+                    self.cache[code] = (_counts(raws), amp_hazards(model))
                 except RecursionError:
                     self.cache[code] = None
         return self.cache[code]
 
     def prepare(self, patch: Patch) -> tuple[str, str] | None:
-        """(patched text, its diff) when the patch applies and what it edits parses."""
+        """(patched text, its diff) when the patch is safe (see :mod:`patchcheck`), applies,
+        and what it edits parses."""
+        try:
+            reason = check_patch(self.model, patch)
+        except Exception:  # pragma: no cover - a check that cannot decide rejects
+            reason = "the analyser could not check it"
+        if reason is not None:
+            self.withheld[id(patch)] = reason
+            return None
         try:
             code, changed, region = self.patcher.apply(patch)
         except Exception:
@@ -222,11 +233,15 @@ def lint_source(
     *,
     select: Collection[str] | None = None,
     ignore: Collection[str] | None = None,
+    project: ProjectIndex | None = None,
 ) -> FileReport:
     """Analyse one script's text; findings sorted by (line, col, id), fixes verified.
 
     ``select`` keeps only those rule ids, ``ignore`` drops them (ValueError on an unknown
-    id). Never raises on bad source text: it returns a report with ``error`` set instead.
+    id). ``project``: the index of the folder the file belongs to (helpers in other files are
+    followed; findings that belong to another file are handed to it, see
+    :class:`probes.static.project.ProjectIndex`). Never raises on bad source text: it returns
+    a report with ``error`` set instead.
     """
     rules = _selected(select, ignore)
     # The syntax tree is a large graph of small objects that lives only for this call: the
@@ -234,36 +249,95 @@ def lint_source(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _lint(source, path, rules)
+        return _lint(source, path, rules, project)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _lint(source: str, path: str, rules: list[Rule]) -> FileReport:
+def _lint(
+    source: str, path: str, rules: list[Rule], project: ProjectIndex | None = None
+) -> FileReport:
     if not isinstance(source, str):
         return FileReport(path=path, error="not text")
-    parsed = _parse(source)
+    # The project index already read this exact text with CPython's parser: no second pass.
+    first_lines = project.first_lines(path, source) if project is not None else None
+    parsed = _parse(source, checked=first_lines is not None)
     if isinstance(parsed, str):
         return FileReport(path=path, error=parsed)
     module, tree = parsed
     try:
-        model = FileModel(module, path)
+        model = FileModel(module, path, project=project)
+        if project is not None:
+            project.keep(model)
         raws = _run_rules(model, all_rules())
         if not raws:
             return FileReport(path=path)
         wanted = {rule.id for rule in rules}
-        nodes: list[cst.CSTNode] = []
+        local: list[_Raw] = []
         for item in raws:
+            if model.owns(item.raw.node):
+                local.append(item)
+            elif project is not None and item.rule.id in wanted:
+                _hand_over(project, item, model)
+        nodes: list[cst.CSTNode] = []
+        for item in local:
             if item.rule.id in wanted:
                 nodes.append(item.raw.node)
-                nodes.extend(_nodes_in(item.raw.evidence))
-        positions = spans_of(module, nodes, top_level=model.top_level, tree=tree)
-        return _report(source, module, path, raws, rules, positions)
+                nodes.extend(n for n in _nodes_in(item.raw.evidence) if model.owns(n))
+        positions = spans_of(
+            module, nodes, top_level=model.top_level, tree=tree, first_lines=first_lines
+        )
+        return _report(source, module, path, local, rules, positions, model)
     except RecursionError:
         return FileReport(path=path, error="the file is too deeply nested to analyse")
     except Exception as exc:  # pragma: no cover - last line of defence: never a traceback
         return FileReport(path=path, error=f"internal analyser error ({type(exc).__name__})")
+
+
+def _hand_over(project: ProjectIndex, item: _Raw, origin: FileModel) -> None:
+    """A finding whose statement is in another file of the project (a clip inside a helper of
+    ``utils.py``, seen from the loop of ``train.py``) goes to that file's report, without a
+    patch: the patch would edit a file other than the one analysed."""
+    owner = project.owner(item.raw.node)
+    if owner is None:
+        return
+    raw, rule = item.raw, item.rule
+    nodes = [raw.node, *(n for n in _nodes_in(raw.evidence) if owner.owns(n))]
+    positions = spans_of(owner.module, nodes, top_level=owner.top_level)
+    where = positions.get(id(raw.node))
+    if where is None:
+        return
+    evidence = _evidence(raw.evidence, positions)
+    # Evidence in the file that was being analysed: "12 in train.py".
+    here = [n for n in _nodes_in(raw.evidence) if origin.owns(n)]
+    if here:
+        elsewhere = spans_of(origin.module, here, top_level=origin.top_level)
+        name = os.path.basename(origin.path)
+        for key, value in raw.evidence.items():
+            if isinstance(value, cst.CSTNode) and id(value) in elsewhere:
+                evidence[key] = f"{elsewhere[id(value)].line} in {name}"
+    try:
+        message = raw.message.format(**evidence)
+    except (KeyError, IndexError, ValueError):
+        message = raw.message
+    if rule.snippet_id is not None:
+        evidence.setdefault("snippet_id", rule.snippet_id)
+    project.foreign.setdefault(owner.path, []).append(
+        Finding(
+            id=rule.id,
+            severity=raw.severity or rule.severity,
+            message=message,
+            origin="static",
+            path=owner.path,
+            line=where.line,
+            col=where.column + 1,
+            end_line=where.end_line,
+            end_col=where.end_column + 1,
+            evidence=evidence,
+            fix=None,
+        )
+    )
 
 
 @dataclass
@@ -282,9 +356,10 @@ def _report(
     raws: list[_Raw],
     rules: Sequence[Rule],
     positions: dict[int, Span],
+    model: FileModel,
 ) -> FileReport:
     wanted = {r.id for r in rules}
-    verifier = _Verifier(source, module, path, raws)
+    verifier = _Verifier(source, module, path, raws, model)
     findings: list[Finding] = []
     candidates: list[_Candidate] = []
     fix_texts: list[tuple[str, bool]] = []
@@ -311,6 +386,8 @@ def _report(
             prepared = verifier.prepare(raw.patch)
             if prepared is not None:
                 candidates.append(_Candidate(len(findings), rule.id, raw.patch, *prepared))
+            elif id(raw.patch) in verifier.withheld:
+                evidence["fix_withheld"] = verifier.withheld[id(raw.patch)]
         fix_texts.append((raw.fix_description or "Apply the suggested change.", raw.fix_safe))
         findings.append(
             Finding(
@@ -384,19 +461,31 @@ def _verify(
 
 
 def _combined(verifier: _Verifier, accepted: list[_Candidate]) -> str | None:
+    """One diff with as many accepted patches as hold together: each is added only when the
+    result still removes what it fixes and adds no hazard (two safe patches can make a second
+    ``unscale_`` together)."""
     if len(accepted) == 1:
         return accepted[0].diff
-    chosen: list[Patch] = []
+    chosen: list[_Candidate] = []
     changed: set[int] = set()
     touched: set[int] = set()
+    best: str | None = None
     for candidate in accepted:
         patch = candidate.patch
-        if not (patch.changed() & touched or patch.touched() & changed):
-            chosen.append(patch)
-            changed |= patch.changed()
-            touched |= patch.touched()
-    prepared = verifier.prepare(combine(chosen))
-    return prepared[1] if prepared is not None else None
+        if patch.changed() & touched or patch.touched() & changed:
+            continue
+        trial = [*chosen, candidate]
+        prepared = verifier.prepare(combine(c.patch for c in trial))
+        if prepared is None:
+            continue
+        expected = Counter(c.rule_id for c in trial)
+        if len(trial) > 1 and not verifier.removes(prepared[0], expected):
+            continue
+        chosen = trial
+        changed |= patch.changed()
+        touched |= patch.touched()
+        best = prepared[1]
+    return best
 
 
 def _nodes_in(evidence: dict[str, object]) -> list[cst.CSTNode]:

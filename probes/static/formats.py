@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path, PurePosixPath
@@ -72,7 +72,9 @@ def summarise(report: LintReport) -> dict[str, Any]:
 
 
 def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+    if count == 1:
+        return f"{count} {word}"
+    return f"{count} {word}es" if word.endswith(("x", "s", "sh", "ch")) else f"{count} {word}s"
 
 
 def summary_line(report: LintReport) -> str:
@@ -97,11 +99,12 @@ def summary_line(report: LintReport) -> str:
 # --- text -------------------------------------------------------------------------------------
 
 
-def format_text(report: LintReport) -> str:
-    """``path:line:col: id message`` per finding, ``path: error: reason`` per file error."""
+def format_text(report: LintReport, *, errors_elsewhere: Collection[str] = ()) -> str:
+    """``path:line:col: id message`` per finding, ``path: error: reason`` per file error
+    (except for the files in ``errors_elsewhere``, whose error the caller prints itself)."""
     lines: list[str] = []
     for file in report.files:
-        if file.error:
+        if file.error and file.path not in errors_elsewhere:
             lines.append(f"{file.path}: error: {file.error}")
         for finding in _ordered(file.findings):
             message = " ".join(finding.message.split())

@@ -17,10 +17,11 @@ branch that gates the update). Rules only read these objects.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 import libcst as cst
 
@@ -125,6 +126,10 @@ class FuncInfo:
     items: list[Event | HelperCall] = field(default_factory=list)
     loop_ids: set[int] = field(default_factory=set)
     """ids of the loops written in this function's own body."""
+    model: FileModel | None = None
+    """The file that defines it (helpers may come from other files of the project)."""
+    returns: list[cst.BaseExpression] = field(default_factory=list)
+    """The values of its ``return`` statements, in source order."""
 
 
 @dataclass(eq=False)
@@ -150,11 +155,16 @@ class Event:
     limit: cst.BaseExpression | None = None
     """``max_norm`` (or ``clip_value``) of a clip."""
     result_used: bool = False
+    no_clipping: bool = False
+    """A clip call told not to clip (``clip_grad=False`` in a project's own helper)."""
 
     @property
     def measures_only(self) -> bool:
-        """A norm clip with an infinite limit: it reads the norm and clips nothing."""
-        return self.kind == "clip" and self.limit is not None and "inf" in code_of(self.limit)
+        """A norm clip with an infinite limit (or told not to clip): it reads the norm and
+        clips nothing."""
+        if self.kind != "clip":
+            return False
+        return self.no_clipping or (self.limit is not None and "inf" in code_of(self.limit))
 
     @property
     def inlined(self) -> bool:
@@ -216,18 +226,66 @@ def exclusive(a: Event, b: Event) -> bool:
     return False
 
 
+class ProjectLink(Protocol):
+    """What a file's model asks of the project index (see :mod:`probes.static.project`)."""
+
+    def register(self, model: FileModel) -> None:
+        """``model`` is being built: other files may already resolve their calls into it."""
+
+    def function(self, qualified: str, model: FileModel) -> FuncInfo | None:
+        """The function (or ``Class.method``) named ``qualified`` as seen from ``model``."""
+
+    def class_method(self, qualified_class: str, method: str, model: FileModel) -> FuncInfo | None:
+        """``method`` of the project class ``qualified_class`` (or of its bases)."""
+
+    def parameter_kinds(self, model: FileModel) -> dict[tuple[int, str], str]:
+        """(id of a function of ``model``, parameter) -> the kind its callers pass."""
+
+
+def bind_arguments(call: cst.Call, target: cst.FunctionDef) -> list[tuple[str, cst.BaseExpression]]:
+    """(parameter, argument) pairs of ``call`` to ``target``; ``self``/``cls`` is skipped for
+    a method called through an attribute, and star arguments end the positional matching."""
+    params = [*target.params.posonly_params, *target.params.params]
+    names = [p.name.value for p in params]
+    if names and names[0] in {"self", "cls"} and isinstance(call.func, cst.Attribute):
+        names = names[1:]
+    keyword_ok = {p.name.value for p in [*params, *target.params.kwonly_params]}
+    bound: list[tuple[str, cst.BaseExpression]] = []
+    position = 0
+    positional_open = True
+    for arg in call.args:
+        if arg.star:
+            positional_open = False
+            continue
+        if arg.keyword is not None:
+            if arg.keyword.value in keyword_ok:
+                bound.append((arg.keyword.value, arg.value))
+            continue
+        if positional_open and position < len(names):
+            bound.append((names[position], arg.value))
+        position += 1
+    return bound
+
+
 @dataclass
 class Accumulation:
     """Gradient accumulation recognised in a unit."""
 
-    style: Literal["conditional", "nested"]
+    style: Literal["conditional", "nested", "accelerate"]
     divisor: cst.BaseExpression | None
-    """``N``: the modulo operand of the gate or the ``range(N)`` of the micro-step loop
-    (None when the micro-step loop does not say how many micro-batches it runs)."""
+    """``N``: the modulo operand of the gate, the ``range(N)`` of the micro-step loop, or the
+    ``gradient_accumulation_steps`` of the ``Accelerator`` (None when not written)."""
     gate: Frame | None
-    """The branch that runs the update (conditional style)."""
+    """The branch that runs the update (conditional style), or the ``with
+    accelerator.accumulate(model):`` block (accelerate style)."""
     condition: cst.BaseExpression | None = None
     handles_last_batch: bool = False
+    gates: list[Frame] = field(default_factory=list)
+    """Every ``if`` that runs part of the update under the same condition (one per optimizer
+    in a GAN); ``gate`` is the first."""
+    counter: str | None = None
+    """The micro-step counter the gate tests (``i`` in ``(i + 1) % N``, or a counter reset to 0
+    in the update): dividing the loss by it is not dividing by N."""
 
     @property
     def divisor_text(self) -> str:
@@ -246,6 +304,14 @@ class Unit:
     events: list[Event]
     accumulation: Accumulation | None = None
     framework: str | None = None
+    variants: list[Unit] = field(default_factory=list)
+    """One unit per execution path through the ``if``s that choose how the update runs
+    (``if amp: ... else: ...``), when the whole unit does not show one accumulation."""
+    whole: Unit | None = None
+    """For a path variant: the unit it is taken from."""
+    partial: bool = False
+    """A helper that steps with no backward of its own (the backward is in its callers,
+    elsewhere): only rules that need no backward read it."""
 
     @property
     def backwards(self) -> list[Event]:
@@ -265,14 +331,21 @@ class Unit:
             return False
         if acc.style == "nested":
             return event.inside(self.micro)
+        if acc.style == "accelerate":
+            if not event.inside(acc.gate) or event.kind in STEP_KINDS:
+                return False  # a prepared optimizer steps only on the sync step
+            return not any(
+                f.tag == "framework-gate" and f.branch == 0 for f in event.frames_after(acc.gate)
+            )
         if not event.inside(self.micro):
             return False
         for frame in event.frames_after(self.micro):
             if not _is_accumulation_gate(frame):
                 continue
-            if acc.gate is not None and frame.node is acc.gate.node:
-                # The other branch of the update's `if` runs on the non-update micro-batches.
-                return frame.branch != acc.gate.branch
+            for gate in acc.gates or ([acc.gate] if acc.gate is not None else []):
+                if frame.node is gate.node:
+                    # The other branch of the update's `if` runs on the other micro-batches.
+                    return frame.branch != gate.branch
             return False  # another `% N` branch: runs once per window
         return True
 
@@ -283,7 +356,14 @@ class Unit:
             return False
         if acc.style == "nested":
             return not event.inside(self.micro)
-        return acc.gate is not None and any(f.same(acc.gate) for f in event.frames)
+        if acc.style == "accelerate":
+            if not event.inside(acc.gate):
+                return False
+            return event.kind in STEP_KINDS or any(
+                f.tag == "framework-gate" and f.branch == 0 for f in event.frames_after(acc.gate)
+            )
+        gates = acc.gates or ([acc.gate] if acc.gate is not None else [])
+        return any(f.same(gate) for gate in gates for f in event.frames)
 
 
 _GATE_TAG = "accumulation-gate"
@@ -296,13 +376,24 @@ def _is_accumulation_gate(frame: Frame) -> bool:
 class FileModel:
     """Everything the rules read about one file."""
 
-    def __init__(self, module: cst.Module, path: str = "<string>") -> None:
+    def __init__(
+        self,
+        module: cst.Module,
+        path: str = "<string>",
+        *,
+        project: ProjectLink | None = None,
+    ) -> None:
         self.module = module
         self.path = path
+        self.project = project
+        """The project index when a folder is analysed: helpers of other files are followed."""
         self.aliases: dict[str, str] = {}
         self.functions: list[FuncInfo] = []
         self.by_name: dict[str, list[FuncInfo]] = {}
         self.methods: dict[tuple[str, str], FuncInfo] = {}
+        self.class_bases: dict[str, list[str]] = {}
+        """The qualified names of each class's bases, as written."""
+        self.class_nodes: dict[str, cst.ClassDef] = {}
         self.kinds: dict[str, str] = {}
         """What a variable holds (``scaler``, ``optimizer``, ``ddp``...), from its constructor."""
         self.scaler_disabled: set[str] = set()
@@ -310,6 +401,10 @@ class FileModel:
         self.grad_reads: set[int] = set()
         """ids of statements that read a ``.grad`` attribute."""
         self.all_calls: list[tuple[cst.Call, cst.CSTNode, FuncInfo]] = []
+        self.ignore_index_owners: set[str] = set()
+        """Objects whose ``.ignore_index`` the script reads (token-level criteria)."""
+        self.attribute_assigns: dict[str, list[cst.BaseExpression]] = {}
+        """Values assigned to attributes (``self.model = ...``), by dotted target."""
         self.constants: dict[str, cst.BaseExpression] = {}
         """The first value bound to each name (assignments and parameter defaults)."""
         self.top_level: dict[int, int] = {}
@@ -322,22 +417,92 @@ class FileModel:
         self.lightning_clipping = False
         self.hf_trainer = False
         self.uses_ddp = False
+        self.uses_fsdp = False
+        self.explicit_ddp = False
+        """DDP is built in this file (not only implied by ``accelerator.prepare``)."""
         self.uses_deepspeed = False
+        self.accelerators: dict[str, cst.Call] = {}
+        """``Accelerator(...)`` constructor calls by the name they are bound to."""
+        self.prepared: set[str] = set()
+        """Names passed to, or bound from, ``accelerator.prepare(...)``."""
+        self.trainer_configs: list[cst.Call] = []
+        """Lightning ``Trainer(...)`` / HF ``TrainingArguments(...)`` calls and DeepSpeed config
+        dicts: where a framework's accumulation count is set."""
+        self.config_dicts: list[cst.Dict] = []
         self.sequence_models: list[cst.Call] = []
         self.for_loops: list[cst.For] = []
         self.comprehensions: list[tuple[cst.ListComp | cst.GeneratorExp, cst.CSTNode]] = []
         self.divisions: list[tuple[cst.BinaryOperation, cst.CSTNode, FuncInfo]] = []
         self.monitoring_calls: list[cst.Call] = []
-        self.units: list[Unit] = []
+        self._units: list[Unit] | None = None
         self._gate_info: dict[int, tuple[cst.BaseExpression, cst.BaseExpression, bool]] = {}
         """For each ``if`` that gates an accumulation update: (N, its test, handles the last
         batch)."""
-        module_info = FuncInfo(module, "<module>", None)
+        self._method_cache: dict[tuple[str, str, bool], FuncInfo | None] = {}
+        self._parents: dict[int, dict[int, cst.CSTNode]] = {}
+        self._gate_counters: dict[int, str] = {}
+        """For each accumulation gate: the micro-step counter it tests (``i``, ``accum_n``)."""
+        self._zeroed: set[str] = set()
+        """What ``.zero_grad()`` is called on."""
+        module_info = FuncInfo(module, "<module>", None, model=self)
         self.module_info = module_info
         _Collector(self, module_info).collect()
+        if project is not None:
+            project.register(self)
+        for text in self._zeroed:
+            # Something zeroed and stepped is an optimizer, whatever its name says
+            # (`scheduler.step(); scheduler.zero_grad()` on an optimizer wrapper).
+            if self.kind_of(text) == "scheduler":
+                self.kinds[text] = "optimizer"
+        self._propagate_parameter_kinds()
         for func in [module_info, *self.functions]:
             _EventWalker(self, func).walk()
-        self._build_units()
+
+    def ancestors(self, node: cst.CSTNode) -> list[cst.CSTNode]:
+        """The nodes that enclose ``node``, innermost first (empty when it is not in this file)."""
+        index = self.top_level.get(id(node))
+        if index is None:
+            return []
+        parents = self._parents.get(index)
+        if parents is None:
+            parents = {}
+            stack: list[cst.CSTNode] = [self.module.body[index]]
+            while stack:
+                current = stack.pop()
+                for kid in children(current):
+                    parents[id(kid)] = current
+                    stack.append(kid)
+            self._parents[index] = parents
+        out: list[cst.CSTNode] = []
+        parent = parents.get(id(node))
+        while parent is not None:
+            out.append(parent)
+            parent = parents.get(id(parent))
+        out.append(self.module)
+        return out
+
+    def function_holding(self, node: cst.CSTNode) -> FuncInfo:
+        """The function (or the module body) whose own code holds ``node``."""
+        by_node = self.__dict__.get("_by_node")
+        if by_node is None:
+            by_node = self.__dict__["_by_node"] = {id(f.node): f for f in self.functions}
+        for parent in self.ancestors(node):
+            found = by_node.get(id(parent))
+            if found is not None:
+                return found
+        return self.module_info
+
+    def owns(self, node: cst.CSTNode) -> bool:
+        """True when ``node`` is in this file's syntax tree."""
+        return id(node) in self.top_level
+
+    @property
+    def units(self) -> list[Unit]:
+        """The training iterations of the file (built on first use)."""
+        if self._units is None:
+            self._units = []
+            self._build_units()
+        return self._units
 
     # -- names -------------------------------------------------------------------------------
     def qualify(self, node: cst.BaseExpression) -> str | None:
@@ -351,8 +516,9 @@ class FileModel:
             return dotted
         return base + dot + rest
 
-    def kind_of(self, node: cst.BaseExpression | None) -> str | None:
-        """What the object ``node`` names is: scaler, optimizer, scheduler, accelerator..."""
+    def kind_of(self, node: cst.BaseExpression | str | None) -> str | None:
+        """What the object ``node`` (an expression, or its dotted text) names is: scaler,
+        optimizer, scheduler, accelerator..."""
         if node is None:
             return None
         if isinstance(node, cst.Call):
@@ -362,7 +528,7 @@ class FileModel:
             if name in {"lr_schedulers"}:
                 return "scheduler"
             return None
-        text = dotted_name(node)
+        text = node if isinstance(node, str) else dotted_name(node)
         if text is None:
             return None
         known = self.kinds.get(text)
@@ -384,20 +550,128 @@ class FileModel:
         return None
 
     def function_for_call(self, call: cst.Call, context: FuncInfo) -> FuncInfo | None:
-        """The local function or method ``call`` runs, when it is defined in this file."""
+        """The function or method ``call`` runs, when it is defined in this file or (with a
+        project index) in another file of the project."""
         func = call.func
         if isinstance(func, cst.Name):
             candidates = self.by_name.get(func.value, [])
             top = [c for c in candidates if c.class_name is None]
-            return top[0] if len(top) == 1 else None
+            if top:
+                return top[0] if len(top) == 1 else None
+            if func.value in self.class_nodes:
+                return None  # a constructor call
+            return self._imported(func.value)
+        if not isinstance(func, cst.Attribute):
+            return None
+        owner = context.class_name
+        base = func.value
+        if isinstance(base, cst.Name) and base.value in {"self", "cls"} and owner is not None:
+            return self.method_of(owner, func.attr.value)
         if (
-            isinstance(func, cst.Attribute)
-            and isinstance(func.value, cst.Name)
-            and func.value.value in {"self", "cls"}
-            and context.class_name is not None
+            isinstance(base, cst.Call)
+            and isinstance(base.func, cst.Name)
+            and base.func.value == "super"
+            and owner is not None
         ):
-            return self.methods.get((context.class_name, func.attr.value))
+            return self.method_of(owner, func.attr.value, inherited_only=True)
+        dotted = dotted_name(func)
+        if dotted is not None and dotted.split(".", 1)[0] in self.aliases:
+            return self._imported(dotted)
+        # `self.updater.step()` with `self.updater = Updater(...)`: that class's method.
+        built = self._built_from(func.value, context)
+        if built is None:
+            return None
+        if built in self.class_nodes:
+            return self.method_of(built, func.attr.value)
+        if self.project is not None:
+            return self.project.class_method(self.qualify_text(built), func.attr.value, self)
         return None
+
+    def _built_from(self, node: cst.BaseExpression, context: FuncInfo) -> str | None:
+        """The class (as written) whose constructor built the object ``node`` names, when the
+        assignment is visible and the class is local or imported (a project class)."""
+        text = dotted_name(node)
+        if text is None:
+            return None
+        if isinstance(node, cst.Name):
+            values = context.assigns.get(text) or self.module_info.assigns.get(text) or []
+        else:
+            values = self.attribute_assigns.get(attribute_key(text, context.class_name), [])
+        for value in values:
+            if isinstance(value, cst.Call):
+                name = dotted_name(value.func)
+                if name is None:
+                    continue
+                if name in self.class_nodes or (
+                    self.project is not None
+                    and name.split(".", 1)[0] in self.aliases
+                    and name[:1].isupper() | name.rsplit(".", 1)[-1][:1].isupper()
+                ):
+                    return name
+        return None
+
+    def method_of(
+        self, class_name: str, method: str, *, inherited_only: bool = False, depth: int = 0
+    ) -> FuncInfo | None:
+        """``class_name.method``, looked up in the class and then its bases (local or, with a
+        project index, in other files); None when it is not found or defined outside."""
+        key = (class_name, method, inherited_only)
+        if key in self._method_cache:
+            return self._method_cache[key]
+        self._method_cache[key] = None  # a cycle of bases ends here
+        found: FuncInfo | None = None
+        if not inherited_only:
+            found = self.methods.get((class_name, method))
+        if found is None and depth < 8:
+            for base in self.class_bases.get(class_name, []):
+                if base in self.class_nodes:
+                    found = self.method_of(base, method, depth=depth + 1)
+                elif self.project is not None:
+                    found = self.project.class_method(self.qualify_text(base), method, self)
+                if found is not None:
+                    break
+        self._method_cache[key] = found
+        return found
+
+    def qualify_text(self, dotted: str) -> str:
+        """``dotted`` with its first part's import alias resolved."""
+        head, dot, rest = dotted.partition(".")
+        base = self.aliases.get(head)
+        return dotted if base is None else base + dot + rest
+
+    def _imported(self, dotted: str) -> FuncInfo | None:
+        if self.project is None:
+            return None
+        head = dotted.split(".", 1)[0]
+        if head not in self.aliases:
+            return None
+        return self.project.function(self.qualify_text(dotted), self)
+
+    def _propagate_parameter_kinds(self) -> None:
+        """A scaler, optimizer, scheduler or wrapped model passed to a function keeps its role
+        there: the parameter it binds gets the argument's kind (when every call agrees)."""
+        seen: dict[tuple[int, str], str] = {}
+        for call, _, func in self.all_calls:
+            target = self.function_for_call(call, func)
+            if (
+                target is None
+                or target.model is not self
+                or not isinstance(target.node, cst.FunctionDef)
+            ):
+                continue
+            for param, value in bind_arguments(call, target.node):
+                text = dotted_name(value)
+                kind = self.kinds.get(text) if text is not None else None
+                if kind is None or kind == "other":
+                    continue
+                key = (id(target), param)
+                seen[key] = kind if seen.get(key, kind) == kind else "other"
+        if self.project is not None:
+            for (func_id, param), kind in self.project.parameter_kinds(self).items():
+                seen.setdefault((func_id, param), kind)
+        for (_, param), kind in seen.items():
+            if kind != "other":
+                self.kinds.setdefault(param, kind)
 
     def direct_events(self) -> Iterator[Event]:
         """Every event of every function once, where it is written (no inlining)."""
@@ -448,8 +722,9 @@ class FileModel:
         self._inlined: set[int] = set()
         self._expanded: dict[int, list[Event]] = {}
         per_root = [(func, self.expanded(func)) for func in [self.module_info, *self.functions]]
+        assert self._units is not None
         for func, events in per_root:
-            self.units.extend(self._units_of(func, events))
+            self._units.extend(self._units_of(func, events))
 
     def _units_of(self, func: FuncInfo, events: list[Event]) -> Iterator[Unit]:
         groups: dict[int, list[Event]] = {}
@@ -469,6 +744,12 @@ class FileModel:
             if micro is not None and id(micro.node) not in func.loop_ids:
                 continue  # the loop is in a helper, which is analysed on its own
             yield self._unit(func, events, micro)
+        if (
+            not groups
+            and id(func) not in self._inlined
+            and any(e.kind == "scaler_step" for e in events)
+        ):
+            yield Unit(func, None, None, events, partial=True)
 
     def _unit(self, func: FuncInfo, events: list[Event], micro: Frame | None) -> Unit:
         inside = [e for e in events if e.inside(micro)]
@@ -477,18 +758,108 @@ class FileModel:
         framework = next((b.framework for b in backwards if b.framework), None)
         if steps_inside or micro is None:
             unit = Unit(func, micro, micro, inside, framework=framework)
-            unit.accumulation = self._conditional_accumulation(unit, steps_inside)
-            return unit
-        # The step is not in the backward's loop: look one loop out (nested micro-step loop).
-        sample = backwards[0] if backwards else inside[0]
-        loops = [f for f in sample.frames if f.kind == "loop"]
-        outer = loops[-2] if len(loops) >= 2 else None
-        scope_events = [e for e in events if e.inside(outer)]
-        unit = Unit(func, micro, outer, scope_events, framework=framework)
-        steps_after = [e for e in scope_events if e.kind in STEP_KINDS and not e.inside(micro)]
-        if steps_after and micro is not None and _is_micro_step_loop(micro.node):
-            unit.accumulation = Accumulation("nested", _range_bound(micro.node), None)
+        else:
+            # The step is not in the backward's loop: look one loop out (nested micro-steps).
+            sample = backwards[0] if backwards else inside[0]
+            loops = [f for f in sample.frames if f.kind == "loop"]
+            outer = loops[-2] if len(loops) >= 2 else None
+            unit = Unit(
+                func, micro, outer, [e for e in events if e.inside(outer)], framework=framework
+            )
+        unit.accumulation = self._accumulation(unit)
+        if unit.accumulation is None:
+            unit.variants = self._path_variants(unit)
         return unit
+
+    def _accumulation(self, unit: Unit) -> Accumulation | None:
+        accelerate = self._accelerate_accumulation(unit)
+        if accelerate is not None:
+            return accelerate
+        micro = unit.micro
+        if unit.scope is micro:
+            steps = [e for e in unit.events if e.kind in STEP_KINDS]
+            return self._conditional_accumulation(unit, steps)
+        steps_after = [e for e in unit.events if e.kind in STEP_KINDS and not e.inside(micro)]
+        if steps_after and micro is not None:
+            bound = (
+                _range_bound(micro.node)
+                or _window_bound(micro.node, unit.root)
+                or _length_bound(micro.node, unit.root)
+            )
+            if bound is not None or _is_micro_step_loop(micro.node):
+                return Accumulation("nested", bound, None)
+        return None
+
+    def _accelerate_accumulation(self, unit: Unit) -> Accumulation | None:
+        """``with accelerator.accumulate(model):`` around the backward: Accelerate decides on
+        which micro-batch the prepared optimizer really steps (``sync_gradients``)."""
+        for backward in unit.backwards:
+            block = next((f for f in backward.frames if f.tag == "accumulate"), None)
+            if block is None:
+                continue
+            divisor = None
+            if len(self.accelerators) == 1:
+                call = next(iter(self.accelerators.values()))
+                divisor = call_arg(call, None, "gradient_accumulation_steps")
+                configured = divisor is not None or any(
+                    a.keyword is not None
+                    and a.keyword.value in {"gradient_accumulation_plugin", "deepspeed_plugin"}
+                    for a in call.args
+                )
+                if not configured and not any(a.star for a in call.args):
+                    return None  # `Accelerator()` accumulates over 1 batch: no accumulation
+            return Accumulation("accelerate", divisor, block)
+        return None
+
+    def _path_variants(self, unit: Unit) -> list[Unit]:
+        """The unit once per consistent choice of the ``if``s that hold a backward or a step
+        (``if use_amp: ... else: ...``, ``if accum_steps > 1: ... else: ...``), kept when that
+        path shows an accumulation the whole unit hides. Tests written the same way (``if
+        amp`` twice, or ``if amp`` and ``if not amp``) take the same branch on one path."""
+        groups: dict[str, list[tuple[cst.If, bool]]] = {}
+        for event in unit.events:
+            if event.kind not in STEP_KINDS and event.kind != "backward":
+                continue
+            for frame in event.frames_after(unit.scope):
+                if frame.kind != "if" or frame.tag in {_GATE_TAG, "framework-gate"}:
+                    continue
+                node = frame.node
+                assert isinstance(node, cst.If)
+                key, positive = condition_key(node.test)
+                entries = groups.setdefault(key, [])
+                if all(n is not node for n, _ in entries):
+                    entries.append((node, positive))
+        if not groups or len(groups) > MAX_PATH_GROUPS:
+            return []
+        variants: list[Unit] = []
+        seen: set[tuple[int, ...]] = set()
+        for values in itertools.product((True, False), repeat=len(groups)):
+            branch_of: dict[int, int] = {}
+            for (_, entries), value in zip(groups.items(), values, strict=True):
+                for node, positive in entries:
+                    branch_of[id(node)] = 0 if value == positive else 1
+            kept = [
+                e
+                for e in unit.events
+                if all(
+                    branch_of.get(id(f.node), f.branch) == f.branch
+                    for f in e.frames_after(unit.scope)
+                    if f.kind == "if"
+                )
+            ]
+            signature = tuple(id(e) for e in kept)
+            if signature in seen:
+                continue
+            seen.add(signature)
+            variant = Unit(
+                unit.root, unit.micro, unit.scope, kept, framework=unit.framework, whole=unit
+            )
+            if not variant.backwards or not variant.steps:
+                continue
+            variant.accumulation = self._accumulation(variant)
+            if variant.accumulation is not None:
+                variants.append(variant)
+        return variants
 
     def _conditional_accumulation(self, unit: Unit, steps: list[Event]) -> Accumulation | None:
         if not steps:
@@ -501,17 +872,70 @@ class FileModel:
             if gate is None:
                 return None
             gates.append(gate)
-        if any(not g.same(gates[0]) for g in gates):
-            return None
         gate = gates[0]
         info = self._gate_info.get(id(gate.node))
         if info is None:
             return None
+        distinct: list[Frame] = []
+        for other in gates:
+            if any(other.same(g) for g in distinct):
+                continue
+            other_info = self._gate_info.get(id(other.node))
+            # Several `if (i + 1) % N == 0:` blocks (one per optimizer) are one update.
+            if (
+                other_info is None
+                or other.branch != gate.branch
+                or code_of(other_info[1]) != code_of(info[1])
+            ):
+                return None
+            distinct.append(other)
         divisor, condition, last_batch = info
-        return Accumulation("conditional", divisor, gate, condition, last_batch)
+        return Accumulation(
+            "conditional",
+            divisor,
+            gate,
+            condition,
+            last_batch,
+            gates=distinct,
+            counter=self._gate_counters.get(id(gate.node)),
+        )
 
 
-_MICRO_WORDS = re.compile(r"micro|accum|chunk|split|shard", re.I)
+MAX_PATH_GROUPS = 4
+"""At most 2**4 execution paths are told apart per unit."""
+
+
+def condition_key(test: cst.BaseExpression) -> tuple[str, bool]:
+    """(the tested expression, True when the branch runs if it is truthy): ``if not amp`` and
+    ``if amp`` test the same thing; so do ``if scaler is None`` and ``if scaler``."""
+    positive = True
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test = test.expression
+        positive = not positive
+    if (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].comparator, cst.Name)
+        and test.comparisons[0].comparator.value == "None"
+    ):
+        operator = test.comparisons[0].operator
+        if isinstance(operator, cst.Is):
+            return code_of(test.left), not positive
+        if isinstance(operator, cst.IsNot):
+            return code_of(test.left), positive
+    if (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal | cst.NotEqual)
+    ):
+        # `if kind == X:` and `if kind != X:` test the same thing.
+        target = test.comparisons[0]
+        key = f"{code_of(test.left)} == {code_of(target.comparator)}"
+        return key, positive if isinstance(target.operator, cst.Equal) else not positive
+    return code_of(test), positive
+
+
+_MICRO_WORDS = re.compile(r"micro|accum|chunk|split|shard|window", re.I)
 
 
 def _is_micro_step_loop(node: cst.CSTNode) -> bool:
@@ -521,6 +945,48 @@ def _is_micro_step_loop(node: cst.CSTNode) -> bool:
     if _range_bound(node) is not None:
         return True
     return bool(_MICRO_WORDS.search(code_of(node.target) + " " + code_of(node.iter)))
+
+
+def _window_bound(node: cst.CSTNode, func: FuncInfo) -> cst.BaseExpression | None:
+    """``N`` for ``for batch in window:`` with ``window = [next(data) for _ in range(N)]``."""
+    if not isinstance(node, cst.For) or not isinstance(node.iter, cst.Name):
+        return None
+    values = func.assigns.get(node.iter.value, [])
+    if len(values) != 1 or not isinstance(values[0], cst.ListComp):
+        return None
+    loop = values[0].for_in
+    iterable = loop.iter
+    if (
+        loop.inner_for_in is None
+        and isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Name)
+        and iterable.func.value == "range"
+    ):
+        args = [a for a in iterable.args if a.keyword is None and not a.star]
+        if len(args) == 1:
+            return args[0].value
+    return None
+
+
+def _length_bound(node: cst.CSTNode, func: FuncInfo) -> cst.BaseExpression | None:
+    """``N`` for ``for micro_batch in micro_batches:``: the name bound to
+    ``len(micro_batches)`` in the function, or that expression itself."""
+    if not isinstance(node, cst.For) or not isinstance(node.iter, cst.Name | cst.Attribute):
+        return None
+    iterable = code_of(node.iter)
+    for name, values in func.assigns.items():
+        if len(values) == 1 and isinstance(values[0], cst.Call):
+            call = values[0]
+            if (
+                isinstance(call.func, cst.Name)
+                and call.func.value == "len"
+                and len(call.args) == 1
+                and code_of(call.args[0].value) == iterable
+            ):
+                return cst.Name(name)
+    if not _MICRO_WORDS.search(iterable):
+        return None
+    return cst.parse_expression(f"len({iterable})")
 
 
 def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
@@ -536,6 +1002,101 @@ def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
     if len(args) == 2 and isinstance(args[0].value, cst.Integer) and args[0].value.value == "0":
         return args[1].value
     return None
+
+
+def attribute_key(text: str, class_name: str | None) -> str:
+    """``self.model`` of one class is not ``self.model`` of another."""
+    if class_name is not None and text.split(".", 1)[0] in {"self", "cls"}:
+        return f"{class_name}:{text}"
+    return text
+
+
+def constructor_kind(qualified: str, method: str | None = None) -> str | None:
+    """What an object built by calling ``qualified`` is: ``scaler``, ``optimizer``,
+    ``scheduler``, ``ddp``, ``fsdp``, ``accelerator``, ``fabric`` (``other`` for data
+    scalers), or None."""
+    last = qualified.rsplit(".", 1)[-1]
+    if last == "GradScaler" or last == "ShardedGradScaler":
+        return "scaler"
+    if last.endswith("Scaler"):
+        return "other"  # StandardScaler and friends: data scalers, not loss scalers
+    is_optimizer = last in OPTIMIZER_CLASSES or (
+        qualified.startswith("torch.optim.") and last[:1].isupper()
+    )
+    if is_optimizer and ".lr_scheduler." not in qualified:
+        return "optimizer"
+    if ".lr_scheduler." in qualified or last.endswith(("LR", "Scheduler", "Schedule")):
+        return "scheduler"
+    if re.fullmatch(r"get_\w*schedule\w*", last):
+        return "scheduler"
+    if last in {"DistributedDataParallel", "DDP"}:
+        return "ddp"
+    if last in {"FullyShardedDataParallel", "FSDP", "fully_shard"}:
+        return "fsdp"
+    if last == "Accelerator":
+        return "accelerator"
+    if last == "Fabric":
+        return "fabric"
+    if method == "optimizers":
+        return "optimizer"
+    return None
+
+
+def _modulo_counter(test: cst.BaseExpression) -> str | None:
+    """``i`` in ``(i + 1) % N == 0``: the one name on the left of the modulo."""
+    for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            names = [
+                dotted_name(n)
+                for n in walk(node.left, prune=lambda n: isinstance(n, cst.Attribute))
+                if isinstance(n, cst.Name | cst.Attribute)
+            ]
+            names = [n for n in names if n]
+            return names[0] if len(names) == 1 else None
+    return None
+
+
+def _counter_gate(stmt: cst.If) -> tuple[str, cst.BaseExpression] | None:
+    """(counter, N) for ``if count >= N: ...; count = 0`` (a counter reset in the update)."""
+    resets: set[str] = set()
+    for node in walk(stmt.body):
+        if (
+            isinstance(node, cst.Assign)
+            and isinstance(node.value, cst.Integer)
+            and node.value.value == "0"
+        ):
+            for target in node.targets:
+                text = dotted_name(target.target)
+                if text:
+                    resets.add(text)
+    if not resets:
+        return None
+    for node in walk(stmt.test, prune=lambda n: isinstance(n, cst.Call)):
+        if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1:
+            continue
+        left = dotted_name(node.left)
+        operator = node.comparisons[0].operator
+        if left in resets and isinstance(operator, cst.GreaterThanEqual | cst.Equal):
+            return left, node.comparisons[0].comparator
+    return None
+
+
+def _is_prepare(value: cst.BaseExpression) -> bool:
+    """``accelerator.prepare(...)`` (or ``fabric.setup(...)``)."""
+    return (
+        isinstance(value, cst.Call)
+        and method_name(value)
+        in {
+            "prepare",
+            "prepare_model",
+            "setup",
+        }
+        and "accelerator" in code_of(value.func).lower()
+    ) or (
+        isinstance(value, cst.Call)
+        and method_name(value) in {"setup", "setup_module"}
+        and "fabric" in code_of(value.func).lower()
+    )
 
 
 def modulo_divisor(test: cst.BaseExpression) -> cst.BaseExpression | None:
@@ -629,8 +1190,13 @@ class _Collector:
             self.model.divisions.append((node, self.stmt_stack[-1], self.func_stack[-1]))
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self.class_stack.append(node.name.value)
+        name = node.name.value
+        self.class_stack.append(name)
         self.containers.append("class")
+        if not (len(self.containers) > 1 and self.containers[-2] == "def"):
+            self.model.class_nodes.setdefault(name, node)
+            bases = [dotted_name(arg.value) for arg in node.bases if arg.keyword is None]
+            self.model.class_bases.setdefault(name, [b for b in bases if b is not None])
         return True
 
     def leave_ClassDef(self, node: cst.ClassDef) -> None:
@@ -641,7 +1207,7 @@ class _Collector:
         direct_method = bool(self.containers) and self.containers[-1] == "class"
         owner = self.class_stack[-1] if direct_method else None
         self.containers.append("def")
-        info = FuncInfo(node, node.name.value, owner)
+        info = FuncInfo(node, node.name.value, owner, model=self.model)
         params = node.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             info.params.add(param.name.value)
@@ -663,6 +1229,18 @@ class _Collector:
         self.containers.pop()
         self.stmt_stack.pop()
 
+    def visit_Return(self, node: cst.Return) -> None:
+        if node.value is not None and len(self.func_stack) > 1:
+            self.func_stack[-1].returns.append(node.value)
+
+    def visit_Dict(self, node: cst.Dict) -> None:
+        for element in node.elements:
+            if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+                key = element.key.evaluated_value
+                if key in {"gradient_accumulation_steps", "gradient_clipping"}:
+                    self.model.config_dicts.append(node)
+                    return
+
     # imports ---------------------------------------------------------------------------------
     def visit_Import(self, node: cst.Import) -> bool:
         for alias in node.names:
@@ -679,10 +1257,17 @@ class _Collector:
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        if node.module is None or node.relative:
+        if isinstance(node.names, cst.ImportStar):
             return False
-        base = dotted_name(node.module)
-        if base is None or isinstance(node.names, cst.ImportStar):
+        dots = "." * len(node.relative)
+        if node.module is None:
+            base: str | None = dots[:-1] if dots else None  # `from . import x`: x is a module
+            if base is None:
+                return False
+        else:
+            module = dotted_name(node.module)
+            base = dots + module if module is not None else None
+        if base is None:
             return False
         if base.startswith("deepspeed"):
             self.model.uses_deepspeed = True
@@ -700,9 +1285,9 @@ class _Collector:
     def visit_Assign(self, node: cst.Assign) -> bool:
         for target in node.targets:
             self._assigned(target.target, node.value)
-            if isinstance(target.target, cst.Name):
-                sites = self.func_stack[-1].assign_sites
-                sites.setdefault(target.target.value, []).append(node)
+            sites = self.func_stack[-1].assign_sites
+            for name in _bound_names(target.target):
+                sites.setdefault(name, []).append(node)
         return True
 
     def visit_AugAssign(self, node: cst.AugAssign) -> bool:
@@ -721,8 +1306,16 @@ class _Collector:
         if isinstance(target, cst.Tuple | cst.List):
             elements = [e.value for e in target.elements]
             kinds = self._tuple_kinds(value, len(elements))
+            prepared = _is_prepare(value) or self._prepare_helper(value)
+            if prepared and isinstance(value, cst.Call):
+                for arg in value.args:
+                    text = dotted_name(arg.value)
+                    if text is not None:
+                        self.model.prepared.add(text)
             for element, kind in zip(elements, kinds, strict=False):
                 text = dotted_name(element)
+                if text is not None and prepared:
+                    self.model.prepared.add(text)
                 if text is not None and kind is not None:
                     self.model.kinds[text] = kind
                 if isinstance(element, cst.Name):
@@ -735,7 +1328,14 @@ class _Collector:
         if isinstance(target, cst.Name):
             func.assigns.setdefault(text, []).append(value)
             self.model.constants.setdefault(text, value)
+        else:
+            key = attribute_key(text, func.class_name)
+            self.model.attribute_assigns.setdefault(key, []).append(value)
+        if _is_prepare(value):
+            self.model.prepared.add(text)
         kind = self._constructed_kind(value)
+        if kind == "accelerator" and isinstance(value, cst.Call):
+            self.model.accelerators[text] = value
         if kind is not None:
             self.model.kinds[text] = kind
             if isinstance(value, cst.Call):
@@ -745,40 +1345,41 @@ class _Collector:
                 if isinstance(enabled, cst.Name) and enabled.value == "False":
                     self.model.scaler_disabled.add(text)
 
+    def _prepare_helper(self, value: cst.BaseExpression) -> bool:
+        """A project helper that hands objects to the accelerator and returns them prepared:
+        ``model, opt = self.setup_distributed(self.accelerator, model, opt)``."""
+        if not isinstance(value, cst.Call) or len(value.args) < 2:
+            return False
+        for arg in value.args:
+            text = dotted_name(arg.value) or ""
+            if "accelerator" in text.rsplit(".", 1)[-1].lower():
+                return True
+        return False
+
     def _constructed_kind(self, value: cst.BaseExpression) -> str | None:
         if not isinstance(value, cst.Call):
             return None
         qual = self.model.qualify(value.func) or ""
-        last = qual.rsplit(".", 1)[-1]
-        name = method_name(value)
-        if last == "GradScaler" or last == "ShardedGradScaler":
-            return "scaler"
-        if last.endswith("Scaler"):
-            return "other"  # StandardScaler and friends: data scalers, not loss scalers
-        is_optimizer = last in OPTIMIZER_CLASSES or (
-            qual.startswith("torch.optim.") and last[:1].isupper()
-        )
-        if is_optimizer and ".lr_scheduler." not in qual:
-            return "optimizer"
-        if ".lr_scheduler." in qual or last.endswith(("LR", "Scheduler", "Schedule")):
-            return "scheduler"
-        if re.fullmatch(r"get_\w*schedule\w*", last):
-            return "scheduler"
-        if last in {"DistributedDataParallel", "DDP"}:
+        kind = constructor_kind(qual, method_name(value))
+        if kind == "ddp":
             self.model.uses_ddp = True
-            return "ddp"
-        if last in {"FullyShardedDataParallel", "FSDP"}:
-            return "fsdp"
-        if last == "Accelerator":
-            return "accelerator"
-        if last == "Fabric":
-            return "fabric"
-        if name == "optimizers":
-            return "optimizer"
-        return None
+        elif kind == "fsdp":
+            self.model.uses_fsdp = True
+        return kind
 
     def _tuple_kinds(self, value: cst.BaseExpression, count: int) -> list[str | None]:
         kinds: list[str | None] = [None] * count
+        if _is_prepare(value):
+            # `model, opt, sched = accelerator.prepare(model, opt, sched)`: each keeps its role.
+            assert isinstance(value, cst.Call)
+            args = [a.value for a in value.args if a.keyword is None and not a.star]
+            for index, arg in enumerate(args[:count]):
+                text = dotted_name(arg)
+                if text is not None:
+                    self.model.prepared.add(text)
+                    known = self.model.kinds.get(text)
+                    kinds[index] = known if known != "other" else None
+            return kinds
         if isinstance(value, cst.Call):
             qual = self.model.qualify(value.func) or ""
             if qual.endswith("deepspeed.initialize") or (
@@ -811,6 +1412,21 @@ class _Collector:
             self.model.hf_trainer = True
         if last in {"DistributedDataParallel", "DDP"}:
             self.model.uses_ddp = True
+            self.model.explicit_ddp = True
+        if last == "fully_shard" or last == "FullyShardedDataParallel":
+            self.model.uses_fsdp = True
+            target = call_arg(node, 0, "module")
+            text = dotted_name(target) if target is not None else None
+            if text is not None:
+                self.model.kinds.setdefault(text, "fsdp")
+        if _is_prepare(node):
+            self.model.uses_ddp = True  # prepare() wraps the model in DDP on several processes
+        if method_name(node) == "zero_grad" and isinstance(node.func, cst.Attribute):
+            text = dotted_name(node.func.value)
+            if text is not None:
+                self.model._zeroed.add(text)
+        if last in {"Trainer", "TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig"}:
+            self.model.trainer_configs.append(node)
         if (
             last in SEQUENCE_MODEL_NAMES
             or last.startswith("AutoModelFor")
@@ -824,6 +1440,10 @@ class _Collector:
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if node.attr.value == "grad" and self.stmt_stack:
             self.model.grad_reads.add(id(self.stmt_stack[-1]))
+        elif node.attr.value == "ignore_index":
+            owner = dotted_name(node.value)
+            if owner is not None:
+                self.model.ignore_index_owners.add(owner)
 
 
 class _EventWalker:
@@ -884,9 +1504,24 @@ class _EventWalker:
             tag: str | None = None
             for item in stmt.items:
                 context: cst.CSTNode = item.item
+                if (
+                    isinstance(context, cst.Call)
+                    and isinstance(context.func, cst.Name)
+                    and not context.args
+                    and self.func.assigns.get(context.func.value)
+                ):
+                    # `my_context = model.no_sync if accumulating else nullcontext`, then
+                    # `with my_context():`
+                    context = self.func.assigns[context.func.value][-1]
                 if isinstance(context, cst.Name) and self.func.assigns.get(context.value):
                     # `ctx = nullcontext() if last else model.no_sync()` then `with ctx:`
                     context = self.func.assigns[context.value][-1]
+                if any(
+                    isinstance(node, cst.Attribute)
+                    and node.attr.value in {"no_sync", "no_backward_sync"}
+                    for node in walk(context)
+                ):
+                    tag = "no_sync"
                 for call in calls_in(context):
                     name = method_name(call)
                     if name == "no_sync" or name == "no_backward_sync":
@@ -922,6 +1557,13 @@ class _EventWalker:
                     divisor = modulo_divisor(condition)
                     if divisor is not None:
                         break
+        counter: str | None = None
+        if divisor is not None:
+            counter = _modulo_counter(condition)
+        else:
+            found = _counter_gate(stmt)
+            if found is not None:
+                counter, divisor = found
         if divisor is not None:
             # `(i + 1) % N == 0 or i + 1 == len(loader)`: an `or` is the end-of-epoch step.
             last_batch = any(
@@ -929,6 +1571,8 @@ class _EventWalker:
                 for expr in (stmt.test, condition)
             )
             self.model._gate_info[id(stmt)] = (divisor, stmt.test, last_batch)
+            if counter is not None:
+                self.model._gate_counters[id(stmt)] = counter
             return Frame("if", stmt, branch, _GATE_TAG)
         text = code_of(test)
         if "sync_gradients" in text:
@@ -1013,6 +1657,9 @@ class _EventWalker:
         result_used = small is not None and not isinstance(small, cst.Expr)
 
         def event(kind: EventKind, **details: object) -> None:
+            if kind == "clip":
+                flag = call_arg(call, None, "clip_grad")
+                details["no_clipping"] = isinstance(flag, cst.Name) and flag.value == "False"
             self._add(Event(kind, call, stmt, func, frames, **details))  # type: ignore[arg-type]
 
         if last in CLIP_NORM_NAMES or last in CLIP_VALUE_NAMES:
@@ -1025,7 +1672,14 @@ class _EventWalker:
             )
             if recv_kind in {"accelerator", "fabric"}:
                 limit = call_arg(call, 1, "max_norm")
-                event("clip", clip_kind=clip_kind, limit=limit, framework=recv_kind)
+                event(
+                    "clip",
+                    clip_kind=clip_kind,
+                    limit=limit,
+                    framework=recv_kind,
+                    receiver=code_of(recv) if recv is not None else None,
+                    result_used=result_used,
+                )
             elif is_module_function:
                 keyword = "clip_value" if clip_kind == "value" else "max_norm"
                 event(
@@ -1090,11 +1744,19 @@ class _EventWalker:
         if name == "zero_grad":
             event("zero_grad", receiver=code_of(recv) if recv is not None else None)
             return
+        if name == "set_requires_gradient_sync" and recv is not None:
+            # FSDP2's no_sync(): `model.set_requires_gradient_sync(is_last_micro_batch)`.
+            event("sync_flag", receiver=code_of(recv))
+            return
         if name in {"zero_", "detach_", "fill_"} and recv is not None and _mentions_grad(recv):
             event("zero_grad", receiver=code_of(recv))
             return
         if name in {"div_", "mul_"} and recv is not None and _mentions_grad(recv):
             event("grad_div", receiver=code_of(recv))
+            return
+        if last in {"scale_grads", "scale_gradients", "scale_grads_"}:
+            # torchtune's `training.scale_grads(model, 1 / num_tokens)` and friends.
+            event("grad_div", receiver=None)
             return
         target = model.function_for_call(call, func)
         if target is not None and target is not func:
@@ -1142,6 +1804,17 @@ class _EventWalker:
             self._add(Event("backward", call, stmt, func, frames, loss=loss_arg, framework=kind))
             return
         self._add(Event("backward", call, stmt, func, frames, loss=recv))
+
+
+def _bound_names(target: cst.BaseExpression) -> list[str]:
+    """The plain names an assignment target binds (``a`` and ``b`` in ``a, (b, c.d) = ...``)."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, cst.Tuple | cst.List):
+        return [n for e in target.elements for n in _bound_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return _bound_names(target.value)
+    return []
 
 
 def _mentions_grad(node: cst.BaseExpression) -> bool:

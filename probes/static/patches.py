@@ -26,6 +26,13 @@ class Patch:
     before: list[tuple[cst.CSTNode, cst.BaseStatement]] = field(default_factory=list)
     after: list[tuple[cst.CSTNode, cst.BaseStatement]] = field(default_factory=list)
     replace: list[tuple[cst.CSTNode, Replacement]] = field(default_factory=list)
+    moves: list[tuple[cst.CSTNode, cst.CSTNode, bool]] = field(default_factory=list)
+    """(statement, anchor, after?) of each move, for the safety checks."""
+    inserts: list[tuple[cst.CSTNode, cst.BaseStatement, bool]] = field(default_factory=list)
+    """(anchor, new statement, after?) of each insertion of new code."""
+    covers: list[cst.CSTNode] = field(default_factory=list)
+    """Statements that what this patch moves or inserts must accompany on every path (the
+    optimizer steps of every branch, for a ``zero_grad()`` placed after the update)."""
 
     def move_before(self, stmt: cst.CSTNode, anchor: cst.CSTNode) -> Patch:
         """Move ``stmt`` (a statement) to just before ``anchor`` (a statement)."""
@@ -33,6 +40,7 @@ class Patch:
             raise TypeError(f"only statements move, not {type(stmt).__name__}")
         self.remove.append(stmt)
         self.before.append((anchor, _without_blank_lines(stmt)))
+        self.moves.append((stmt, anchor, False))
         return self
 
     def move_after(self, stmt: cst.CSTNode, anchor: cst.CSTNode) -> Patch:
@@ -41,14 +49,38 @@ class Patch:
             raise TypeError(f"only statements move, not {type(stmt).__name__}")
         self.remove.append(stmt)
         self.after.append((anchor, _without_blank_lines(stmt)))
+        self.moves.append((stmt, anchor, True))
         return self
 
     def insert_before(self, anchor: cst.CSTNode, code: str) -> Patch:
-        self.before.append((anchor, cst.parse_statement(code)))
+        statement = cst.parse_statement(code)
+        self.before.append((anchor, statement))
+        self.inserts.append((anchor, statement, False))
         return self
 
     def insert_after(self, anchor: cst.CSTNode, code: str) -> Patch:
-        self.after.append((anchor, cst.parse_statement(code)))
+        statement = cst.parse_statement(code)
+        self.after.append((anchor, statement))
+        self.inserts.append((anchor, statement, True))
+        return self
+
+    def wrap_in_if(self, stmt: cst.CSTNode, condition: str) -> Patch:
+        """Put the statement ``stmt`` under ``if condition:`` where it is."""
+        if not isinstance(stmt, cst.SimpleStatementLine | cst.BaseCompoundStatement):
+            raise TypeError(f"only statements are wrapped, not {type(stmt).__name__}")
+        inner = stmt.with_changes(leading_lines=[])
+        wrapped = cst.If(
+            test=cst.parse_expression(condition),
+            body=cst.IndentedBlock(body=[inner]),
+            leading_lines=stmt.leading_lines,
+        )
+        self.replace.append((stmt, wrapped))
+        self.inserts.append((stmt, wrapped, False))
+        return self
+
+    def accompany(self, *statements: cst.CSTNode) -> Patch:
+        """What this patch places must run wherever each of ``statements`` runs."""
+        self.covers.extend(statements)
         return self
 
     def replace_node(self, old: cst.CSTNode, new: Replacement) -> Patch:
@@ -83,6 +115,9 @@ def combine(patches: Iterable[Patch]) -> Patch:
         merged.before.extend(patch.before)
         merged.after.extend(patch.after)
         merged.replace.extend(patch.replace)
+        merged.moves.extend(patch.moves)
+        merged.inserts.extend(patch.inserts)
+        merged.covers.extend(patch.covers)
     return merged
 
 

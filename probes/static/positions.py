@@ -119,6 +119,7 @@ def spans_of(
     *,
     top_level: dict[int, int] | None = None,
     tree: ast.Module | None = None,
+    first_lines: list[int] | None = None,
 ) -> dict[int, Span]:
     """Spans of ``nodes`` (keyed by ``id(node)``) in ``module``.
 
@@ -130,7 +131,12 @@ def spans_of(
     if not wanted:
         return {}
     state = _State(module, wanted)
-    starts = statement_lines(module, tree) if tree is not None and top_level else None
+    starts = None
+    if top_level:
+        if first_lines is not None:
+            starts = _starts(module, first_lines)
+        elif tree is not None:
+            starts = statement_lines(module, tree)
     if starts is None or top_level is None or any(key not in top_level for key in wanted):
         module._codegen(state)
         return state.spans
@@ -144,18 +150,29 @@ def spans_of(
 def statement_lines(module: cst.Module, tree: ast.Module) -> list[int] | None:
     """The 1-based line where each top-level statement's code starts (its leading blank and
     comment lines included), from CPython's positions; None if the two trees disagree."""
-    starts: list[int] = []
-    body = tree.body
-    index = 0
-    for statement in module.body:
-        count = len(statement.body) if isinstance(statement, cst.SimpleStatementLine) else 1
-        if index + count > len(body):
-            return None
-        node = body[index]
-        index += count
+    return _starts(module, first_lines(tree))
+
+
+def first_lines(tree: ast.Module) -> list[int]:
+    """The first line of each top-level statement of CPython's tree (decorators included)."""
+    out: list[int] = []
+    for node in tree.body:
         first = node.lineno
         decorators = getattr(node, "decorator_list", None)
         if decorators:
             first = min(first, *(d.lineno for d in decorators))
+        out.append(first)
+    return out
+
+
+def _starts(module: cst.Module, lines: list[int]) -> list[int] | None:
+    starts: list[int] = []
+    index = 0
+    for statement in module.body:
+        count = len(statement.body) if isinstance(statement, cst.SimpleStatementLine) else 1
+        if index + count > len(lines):
+            return None
+        first = lines[index]
+        index += count
         starts.append(first - len(statement.leading_lines))
-    return starts if index == len(body) else None
+    return starts if index == len(lines) else None

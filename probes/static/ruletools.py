@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Literal, NamedTuple
 
@@ -87,16 +88,17 @@ def accumulating_units(
     ``skip_deepspeed`` leaves out units stepped by a DeepSpeed engine, whose ``step()``
     zeroes the gradients and divides the loss by the accumulation count itself.
     """
-    for unit in model.units:
-        accumulation = unit.accumulation
-        if accumulation is None:
-            continue
-        steps = [s for s in unit.steps if unit.gated(s)]
-        if not steps:
-            continue
-        if skip_deepspeed and any(s.framework == "deepspeed" for s in steps):
-            continue
-        yield AccumulatingUnit(unit, accumulation, steps)
+    for whole in model.units:
+        for unit in [whole] if whole.accumulation is not None else whole.variants:
+            accumulation = unit.accumulation
+            if accumulation is None:
+                continue
+            steps = [s for s in unit.steps if unit.gated(s)]
+            if not steps:
+                continue
+            if skip_deepspeed and any(s.framework == "deepspeed" for s in steps):
+                continue
+            yield AccumulatingUnit(unit, accumulation, steps)
 
 
 def micro_step_backwards(unit: Unit) -> list[Event]:
@@ -320,3 +322,91 @@ def torch_name(model: FileModel) -> str | None:
         if full == "torch":
             return local
     return None
+
+
+def update_anchor(model: FileModel, unit: Unit, stmt: cst.CSTNode) -> cst.CSTNode:
+    """The statement of the update that holds ``stmt`` on every path: climbing out of the
+    ``if``s between the update's own block and ``stmt`` (``if amp: scaler.step(opt) else:
+    opt.step()`` as a whole), so that what is inserted next to it runs on every path."""
+    acc = unit.accumulation
+    owner: cst.CSTNode | None = None
+    if acc is not None and acc.gate is not None:
+        owner = acc.gate.node
+    elif unit.scope is not None:
+        owner = unit.scope.node
+    chain = [stmt, *model.ancestors(stmt)]
+    best = stmt
+    for node in chain[1:]:
+        if node is owner or isinstance(node, cst.FunctionDef | cst.Module | cst.For | cst.While):
+            break
+        if isinstance(node, cst.If | cst.With | cst.Try):
+            if isinstance(node, cst.If) and _is_gate(model, node):
+                break
+            best = node
+    return best
+
+
+def _is_gate(model: FileModel, node: cst.If) -> bool:
+    from gradient_doctor.probes.static.model import modulo_divisor
+
+    return modulo_divisor(node.test) is not None or "sync_gradients" in code_of(node.test)
+
+
+def guarded_statement(model: FileModel, stmt: cst.CSTNode) -> cst.CSTNode | None:
+    """What to move for the one-statement line ``stmt``, guards included: the line itself, or
+    the ``if`` that holds nothing but it (``if max_grad_norm is not None: clip(...)``) so the
+    guard moves with it. None when ``stmt`` cannot move on its own."""
+    if not movable(stmt):
+        return None
+    current: cst.CSTNode = stmt
+    while True:
+        parents = model.ancestors(current)
+        if len(parents) < 2:
+            return current
+        block, owner = parents[0], parents[1]
+        if not (
+            isinstance(block, cst.IndentedBlock)
+            and isinstance(owner, cst.If)
+            and owner.body is block
+            and owner.orelse is None
+            and len(block.body) == 1
+            and not _is_gate(model, owner)
+        ):
+            return current
+        current = owner
+
+
+def path_guard(model: FileModel, target: cst.CSTNode, anchor: cst.CSTNode) -> str | None:
+    """The condition under which ``target`` runs that ``anchor`` does not already imply: the
+    tests of the ``if`` branches around ``target`` that are not around ``anchor`` (``"scaler is
+    not None"`` for a ``scaler.step()`` in ``if scaler is not None:``). Empty string: none;
+    None: one of them is an accumulation gate or an ``elif`` the analyser does not rebuild."""
+    around_anchor = {id(node) for node in model.ancestors(anchor)}
+    chain = [target, *model.ancestors(target)]
+    tests: list[str] = []
+    for child, parent in itertools.pairwise(chain):
+        if id(parent) in around_anchor:
+            break
+        if not isinstance(parent, cst.If) or child is parent.test:
+            continue
+        if _is_gate(model, parent):
+            return None
+        test = code_of(parent.test)
+        if child is parent.body:
+            tests.append(test if _simple(parent.test) else f"({test})")
+        elif isinstance(child, cst.Else):
+            tests.append(f"not ({test})")
+        else:
+            return None  # an elif chain: leave it to the user
+    return " and ".join(reversed(tests))
+
+
+def _simple(test: cst.BaseExpression) -> bool:
+    return not isinstance(test, cst.BooleanOperation | cst.IfExp | cst.Lambda)
+
+
+def guarded_code(statement: str, condition: str) -> str:
+    """``statement``, under ``if condition:`` when there is one."""
+    if not condition:
+        return statement
+    return f"if {condition}:\n    {statement}\n"

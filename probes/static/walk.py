@@ -9,21 +9,27 @@ the text handed to the engine, and the diffs made against it, match the file exa
 
 from __future__ import annotations
 
-import ast
+import gc
 import io
 import os
 import tokenize
-import warnings
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gradient_doctor.probes.static.engine import all_rules, lint_source
+from gradient_doctor.probes.static.parsing import syntax_error
 from gradient_doctor.probes.static.report import FileReport, LintReport
+
+if TYPE_CHECKING:
+    from gradient_doctor.probes.static.project import ProjectIndex
 
 MAX_FILE_BYTES = 5 * 1024 * 1024
 """Files larger than this are reported, not analysed (no training script is this big)."""
 
 PYTHON_SUFFIXES = frozenset({".py", ".pyw"})
+GC_EVERY = 25
+"""Files analysed between two explicit garbage collections in :func:`lint_paths`."""
 SKIPPED_DIRS = frozenset({".venv", "venv", ".git", "__pycache__", "node_modules", "site-packages"})
 
 
@@ -139,23 +145,14 @@ def decode_source(data: bytes) -> str:
 
 
 def check_syntax(source: str) -> str | None:
-    """Return a one-line syntax error for ``source``, or None when CPython accepts it.
+    """Return a one-line syntax error for ``source``, or None when some Python 3.8-3.14 accepts it.
 
     CPython's own parser runs first because it rejects pathological nesting cleanly, where
-    libcst's native parser can overflow its stack and take the process down.
+    libcst's native parser can overflow its stack and take the process down; code that only a
+    newer Python accepts (PEP 701 f-strings...) is then read by libcst behind a nesting guard
+    (see :mod:`probes.static.parsing`).
     """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # SyntaxWarning for odd escapes is not our concern.
-            ast.parse(source)
-    except SyntaxError as exc:
-        where = f"line {exc.lineno}:{exc.offset}" if exc.lineno else "unknown position"
-        return f"syntax error at {where}: {_one_line(exc.msg)}"
-    except (RecursionError, MemoryError):
-        return "syntax error: the code is nested too deeply to parse"
-    except ValueError as exc:
-        return f"syntax error: {_one_line(str(exc))}"
-    return None
+    return syntax_error(source)
 
 
 def _one_line(text: str) -> str:
@@ -169,6 +166,7 @@ def lint_file(
     ignore: Collection[str] | None = None,
     named_explicitly: bool = True,
     display_path: str | None = None,
+    project: ProjectIndex | None = None,
 ) -> FileReport:
     """Analyse one file; never raises. Problems reading or parsing it land in ``error``."""
     shown = display_path if display_path is not None else str(path)
@@ -176,11 +174,9 @@ def lint_file(
         source = read_source(path, named_explicitly=named_explicitly)
     except SourceError as exc:
         return FileReport(path=shown, error=str(exc))
-    syntax_error = check_syntax(source)
-    if syntax_error is not None:
-        return FileReport(path=shown, error=syntax_error)
+    # lint_source reports a syntax error itself (one parse, one message).
     try:
-        report = lint_source(source, shown, select=select, ignore=ignore)
+        report = lint_source(source, shown, select=select, ignore=ignore, project=project)
     except RecursionError:
         return FileReport(path=shown, error="could not analyse: the code is nested too deeply")
     except Exception as exc:  # The engine promises not to raise; one bad file must not end a run.
@@ -204,6 +200,7 @@ def lint_paths(
     *,
     select: Collection[str] | None = None,
     ignore: Collection[str] | None = None,
+    project_index: bool = True,
 ) -> LintReport:
     """Analyse every Python file under ``paths`` (files and directories); never raises.
 
@@ -212,19 +209,107 @@ def lint_paths(
     gets an entry whose ``error`` says why; the other files are analysed as usual.
     The one thing it refuses is a rule id in ``select`` / ``ignore`` that does not exist
     (ValueError naming it), since that is a mistake of the caller, not of the files.
+
+    When a directory is among ``paths`` (and ``project_index`` is true), the files are read
+    as one project: calls into helpers of other files are followed, and a finding that lies in
+    another file is reported in that file (see :mod:`probes.static.project`).
     """
     check_rule_ids(select, ignore)
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]  # one path, not an iterable of characters
-    files: list[FileReport] = []
-    for path, explicit in iter_python_files(paths):
-        files.append(
-            lint_file(
-                path,
-                select=select,
-                ignore=ignore,
-                named_explicitly=explicit,
-                display_path=str(path),
-            )
+    paths = list(paths)
+    found = list(iter_python_files(paths))
+    # The project keeps a few large syntax trees alive between files: the cyclic garbage
+    # collector would rescan them after every file (each file's own analysis disables it).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _lint_found(paths, found, select, ignore, project_index)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _lint_found(
+    paths: list[str | os.PathLike[str]],
+    found: list[tuple[Path, bool]],
+    select: Collection[str] | None,
+    ignore: Collection[str] | None,
+    project_index: bool,
+) -> LintReport:
+    project = _project_index(paths, found) if project_index else None
+    explicit_of = dict(found)
+    # With a project, each file is analysed right after the files it imports (their models
+    # are still cached); the report keeps the walk order.
+    order = project.order([p for p, _ in found]) if project is not None else [p for p, _ in found]
+    reports: dict[Path, FileReport] = {}
+    for count, path in enumerate(order, start=1):
+        if count % GC_EVERY == 0:
+            gc.collect()  # the analyses' own cycles (a model and its functions), now and then
+        reports[path] = lint_file(
+            path,
+            select=select,
+            ignore=ignore,
+            named_explicitly=explicit_of[path],
+            display_path=str(path),
+            project=project,
         )
+    files = [reports[path] for path, _ in found]
+    if project is not None and project.foreign:
+        _merge_foreign(files, project, select, ignore)
     return LintReport(files=files)
+
+
+def _project_index(
+    paths: list[str | os.PathLike[str]], found: list[tuple[Path, bool]]
+) -> ProjectIndex | None:
+    """The index of every file found, when a folder is linted (module names are taken relative
+    to the folder named on the command line)."""
+    roots = [Path(p) for p in paths if Path(p).is_dir()]
+    if not roots:
+        return None
+    from gradient_doctor.probes.static.project import ProjectIndex
+
+    def root_of(file: Path) -> Path:
+        for root in roots:
+            try:
+                file.resolve().relative_to(root.resolve())
+            except (ValueError, OSError):
+                continue
+            return root
+        return file.parent
+
+    return ProjectIndex((file, root_of(file)) for file, _ in found)
+
+
+def _merge_foreign(
+    files: list[FileReport],
+    project: ProjectIndex,
+    select: Collection[str] | None,
+    ignore: Collection[str] | None,
+) -> None:
+    """Add the findings other files' analyses made about each file, once each."""
+    by_key = {_resolved(f.path): f for f in files if f.error is None}
+    for owner, findings in project.foreign.items():
+        report = by_key.get(_resolved(owner))
+        if report is None:
+            continue
+        have = {(f.id, f.line, f.col) for f in report.findings}
+        for finding in findings:
+            if select is not None and finding.id not in set(select):
+                continue
+            if ignore is not None and finding.id in set(ignore):
+                continue
+            key = (finding.id, finding.line, finding.col)
+            if key in have:
+                continue
+            have.add(key)
+            report.findings.append(finding.model_copy(update={"path": report.path}))
+        report.findings.sort(key=lambda f: (f.line or 0, f.col or 0, f.id))
+
+
+def _resolved(path: str) -> str:
+    try:
+        return str(Path(path).resolve())
+    except OSError:
+        return os.path.abspath(path)

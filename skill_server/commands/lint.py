@@ -27,7 +27,9 @@ exit status:
 
 Files found by walking a directory (only *.py; .venv, .git, __pycache__, node_modules and
 hidden directories are skipped) that cannot be analysed are listed as per-file errors in the
-report and do not change the exit status.
+report and do not change the exit status. A directory is read as one project: calls into
+helpers of other modules are followed, and a finding that lies in another file (a clip inside
+a helper of utils.py, seen from the loop of train.py) is reported in that file.
 
 Your files are never modified: each fix is a unified diff against the text that was read.
 """
@@ -113,7 +115,15 @@ def run(args: argparse.Namespace) -> int:
     report = lint_paths(paths, select=select, ignore=ignore)
     if output is not None and any(_same_file(output, Path(f.path)) for f in report.files):
         raise UsageError(f"--output {output} is a file being analysed; refusing to overwrite it")
-    rendered = render_report(report, args.format)
+    named_files = {str(p) for p in paths if not p.is_dir()}
+    if args.format == "text" and output is None:
+        # A named file that cannot be analysed gets its one line on stderr (below): printing
+        # it on stdout too would show it twice in a terminal.
+        from gradient_doctor.probes.static.formats import format_text
+
+        rendered = format_text(report, errors_elsewhere=named_files)
+    else:
+        rendered = render_report(report, args.format)
     if output is not None:
         try:
             output.write_text(rendered, encoding="utf-8")
@@ -125,7 +135,6 @@ def run(args: argparse.Namespace) -> int:
 
     if not report.files:
         print("gradient-doctor: warning: no Python files found", file=sys.stderr)
-    named_files = {str(p) for p in paths if not p.is_dir()}
     input_errors = [f for f in report.files if f.error and f.path in named_files]
     if input_errors:
         first = input_errors[0]

@@ -15,6 +15,11 @@ from typing import Any
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "static"
 GOLDEN = FIXTURES / "golden"
 BUGGY = FIXTURES / "buggy"
+SHAPES_GOLDEN = FIXTURES / "shapes" / "golden"
+SHAPES_BUGGY = FIXTURES / "shapes" / "buggy"
+"""Shapes learnt from real code (framework-managed loops, split and branched loops, loss
+provenance): the analyser's own corpus, kept apart from buggy/ and golden/, which the
+knowledge matcher's light code rules are also measured on."""
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 

@@ -16,14 +16,22 @@ import re
 from collections import Counter
 
 import pytest
-from _static_io_support import BUGGY, GOLDEN, Fixture, apply_unified_diff, load_fixtures
+from _static_io_support import (
+    BUGGY,
+    GOLDEN,
+    SHAPES_BUGGY,
+    SHAPES_GOLDEN,
+    Fixture,
+    apply_unified_diff,
+    load_fixtures,
+)
 
 from gradient_doctor.knowledge.findings import Finding, severity_at_least
 from gradient_doctor.probes.static import all_rules, lint_paths, lint_source
 from gradient_doctor.probes.static.walk import read_source
 
-GOLDEN_FIXTURES = load_fixtures(GOLDEN)
-BUGGY_FIXTURES = load_fixtures(BUGGY)
+GOLDEN_FIXTURES = load_fixtures(GOLDEN) + load_fixtures(SHAPES_GOLDEN)
+BUGGY_FIXTURES = load_fixtures(BUGGY) + load_fixtures(SHAPES_BUGGY)
 
 # The styles the issue asks the golden set to cover, by file name.
 REQUIRED_GOLDEN = {
@@ -87,7 +95,9 @@ def test_fixture_expectations_name_real_rules_and_lines() -> None:
             assert entry["id"] in severity, f"{fixture.name}: unknown id {entry['id']}"
             assert 1 <= entry["line"] <= len(lines) and lines[entry["line"] - 1].strip()
         for rule_id in fixture.allowed_info:
-            assert severity.get(rule_id) == "info", f"{fixture.name}: {rule_id} is not info"
+            # An info rule, or a louder rule that says info when it cannot tell (a DDP implied
+            # only by accelerator.prepare()); the golden test still refuses any warning.
+            assert rule_id in severity, f"{fixture.name}: unknown id {rule_id}"
 
 
 @pytest.mark.parametrize("fixture", GOLDEN_FIXTURES, ids=lambda f: f.name)
@@ -223,7 +233,7 @@ def test_required_fix_kind_is_offered_on_some_fixture(rule_id: str) -> None:
 
 def test_user_files_are_not_modified() -> None:
     before = {f.path: f.path.read_bytes() for f in [*GOLDEN_FIXTURES, *BUGGY_FIXTURES]}
-    lint_paths([GOLDEN, BUGGY])
+    lint_paths([GOLDEN, BUGGY, SHAPES_GOLDEN, SHAPES_BUGGY])
     assert {path: path.read_bytes() for path in before} == before
 
 

@@ -33,7 +33,7 @@ def _static_red_flags() -> dict[str, str]:
 
 def test_one_rule_per_static_red_flag_with_catalogue_severity() -> None:
     expected = _static_red_flags()
-    assert len(expected) == 21
+    assert len(expected) == 23
     assert {rule.id: rule.severity for rule in RULES} == expected
 
 

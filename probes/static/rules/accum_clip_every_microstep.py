@@ -6,11 +6,13 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed
 from gradient_doctor.probes.static.model import FileModel
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     clipping,
+    guarded_statement,
     label,
     movable,
     placements,
@@ -100,19 +102,27 @@ for it in range(iters):
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         for unit, acc, steps in accumulating_units(model):
             step = steps[0]
+            if acc.style == "accelerate" and accelerate_runs_deepspeed(model):
+                continue  # DeepSpeed clips by its config; the call only reads the norm
             for clip in clipping(unit):
                 if not unit.in_micro_step(clip) or previous(unit, clip, {"backward"}) is None:
                     continue
                 clip_at, step_at = placements(clip, step)
                 patch = None
-                if clip_at.standalone:
+                moving = guarded_statement(model, clip_at.stmt) if not clip_at.via_helper else None
+                if acc.style == "accelerate":
+                    accelerator = clip.receiver if clip.framework == "accelerator" else None
+                    accelerator = accelerator or _accelerator_name(model)
+                    if moving is not None and accelerator is not None:
+                        patch = Patch().wrap_in_if(moving, f"{accelerator}.sync_gradients")
+                elif moving is not None:
                     patch = Patch()
                     unscale = previous(unit, clip, {"unscale"})
                     if unscale is not None and unit.in_micro_step(unscale):
                         unscale_stmt = unscale.relative_to(step)[1]
                         if movable(unscale_stmt):
                             patch.move_before(unscale_stmt, step_at.stmt)
-                    patch.move_before(clip_at.stmt, step_at.stmt)
+                    patch.move_before(moving, step_at.stmt)
                 yield RawFinding(
                     node=clip_at.node,
                     message=self.message,
@@ -125,3 +135,8 @@ for it in range(iters):
                     patch=patch,
                     fix_description="Move the clipping into the update, just before the step.",
                 )
+
+
+def _accelerator_name(model: FileModel) -> str | None:
+    names = [name for name, kind in model.kinds.items() if kind == "accelerator"]
+    return names[0] if len(names) == 1 else None

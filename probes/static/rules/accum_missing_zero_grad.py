@@ -5,10 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+import libcst as cst
+
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.frameworks import automatic_optimization, is_lightning_module
+from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
+from gradient_doctor.probes.static.names import method_name
 from gradient_doctor.probes.static.patches import Patch
-from gradient_doctor.probes.static.ruletools import accumulating_units, label, optimizer_of
+from gradient_doctor.probes.static.ruletools import (
+    accumulating_units,
+    label,
+    names_in,
+    optimizer_of,
+    update_anchor,
+)
+from gradient_doctor.probes.static.traverse import calls_in
 
 
 class AccumMissingZeroGrad(Rule):
@@ -91,28 +102,200 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        reported: set[int] = set()
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
-            if unit.of_kind("zero_grad"):
+            if unit.of_kind("zero_grad") or any(_step_zeroes(model, s) for s in steps):
                 continue
             step = steps[0]
+            reported.add(id(step.call))
             optimizer = optimizer_of(step) or "optimizer"
-            anchor = step.stmt
+            anchor = update_anchor(model, unit, step.anchor_stmt)
             following = [
                 e
                 for e in unit.of_kind("scaler_update")
                 if e.order > step.order and e.frames == step.frames and e.chain == step.chain
             ]
-            if following:
-                anchor = following[0].stmt
+            if following and anchor is step.anchor_stmt:
+                anchor = following[0].anchor_stmt
+            node = step.call
             yield RawFinding(
-                node=step.call,
+                node=node,
                 message=self.message,
                 evidence={
-                    "step": label(step.call),
-                    "step_line": step.call,
+                    "step": label(node),
+                    "step_line": node,
                     "optimizer": optimizer,
                     "divisor": acc.divisor_text,
                 },
-                patch=Patch().insert_after(anchor, f"{optimizer}.zero_grad()"),
+                patch=Patch()
+                .insert_after(anchor, f"{optimizer}.zero_grad()")
+                .accompany(*(s.anchor_stmt for s in steps)),
                 fix_description=f"Insert `{optimizer}.zero_grad()` after the update.",
             )
+        for unit in model.units:
+            if unit.accumulation is not None:
+                continue
+            if unit.micro is None and not _manual_training_step(model, unit):
+                continue
+            for finding in _plain_loop(model, unit):
+                if id(finding.node) not in reported:
+                    reported.add(id(finding.node))
+                    yield finding
+
+
+ONCE_MESSAGE = (
+    "`{step}` on line {step_line} steps on every iteration, but the gradients are zeroed only "
+    "once, before the loop (line {zero_line}): every update adds up all gradients since the "
+    "start; call `{optimizer}.zero_grad()` in the loop"
+)
+NEVER_MESSAGE = (
+    "`{step}` on line {step_line} steps after every backward, but nothing in this file zeroes "
+    "the gradients: every update adds up all gradients since the start; call "
+    "`{optimizer}.zero_grad()` once per iteration"
+)
+OTHER_OPTIMIZER_MESSAGE = (
+    "`{step}` on line {step_line} steps `{optimizer}`, but the loop only zeroes `{zeroed}` "
+    "(line {zero_line}): `{optimizer}`'s gradients keep growing across iterations; call "
+    "`{optimizer}.zero_grad()` before its backward"
+)
+
+
+def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
+    """A loop that steps on every iteration and never zeroes (or zeroes another optimizer)."""
+    steps = [
+        s
+        for s in unit.steps
+        if s.receiver
+        and s.framework is None
+        and s.kind == "step"
+        and isinstance(s.call, cst.Call)
+        and not s.call.args  # `opt.step(closure)` (LBFGS) zeroes in the closure
+        and model.kind_of(s.receiver) == "optimizer"
+        and _every_iteration(unit, s)
+    ]
+    if not steps or not unit.backwards or any(_step_zeroes(model, s) for s in steps):
+        return
+    zeros = unit.of_kind("zero_grad")
+    if not zeros:
+        before = _zeroed_before_the_loop(model, unit) if unit.micro is not None else None
+        if before is None:
+            if _zeroes_somewhere(model):
+                return  # zeroed in a way the analyser does not follow (a callback, a hook)
+            step = steps[0]
+            yield RawFinding(
+                node=step.call,
+                message=NEVER_MESSAGE,
+                evidence={
+                    "step": label(step.call),
+                    "step_line": step.call,
+                    "optimizer": optimizer_of(step) or "optimizer",
+                },
+            )
+            return
+        step = steps[0]
+        optimizer = optimizer_of(step) or "optimizer"
+        node = step.call
+        yield RawFinding(
+            node=node,
+            message=ONCE_MESSAGE,
+            evidence={
+                "step": label(node),
+                "step_line": node,
+                "zero_line": before.call,
+                "optimizer": optimizer,
+            },
+        )
+        return
+    receivers = {z.receiver for z in zeros}
+    if any(r is None or model.kind_of(r) != "optimizer" for r in receivers):
+        return  # `model.zero_grad()` / `p.grad = None` may cover every optimizer
+    for step in steps:
+        stepped = optimizer_of(step)
+        if stepped is None or stepped in receivers:
+            continue
+        zero = zeros[0]
+        node = step.call
+        yield RawFinding(
+            node=node,
+            message=OTHER_OPTIMIZER_MESSAGE,
+            evidence={
+                "step": label(node),
+                "step_line": node,
+                "optimizer": stepped,
+                "zeroed": "`, `".join(sorted(r for r in receivers if r)),
+                "zero_line": zero.anchor,
+            },
+        )
+
+
+def _zeroed_before_the_loop(model: FileModel, unit: Unit) -> Event | None:
+    """A ``zero_grad()`` of the same function that runs before the loop, not inside it."""
+    loop = unit.micro
+    for event in model.expanded(unit.root):
+        if event.kind != "zero_grad" or event.inside(loop):
+            continue
+        if loop is not None and isinstance(loop.node, cst.CSTNode):
+            anchor = event.anchor
+            if _before(model, unit.root, anchor, loop.node):
+                return event
+    return None
+
+
+def _before(model: FileModel, func: FuncInfo, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+    from gradient_doctor.probes.static.traverse import walk
+
+    order = {id(node): index for index, node in enumerate(walk(func.node))}
+    return order.get(id(first), 1 << 30) < order.get(id(second), -1)
+
+
+def _step_zeroes(model: FileModel, step: Event) -> bool:
+    """The optimizer is an instance of a class of the project whose ``step`` zeroes the
+    gradients itself (``param.grad = None`` after the update)."""
+    call = step.call
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+        return False
+    owner = step.func.model or model
+    method = owner.function_for_call(call, step.func)
+    if method is None:
+        return False
+    holder = method.model or owner
+    return any(e.kind == "zero_grad" for e in holder.expanded(method))
+
+
+def _zeroes_somewhere(model: FileModel) -> bool:
+    """Anything in the file that could zero gradients: a zero_grad (of any object), a
+    ``.grad = None`` / ``.grad.zero_()``, or ``set_to_none``."""
+    if any(e.kind == "zero_grad" for e in model.direct_events()):
+        return True
+    return any(
+        (method_name(call) or "") in {"zero_grad", "zero_grads", "reset_grads"}
+        or "set_to_none" in {a.keyword.value for a in call.args if a.keyword is not None}
+        for call, _, _ in model.all_calls
+    )
+
+
+def _manual_training_step(model: FileModel, unit: Unit) -> bool:
+    """``training_step`` of a LightningModule with manual optimisation: Lightning calls it once
+    per batch, so its body is one iteration of the loop."""
+    func = unit.root
+    return (
+        func.name == "training_step"
+        and func.class_name is not None
+        and is_lightning_module(model, func.class_name)
+        and not automatic_optimization(model, func.class_name)
+    )
+
+
+def _every_iteration(unit: Unit, step: Event) -> bool:
+    """The step runs on every pass through the loop: no ``if`` between the loop and the step
+    depends on the iteration (``if should_step(i):`` may be an accumulation the analyser does
+    not recognise). A configuration flag (``if use_amp:``) does not."""
+    loop = unit.micro.node if unit.micro is not None else None
+    varying = names_in(loop.target) if isinstance(loop, cst.For) else set()
+    for frame in step.frames_after(unit.micro):
+        if frame.kind != "if" or not isinstance(frame.node, cst.If):
+            continue
+        test = frame.node.test
+        if calls_in(test) or names_in(test) & (varying | {"step", "i", "it", "batch_idx"}):
+            return False
+    return True

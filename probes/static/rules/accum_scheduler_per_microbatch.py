@@ -6,9 +6,15 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.model import Event, FileModel
 from gradient_doctor.probes.static.patches import Patch
-from gradient_doctor.probes.static.ruletools import accumulating_units, label, placements
+from gradient_doctor.probes.static.ruletools import (
+    accumulating_units,
+    guarded_statement,
+    label,
+    placements,
+    update_anchor,
+)
 
 
 class AccumSchedulerPerMicrobatch(Rule):
@@ -95,10 +101,20 @@ for it in range(iters):
             for sched in unit.of_kind("sched_step"):
                 if not unit.in_micro_step(sched):
                     continue
+                if acc.style == "accelerate" and not _unprepared(model, sched):
+                    continue  # a prepared scheduler steps only when the optimizer does
                 sched_at, step_at = placements(sched, step)
                 patch = None
-                if sched_at.standalone:
-                    patch = Patch().move_after(sched_at.stmt, step_at.stmt)
+                moving = (
+                    guarded_statement(model, sched_at.stmt) if not sched_at.via_helper else None
+                )
+                if moving is not None:
+                    anchor = update_anchor(model, unit, step_at.stmt)
+                    patch = (
+                        Patch()
+                        .move_after(moving, anchor)
+                        .accompany(*(s.relative_to(sched)[1] for s in steps))
+                    )
                 yield RawFinding(
                     node=sched_at.node,
                     message=self.message,
@@ -111,3 +127,15 @@ for it in range(iters):
                     patch=patch,
                     fix_description="Move the scheduler step into the update, after the step.",
                 )
+
+
+def _unprepared(model: FileModel, sched: Event) -> bool:
+    """A scheduler never handed to ``accelerator.prepare()`` (or a helper that prepares the
+    model and optimizer) while something else is: Accelerate does not hold it back on the
+    micro-batches where the optimizer does not step (accelerate 1.15.0 ``scheduler.py`` 61
+    only gates a prepared scheduler)."""
+    name = sched.receiver
+    if name is None or not model.prepared:
+        return False
+    tail = name.rsplit(".", 1)[-1]
+    return all(p.rsplit(".", 1)[-1] != tail for p in model.prepared)

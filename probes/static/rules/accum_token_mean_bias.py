@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -10,8 +11,13 @@ import libcst as cst
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.model import FileModel, FuncInfo
 from gradient_doctor.probes.static.names import call_arg, code_of, dotted_name, keyword_names
-from gradient_doctor.probes.static.ruletools import has_scaling, micro_step_backwards
-from gradient_doctor.probes.static.traverse import calls_in, children
+from gradient_doctor.probes.static.ruletools import (
+    accumulating_units,
+    has_scaling,
+    micro_step_backwards,
+    shorten,
+)
+from gradient_doctor.probes.static.traverse import calls_in, children, walk
 
 TOKEN_COUNT_HINTS = ("token", "num_items", "n_items", "count", "mask.sum", "numel")
 
@@ -20,7 +26,7 @@ class AccumTokenMeanBias(Rule):
     id = "accum-token-mean-bias"
     severity = "warning"
     message = (
-        "line {line} divides a token-mean loss (`ignore_index` on line {loss_line}) by "
+        "line {line} divides a token-mean loss (`{source}` on line {loss_line}) by "
         "`{divisor}` micro-batches: micro-batches with fewer real tokens weigh as much as full "
         "ones; sum the token losses and divide by the step's total token count"
     )
@@ -93,15 +99,20 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        units = list(accumulating_units(model))
+        if not units:
+            return
         criteria = {name for name, call in model.constructors.items() if _token_mean(call)}
+        # A loss object whose `ignore_index` the script reads (to pad labels with it) is a
+        # token-level criterion with padding, built elsewhere (from a config).
+        criteria |= _ignore_index_owners(model)
         for func in [model.module_info, *model.functions]:
             for name, values in func.assigns.items():
                 if any(isinstance(v, cst.Call) and _token_mean(v) for v in values):
                     criteria.add(name)
-        for unit in model.units:
-            acc = unit.accumulation
-            if acc is None:
-                continue
+        for unit, acc, _ in units:
+            if unit.of_kind("grad_div"):
+                continue  # the gradients are rescaled by hand (by a token count, often)
             for backward in micro_step_backwards(unit):
                 found = _derivation(model, backward.func, backward.loss, criteria)
                 if found is None:
@@ -113,9 +124,60 @@ for it in range(iters):
                     evidence={
                         "line": division if division is not None else backward.call,
                         "loss_line": loss_call,
+                        "source": _source(loss_call),
                         "divisor": acc.divisor_text,
                     },
                 )
+
+
+def _hints_tokens(node: cst.CSTNode) -> bool:
+    return any(hint in code_of(node).lower() for hint in TOKEN_COUNT_HINTS)
+
+
+def _divides_by_token_count(expr: cst.CSTNode) -> bool:
+    """A division whose denominator names a token count (``loss / num_items_in_batch``): the
+    loss is already normalised by tokens, not averaged per micro-batch. A masked mean written
+    inline (``(x * mask).sum() / mask.sum()``) is the per-micro-batch mean, not this."""
+    for node in walk(expr):
+        if (
+            isinstance(node, cst.BinaryOperation)
+            and isinstance(node.operator, cst.Divide)
+            and _hints_tokens(node.right)
+            and not _inline_token_mean(node)
+        ):
+            return True
+    return False
+
+
+def _ignore_index_owners(model: FileModel) -> set[str]:
+    return {owner for owner in model.ignore_index_owners if "loss" in owner.lower()}
+
+
+MASKED_MEAN = re.compile(r"masked_?(mean|avg|average)|mean_with_mask|token_?mean", re.I)
+
+
+def _source(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Call) and "ignore_index" in keyword_names(node):
+        return "ignore_index"
+    return shorten(code_of(node.func) + "(...)" if isinstance(node, cst.Call) else code_of(node))
+
+
+def _masked_mean(model: FileModel, func: FuncInfo, call: cst.Call) -> bool:
+    """A masked-mean helper (``masked_mean(x, mask)``): a mean over this micro-batch's real
+    tokens, by its name or by its body (``(x * mask).sum() / mask.sum()``)."""
+    name = (dotted_name(call.func) or "").rsplit(".", 1)[-1]
+    if MASKED_MEAN.search(name):
+        return True
+    target = model.function_for_call(call, func)
+    return target is not None and any(_inline_token_mean(r) for r in target.returns)
+
+
+def _inline_token_mean(expr: cst.BaseExpression) -> bool:
+    """``(x * mask).sum() / mask.sum()``: a sum divided by this batch's count of real tokens."""
+    if not (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide)):
+        return False
+    left, right = code_of(expr.left), code_of(expr.right)
+    return ".sum(" in left and "mask" in right.lower() and ".sum(" in right
 
 
 def _token_mean(call: cst.Call) -> bool:
@@ -137,35 +199,41 @@ def _derivation(
     """(token-mean loss call, statement dividing it) along the backpropagated loss."""
     if expr is None:
         return None
-    text = code_of(expr).lower()
-    if any(hint in text for hint in TOKEN_COUNT_HINTS):
+    if _divides_by_token_count(expr):
         return None
     division: cst.CSTNode | None = expr if has_scaling(expr) else None
-    pending: list[cst.BaseExpression] = [expr]
-    seen: set[str] = set()
+    pending: list[tuple[cst.BaseExpression, FuncInfo, int]] = [(expr, func, 0)]
+    seen: set[tuple[int, str]] = set()
     loss_call: cst.CSTNode | None = None
     while pending:
-        current = pending.pop()
+        current, where, depth = pending.pop()
         for call in _calls(current):
             name = dotted_name(call.func) or ""
-            if _token_mean(call) or name in criteria:
+            if _token_mean(call) or name in criteria or _masked_mean(model, where, call):
                 loss_call = call
-        for name in _names(current):
-            if name in seen:
                 continue
-            seen.add(name)
-            for site in func.assign_sites.get(name, []):
+            helper = model.function_for_call(call, where)
+            if helper is not None and depth < 3 and helper is not where:
+                # `loss = self._loss_step(batch)`: what the helper returns.
+                pending.extend((value, helper, depth + 1) for value in helper.returns)
+        for name in _names(current):
+            if (id(where), name) in seen:
+                continue
+            seen.add((id(where), name))
+            for site in where.assign_sites.get(name, []):
                 if isinstance(site, cst.AugAssign) and isinstance(
                     site.operator, cst.DivideAssign | cst.MultiplyAssign
                 ):
                     division = division or site
-                    pending.append(site.value)
-                elif isinstance(site, cst.Assign):
-                    if has_scaling(site.value) and division is None:
-                        division = site
-                    if any(h in code_of(site.value).lower() for h in TOKEN_COUNT_HINTS):
+                    if isinstance(site.operator, cst.DivideAssign) and _hints_tokens(site.value):
                         return None
-                    pending.append(site.value)
+                    pending.append((site.value, where, depth))
+                elif isinstance(site, cst.Assign):
+                    if has_scaling(site.value) and division is None and where is func:
+                        division = site
+                    if _divides_by_token_count(site.value):
+                        return None
+                    pending.append((site.value, where, depth))
     if loss_call is None:
         return None
     return loss_call, division

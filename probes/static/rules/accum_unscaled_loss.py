@@ -11,12 +11,25 @@ from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.model import Event, FileModel, Unit
 from gradient_doctor.probes.static.names import code_of, receiver
 from gradient_doctor.probes.static.patches import Patch
+from gradient_doctor.probes.static.provenance import loss_scaling
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     divide,
     label,
-    loss_is_scaled,
     names_in,
+)
+
+COUNTER_MESSAGE = (
+    "`{backward}` on line {backward_line} accumulates `{divisor}` micro-batches per optimizer "
+    "step (line {step_line}) but the loss is divided by the running counter `{counter}` "
+    "(1, 2, 3...), not by `{divisor}`: the micro-batches are weighted unequally and the sum is "
+    "not the mean"
+)
+OTHERS_MESSAGE = (
+    "`{backward}` on line {backward_line} accumulates `{divisor}` micro-batches per optimizer "
+    "step (line {step_line}) but `{loss}` is never divided by `{divisor}` (`{others}` is not "
+    "a division by the accumulation count): the accumulated gradients are `{divisor}` times "
+    "too large"
 )
 
 
@@ -154,26 +167,35 @@ class Trainer:
                 continue  # the gradients are divided by hand (accum-manual-grad-scaling)
             for backward in unit.backwards:
                 if backward.framework in {"accelerator", "deepspeed"}:
-                    continue
+                    continue  # they divide by their own accumulation count
                 if not unit.in_micro_step(backward):
                     continue
-                if any(f.tag == "accumulate" for f in backward.frames):
-                    continue
-                if loss_is_scaled(model, backward.func, backward.loss):
+                micro = unit.micro.node if unit.micro is not None else None
+                scaling = loss_scaling(model, backward, acc, unit.root, micro)
+                if scaling.verdict != "none":
                     continue
                 loss = backward.loss
                 assert loss is not None
+                by_counter = scaling.by_counter
+                message = self.message
+                if by_counter:
+                    message = COUNTER_MESSAGE
+                elif scaling.others:
+                    message = OTHERS_MESSAGE
+                node = backward.call
                 yield RawFinding(
-                    node=backward.call,
-                    message=self.message,
+                    node=node,
+                    message=message,
                     evidence={
-                        "backward": label(backward.call),
-                        "backward_line": backward.call,
+                        "backward": label(node),
+                        "backward_line": node,
                         "loss": code_of(loss),
                         "divisor": acc.divisor_text,
                         "step_line": steps[0].relative_to(backward)[0],
+                        "counter": acc.counter or "",
+                        "others": "`, `".join(dict.fromkeys(scaling.others)),
                     },
-                    patch=self._patch(model, unit, backward, acc.divisor),
+                    patch=None if by_counter else self._patch(model, unit, backward, acc.divisor),
                     fix_description=f"Divide the backpropagated loss by `{acc.divisor_text}`.",
                 )
 

@@ -6,9 +6,17 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed
 from gradient_doctor.probes.static.model import FileModel
 from gradient_doctor.probes.static.patches import Patch
-from gradient_doctor.probes.static.ruletools import accumulating_units, label, placements
+from gradient_doctor.probes.static.ruletools import (
+    accumulating_units,
+    following,
+    label,
+    optimizer_of,
+    placements,
+    update_anchor,
+)
 
 
 class AccumZeroGradEveryMicrostep(Rule):
@@ -92,20 +100,34 @@ for it in range(iters):
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
-            gated_zero = [z for z in unit.of_kind("zero_grad") if not unit.in_micro_step(z)]
-            for zero in unit.of_kind("zero_grad"):
+            zeros = unit.of_kind("zero_grad")
+            gated_zero = [z for z in zeros if not unit.in_micro_step(z)]
+            optimizers = {optimizer_of(s) for s in unit.steps} | {z.receiver for z in zeros}
+            # Moving one of two optimizers' zero_grad() could zero the other's gradients.
+            single_optimizer = len({o for o in optimizers if o}) <= 1
+            for zero in zeros:
                 if not unit.in_micro_step(zero):
                     continue
+                message = self.message
+                if acc.style == "accelerate":
+                    if accelerate_runs_deepspeed(model):
+                        continue  # DeepSpeed zeroes at the boundary; zero_grad is a no-op
+                    # A prepared optimizer zeroes only on the sync step: harmful only when that
+                    # happens before the backward of the last micro-batch.
+                    if following(unit, zero, {"backward"}) is None:
+                        continue
+                    message = ACCELERATE_MESSAGE
                 zero_at, step_at = placements(zero, steps[-1])
                 patch = None
-                if zero_at.standalone:
+                if zero_at.standalone and single_optimizer:
                     if gated_zero:
                         patch = Patch(remove=[zero_at.stmt])
                     else:
-                        patch = Patch().move_after(zero_at.stmt, step_at.stmt)
+                        anchor = update_anchor(model, unit, step_at.stmt)
+                        patch = Patch().move_after(zero_at.stmt, anchor)
                 yield RawFinding(
                     node=zero_at.node,
-                    message=self.message,
+                    message=message,
                     evidence={
                         "zero_grad": label(zero_at.node),
                         "zero_line": zero_at.node,
@@ -115,3 +137,10 @@ for it in range(iters):
                     patch=patch,
                     fix_description="Move `zero_grad()` into the update, after the step.",
                 )
+
+
+ACCELERATE_MESSAGE = (
+    "`{zero_grad}` on line {zero_line} runs inside `accelerator.accumulate()` before the "
+    "backward: on the micro-batch where Accelerate steps (line {step_line}) it wipes the "
+    "gradients the previous `{divisor}` micro-batches accumulated, so only the last one is used"
+)

@@ -5,17 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+import libcst as cst
+
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.model import Event, FileModel, Unit
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     between,
     clipping,
     following,
+    guarded_code,
     label,
+    movable,
     optimizer_of,
+    path_guard,
     placement,
-    placements,
     previous,
 )
 
@@ -132,6 +136,11 @@ class Trainer:
             for clip in clipping(unit):
                 if clip.framework in {"accelerator", "fabric", "lightning"}:
                     continue
+                if unit.partial:
+                    finding = self._helper(model, unit, clip)
+                    if finding is not None:
+                        yield finding
+                    continue
                 backward = previous(unit, clip, {"backward"})
                 if backward is None or not backward.scaler:
                     continue
@@ -146,13 +155,9 @@ class Trainer:
                 ):
                     continue
                 optimizer = optimizer_of(step) or "optimizer"
-                clip_at, backward_at = placements(clip, backward)
+                clip_at = placement(clip, step)
+                backward_at = placement(backward, clip)
                 step_at = placement(step, clip)
-                patch = None
-                if clip_at.stmt is not step_at.stmt:
-                    patch = Patch().insert_before(
-                        clip_at.stmt, f"{backward.scaler}.unscale_({optimizer})"
-                    )
                 yield RawFinding(
                     node=clip_at.node,
                     message=self.message,
@@ -164,8 +169,60 @@ class Trainer:
                         "backward_line": backward_at.node,
                         "step_line": step_at.node,
                     },
-                    patch=patch,
+                    patch=self._patch(model, clip_at.stmt, step, backward.scaler, optimizer),
                     fix_description=(
                         f"Insert `{backward.scaler}.unscale_({optimizer})` before the clip."
                     ),
                 )
+
+    def _helper(self, model: FileModel, unit: Unit, clip: Event) -> RawFinding | None:
+        """A function that clips and then calls ``scaler.step()`` with the backward elsewhere:
+        ``scaler.step`` expects scaled gradients, so the clip sees them scaled."""
+        step = following(unit, clip, {"scaler_step", "step"})
+        if step is None or step.kind != "scaler_step" or not step.scaler:
+            step = next(
+                (
+                    s
+                    for s in unit.of_kind("scaler_step")
+                    if s.order > clip.order and not between(unit, clip, s, {"step"})
+                ),
+                None,
+            )
+        if step is None or step.kind != "scaler_step" or not step.scaler:
+            return None
+        if any(u.order < step.order for u in unit.of_kind("unscale")):
+            return None
+        optimizer = optimizer_of(step) or "optimizer"
+        clip_at = placement(clip, step)
+        step_at = placement(step, clip)
+        return RawFinding(
+            node=clip_at.node,
+            message=HELPER_MESSAGE,
+            evidence={
+                "clip": label(clip_at.node),
+                "clip_line": clip_at.node,
+                "scaler": step.scaler,
+                "optimizer": optimizer,
+                "step_line": step_at.node,
+            },
+            patch=self._patch(model, clip_at.stmt, step, step.scaler, optimizer),
+            fix_description=f"Insert `{step.scaler}.unscale_({optimizer})` before the clip.",
+        )
+
+    def _patch(
+        self, model: FileModel, clip_stmt: cst.CSTNode, step: Event, scaler: str, optimizer: str
+    ) -> Patch | None:
+        if not movable(clip_stmt) or not model.owns(step.anchor_stmt):
+            return None
+        guard = path_guard(model, step.anchor_stmt, clip_stmt)
+        if guard is None:
+            return None
+        code = guarded_code(f"{scaler}.unscale_({optimizer})", guard)
+        return Patch().insert_before(clip_stmt, code)
+
+
+HELPER_MESSAGE = (
+    "`{clip}` on line {clip_line} clips gradients that are still scaled: `{scaler}.step` on "
+    "line {step_line} expects gradients scaled by the loss scale, and nothing calls "
+    "`{scaler}.unscale_({optimizer})` before the clip"
+)

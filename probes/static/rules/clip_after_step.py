@@ -11,9 +11,9 @@ from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     between,
     clipping,
+    guarded_statement,
     label,
     missing_unscale,
-    movable,
     placements,
     previous,
 )
@@ -148,13 +148,14 @@ class Trainer:
                 clip_at, step_at = placements(clip, step)
                 patch = None
                 # A helper call that clips may move too: it moves as a whole, before the step.
-                if movable(clip_at.stmt) and clip_at.stmt is not step_at.stmt:
+                moving = guarded_statement(model, clip_at.stmt)
+                if moving is not None and clip_at.stmt is not step_at.stmt:
                     patch = Patch()
                     # A framework's clipping call unscales the gradients itself.
                     unscale = missing_unscale(unit, step) if clip.framework is None else None
                     if unscale is not None:
                         patch.insert_before(step_at.stmt, unscale)
-                    patch.move_before(clip_at.stmt, step_at.stmt)
+                    patch.move_before(moving, step_at.stmt)
                 yield RawFinding(
                     node=clip_at.node,
                     message=self.message,

@@ -6,14 +6,15 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import automatic_optimization, lightning_modules
 from gradient_doctor.probes.static.model import FileModel
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     between,
     clipping,
     following,
+    guarded_statement,
     label,
-    movable,
     placement,
     placements,
     previous,
@@ -73,9 +74,10 @@ import lightning as L
 import torch
 class Model(L.LightningModule):
     def training_step(self, batch, batch_idx):
-        loss = self.compute_loss(batch)
+        return self.compute_loss(batch)
+
+    def on_before_optimizer_step(self, optimizer):
         torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
-        return loss
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
@@ -104,6 +106,18 @@ def train(model, loader, opt):
 """,
             6,
         ),
+        Invalid(
+            """
+import lightning as L
+import torch
+class Model(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        loss = self.compute_loss(batch)
+        torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
+        return loss
+""",
+            7,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -120,8 +134,9 @@ def train(model, loader, opt):
                 clip_at, backward_at = placements(clip, backward)
                 step_at = placement(step, clip)
                 patch = None
-                if movable(clip_at.stmt) and clip_at.stmt is not step_at.stmt:
-                    patch = Patch().move_before(clip_at.stmt, step_at.stmt)
+                moving = guarded_statement(model, clip_at.stmt)
+                if moving is not None and clip_at.stmt is not step_at.stmt:
+                    patch = Patch().move_before(moving, step_at.stmt)
                 yield RawFinding(
                     node=clip_at.node,
                     message=self.message,
@@ -135,3 +150,32 @@ def train(model, loader, opt):
                     patch=patch,
                     fix_description="Move the clipping call after backward, before the step.",
                 )
+        yield from _lightning_training_step(model)
+
+
+LIGHTNING_MESSAGE = (
+    "`{clip}` on line {clip_line} clips inside `training_step` of `{module}`, which Lightning "
+    "runs before it calls backward on the returned loss: the clip sees the previous step's "
+    "(already zeroed) gradients and the new ones are never clipped; clip in "
+    "`configure_gradient_clipping` / `on_before_optimizer_step`, or set `gradient_clip_val`"
+)
+
+
+def _lightning_training_step(model: FileModel) -> Iterator[RawFinding]:
+    """Automatic optimisation runs ``training_step`` (the forward) before backward: Lightning
+    2.6.6 ``loops/optimization/automatic.py`` 130-140 (step, then zero_grad, then backward)."""
+    for class_name in lightning_modules(model):
+        if not automatic_optimization(model, class_name):
+            continue
+        func = model.methods.get((class_name, "training_step"))
+        if func is None:
+            continue
+        for event in model.expanded(func):
+            if event.kind != "clip" or event.measures_only or event.framework == "lightning":
+                continue
+            node = event.anchor
+            yield RawFinding(
+                node=node,
+                message=LIGHTNING_MESSAGE,
+                evidence={"clip": label(node), "clip_line": node, "module": class_name},
+            )

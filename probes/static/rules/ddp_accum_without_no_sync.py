@@ -12,10 +12,17 @@ from gradient_doctor.probes.static.model import FileModel, Unit
 from gradient_doctor.probes.static.names import code_of
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
+    accumulating_units,
     label,
-    micro_step_backwards,
     micro_step_for,
     names_in,
+)
+
+PREPARE_MESSAGE = (
+    "`{backward}` on line {backward_line} accumulates `{divisor}` micro-batches by hand after "
+    "`accelerator.prepare()`: on several processes the model is wrapped in DDP and every "
+    "micro-batch all-reduces; use `with accelerator.accumulate(model):` or "
+    "`accelerator.no_sync(model)` on the intermediate micro-batches"
 )
 
 
@@ -23,9 +30,8 @@ class DdpAccumWithoutNoSync(Rule):
     id = "ddp-accum-without-no-sync"
     severity = "warning"
     message = (
-        "`{backward}` on line {backward_line} runs under DistributedDataParallel on every "
-        "micro-batch without `no_sync()`: `{divisor}` gradient all-reduces per optimizer step "
-        "instead of 1"
+        "`{backward}` on line {backward_line} runs under {wrapper} on every micro-batch without "
+        "`no_sync()`: `{divisor}` gradient synchronisations per optimizer step instead of 1"
     )
     what = "Finds DDP gradient accumulation that synchronises gradients on every micro-batch."
     why = (
@@ -109,30 +115,46 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        if not model.uses_ddp:
+        if not (model.uses_ddp or model.uses_fsdp):
             return
-        for unit in model.units:
-            acc = unit.accumulation
-            if acc is None or unit.framework is not None:
-                continue
+        for unit, acc, _ in accumulating_units(model, skip_deepspeed=True):
+            if acc.style == "accelerate" or unit.framework not in {None, "accelerator"}:
+                continue  # accumulate() skips the all-reduce itself
             if unit.of_kind("sync_flag") or any(
                 e.kind == "sync_flag" for e in model.expanded(unit.root)
             ):
                 continue
             if any(f.tag == "no_sync" for b in unit.backwards for f in b.frames):
                 continue  # some micro-steps already skip the all-reduce
-            for backward in micro_step_backwards(unit):
+            backwards = [
+                b
+                for b in unit.backwards
+                if b.framework in {None, "accelerator"} and unit.in_micro_step(b)
+            ]
+            for backward in backwards:
                 if any(f.tag in {"no_sync", "accumulate"} for f in backward.frames):
                     continue
+                node = backward.call
+                # Only `accelerator.prepare()` says DDP: it wraps the model on several
+                # processes only, so the cost may not exist in this run.
+                implied = not (model.explicit_ddp or model.uses_fsdp)
+                evidence: dict[str, object] = {
+                    "backward": label(node),
+                    "backward_line": node,
+                    "divisor": acc.divisor_text,
+                    "wrapper": "FSDP" if model.uses_fsdp and not model.explicit_ddp else "DDP",
+                }
+                if implied:
+                    evidence["uncertain"] = (
+                        "accelerator.prepare() wraps the model in DDP only when the script "
+                        "runs on several processes"
+                    )
                 yield RawFinding(
-                    node=backward.call,
-                    message=self.message,
-                    evidence={
-                        "backward": label(backward.call),
-                        "backward_line": backward.call,
-                        "divisor": acc.divisor_text,
-                    },
-                    patch=self._patch(model, unit),
+                    node=node,
+                    message=PREPARE_MESSAGE if implied else self.message,
+                    severity="info" if implied else None,
+                    evidence=evidence,
+                    patch=self._patch(model, unit) if backward.framework is None else None,
                     fix_description="Skip the all-reduce on all but the last micro-batch.",
                 )
                 break
@@ -142,6 +164,8 @@ for it in range(iters):
         loop = micro_step_for(unit)
         if acc is None or loop is None or not isinstance(loop.body, cst.IndentedBlock):
             return None
+        if model.uses_fsdp:
+            return None  # FSDP needs no_sync() / set_requires_gradient_sync, not this flag
         wrapped = [name for name, kind in model.kinds.items() if kind == "ddp"]
         if len(wrapped) != 1:
             return None

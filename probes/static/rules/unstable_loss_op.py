@@ -9,7 +9,13 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.model import FileModel, FuncInfo
-from gradient_doctor.probes.static.names import code_of, dotted_name, method_name, parenthesize
+from gradient_doctor.probes.static.names import (
+    code_of,
+    dotted_name,
+    method_name,
+    number_value,
+    parenthesize,
+)
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import shorten
 from gradient_doctor.probes.static.traverse import walk
@@ -18,7 +24,10 @@ EPSILON = "1e-8"
 GUARDS = frozenset(
     {"clamp", "clamp_min", "clip", "clamp_", "maximum", "max", "log1p", "abs", "softplus"}
 )
-REDUCTIONS = frozenset({"sum", "norm", "std", "var", "sqrt", "exp", "mean", "abs", "amax"})
+REDUCTIONS = frozenset({"sum", "norm", "std", "var", "sqrt", "mean", "abs", "amax"})
+"""Denominators that can reach 0 (``exp`` cannot: it is positive)."""
+POSITIVE = frozenset({"exp", "softplus", "sigmoid_positive"})
+CONSTANT_TENSORS = frozenset({"tensor", "as_tensor", "full", "full_like", "scalar_tensor"})
 UNSTABLE = frozenset({"log", "sqrt", "log2", "log10"})
 
 
@@ -106,22 +115,27 @@ for x, y in loader:
         loss_functions = _loss_functions(model)
         clamped = _clamped_names(model)
         for call, stmt, func in model.all_calls:
+            if method_name(call) not in UNSTABLE and _called_name(call) not in UNSTABLE:
+                continue
             if not _in_loss(func, stmt, loss_functions):
                 continue
             found = _unstable_call(call)
-            if found is not None and _safe_name(found[0], func, clamped):
+            if found is None:
                 continue
-            if found is not None:
-                target, hazard = found
-                yield self._finding(
-                    call, target, _clamped, hazard, "clamp the input (or use log_softmax)"
-                )
+            target, hazard = found
+            if _safe_name(target, func, clamped) or _safe(model, func, stmt, target):
+                continue
+            yield self._finding(
+                call, target, _clamped, hazard, "clamp the input (or use log_softmax)"
+            )
         for division, stmt, func in model.divisions:
             right = division.right
             if (
                 _in_loss(func, stmt, loss_functions)
                 and _has_reduction(right)
+                and not _counts_tokens(right)
                 and not _guarded(right)
+                and not _safe(model, func, stmt, right)
             ):
                 yield self._finding(
                     division,
@@ -239,10 +253,156 @@ def _guarded(node: cst.CSTNode) -> bool:
             for side in (current.left, current.right):
                 if isinstance(side, cst.Float | cst.Integer):
                     return True
-                if isinstance(side, cst.Name) and "eps" in side.value.lower():
+                if isinstance(side, cst.Name) and _offset_name(side.value):
                     return True
-                if isinstance(side, cst.Attribute) and "eps" in side.attr.value.lower():
+                if isinstance(side, cst.Attribute) and _offset_name(side.attr.value):
                     return True
+    return False
+
+
+def _safe(model: FileModel, func: FuncInfo, stmt: cst.CSTNode, target: cst.BaseExpression) -> bool:
+    """The hazard cannot happen: the value is bounded away from 0 (``exp(x)``, ``d ** 2 +
+    c ** 2``), it is a constant that carries no gradient, the statement clamps or adds an
+    epsilon somewhere, or a branch (or an earlier check) tests the value against 0."""
+    if _positive(target) or _constant(func, target, 0) or _selected_positive(func, target):
+        return True
+    if _statement_guards(stmt):
+        return True
+    return _checked_against_zero(model, func, target)
+
+
+def _offset_name(name: str) -> bool:
+    """A name for a small positive constant added to keep a value off 0."""
+    lowered = name.lower()
+    return any(word in lowered for word in ("eps", "offset", "smooth", "tiny", "floor"))
+
+
+def _selected_positive(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``x[valid]`` with ``valid = x > 0`` (or ``>= eps``): only positive values are kept."""
+    node = _strip(node)
+    if not isinstance(node, cst.Subscript) or len(node.slice) != 1:
+        return False
+    index = node.slice[0].slice
+    if not isinstance(index, cst.Index):
+        return False
+    selector = index.value
+    values = func.assigns.get(selector.value, []) if isinstance(selector, cst.Name) else [selector]
+    base = code_of(node.value)
+    for value in values:
+        for inner in walk(value):
+            if (
+                isinstance(inner, cst.Comparison)
+                and code_of(_strip(inner.left)) == base
+                and any(
+                    isinstance(c.operator, cst.GreaterThan | cst.GreaterThanEqual)
+                    for c in inner.comparisons
+                )
+            ):
+                return True
+    return False
+
+
+def _counts_tokens(node: cst.BaseExpression) -> bool:
+    """A count of valid elements (``mask.sum()``, ``(labels != -100).sum()``): the denominator
+    of a masked mean, at least 1 on real data."""
+    text = code_of(node).lower()
+    return any(word in text for word in ("mask", "length", "count", "num_", "n_tokens")) or any(
+        isinstance(n, cst.Comparison)
+        and any(isinstance(c.operator, cst.NotEqual | cst.Equal) for c in n.comparisons)
+        for n in walk(node)
+    )
+
+
+def _positive(node: cst.BaseExpression) -> bool:
+    """Bounded away from zero: ``exp(x)``, or a sum with a square of a constant (pseudo-Huber
+    ``sqrt(d ** 2 + c ** 2)``)."""
+    node = _strip(node)
+    if isinstance(node, cst.Call) and _called_name(node) in POSITIVE:
+        return True
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+        for side in (node.left, node.right):
+            side = _strip(side)
+            if _positive(side):
+                return True
+            if (
+                isinstance(side, cst.BinaryOperation)
+                and isinstance(side.operator, cst.Power)
+                and not any(isinstance(n, cst.Call) for n in walk(side))
+            ):
+                return True  # `c ** 2` of a configuration value: a positive offset
+    return False
+
+
+def _strip(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``x`` for ``x.float()``, ``x.to(...)`` and friends (the value does not change)."""
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in {"float", "double", "to", "half", "type_as", "contiguous"}
+    ):
+        node = node.func.value
+    return node
+
+
+def _constant(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """A value with no gradient: a literal, a tensor built from plain values
+    (``torch.tensor(self.label_smoothing)``), or a parameter with a numeric default."""
+    if depth > 4:
+        return False
+    node = _strip(node)
+    if isinstance(node, cst.Integer | cst.Float):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return _constant(func, node.expression, depth + 1)
+    if isinstance(node, cst.Call) and _called_name(node) in CONSTANT_TENSORS:
+        return bool(node.args) and not any(
+            isinstance(n, cst.Call) for n in walk(node.args[0].value)
+        )
+    if isinstance(node, cst.Name):
+        values = func.assigns.get(node.value, [])
+        if values:
+            return all(_constant(func, v, depth + 1) for v in values)
+        default = _parameter_default(func, node.value)
+        return default is not None and number_value(default) is not None
+    return False
+
+
+def _parameter_default(func: FuncInfo, name: str) -> cst.BaseExpression | None:
+    node = func.node
+    if not isinstance(node, cst.FunctionDef):
+        return None
+    params = node.params
+    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+        if param.name.value == name:
+            return param.default
+    return None
+
+
+def _statement_guards(stmt: cst.CSTNode) -> bool:
+    """The statement clamps, or adds an epsilon, anywhere in it."""
+    for node in walk(stmt):
+        if isinstance(node, cst.Call) and _called_name(node) in GUARDS - {"abs", "max"}:
+            return True
+        if isinstance(node, cst.Name) and "eps" in node.value.lower():
+            return True
+        if isinstance(node, cst.Attribute) and "eps" in node.attr.value.lower():
+            return True
+    return False
+
+
+def _checked_against_zero(model: FileModel, func: FuncInfo, target: cst.BaseExpression) -> bool:
+    """A condition of the function compares the value with 0 (``if beta == 0: ... else:
+    log(beta)``, ``assert eps > 0``, ``if n > 0: x / n``)."""
+    text = code_of(_strip(target))
+    if not text.isidentifier() and not all(p.isidentifier() for p in text.split(".")):
+        return False
+    for node in walk(func.node):
+        if not isinstance(node, cst.Comparison):
+            continue
+        parts = [node.left, *(c.comparator for c in node.comparisons)]
+        texts = {code_of(p) for p in parts}
+        if text in texts and any(number_value(p) == 0 for p in parts):
+            return True
     return False
 
 

@@ -1,0 +1,171 @@
+"""What the training frameworks do for the user, as the rules need it.
+
+Each fact below was read in the framework's source; the versions are pinned here and in the
+rules' docs.
+
+* Accelerate 1.15.0 (``accelerate/accelerator.py``): ``backward`` divides the loss by
+  ``gradient_accumulation_steps`` unless DeepSpeed runs it (lines 2849-2851); that count is the
+  constructor's ``gradient_accumulation_steps`` (default 1, or the environment variable
+  ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``, lines 541-549). ``accumulate(model)`` sets
+  ``sync_gradients`` on every N-th call (``_do_sync``, 1230-1237) and enters ``no_sync`` on the
+  others (1285-1297). A prepared optimizer's ``step`` and ``zero_grad`` do nothing unless
+  ``sync_gradients`` (``optimizer.py`` 112-113, 169); a prepared scheduler skips too
+  (``scheduler.py`` 61). ``clip_grad_norm_`` unscales and clips on every call, sync or not
+  (``accelerator.py`` 2989-3047). ``prepare`` wraps the model in DDP on several processes
+  (1898, 2060).
+* Lightning 2.6.6 (``lightning/pytorch``): automatic optimisation divides the loss returned by
+  ``training_step`` by ``accumulate_grad_batches`` (``loops/optimization/automatic.py`` 81-83);
+  the closure runs ``training_step``, then ``zero_grad`` (on the first batch of a window),
+  then backward (130-140, 210-225); ``on_before_optimizer_step`` and
+  ``configure_gradient_clipping`` run after the closure, after AMP unscaling
+  (``plugins/precision/precision.py`` 84-95, ``amp.py`` 84-90). Manual optimisation
+  (``self.automatic_optimization = False``) does none of this.
+* DeepSpeed 0.19.8 (``deepspeed/runtime/engine.py``): ``engine.backward(loss)`` divides the
+  loss by ``gradient_accumulation_steps()`` unless ``scale_wrt_gas=False`` (3382-3413);
+  ``engine.step()`` updates only at the accumulation boundary, clips by the config's
+  ``gradient_clipping`` and zeroes the gradients itself (3504-3535, 3567ff).
+* transformers 5.23.0 (``transformers/trainer.py``): the Trainer builds its Accelerator with
+  ``num_steps=1`` ("The Trainer handles GAS itself", 824-825) and its ``training_step`` divides
+  the loss by the accumulation count unless the loss was already normalised by
+  ``num_items_in_batch`` (the model accepts loss kwargs) or a ``compute_loss_func`` is set
+  (2102-2111).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from gradient_doctor.probes.static.model import FileModel, FuncInfo
+from gradient_doctor.probes.static.names import call_arg, code_of, dotted_name, number_value
+from gradient_doctor.probes.static.traverse import walk
+
+LIGHTNING_BASES = frozenset({"LightningModule"})
+
+
+def _bases(model: FileModel, class_name: str, depth: int = 0) -> set[str]:
+    """The qualified names of every base of ``class_name`` (through local classes)."""
+    out: set[str] = set()
+    if depth > 8:
+        return out
+    for base in model.class_bases.get(class_name, []):
+        out.add(model.qualify_text(base))
+        if base in model.class_nodes:
+            out |= _bases(model, base, depth + 1)
+    return out
+
+
+def is_lightning_module(model: FileModel, class_name: str) -> bool:
+    return any(b.rsplit(".", 1)[-1] in LIGHTNING_BASES for b in _bases(model, class_name))
+
+
+def is_hf_trainer(model: FileModel, class_name: str) -> bool:
+    """A subclass of Hugging Face's ``Trainer`` (or TRL's trainers)."""
+    for base in _bases(model, class_name):
+        head = base.split(".", 1)[0]
+        if head in {"transformers", "trl"} and base.endswith("Trainer"):
+            return True
+    return False
+
+
+def lightning_modules(model: FileModel) -> Iterator[str]:
+    for name in model.class_nodes:
+        if is_lightning_module(model, name):
+            yield name
+
+
+def hf_trainers(model: FileModel) -> Iterator[str]:
+    for name in model.class_nodes:
+        if is_hf_trainer(model, name):
+            yield name
+
+
+def automatic_optimization(model: FileModel, class_name: str) -> bool:
+    """False when the LightningModule turns automatic optimisation off."""
+    node = model.class_nodes.get(class_name)
+    if node is None:
+        return True
+    for inner in walk(node):
+        if isinstance(inner, cst.Assign):
+            for target in inner.targets:
+                text = dotted_name(target.target) or ""
+                if text.endswith("automatic_optimization"):
+                    value = inner.value
+                    if isinstance(value, cst.Name) and value.value == "False":
+                        return False
+        if isinstance(inner, cst.FunctionDef) and inner.name.value == "automatic_optimization":
+            return False
+    return True
+
+
+def method(model: FileModel, class_name: str, name: str) -> FuncInfo | None:
+    return model.method_of(class_name, name)
+
+
+def accelerator_divides(model: FileModel) -> bool | None:
+    """True when an ``Accelerator`` of this file is built with an accumulation count (its
+    ``backward`` then divides the loss), False when it is built without one, None when no
+    constructor is visible."""
+    if not model.accelerators:
+        return None
+    for call in model.accelerators.values():
+        steps = call_arg(call, None, "gradient_accumulation_steps")
+        plugin = call_arg(call, None, "gradient_accumulation_plugin")
+        if plugin is not None:
+            return True
+        if steps is not None:
+            value = number_value(steps)
+            return value is None or value != 1
+    return False
+
+
+def deepspeed_accumulation(model: FileModel) -> list[str]:
+    """The ``gradient_accumulation_steps`` values written in DeepSpeed config dicts."""
+    values: list[str] = []
+    for node in model.config_dicts:
+        for element in node.elements:
+            if (
+                isinstance(element, cst.DictElement)
+                and isinstance(element.key, cst.SimpleString)
+                and element.key.evaluated_value == "gradient_accumulation_steps"
+            ):
+                values.append(code_of(element.value))
+    return values
+
+
+def lightning_accumulation(model: FileModel) -> str | None:
+    """``accumulate_grad_batches`` of a Lightning ``Trainer(...)`` in this file."""
+    for call in model.trainer_configs:
+        value = call_arg(call, None, "accumulate_grad_batches")
+        if value is not None:
+            return code_of(value)
+    return None
+
+
+def lightning_clips(model: FileModel, class_name: str) -> bool:
+    """Clipping configured for a LightningModule: ``gradient_clip_val`` on the Trainer, or
+    clipping in ``configure_gradient_clipping`` / ``on_before_optimizer_step``."""
+    if model.lightning_clipping:
+        return True
+    for hook in ("configure_gradient_clipping", "on_before_optimizer_step"):
+        func = model.method_of(class_name, hook)
+        if func is not None and any(
+            e.kind == "clip" and not e.measures_only for e in model.expanded(func)
+        ):
+            return True
+    return False
+
+
+def enclosing_class(func: FuncInfo) -> str | None:
+    return func.class_name
+
+
+def accelerate_runs_deepspeed(model: FileModel) -> bool:
+    """An ``Accelerator(deepspeed_plugin=...)`` in this file: DeepSpeed then zeroes, clips and
+    steps itself, and the prepared optimizer's ``zero_grad``/``step`` do nothing (accelerate
+    1.15.0 ``utils/deepspeed.py`` 308-312; ``accelerator.py`` 3023-3027 for clipping)."""
+    return any(
+        call_arg(call, None, "deepspeed_plugin") is not None or "deepspeed" in code_of(call)
+        for call in model.accelerators.values()
+    )

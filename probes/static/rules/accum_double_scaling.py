@@ -1,0 +1,374 @@
+"""accum-double-scaling: the loss divided by N by hand on top of a framework that divides it.
+
+What each framework divides, read in its source (see :mod:`probes.static.frameworks`):
+
+* DeepSpeed 0.19.8, ``deepspeed/runtime/engine.py`` 3382-3413: ``engine.backward(loss)``
+  divides by ``gradient_accumulation_steps()`` unless ``scale_wrt_gas=False``; ``engine.step()``
+  only updates at the accumulation boundary (3567ff).
+* Accelerate 1.15.0, ``accelerate/accelerator.py`` 2849-2851: ``accelerator.backward(loss)``
+  divides by ``gradient_accumulation_steps`` (the constructor's, default 1).
+* Lightning 2.6.6, ``lightning/pytorch/loops/optimization/automatic.py`` 81-83: with automatic
+  optimisation the loss returned by ``training_step`` is divided by
+  ``accumulate_grad_batches``.
+* transformers 5.23.0, ``transformers/trainer.py`` 2102-2111: ``Trainer.training_step`` divides
+  what ``compute_loss`` returns by the accumulation count, except when the loss was normalised
+  by ``num_items_in_batch`` (the model accepts loss kwargs and the count is known) or a
+  ``compute_loss_func`` is set; its Accelerator is built with ``num_steps=1`` (824-825), so a
+  ``training_step`` override that divides before ``self.accelerator.backward`` divides once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+import libcst as cst
+
+from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import (
+    accelerate_runs_deepspeed,
+    accelerator_divides,
+    automatic_optimization,
+    deepspeed_accumulation,
+    hf_trainers,
+    is_hf_trainer,
+    lightning_accumulation,
+    lightning_modules,
+)
+from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
+from gradient_doctor.probes.static.names import call_arg, code_of
+from gradient_doctor.probes.static.provenance import Scaling, loss_scaling, value_scaling
+from gradient_doctor.probes.static.ruletools import label, shorten
+from gradient_doctor.probes.static.traverse import walk
+
+FRAMEWORK_MESSAGE = (
+    "line {line} divides the loss by `{divisor}` and `{backward}` on line {backward_line} "
+    "divides it again ({framework} already divides by its accumulation count): the "
+    "gradients are `{divisor}` times too small"
+)
+LIGHTNING_MESSAGE = (
+    "line {line} divides the loss that `training_step` returns by `{divisor}`, and Lightning's "
+    "automatic optimisation divides it again by `accumulate_grad_batches`: the gradients are "
+    "`{divisor}` times too small (or, without accumulation, the loss is simply shrunk)"
+)
+HF_MESSAGE = (
+    "line {line} divides the loss that `compute_loss` returns by `{divisor}`; the Trainer's "
+    "`training_step` divides it again unless the loss is normalised by `num_items_in_batch` "
+    "(transformers 5.23: when the model accepts loss kwargs): check which applies, or divide "
+    "in one place only"
+)
+
+
+class AccumDoubleScaling(Rule):
+    id = "accum-double-scaling"
+    severity = "critical"
+    message = FRAMEWORK_MESSAGE
+    what = (
+        "Finds a loss divided by the accumulation count by hand and then handed to a framework "
+        "that divides it by the same count: DeepSpeed's `engine.backward`, Accelerate's "
+        "`accelerator.backward` with `gradient_accumulation_steps`, Lightning's automatic "
+        "optimisation with `accumulate_grad_batches` (and, as info, a Hugging Face `Trainer` "
+        "subclass whose `compute_loss` divides)."
+    )
+    why = (
+        "Dividing twice makes every gradient N times smaller than intended: the effective "
+        "learning rate drops by N, nothing crashes, and the run just learns slower, more so "
+        "the larger N is. Divide once: let the framework do it. (Read in DeepSpeed 0.19.8 "
+        "runtime/engine.py 3413, Accelerate 1.15.0 accelerator.py 2849-2851, Lightning 2.6.6 "
+        "loops/optimization/automatic.py 81-83, transformers 5.23.0 trainer.py 2102-2111.)"
+    )
+    example = (
+        "accelerator = Accelerator(gradient_accumulation_steps=4)\n"
+        "with accelerator.accumulate(model):\n"
+        "    loss = model(**batch).loss / 4\n"
+        "    accelerator.backward(loss)\n"
+    )
+    use_instead = (
+        "accelerator = Accelerator(gradient_accumulation_steps=4)\n"
+        "with accelerator.accumulate(model):\n"
+        "    loss = model(**batch).loss\n"
+        "    accelerator.backward(loss)  # divides by 4 itself\n"
+    )
+    fix_safety = (
+        "No automatic fix: whether to drop the manual division or configure the framework not "
+        "to divide is the user's choice, and the logged loss value changes with it."
+    )
+    snippet_id = "accumulation"
+    valid: ClassVar[list[str]] = [
+        """
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        """
+from accelerate import Accelerator
+accelerator = Accelerator()
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for step, batch in enumerate(loader):
+    loss = model(**batch).loss / args.gradient_accumulation_steps
+    accelerator.backward(loss)
+    if (step + 1) % args.gradient_accumulation_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        """
+import deepspeed
+engine, optimizer, _, _ = deepspeed.initialize(model=model, config=ds_config)
+for batch in loader:
+    loss = engine(batch)
+    engine.backward(loss)
+    engine.step()
+""",
+        """
+import lightning as L
+class Lit(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        loss = self.model(batch).loss * 0.5
+        return loss
+""",
+    ]
+    invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import deepspeed
+engine, optimizer, _, _ = deepspeed.initialize(model=model, config=ds_config)
+for batch in loader:
+    loss = engine(batch)
+    loss = loss / engine.gradient_accumulation_steps()
+    engine.backward(loss)
+    engine.step()
+""",
+            6,
+        ),
+        Invalid(
+            """
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss / args.grad_accum
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            7,
+        ),
+        Invalid(
+            """
+import lightning as L
+class Lit(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        loss = self.model(batch).loss
+        return loss / self.trainer.accumulate_grad_batches
+""",
+            6,
+        ),
+    ]
+
+    def check(self, model: FileModel) -> Iterator[RawFinding]:
+        seen: set[int] = set()
+        for finding in self._framework_backwards(model):
+            if id(finding.node) not in seen:
+                seen.add(id(finding.node))
+                yield finding
+        yield from self._lightning(model)
+        yield from self._hugging_face(model)
+
+    # -- DeepSpeed and Accelerate backward -------------------------------------------------------
+    def _framework_backwards(self, model: FileModel) -> Iterator[RawFinding]:
+        for whole in model.units:
+            for unit in [whole, *whole.variants]:
+                for backward in unit.backwards:
+                    if backward.framework == "deepspeed":
+                        finding = self._deepspeed(model, unit, backward)
+                    elif backward.framework == "accelerator":
+                        finding = self._accelerate(model, unit, backward)
+                    else:
+                        continue
+                    if finding is not None:
+                        yield finding
+
+    def _scaling(self, model: FileModel, unit: Unit, backward: Event) -> Scaling | None:
+        micro = unit.micro.node if unit.micro is not None else None
+        scaling = loss_scaling(model, backward, unit.accumulation, unit.root, micro)
+        if scaling.verdict != "accumulation" or scaling.node is None:
+            return None
+        if scaling.divisor == "num_items_in_batch":
+            return None  # a window token count is a different division
+        return scaling
+
+    def _deepspeed(self, model: FileModel, unit: Unit, backward: Event) -> RawFinding | None:
+        call = backward.call
+        if isinstance(call, cst.Call):
+            flag = call_arg(call, 2, "scale_wrt_gas")
+            if isinstance(flag, cst.Name) and flag.value == "False":
+                return None
+        scaling = self._scaling(model, unit, backward)
+        if scaling is None:
+            return None
+        divisor = _divisor_text(scaling)
+        # Certain when DeepSpeed itself accumulates (the engine steps on every micro-batch),
+        # or when the divisor is the engine's own count.
+        gated = unit.accumulation is not None
+        certain = (
+            not gated
+            or "gradient_accumulation_steps()" in divisor
+            or divisor in deepspeed_accumulation(model)
+        )
+        return self._finding(
+            scaling,
+            backward,
+            "DeepSpeed's `engine.backward`",
+            None if certain else "info",
+            None
+            if certain
+            else (
+                "cannot tell whether the DeepSpeed config's gradient_accumulation_steps is this "
+                "count: the steps are gated by hand"
+            ),
+        )
+
+    def _accelerate(self, model: FileModel, unit: Unit, backward: Event) -> RawFinding | None:
+        if backward.func.class_name is not None and is_hf_trainer(model, backward.func.class_name):
+            return None  # the Trainer's Accelerator is built with num_steps=1
+        scaling = self._scaling(model, unit, backward)
+        if scaling is None:
+            return None
+        accumulates = unit.accumulation is not None and unit.accumulation.style == "accelerate"
+        divides = accelerator_divides(model)
+        divisor = _divisor_text(scaling)
+        via_deepspeed = accelerate_runs_deepspeed(model) or _from_deepspeed_config(model, divisor)
+        if not accumulates and divides is not True and not via_deepspeed:
+            return None  # manual accumulation with an Accelerator that does not divide
+        framework = (
+            "`accelerator.backward` (through DeepSpeed's `engine.backward`)"
+            if via_deepspeed
+            else "`accelerator.backward`"
+        )
+        return self._finding(scaling, backward, framework, None, None)
+
+    def _finding(
+        self,
+        scaling: Scaling,
+        backward: Event,
+        framework: str,
+        severity: str | None,
+        reason: str | None,
+    ) -> RawFinding | None:
+        node = scaling.node
+        assert node is not None
+        evidence: dict[str, object] = {
+            "line": node,
+            "divisor": _divisor_text(scaling),
+            "backward": label(backward.anchor),
+            "backward_line": backward.anchor,
+            "framework": framework,
+        }
+        if reason is not None:
+            evidence["uncertain"] = reason
+        return RawFinding(
+            node=node,
+            message=FRAMEWORK_MESSAGE,
+            evidence=evidence,
+            severity=severity,  # type: ignore[arg-type]
+        )
+
+    # -- Lightning automatic optimisation --------------------------------------------------------
+    def _lightning(self, model: FileModel) -> Iterator[RawFinding]:
+        configured = lightning_accumulation(model)
+        for class_name in lightning_modules(model):
+            if not automatic_optimization(model, class_name):
+                continue
+            func = model.methods.get((class_name, "training_step"))
+            if func is None:
+                continue
+            for value in _returned_losses(func):
+                scaling = value_scaling(model, func, value, configured)
+                if scaling.verdict != "accumulation" or scaling.node is None:
+                    continue
+                if scaling.divisor == "num_items_in_batch":
+                    continue
+                yield RawFinding(
+                    node=scaling.node,
+                    message=LIGHTNING_MESSAGE,
+                    evidence={"line": scaling.node, "divisor": _divisor_text(scaling)},
+                )
+
+    # -- Hugging Face Trainer subclasses -----------------------------------------------------------
+    def _hugging_face(self, model: FileModel) -> Iterator[RawFinding]:
+        for class_name in hf_trainers(model):
+            func = model.methods.get((class_name, "compute_loss"))
+            if func is None:
+                continue
+            for value in _returned_losses(func):
+                scaling = value_scaling(model, func, value, None)
+                if scaling.verdict != "accumulation" or scaling.node is None:
+                    continue
+                if scaling.divisor == "num_items_in_batch":
+                    continue
+                yield RawFinding(
+                    node=scaling.node,
+                    message=HF_MESSAGE,
+                    evidence={
+                        "line": scaling.node,
+                        "divisor": _divisor_text(scaling),
+                        "uncertain": (
+                            "transformers divides in training_step unless the loss is "
+                            "normalised by num_items_in_batch; that depends on the model"
+                        ),
+                    },
+                    severity="info",
+                )
+
+
+def _from_deepspeed_config(model: FileModel, divisor: str) -> bool:
+    """``divisor`` is set from the DeepSpeed config (``args.gradient_accumulation_steps =
+    accelerator.state.deepspeed_plugin.deepspeed_config["gradient_accumulation_steps"]``): the
+    engine behind ``accelerator.backward`` divides by the same count."""
+    for node in walk(model.module):
+        if (
+            isinstance(node, cst.Assign)
+            and "deepspeed" in code_of(node.value)
+            and any(code_of(t.target) == divisor for t in node.targets)
+        ):
+            return True
+    return False
+
+
+def _divisor_text(scaling: Scaling) -> str:
+    node = scaling.node
+    if isinstance(node, cst.BinaryOperation):
+        return shorten(code_of(node.right))
+    if isinstance(node, cst.AugAssign):
+        return shorten(code_of(node.value))
+    if isinstance(node, cst.Call) and node.args:
+        return shorten(code_of(node.args[0].value))
+    return scaling.divisor or "N"
+
+
+def _returned_losses(func: FuncInfo) -> Iterator[cst.BaseExpression]:
+    """What ``training_step`` / ``compute_loss`` returns as the loss: the value, the first
+    element of a tuple, or the ``"loss"`` entry of a dict."""
+    for value in func.returns:
+        if isinstance(value, cst.Dict):
+            for element in value.elements:
+                if (
+                    isinstance(element, cst.DictElement)
+                    and isinstance(element.key, cst.SimpleString)
+                    and element.key.evaluated_value == "loss"
+                ):
+                    yield element.value
+        elif isinstance(value, cst.Tuple) and value.elements:
+            yield value.elements[0].value
+        elif isinstance(value, cst.IfExp):
+            yield value.body
+            yield value.orelse
+        else:
+            yield value

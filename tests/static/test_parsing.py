@@ -1,0 +1,111 @@
+"""Source for any Python from 3.8 to 3.14 is read, whatever interpreter runs the analyser; the
+guard against pathological nesting refuses only code that no Python accepts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from subprocess import CompletedProcess
+
+import pytest
+
+from gradient_doctor.probes.static import lint_source
+from gradient_doctor.probes.static.parsing import nesting_guard, parse_source
+
+PEP701 = """\
+from pathlib import Path
+import torch
+
+
+def save(model, out_dir, step):
+    torch.save(model.state_dict(), f"{Path(out_dir) / "ckpt"}-{step}.pt")
+    print(f"{"\\n".join(["a", "b"])} {f"{f"{step}"}"}")
+
+
+def train(model, loader, optimizer, out_dir):
+    for step, (x, y) in enumerate(loader):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        save(model, out_dir, step)
+"""
+
+NEWER_SYNTAX = {
+    "pep701": 'x = f"{a["b"]}"\n',
+    "pep695": "type Pair[T] = tuple[T, T]\ndef first[T](p: Pair[T]) -> T:\n    return p[0]\n",
+    "pep696": "def f[T = int](x: T) -> T:\n    return x\n",
+    "pep758": "try:\n    pass\nexcept ValueError, TypeError:\n    pass\n",
+    "pep750": 'greeting = t"hello {name}"\n',
+    "match": "match x:\n    case {'a': 1}:\n        pass\n",
+}
+
+
+def test_a_pep701_file_is_analysed_with_findings_at_the_right_lines() -> None:
+    report = lint_source(PEP701, "train.py")
+    assert report.error is None
+    clip = [f for f in report.findings if f.id == "clip-after-step"]
+    assert [(f.line, f.col) for f in clip] == [(16, 9)]
+    assert clip[0].fix is not None
+
+
+@pytest.mark.parametrize("name", sorted(NEWER_SYNTAX))
+def test_newer_syntax_parses_and_passes_the_guard(name: str) -> None:
+    source = NEWER_SYNTAX[name]
+    assert nesting_guard(source) is None
+    assert not isinstance(parse_source(source), str)
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ('x = f"{a["b"]}"\n' + "y = " + "(" * 5000 + "1" + ")" * 5000 + "\n", "brackets"),
+        ('x = f"{a["b"]}"\n' + "y = " + "[" * 300 + "]" * 300 + "\n", "brackets"),
+        (
+            'x = f"{a["b"]}"\n'
+            + "".join("    " * i + f"if a{i}:\n" for i in range(120))
+            + "    " * 120
+            + "pass\n",
+            "indentation",
+        ),
+        ('x = f"{a["b"]}"\n' + "y = " + "-" * 5000 + "1\n", "unary"),
+    ],
+)
+def test_pathological_nesting_is_refused_without_reaching_libcst(source: str, reason: str) -> None:
+    guard = nesting_guard(source)
+    assert guard is not None and reason.split()[0][:5] in guard
+    report = lint_source(source, "deep.py")
+    assert report.error is not None and "\n" not in report.error
+
+
+def test_brackets_inside_strings_and_comments_do_not_count() -> None:
+    source = (
+        'a = "' + "(" * 500 + '"\n'
+        "b = '''" + "[" * 500 + "'''\n"
+        "# " + "{" * 500 + "\n"
+        'c = f"{x!r:>{width}} {{literal}} {"(" * 3}"\n'
+    )
+    assert nesting_guard(source) is None
+
+
+def test_a_real_syntax_error_keeps_cpythons_message() -> None:
+    report = lint_source("for x in :\n", "bad.py")
+    assert report.error is not None and report.error.startswith("syntax error at line 1:")
+
+
+def test_cli_reads_newer_syntax_and_prints_a_syntax_error_once(
+    cli: Callable[..., CompletedProcess[str]], tmp_path: Path
+) -> None:
+    good = tmp_path / "train.py"
+    good.write_text(PEP701, encoding="utf-8")
+    done = cli("lint", str(good))
+    assert done.returncode == 1  # clip-after-step is critical
+    assert "error" not in done.stderr
+    assert f"{good}:16:9: clip-after-step" in done.stdout
+    bad = tmp_path / "bad.py"
+    bad.write_text("for x in :\n", encoding="utf-8")
+    done = cli("lint", str(bad))
+    assert done.returncode == 2
+    both = done.stdout + done.stderr
+    assert both.count("syntax error at line 1:") == 1
