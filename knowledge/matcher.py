@@ -1406,7 +1406,7 @@ class Matcher:
                 reasons[hit.entry_id].append(hit.reason)
         if "underfitting" in scores and progress.held_out_improving:
             # Underfitting is both losses stuck high: not when the text says both improve.
-            scores["underfitting"] *= 0.6
+            scores["underfitting"] *= 0.4
         if "overfitting" in scores and (
             progress.held_out_improving or not _HELD_OUT_ANY.search(text)
         ):
