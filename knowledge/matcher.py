@@ -77,6 +77,7 @@ from gradient_doctor.knowledge._text import (
     normalise,
     vocabulary,
 )
+from gradient_doctor.knowledge.cache_dir import cache_root
 from gradient_doctor.knowledge.findings import Severity
 
 if TYPE_CHECKING:
@@ -1702,14 +1703,9 @@ def snapshot_path() -> Path | None:
     from (data files, the code that reads them, the Python version), so an edited entry or a
     new release never reads an old snapshot.
     """
-    configured = os.environ.get("GRADIENT_DOCTOR_CACHE_DIR")
-    if configured is not None:
-        if not configured.strip():
-            return None
-        root = Path(configured)
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        root = Path(base) / "gradient-doctor"
+    root = cache_root()
+    if root is None:
+        return None
     digest = hashlib.sha256(f"{_SNAPSHOT_FORMAT}|{sys.version}".encode())
     # The package's own folder (not importlib.resources, which imports tempfile and more).
     package = Path(__file__).resolve().parent

@@ -34,15 +34,12 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from gradient_doctor.knowledge.cache_dir import cache_root
+
 log = logging.getLogger("gradient_doctor.server")
 
 #: The server's own files whose change can change the ``initialize`` answer.
 _SERVER_FILES = ("server.py", "prompts.py", "resources.py", "stdio.py")
-
-
-def _cache_folder() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gradient-doctor"
 
 
 def _stamp(path: str | None) -> str:
@@ -72,9 +69,12 @@ def installation_key() -> str:
 class InitializeCache:
     """``initialize`` results by requested protocol version, for one installation key."""
 
-    def __init__(self, folder: Path, key: str) -> None:
-        self.path = folder / f"initialize-{key}.json"
+    def __init__(self, folder: Path | None, key: str) -> None:
+        # No folder (caching switched off): nothing is read or written.
+        self.path = folder / f"initialize-{key}.json" if folder is not None else None
         self.answers: dict[str, Any] = {}
+        if self.path is None:
+            return
         with contextlib.suppress(OSError, ValueError):
             loaded = json.loads(self.path.read_text(encoding="utf-8"))
             if isinstance(loaded, dict):
@@ -88,6 +88,8 @@ class InitializeCache:
     def put(self, version: str, result: dict[str, Any]) -> None:
         """Remember ``result``; a cache that cannot be written is only a slower start."""
         self.answers[version] = result
+        if self.path is None:
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(
@@ -218,7 +220,7 @@ def serve_stdio(build: Callable[[], Any], before_answer: Iterable[Callable[[], N
     reader = io.BufferedReader(io.FileIO(wire_in, "rb", closefd=False))
     first = reader.readline()
     request = _initialize_request(first)
-    cache = InitializeCache(_cache_folder(), installation_key())
+    cache = InitializeCache(cache_root(), installation_key())
     sent: dict[str, Any] | None = None
     if request is not None:
         sent = cache.get(request["params"]["protocolVersion"])

@@ -208,6 +208,25 @@ def test_initialize_from_the_cache_is_the_sdks_own_answer(workspace: Path, tmp_p
 
 
 @pytest.mark.slow
+def test_gradient_doctor_cache_dir_moves_the_initialize_cache_or_turns_it_off(
+    workspace: Path, tmp_path: Path
+) -> None:
+    xdg = tmp_path / "xdg"
+    moved = tmp_path / "moved"
+    with _raw_server(workspace, xdg, env={"GRADIENT_DOCTOR_CACHE_DIR": str(moved)}) as server:
+        assert _handshake(server)["result"]["serverInfo"]["name"] == "gradient-doctor"
+    assert list(moved.glob("initialize-*.json"))
+    assert not xdg.exists()
+
+    # Set but empty: caching is off, the SDK answers every time and nothing is written.
+    with _raw_server(workspace, xdg, env={"GRADIENT_DOCTOR_CACHE_DIR": ""}) as server:
+        assert _handshake(server)["result"]["serverInfo"]["name"] == "gradient-doctor"
+        _send(server, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        assert _read(server.stdout, 2)["result"]["tools"]
+    assert not xdg.exists()
+
+
+@pytest.mark.slow
 def test_a_first_message_that_is_not_initialize_reaches_the_sdk(
     workspace: Path, tmp_path: Path
 ) -> None:
