@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import io
+import keyword
 import tokenize
 import warnings
 from dataclasses import dataclass
@@ -98,8 +99,9 @@ def parse_source(source: str, *, checked: bool = False) -> Parsed | str:
 LEGACY_NAMES = {"async": "asyn_", "await": "awai_"}
 """Python 3.6 and older let ``async`` and ``await`` be names (``x.cuda(async=True)``, common in
 PyTorch code of that era); each is read as a name of the same length."""
-_KEYWORD_FOLLOWERS = frozenset({"def", "for", "with"})
-_NAME_FOLLOWERS = frozenset({"=", ",", ")", ".", "]", ":"})
+_ASYNC_KEYWORD_FOLLOWERS = frozenset({"def", "for", "with"})
+"""``async`` is the keyword only right before these."""
+_OPERAND_OPENERS = frozenset({"(", "[", "{", "~"})
 
 
 def _legacy(source: str) -> Parsed | None:
@@ -113,9 +115,8 @@ def _legacy(source: str) -> Parsed | None:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError, IndentationError):
         return None
-    lines = source.splitlines(keepends=True)
-    offsets = [0]
-    for line in lines:
+    offsets = [0]  # where each of tokenize's lines starts (not str.splitlines: it splits at \f)
+    for line in io.StringIO(source).readlines():
         offsets.append(offsets[-1] + len(line))
     significant = [t for t in tokens if t.type not in _TRIVIA]
     edits: list[int] = []
@@ -123,10 +124,11 @@ def _legacy(source: str) -> Parsed | None:
         if token.type != tokenize.NAME or token.string not in LEGACY_NAMES:
             continue
         before = significant[index - 1].string if index > 0 else ""
-        after = significant[index + 1].string if index + 1 < len(significant) else ""
-        as_name = before in {".", "def", "class"} or after in _NAME_FOLLOWERS
-        if token.string == "async" and after in _KEYWORD_FOLLOWERS:
-            as_name = False
+        follower = significant[index + 1] if index + 1 < len(significant) else None
+        if token.string == "async":
+            as_name = follower is None or follower.string not in _ASYNC_KEYWORD_FOLLOWERS
+        else:
+            as_name = before in {".", "def", "class"} or not _starts_operand(follower, token)
         if as_name:
             row, col = token.start
             edits.append(offsets[row - 1] + col)
@@ -142,6 +144,18 @@ def _legacy(source: str) -> Parsed | None:
         return None
     tree = _cpython(renamed)
     return Parsed(module, tree if not isinstance(tree, str) else None, legacy=True)
+
+
+def _starts_operand(follower: tokenize.TokenInfo | None, token: tokenize.TokenInfo) -> bool:
+    """``follower`` begins the operand of an ``await`` expression on the same line (a name,
+    a literal, a bracket), rather than ending ``await`` used as a name (``await = 1``)."""
+    if follower is None or follower.start[0] != token.end[0]:
+        return False
+    if follower.type in {tokenize.NUMBER, tokenize.STRING}:
+        return True
+    if follower.type == tokenize.NAME:
+        return not keyword.iskeyword(follower.string) or follower.string in {"None", "True", "False"}
+    return follower.string in _OPERAND_OPENERS
 
 
 _TRIVIA = frozenset(
