@@ -154,7 +154,8 @@ def _starts_operand(follower: tokenize.TokenInfo | None, token: tokenize.TokenIn
     if follower.type in {tokenize.NUMBER, tokenize.STRING}:
         return True
     if follower.type == tokenize.NAME:
-        return not keyword.iskeyword(follower.string) or follower.string in {"None", "True", "False"}
+        constants = {"None", "True", "False"}
+        return not keyword.iskeyword(follower.string) or follower.string in constants
     return follower.string in _OPERAND_OPENERS
 
 

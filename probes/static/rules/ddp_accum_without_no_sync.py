@@ -219,17 +219,20 @@ def _wrapper_of_trained_model(model: FileModel, unit: Unit) -> str | None:
 
 
 def _trained_names(unit: Unit) -> set[str]:
-    """The models the unit's own function runs forward or reads the parameters of."""
+    """The models the unit's own function runs forward (``net(x)``, ``self.encoder(x)``) or
+    reads the parameters of (``net.parameters()``). Other calls add names too (``print``,
+    ``optimizer.step``), harmlessly: only names the code checks against a wrapper are used."""
     names: set[str] = set()
     scope = unit.scope.node if unit.scope is not None else unit.root.node
     for node in walk(scope):
         if not isinstance(node, cst.Call):
             continue
         func = node.func
-        if isinstance(func, cst.Name | cst.Attribute) and not (
-            isinstance(func, cst.Attribute) and func.attr.value not in MODULE_METHODS
-        ):
-            text = dotted_name(func.value if isinstance(func, cst.Attribute) else func)
-            if text is not None:
-                names.add(text)
+        called = dotted_name(func)
+        if called is not None:
+            names.add(called)
+        if isinstance(func, cst.Attribute) and func.attr.value in MODULE_METHODS:
+            owner = dotted_name(func.value)
+            if owner is not None:
+                names.add(owner)
     return names
