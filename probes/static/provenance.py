@@ -61,6 +61,12 @@ TOKEN_WORDS = re.compile(r"tok|mask|items|non_?pad|n_?valid|num_?valid|\.ne\(|!=
 """What names a count of real tokens (``n_tokens``, ``mask.sum()``, ``(labels != pad).sum()``)."""
 DATA_STATISTIC = re.compile(r"\.sum\(|\.numel\(|\.shape|\.size\(|len\(|count_nonzero|\[", re.I)
 """A value read off the data (a sum, a shape, an item of the batch), not a setting."""
+POSITION_READS = re.compile(r"\.shape\s*\[[^\]]*\]|\.shape\b|\.size\([^)]*\)|\.numel\(\s*\)")
+"""Reads of a tensor's size: they count padded positions, the same for equal-shaped batches."""
+REAL_COUNT = re.compile(r"\.sum\(|count_nonzero|\.ne\(|!=|\[|len\(", re.I)
+"""What, once the size reads are set aside, counts real tokens: a sum of a mask, a comparison
+with the pad id, an item of the batch (``batch["num_tokens"]``), a length."""
+TokenCount = Literal["real", "positions"]
 WEIGHT_WORDS = re.compile(r"weight|lambda|\blam|alpha|beta|gamma|coef|\bw\d*\b|_w\b|ratio", re.I)
 TENSOR_METHODS = frozenset(
     {
@@ -694,16 +700,25 @@ class _Reader:
     def _micro_batch_tokens(
         self, node: cst.BaseExpression, context: _Context, depth: int, *, named: bool
     ) -> bool:
-        """True when ``node`` counts the tokens of one micro-batch: something named as a token
-        count (``max_tokens``, ``mask.sum()``, ``(labels != pad).sum()``; ``named`` says a name
-        on the way here already did) whose value is read off the data (a sum, a shape, an item
+        """True when ``node`` counts the real tokens of one micro-batch: something named as a
+        token count (``max_tokens``, ``mask.sum()``, ``(labels != pad).sum()``; ``named`` says
+        a name on the way here already did) whose value is read off the data (a sum, an item
         of the batch) inside the micro-step loop or in a helper it calls. A count made before
-        the micro-batches run, a setting, or a name the analyser cannot follow is not."""
+        the micro-batches run, a setting, or a name the analyser cannot follow is not; nor is
+        the number of padded positions (``rows * width``, ``ids.numel()``): dividing every
+        micro-batch's token sum by that keeps each token's weight equal."""
+        return self._token_count(node, context, depth, named=named) == "real"
+
+    def _token_count(
+        self, node: cst.BaseExpression, context: _Context, depth: int, *, named: bool
+    ) -> TokenCount | None:
+        """What ``node`` counts per micro-batch: its ``real`` tokens, its padded
+        ``positions``, or None (not a per-micro-batch token count the analyser can see)."""
         if depth > MAX_DEPTH:
-            return False
+            return None
         text = code_of(node)
         if WINDOW_TOKEN_WORDS.search(text) or ACCUMULATION_WORDS.search(text):
-            return False
+            return None
         named = named or bool(TOKEN_WORDS.search(text))
         if (
             isinstance(node, cst.Call)
@@ -712,28 +727,30 @@ class _Reader:
             and len(node.args) == 1
         ):
             # `int(total_tokens)`: the same count.
-            return self._micro_batch_tokens(node.args[0].value, context, depth + 1, named=named)
+            return self._token_count(node.args[0].value, context, depth + 1, named=named)
         if isinstance(node, cst.Name):
             sites = self._sites(context.func, node.value, node)
             if sites is None:
                 bound = context.bindings.get(node.value)
                 if bound is None:
-                    return False  # a parameter nobody visible passes: cannot tell
+                    return None  # a parameter nobody visible passes: cannot tell
                 value, outer = bound
-                return self._micro_batch_tokens(value, outer or context, depth + 1, named=named)
-            if not all(isinstance(site, cst.Assign) for site in sites):
-                return False
-            return all(
-                self._site_counts_micro_batch(site, node.value, context, depth, named)
-                for site in sites
-            )
-        if not named or not DATA_STATISTIC.search(text):
-            return False
-        return self._per_micro_batch(node, context)
+                return self._token_count(value, outer or context, depth + 1, named=named)
+            if not sites or not all(isinstance(site, cst.Assign) for site in sites):
+                return None
+            kinds = [self._site_count(site, node.value, context, depth, named) for site in sites]
+            if None in kinds:
+                return None
+            # `max_tokens = rows * width` or, under a flag, `int(total_tokens)`: the real count
+            # on some configurations is enough.
+            return "real" if "real" in kinds else "positions"
+        if not named or not DATA_STATISTIC.search(text) or not self._per_micro_batch(node, context):
+            return None
+        return "real" if REAL_COUNT.search(POSITION_READS.sub("", text)) else "positions"
 
-    def _site_counts_micro_batch(
+    def _site_count(
         self, site: cst.CSTNode, name: str, context: _Context, depth: int, named: bool
-    ) -> bool:
+    ) -> TokenCount | None:
         assert isinstance(site, cst.Assign)
         value = _assigned_value(site, name)
         if value is None:
@@ -743,13 +760,16 @@ class _Reader:
             # `batch_size * seq_len`: the token positions of this micro-batch.
             named = named or bool(TOKEN_WORDS.search(name))
             if not named or not self._per_micro_batch(site, context):
-                return False
-            return all(
+                return None
+            if all(
                 self._data_count(side, context, depth + 1) for side in (value.left, value.right)
-            )
-        return self._micro_batch_tokens(
+            ):
+                return "positions"
+            return None
+        kind = self._token_count(
             value, context, depth + 1, named=named or bool(TOKEN_WORDS.search(name))
-        ) and self._per_micro_batch(site, context)
+        )
+        return kind if kind is not None and self._per_micro_batch(site, context) else None
 
     def _data_count(self, node: cst.BaseExpression, context: _Context, depth: int) -> bool:
         """A factor of a token count read off the data (``input_ids.shape``, ``x.size(1)``)."""
