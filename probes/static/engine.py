@@ -25,7 +25,12 @@ from gradient_doctor.knowledge.findings import Finding, Fix, severity_at_least
 from gradient_doctor.probes.static import rules as rules_package
 from gradient_doctor.probes.static.base import RawFinding, Rule
 from gradient_doctor.probes.static.model import FileModel
-from gradient_doctor.probes.static.parsing import Parsed, parse_source, syntax_error
+from gradient_doctor.probes.static.parsing import (
+    Parsed,
+    parse_source,
+    restore_legacy_names,
+    syntax_error,
+)
 from gradient_doctor.probes.static.patchcheck import amp_hazards, check_patch
 from gradient_doctor.probes.static.patches import (
     DiffError,
@@ -387,6 +392,12 @@ def _report(
             message = raw.message
         if rule.snippet_id is not None:
             evidence.setdefault("snippet_id", rule.snippet_id)
+        if withhold is not None:
+            # Read with `async`/`await` renamed: quote the user's names, offer no patch.
+            message = restore_legacy_names(message)
+            for name, value in evidence.items():
+                if isinstance(value, str):
+                    evidence[name] = restore_legacy_names(value)
         if raw.patch is not None and withhold is not None:
             evidence["fix_withheld"] = withhold
         elif raw.patch is not None:

@@ -146,6 +146,14 @@ def _legacy(source: str) -> Parsed | None:
     return Parsed(module, tree if not isinstance(tree, str) else None, legacy=True)
 
 
+def restore_legacy_names(text: str) -> str:
+    """``text`` (a message quoting code read by ``_legacy``) with the user's own names back:
+    the stand-ins never occur in such a file, so every one of them is a renamed name."""
+    for name, stand_in in LEGACY_NAMES.items():
+        text = text.replace(stand_in, name)
+    return text
+
+
 def _starts_operand(follower: tokenize.TokenInfo | None, token: tokenize.TokenInfo) -> bool:
     """``follower`` begins the operand of an ``await`` expression on the same line (a name,
     a literal, a bracket), rather than ending ``await`` used as a name (``await = 1``)."""

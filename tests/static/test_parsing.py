@@ -145,6 +145,20 @@ def test_a_python36_file_with_async_as_a_name_is_analysed_without_a_patch(tmp_pa
     assert [f.line for f in files.findings if f.id == "accum-clip-every-microstep"] == [10]
 
 
+def test_messages_about_a_python36_file_quote_the_users_own_names() -> None:
+    source = (
+        "import torch\n\n\ndef train(model, loader, optimizer):\n"
+        "    for x, y in loader:\n"
+        "        optimizer.zero_grad()\n"
+        "        torch.nn.functional.cross_entropy(model(x.cuda(async=True)), y).backward()\n"
+        "        optimizer.step()\n"
+    )
+    findings = lint_source(source, "main.py").findings
+    quoting = [f for f in findings if "x.cuda(async=True)" in f.message]
+    assert quoting and quoting[0].evidence["backward"].startswith("torch.nn.functional")
+    assert not any("asyn_" in f.message or "asyn_" in str(f.evidence) for f in findings)
+
+
 @pytest.mark.parametrize(
     "source",
     [
