@@ -336,9 +336,16 @@ class Unit:
         if acc.style == "accelerate":
             if not event.inside(acc.gate) or event.kind in STEP_KINDS:
                 return False  # a prepared optimizer steps only on the sync step
-            return not any(
-                f.tag == "framework-gate" and f.branch == 0 for f in event.frames_after(acc.gate)
-            )
+            for frame in event.frames_after(acc.gate):
+                if frame.tag == "framework-gate" and frame.branch == 0:
+                    return False
+                if _is_accumulation_gate(frame):
+                    # `if (step + 1) % N == 0:` by hand inside `accumulate()`: its update
+                    # branch runs when Accelerate syncs. A test whose update branch cannot be
+                    # read is left alone (silence rather than a guess).
+                    update = _update_branch(frame)
+                    return update is not None and frame.branch != update
+            return True
         if not event.inside(self.micro):
             return False
         for frame in event.frames_after(self.micro):
@@ -373,6 +380,33 @@ _GATE_TAG = "accumulation-gate"
 
 def _is_accumulation_gate(frame: Frame) -> bool:
     return frame.kind == "if" and frame.tag == _GATE_TAG
+
+
+def _update_branch(frame: Frame) -> int | None:
+    """Which branch of a ``% N`` gate runs once per window: 0 for ``if x % N == 0:``, 1 for
+    ``if x % N != 0:`` (or ``if x % N:``), each flipped by ``not``; None for other tests."""
+    node = frame.node
+    if not isinstance(node, cst.If):
+        return None
+    test: cst.BaseExpression = node.test
+    flipped = False
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test, flipped = test.expression, not flipped
+    if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):
+        branch = 1  # `if x % N:` is true on the micro-batches in between
+    elif (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal | cst.NotEqual)
+        and any(
+            isinstance(side, cst.BinaryOperation) and isinstance(side.operator, cst.Modulo)
+            for side in (test.left, test.comparisons[0].comparator)
+        )
+    ):
+        branch = 0 if isinstance(test.comparisons[0].operator, cst.Equal) else 1
+    else:
+        return None
+    return 1 - branch if flipped else branch
 
 
 class FileModel:
