@@ -9,7 +9,6 @@ above); otherwise the finding keeps ``fix=None``.
 
 from __future__ import annotations
 
-import ast
 import gc
 import importlib
 import os
@@ -26,7 +25,12 @@ from gradient_doctor.knowledge.findings import Finding, Fix, severity_at_least
 from gradient_doctor.probes.static import rules as rules_package
 from gradient_doctor.probes.static.base import RawFinding, Rule
 from gradient_doctor.probes.static.model import FileModel
-from gradient_doctor.probes.static.parsing import parse_source, syntax_error
+from gradient_doctor.probes.static.parsing import (
+    Parsed,
+    parse_source,
+    restore_legacy_names,
+    syntax_error,
+)
 from gradient_doctor.probes.static.patchcheck import amp_hazards, check_patch
 from gradient_doctor.probes.static.patches import (
     DiffError,
@@ -86,12 +90,15 @@ def _syntax_error(source: str) -> str | None:
     return syntax_error(source)
 
 
-def _parse(source: str, *, checked: bool = False) -> tuple[cst.Module, ast.Module | None] | str:
+LEGACY_WITHHELD = (
+    "the file uses `async`/`await` as names (Python 3.6 or older); it is analysed, but no "
+    "patch is made for it"
+)
+
+
+def _parse(source: str, *, checked: bool = False) -> Parsed | str:
     # A byte-order mark is not code; patches are still made against the exact text (with it).
-    parsed = parse_source(source, checked=checked)
-    if isinstance(parsed, str):
-        return parsed
-    return parsed.module, parsed.tree
+    return parse_source(source, checked=checked)
 
 
 @dataclass
@@ -164,7 +171,7 @@ class _Verifier:
                 self.cache[code] = None
             else:
                 try:
-                    model = FileModel(parsed[0], self.path, project=self.model.project)
+                    model = FileModel(parsed.module, self.path, project=self.model.project)
                     raws = _run_rules(model, all_rules())
                     self.cache[code] = (_counts(raws), amp_hazards(model))
                 except RecursionError:
@@ -265,7 +272,7 @@ def _lint(
     parsed = _parse(source, checked=first_lines is not None)
     if isinstance(parsed, str):
         return FileReport(path=path, error=parsed)
-    module, tree = parsed
+    module, tree = parsed.module, parsed.tree
     try:
         model = FileModel(module, path, project=project)
         if project is not None:
@@ -288,7 +295,8 @@ def _lint(
         positions = spans_of(
             module, nodes, top_level=model.top_level, tree=tree, first_lines=first_lines
         )
-        return _report(source, module, path, local, rules, positions, model)
+        withhold = LEGACY_WITHHELD if parsed.legacy else None
+        return _report(source, module, path, local, rules, positions, model, withhold)
     except RecursionError:
         return FileReport(path=path, error="the file is too deeply nested to analyse")
     except Exception as exc:  # pragma: no cover - last line of defence: never a traceback
@@ -357,7 +365,9 @@ def _report(
     rules: Sequence[Rule],
     positions: dict[int, Span],
     model: FileModel,
+    withhold: str | None = None,
 ) -> FileReport:
+    """``withhold``: why no patch is offered for this file at all (None: patches are made)."""
     wanted = {r.id for r in rules}
     verifier = _Verifier(source, module, path, raws, model)
     findings: list[Finding] = []
@@ -382,7 +392,15 @@ def _report(
             message = raw.message
         if rule.snippet_id is not None:
             evidence.setdefault("snippet_id", rule.snippet_id)
-        if raw.patch is not None:
+        if withhold is not None:
+            # Read with `async`/`await` renamed: quote the user's names, offer no patch.
+            message = restore_legacy_names(message)
+            for name, value in evidence.items():
+                if isinstance(value, str):
+                    evidence[name] = restore_legacy_names(value)
+        if raw.patch is not None and withhold is not None:
+            evidence["fix_withheld"] = withhold
+        elif raw.patch is not None:
             prepared = verifier.prepare(raw.patch)
             if prepared is not None:
                 candidates.append(_Candidate(len(findings), rule.id, raw.patch, *prepared))

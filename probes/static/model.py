@@ -91,6 +91,8 @@ SEQUENCE_MODEL_NAMES = frozenset(
         "MultiheadAttention",
     }
 )
+MODULE_METHODS = frozenset({"parameters", "named_parameters"})
+"""Methods of an ``nn.Module`` that an optimizer does not have."""
 _OPTIMIZER_NAME = re.compile(r"(optim\w*|opt|opt\d+|opt_\w+|\w+_opt|\w+_optim\w*|\w*optimizer\w*)")
 
 
@@ -334,9 +336,16 @@ class Unit:
         if acc.style == "accelerate":
             if not event.inside(acc.gate) or event.kind in STEP_KINDS:
                 return False  # a prepared optimizer steps only on the sync step
-            return not any(
-                f.tag == "framework-gate" and f.branch == 0 for f in event.frames_after(acc.gate)
-            )
+            for frame in event.frames_after(acc.gate):
+                if frame.tag == "framework-gate" and frame.branch == 0:
+                    return False
+                if _is_accumulation_gate(frame):
+                    # `if (step + 1) % N == 0:` by hand inside `accumulate()`: its update
+                    # branch runs when Accelerate syncs. A test whose update branch cannot be
+                    # read is left alone (silence rather than a guess).
+                    update = _update_branch(frame)
+                    return update is not None and frame.branch != update
+            return True
         if not event.inside(self.micro):
             return False
         for frame in event.frames_after(self.micro):
@@ -371,6 +380,33 @@ _GATE_TAG = "accumulation-gate"
 
 def _is_accumulation_gate(frame: Frame) -> bool:
     return frame.kind == "if" and frame.tag == _GATE_TAG
+
+
+def _update_branch(frame: Frame) -> int | None:
+    """Which branch of a ``% N`` gate runs once per window: 0 for ``if x % N == 0:``, 1 for
+    ``if x % N != 0:`` (or ``if x % N:``), each flipped by ``not``; None for other tests."""
+    node = frame.node
+    if not isinstance(node, cst.If):
+        return None
+    test: cst.BaseExpression = node.test
+    flipped = False
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test, flipped = test.expression, not flipped
+    if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):
+        branch = 1  # `if x % N:` is true on the micro-batches in between
+    elif (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal | cst.NotEqual)
+        and any(
+            isinstance(side, cst.BinaryOperation) and isinstance(side.operator, cst.Modulo)
+            for side in (test.left, test.comparisons[0].comparator)
+        )
+    ):
+        branch = 0 if isinstance(test.comparisons[0].operator, cst.Equal) else 1
+    else:
+        return None
+    return 1 - branch if flipped else branch
 
 
 class FileModel:
@@ -433,6 +469,8 @@ class FileModel:
         self.for_loops: list[cst.For] = []
         self.comprehensions: list[tuple[cst.ListComp | cst.GeneratorExp, cst.CSTNode]] = []
         self.divisions: list[tuple[cst.BinaryOperation, cst.CSTNode, FuncInfo]] = []
+        self.list_repeats: list[tuple[cst.BinaryOperation, cst.CSTNode]] = []
+        """``[layer, activation] * K``: a list repeated K times, with its statement."""
         self.monitoring_calls: list[cst.Call] = []
         self._units: list[Unit] | None = None
         self._gate_info: dict[int, tuple[cst.BaseExpression, cst.BaseExpression, bool]] = {}
@@ -444,6 +482,12 @@ class FileModel:
         """For each accumulation gate: the micro-step counter it tests (``i``, ``accum_n``)."""
         self._zeroed: set[str] = set()
         """What ``.zero_grad()`` is called on."""
+        self.wrapper_checks: list[tuple[str, str, FuncInfo]] = []
+        """``isinstance(model, DDP)`` / ``isinstance(model, FSDP)``: (the checked name, ``ddp``
+        or ``fsdp``, the function that checks): the code expects that wrapper there."""
+        self.modules: set[str] = set()
+        """Objects the code treats as ``nn.Module``s: it reads their ``.parameters()`` or hands
+        them to ``accelerator.accumulate(...)`` (an optimizer has neither)."""
         module_info = FuncInfo(module, "<module>", None, model=self)
         self.module_info = module_info
         _Collector(self, module_info).collect()
@@ -548,6 +592,18 @@ class FileModel:
         if "engine" in last and self.uses_deepspeed:
             return "deepspeed"
         return None
+
+    def is_module(self, text: str | None) -> bool:
+        """True when ``text`` names a model rather than an optimizer: the code reads its
+        ``.parameters()``, passes it to ``accelerator.accumulate``, or wraps it in DDP/FSDP."""
+        if text is None:
+            return False
+        kind = self.kind_of(text)
+        if kind in {"ddp", "fsdp"}:
+            return True
+        if kind is not None:
+            return False  # an optimizer, a scaler, an accelerator...
+        return text in self.modules
 
     def function_for_call(self, call: cst.Call, context: FuncInfo) -> FuncInfo | None:
         """The function or method ``call`` runs, when it is defined in this file or (with a
@@ -1188,6 +1244,12 @@ class _Collector:
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
         if isinstance(node.operator, cst.Divide) and self.stmt_stack:
             self.model.divisions.append((node, self.stmt_stack[-1], self.func_stack[-1]))
+        elif (
+            isinstance(node.operator, cst.Multiply)
+            and self.stmt_stack
+            and (isinstance(node.left, cst.List) or isinstance(node.right, cst.List))
+        ):
+            self.model.list_repeats.append((node, self.stmt_stack[-1]))
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         name = node.name.value
@@ -1421,10 +1483,22 @@ class _Collector:
                 self.model.kinds.setdefault(text, "fsdp")
         if _is_prepare(node):
             self.model.uses_ddp = True  # prepare() wraps the model in DDP on several processes
-        if method_name(node) == "zero_grad" and isinstance(node.func, cst.Attribute):
+        called = method_name(node)
+        if called == "zero_grad" and isinstance(node.func, cst.Attribute):
             text = dotted_name(node.func.value)
             if text is not None:
                 self.model._zeroed.add(text)
+        elif called in MODULE_METHODS and isinstance(node.func, cst.Attribute):
+            text = dotted_name(node.func.value)
+            if text is not None:
+                self.model.modules.add(text)
+        elif isinstance(node.func, cst.Name) and node.func.value == "isinstance":
+            self._wrapper_check(node)
+        elif called == "accumulate":
+            for arg in node.args:
+                text = dotted_name(arg.value)
+                if text is not None:
+                    self.model.modules.add(text)
         if last in {"Trainer", "TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig"}:
             self.model.trainer_configs.append(node)
         if (
@@ -1436,6 +1510,24 @@ class _Collector:
         monitors = last in {"watch", "GradientMonitor", "track_gradients"}
         if (monitors or "grad_norm" in last.lower()) and last not in CLIP_NORM_NAMES:
             self.model.monitoring_calls.append(node)
+
+    def _wrapper_check(self, node: cst.Call) -> None:
+        """``isinstance(model, (DDP, FSDP))``: the model may run under that wrapper here."""
+        if len(node.args) != 2:
+            return
+        checked = dotted_name(node.args[0].value)
+        classes = node.args[1].value
+        options = (
+            [e.value for e in classes.elements]
+            if isinstance(classes, cst.Tuple | cst.List)
+            else [classes]
+        )
+        if checked is None:
+            return
+        for option in options:
+            kind = constructor_kind(self.model.qualify(option) or "")
+            if kind in {"ddp", "fsdp"}:
+                self.model.wrapper_checks.append((checked, kind, self.func_stack[-1]))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if node.attr.value == "grad" and self.stmt_stack:

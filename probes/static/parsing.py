@@ -13,6 +13,9 @@ so the guard refuses only code that no Python accepts.
 from __future__ import annotations
 
 import ast
+import io
+import keyword
+import tokenize
 import warnings
 from dataclasses import dataclass
 
@@ -37,6 +40,10 @@ class Parsed:
 
     module: cst.Module
     tree: ast.Module | None
+    legacy: bool = False
+    """The file uses ``async`` / ``await`` as names (Python 3.6 and older): it was read with
+    them renamed in place (same length, so every line and column holds), and no patch is made
+    against that text."""
 
 
 def _cpython_error(exc: SyntaxError) -> str:
@@ -80,11 +87,89 @@ def parse_source(source: str, *, checked: bool = False) -> Parsed | str:
         if guard is not None:
             return f"{tree} ({guard})" if "nest" not in tree else tree
         module = _libcst(source)
-        return tree if isinstance(module, str) else Parsed(module, None)
+        if isinstance(module, str):
+            return _legacy(source) or tree
+        return Parsed(module, None)
     module = _libcst(source)
     if isinstance(module, str):
         return module
     return Parsed(module, tree)
+
+
+LEGACY_NAMES = {"async": "asyn_", "await": "awai_"}
+"""Python 3.6 and older let ``async`` and ``await`` be names (``x.cuda(async=True)``, common in
+PyTorch code of that era); each is read as a name of the same length."""
+_ASYNC_KEYWORD_FOLLOWERS = frozenset({"def", "for", "with"})
+"""``async`` is the keyword only right before these."""
+_OPERAND_OPENERS = frozenset({"(", "[", "{", "~"})
+
+
+def _legacy(source: str) -> Parsed | None:
+    """``source`` read as Python 3.6 code, when using ``async`` / ``await`` as names is what
+    keeps newer grammars from reading it; None otherwise."""
+    if not any(word in source for word in LEGACY_NAMES):
+        return None
+    if any(stand_in in source for stand_in in LEGACY_NAMES.values()):
+        return None
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return None
+    offsets = [0]  # where each of tokenize's lines starts (not str.splitlines: it splits at \f)
+    for line in io.StringIO(source).readlines():
+        offsets.append(offsets[-1] + len(line))
+    significant = [t for t in tokens if t.type not in _TRIVIA]
+    edits: list[int] = []
+    for index, token in enumerate(significant):
+        if token.type != tokenize.NAME or token.string not in LEGACY_NAMES:
+            continue
+        before = significant[index - 1].string if index > 0 else ""
+        follower = significant[index + 1] if index + 1 < len(significant) else None
+        if token.string == "async":
+            as_name = follower is None or follower.string not in _ASYNC_KEYWORD_FOLLOWERS
+        else:
+            as_name = before in {".", "def", "class"} or not _starts_operand(follower, token)
+        if as_name:
+            row, col = token.start
+            edits.append(offsets[row - 1] + col)
+    if not edits:
+        return None
+    chars = list(source)
+    for start in edits:
+        word = source[start : start + 5]
+        chars[start : start + 5] = LEGACY_NAMES[word]
+    renamed = "".join(chars)
+    module = _libcst(renamed)
+    if isinstance(module, str):
+        return None
+    tree = _cpython(renamed)
+    return Parsed(module, tree if not isinstance(tree, str) else None, legacy=True)
+
+
+def restore_legacy_names(text: str) -> str:
+    """``text`` (a message quoting code read by ``_legacy``) with the user's own names back:
+    the stand-ins never occur in such a file, so every one of them is a renamed name."""
+    for name, stand_in in LEGACY_NAMES.items():
+        text = text.replace(stand_in, name)
+    return text
+
+
+def _starts_operand(follower: tokenize.TokenInfo | None, token: tokenize.TokenInfo) -> bool:
+    """``follower`` begins the operand of an ``await`` expression on the same line (a name,
+    a literal, a bracket), rather than ending ``await`` used as a name (``await = 1``)."""
+    if follower is None or follower.start[0] != token.end[0]:
+        return False
+    if follower.type in {tokenize.NUMBER, tokenize.STRING}:
+        return True
+    if follower.type == tokenize.NAME:
+        constants = {"None", "True", "False"}
+        return not keyword.iskeyword(follower.string) or follower.string in constants
+    return follower.string in _OPERAND_OPENERS
+
+
+_TRIVIA = frozenset(
+    {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+)
 
 
 def _libcst(source: str) -> cst.Module | str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import libcst as cst
@@ -57,6 +57,16 @@ BATCH_STATISTIC = re.compile(
     r"temperature|\btemp\b|\.count|n_?valid|num_?valid|denom|norm|std|\bn_?samples?\b",
     re.I,
 )
+TOKEN_WORDS = re.compile(r"tok|mask|items|non_?pad|n_?valid|num_?valid|\.ne\(|!=", re.I)
+"""What names a count of real tokens (``n_tokens``, ``mask.sum()``, ``(labels != pad).sum()``)."""
+DATA_STATISTIC = re.compile(r"\.sum\(|\.numel\(|\.shape|\.size\(|len\(|count_nonzero|\[", re.I)
+"""A value read off the data (a sum, a shape, an item of the batch), not a setting."""
+POSITION_READS = re.compile(r"\.shape\s*\[[^\]]*\]|\.shape\b|\.size\([^)]*\)|\.numel\(\s*\)")
+"""Reads of a tensor's size: they count padded positions, the same for equal-shaped batches."""
+REAL_COUNT = re.compile(r"\.sum\(|count_nonzero|\.ne\(|!=|\[|len\(", re.I)
+"""What, once the size reads are set aside, counts real tokens: a sum of a mask, a comparison
+with the pad id, an item of the batch (``batch["num_tokens"]``), a length."""
+TokenCount = Literal["real", "positions"]
 WEIGHT_WORDS = re.compile(r"weight|lambda|\blam|alpha|beta|gamma|coef|\bw\d*\b|_w\b|ratio", re.I)
 TENSOR_METHODS = frozenset(
     {
@@ -96,6 +106,11 @@ class Scaling:
     """Divisions and products that are not accumulation scaling (for messages)."""
     by_counter: bool = False
     """The loss is divided by the running micro-step counter instead of N."""
+    token_mean: cst.CSTNode | None = None
+    """The division of the loss by the token count of its own micro-batch (a per-micro-batch
+    token mean), wherever it is written: in the loop, or in a helper of another file."""
+    token_mean_in: FuncInfo | None = None
+    """The function that holds ``token_mean``."""
 
 
 @dataclass(frozen=True)
@@ -152,14 +167,25 @@ def _combine_terms(parts: list[Scaling]) -> Scaling:
         return Scaling("none")
     unknown = next((p for p in parts if p.verdict == "unknown"), None)
     if unknown is not None:
-        return unknown
+        return _with_token_mean(unknown, parts, every=False)
     scaled = [p for p in parts if p.verdict == "accumulation"]
     others = [o for p in parts for o in p.others]
     if len(scaled) == len(parts):
-        return Scaling("accumulation", scaled[0].node, scaled[0].divisor, others=others)
-    if not scaled:
-        return Scaling("none", others=others, by_counter=any(p.by_counter for p in parts))
-    return Scaling("unknown", reason="only some terms of the loss are divided by N")
+        combined = Scaling("accumulation", scaled[0].node, scaled[0].divisor, others=others)
+    elif not scaled:
+        combined = Scaling("none", others=others, by_counter=any(p.by_counter for p in parts))
+    else:
+        combined = Scaling("unknown", reason="only some terms of the loss are divided by N")
+    # A token-mean term keeps its per-micro-batch weighting whatever is added to it.
+    return _with_token_mean(combined, parts, every=False)
+
+
+def _with_token_mean(result: Scaling, parts: list[Scaling], *, every: bool) -> Scaling:
+    """``result`` marked as a per-micro-batch token mean when any (or ``every``) part is."""
+    means = [p for p in parts if p.token_mean is not None]
+    if not means or (every and len(means) != len(parts)) or result.token_mean is not None:
+        return result
+    return replace(result, token_mean=means[0].token_mean, token_mean_in=means[0].token_mean_in)
 
 
 def _either(parts: list[Scaling]) -> Scaling:
@@ -168,11 +194,13 @@ def _either(parts: list[Scaling]) -> Scaling:
         return Scaling("unknown", reason="no value")
     verdicts = {p.verdict for p in parts}
     if len(verdicts) == 1:
-        return parts[0]
-    unknown = next((p for p in parts if p.verdict == "unknown"), None)
-    if unknown is not None:
-        return unknown
-    return Scaling("unknown", reason="the loss is divided by N on some paths only")
+        result = parts[0]
+    else:
+        unknown = next((p for p in parts if p.verdict == "unknown"), None)
+        result = unknown or Scaling("unknown", reason="the loss is divided by N on some paths only")
+    # A token mean on every path (each branch of a loss helper normalises the same way).
+    result = replace(result, token_mean=None, token_mean_in=None)
+    return _with_token_mean(result, parts, every=True)
 
 
 class _Reader:
@@ -243,7 +271,7 @@ class _Reader:
             )
         if isinstance(operator, cst.Divide):
             base = self.expression(expr.left, context, depth + 1)
-            return self._scaled(base, self.divisor(expr.right, context, depth), expr)
+            return self._divided(base, expr.right, expr, context, depth)
         if isinstance(operator, cst.Multiply):
             left_factor = self.factor(expr.left, context, depth)
             right_factor = self.factor(expr.right, context, depth)
@@ -265,6 +293,30 @@ class _Reader:
         return Scaling("unknown", reason=f"`{_short(expr)}` is not followed")
 
     def _scaled(self, base: Scaling, factor: str, node: cst.CSTNode) -> Scaling:
+        return _with_token_mean(self._scaled_value(base, factor, node), [base], every=True)
+
+    def _divided(
+        self,
+        base: Scaling,
+        denominator: cst.BaseExpression,
+        node: cst.CSTNode,
+        context: _Context,
+        depth: int,
+    ) -> Scaling:
+        """``base`` divided by ``denominator``; a division by this micro-batch's token count
+        makes the loss a per-micro-batch token mean, whatever the helper is called."""
+        factor = self.divisor(denominator, context, depth)
+        result = self._scaled(base, factor, node)
+        if (
+            factor != "accumulation"
+            and base.verdict != "accumulation"
+            and result.token_mean is None
+            and self._micro_batch_tokens(denominator, context, 0, named=False)
+        ):
+            result = replace(result, token_mean=node, token_mean_in=context.func)
+        return result
+
+    def _scaled_value(self, base: Scaling, factor: str, node: cst.CSTNode) -> Scaling:
         if factor == "accumulation":
             if base.verdict == "unknown":
                 return Scaling("accumulation", node, self.divisor_text, reason=base.reason)
@@ -283,13 +335,16 @@ class _Reader:
             by_counter=base.by_counter or factor == "counter",
         )
 
-    def _call(self, call: cst.Call, context: _Context, depth: int) -> Scaling:
+    def _call(
+        self, call: cst.Call, context: _Context, depth: int, element: int | None = None
+    ) -> Scaling:
+        """``element``: the call returns a tuple and the loss is that item of it."""
         name = method_name(call)
         func = call.func
         divides = name in {"div", "div_", "true_divide", "divide"}
         if isinstance(func, cst.Attribute) and divides and call.args:
             base = self.expression(func.value, context, depth + 1)
-            return self._scaled(base, self.divisor(call.args[0].value, context, depth), call)
+            return self._divided(base, call.args[0].value, call, context, depth)
         if isinstance(func, cst.Attribute) and name in {"mul", "mul_", "multiply"} and call.args:
             base = self.expression(func.value, context, depth + 1)
             factor = self.factor(call.args[0].value, context, depth)
@@ -305,7 +360,7 @@ class _Reader:
                 return Scaling("unknown", reason=f"`{_short(call)}` is not followed")
             if name in {"div", "true_divide"} and len(call.args) > 1:
                 base = self.expression(call.args[0].value, context, depth + 1)
-                return self._scaled(base, self.divisor(call.args[1].value, context, depth), call)
+                return self._divided(base, call.args[1].value, call, context, depth)
             if name == "mul" and len(call.args) > 1:
                 return Scaling("unknown", reason=f"`{_short(call)}` is not followed")
             return self.expression(call.args[0].value, context, depth + 1)
@@ -339,13 +394,24 @@ class _Reader:
             inner = _Context(
                 target, {p: (v, context) for p, v in bind_arguments(call, target.node)}
             )
-            parts = [self.expression(value, inner, depth + 1) for value in target.returns]
+            parts = [self._returned(value, inner, depth + 1, element) for value in target.returns]
             return _either(parts)
         # A call the analyser does not see into (a model, a criterion, F.cross_entropy): it
         # computes a fresh loss and knows nothing of the accumulation count.
         if any(ACCUMULATION_WORDS.search(code_of(a.value)) for a in call.args):
             return Scaling("unknown", reason=f"`{_short(call)}` is given the accumulation count")
         return Scaling("none")
+
+    def _returned(
+        self, value: cst.BaseExpression, context: _Context, depth: int, element: int | None
+    ) -> Scaling:
+        """A helper's return value, or its ``element``-th item (``return loss, stats``)."""
+        if element is not None:
+            if isinstance(value, cst.Tuple) and element < len(value.elements):
+                return self.expression(value.elements[element].value, context, depth)
+            if isinstance(value, cst.Call):
+                return self._call(value, context, depth, element)
+        return self.expression(value, context, depth)
 
     def origin(self, expr: cst.BaseExpression, context: _Context, depth: int) -> cst.CSTNode | None:
         if depth > MAX_DEPTH:
@@ -475,6 +541,10 @@ class _Reader:
             value = _assigned_value(site, name)
             if value is None:
                 return Scaling("unknown", reason=f"`{name}` is unpacked from a tuple")
+            element = _unpacked_index(site, name)
+            if element is not None and isinstance(value, cst.Call):
+                # `loss, stats = compute_loss(...)`: the first item of what it returns.
+                return self._call(value, context, depth + 1, element)
             return self.expression(value, context, depth + 1)
         return Scaling("unknown", reason=f"`{name}` is bound in a way not followed")
 
@@ -581,7 +651,7 @@ class _Reader:
             verdict = self.divisor(assigned, context, depth + 1)
             # A token count made before the micro-batches run: the window's token count.
             before_window = verdict == "other" and self.micro is not None and not inside
-            if before_window and "token" in (name + code_of(assigned)):
+            if before_window and TOKEN_WORDS.search(name + code_of(assigned)):
                 verdict = "accumulation"
             verdicts.add(verdict)
         if len(verdicts) == 1:
@@ -627,6 +697,110 @@ class _Reader:
             return "tensor"
         return "tensor"
 
+    def _micro_batch_tokens(
+        self, node: cst.BaseExpression, context: _Context, depth: int, *, named: bool
+    ) -> bool:
+        """True when ``node`` counts the real tokens of one micro-batch: something named as a
+        token count (``max_tokens``, ``mask.sum()``, ``(labels != pad).sum()``; ``named`` says
+        a name on the way here already did) whose value is read off the data (a sum, an item
+        of the batch) inside the micro-step loop or in a helper it calls. A count made before
+        the micro-batches run, a setting, or a name the analyser cannot follow is not; nor is
+        the number of padded positions (``rows * width``, ``ids.numel()``): dividing every
+        micro-batch's token sum by that keeps each token's weight equal."""
+        return self._token_count(node, context, depth, named=named) == "real"
+
+    def _token_count(
+        self, node: cst.BaseExpression, context: _Context, depth: int, *, named: bool
+    ) -> TokenCount | None:
+        """What ``node`` counts per micro-batch: its ``real`` tokens, its padded
+        ``positions``, or None (not a per-micro-batch token count the analyser can see)."""
+        if depth > MAX_DEPTH:
+            return None
+        text = code_of(node)
+        if WINDOW_TOKEN_WORDS.search(text) or ACCUMULATION_WORDS.search(text):
+            return None
+        named = named or bool(TOKEN_WORDS.search(text))
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Name)
+            and node.func.value in {"int", "float"}
+            and len(node.args) == 1
+        ):
+            # `int(total_tokens)`: the same count.
+            return self._token_count(node.args[0].value, context, depth + 1, named=named)
+        if isinstance(node, cst.Name):
+            sites = self._sites(context.func, node.value, node)
+            if sites is None:
+                bound = context.bindings.get(node.value)
+                if bound is None:
+                    return None  # a parameter nobody visible passes: cannot tell
+                value, outer = bound
+                return self._token_count(value, outer or context, depth + 1, named=named)
+            if not sites or not all(isinstance(site, cst.Assign) for site in sites):
+                return None
+            kinds = [self._site_count(site, node.value, context, depth, named) for site in sites]
+            if None in kinds:
+                return None
+            # `max_tokens = rows * width` or, under a flag, `int(total_tokens)`: the real count
+            # on some configurations is enough.
+            return "real" if "real" in kinds else "positions"
+        if not named or not DATA_STATISTIC.search(text) or not self._per_micro_batch(node, context):
+            return None
+        return "real" if REAL_COUNT.search(POSITION_READS.sub("", text)) else "positions"
+
+    def _site_count(
+        self, site: cst.CSTNode, name: str, context: _Context, depth: int, named: bool
+    ) -> TokenCount | None:
+        assert isinstance(site, cst.Assign)
+        value = _assigned_value(site, name)
+        if value is None:
+            # `micro_batch_size, seq_len = input_ids.shape`: one dimension of the data.
+            value = site.value
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+            # `batch_size * seq_len`: the token positions of this micro-batch.
+            named = named or bool(TOKEN_WORDS.search(name))
+            if not named or not self._per_micro_batch(site, context):
+                return None
+            if all(
+                self._data_count(side, context, depth + 1) for side in (value.left, value.right)
+            ):
+                return "positions"
+            return None
+        kind = self._token_count(
+            value, context, depth + 1, named=named or bool(TOKEN_WORDS.search(name))
+        )
+        return kind if kind is not None and self._per_micro_batch(site, context) else None
+
+    def _data_count(self, node: cst.BaseExpression, context: _Context, depth: int) -> bool:
+        """A factor of a token count read off the data (``input_ids.shape``, ``x.size(1)``)."""
+        if depth > MAX_DEPTH:
+            return False
+        if isinstance(node, cst.Name):
+            sites = self._sites(context.func, node.value, node)
+            if not sites or not all(isinstance(s, cst.Assign) for s in sites):
+                return False
+            return all(
+                self._data_count(s.value, context, depth + 1)  # type: ignore[attr-defined]
+                for s in sites
+            )
+        return bool(DATA_STATISTIC.search(code_of(node)))
+
+    def _per_micro_batch(self, node: cst.CSTNode, context: _Context) -> bool:
+        """``node`` runs once per micro-batch: inside the micro-step loop, or in a helper (a
+        function without that loop, called from inside it)."""
+        loop = self.micro
+        if loop is None:
+            return False
+        func = context.func
+        model = func.model
+        if model is None or not model.owns(node):
+            return False
+        if any(parent is loop for parent in model.ancestors(node)):
+            return True
+        return id(loop) not in func.loop_ids and id(func.node) not in {
+            id(p) for p in self.model.ancestors(loop)
+        }
+
     def _length_of_window(self, node: cst.BaseExpression) -> bool:
         """``len(chunks)`` for a micro-step loop ``for chunk in chunks:``: N itself."""
         loop = self.micro
@@ -666,6 +840,21 @@ def _assigned_value(site: cst.Assign, name: str) -> cst.BaseExpression | None:
                 return None
             if any(isinstance(e, cst.Name) and e.value == name for e in names):
                 return value
+    return None
+
+
+def _unpacked_index(site: cst.Assign, name: str) -> int | None:
+    """The position of ``name`` in a tuple target unpacking a call (``loss, aux = f(x)``)."""
+    if len(site.targets) != 1 or isinstance(site.value, cst.Tuple | cst.List):
+        return None
+    bound = site.targets[0].target
+    if not isinstance(bound, cst.Tuple | cst.List):
+        return None
+    if any(isinstance(e, cst.StarredElement) for e in bound.elements):
+        return None
+    for index, element in enumerate(bound.elements):
+        if isinstance(element.value, cst.Name) and element.value.value == name:
+            return index
     return None
 
 

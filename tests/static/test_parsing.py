@@ -9,7 +9,7 @@ from subprocess import CompletedProcess
 
 import pytest
 
-from gradient_doctor.probes.static import lint_source
+from gradient_doctor.probes.static import lint_paths, lint_source
 from gradient_doctor.probes.static.parsing import nesting_guard, parse_source
 
 PEP701 = """\
@@ -109,3 +109,74 @@ def test_cli_reads_newer_syntax_and_prints_a_syntax_error_once(
     assert done.returncode == 2
     both = done.stdout + done.stderr
     assert both.count("syntax error at line 1:") == 1
+
+
+LEGACY_ASYNC_NAMES = """\
+import torch
+
+
+def train(model, loader, optimizer, accum):
+    model.train()
+    for i, (x, y) in enumerate(loader):
+        x, y = x.cuda(async=True), y.cuda(async=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y) / accum
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (i + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_a_python36_file_with_async_as_a_name_is_analysed_without_a_patch(tmp_path: Path) -> None:
+    # `x.cuda(async=True)` was valid until Python 3.7 made `async` a keyword; PyTorch code of
+    # that era is full of it. The file is read, findings point at its own lines, and no patch is
+    # offered against text the analyser had to rename to read.
+    report = lint_source(LEGACY_ASYNC_NAMES, "main.py")
+    assert report.error is None
+    clip = [f for f in report.findings if f.id == "accum-clip-every-microstep"]
+    assert [(f.line, f.col) for f in clip] == [(10, 9)]
+    assert clip[0].fix is None
+    assert "async" in clip[0].evidence["fix_withheld"]
+    # A folder lint (with the project index, which CPython cannot parse this file for) too.
+    (tmp_path / "main.py").write_text(LEGACY_ASYNC_NAMES, encoding="utf-8")
+    (files,) = [r for r in lint_paths([str(tmp_path)]).files if r.path.endswith("main.py")]
+    assert files.error is None
+    assert [f.line for f in files.findings if f.id == "accum-clip-every-microstep"] == [10]
+
+
+def test_messages_about_a_python36_file_quote_the_users_own_names() -> None:
+    source = (
+        "import torch\n\n\ndef train(model, loader, optimizer):\n"
+        "    for x, y in loader:\n"
+        "        optimizer.zero_grad()\n"
+        "        torch.nn.functional.cross_entropy(model(x.cuda(async=True)), y).backward()\n"
+        "        optimizer.step()\n"
+    )
+    findings = lint_source(source, "main.py").findings
+    quoting = [f for f in findings if "x.cuda(async=True)" in f.message]
+    assert quoting and quoting[0].evidence["backward"].startswith("torch.nn.functional")
+    assert not any("asyn_" in f.message or "asyn_" in str(f.evidence) for f in findings)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(async=1):\n    return async\n",
+        "async = 3\nawait = async + 1\n",
+        "class async:\n    pass\n",
+        "x.cuda(non_blocking=True, async=True)\n",
+    ],
+)
+def test_async_and_await_as_names_are_read_in_place(source: str) -> None:
+    parsed = parse_source(source)
+    assert not isinstance(parsed, str) and parsed.legacy
+    # Same length, so every later line and column still points into the user's text.
+    assert len(parsed.module.code) == len(source)
+
+
+def test_modern_async_code_and_real_errors_are_not_read_as_legacy() -> None:
+    modern = parse_source("async def f(x):\n    async with x:\n        return await x\n")
+    assert not isinstance(modern, str) and not modern.legacy
+    broken = lint_source("x.cuda(async=True\n", "bad.py")
+    assert broken.error is not None and broken.error.startswith("syntax error")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from typing import ClassVar
@@ -9,8 +10,9 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel, FuncInfo
+from gradient_doctor.probes.static.model import Accumulation, Event, FileModel, FuncInfo, Unit
 from gradient_doctor.probes.static.names import call_arg, code_of, dotted_name, keyword_names
+from gradient_doctor.probes.static.provenance import loss_scaling
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     has_scaling,
@@ -116,6 +118,9 @@ for it in range(iters):
             for backward in micro_step_backwards(unit):
                 found = _derivation(model, backward.func, backward.loss, criteria)
                 if found is None:
+                    finding = self._divided_token_mean(model, unit, acc, backward)
+                    if finding is not None:
+                        yield finding
                     continue
                 loss_call, division = found
                 yield RawFinding(
@@ -128,6 +133,42 @@ for it in range(iters):
                         "divisor": acc.divisor_text,
                     },
                 )
+
+    def _divided_token_mean(
+        self, model: FileModel, unit: Unit, acc: Accumulation, backward: Event
+    ) -> RawFinding | None:
+        """The loss provenance's view: the loss was divided by its own micro-batch's token
+        count somewhere (a helper, another file) and then by N."""
+        micro = unit.micro.node if unit.micro is not None else None
+        scaling = loss_scaling(model, backward, acc, unit.root, micro)
+        if scaling.verdict != "accumulation" or scaling.node is None:
+            return None
+        mean, where = scaling.token_mean, scaling.token_mean_in
+        if mean is None or where is None:
+            return None
+        owner = where.model or model
+        divisor = acc.divisor_text
+        node = scaling.node
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            divisor = code_of(node.right)  # `num_micro_batches`, where N is not written
+        place = "" if owner is model else f" in `{os.path.basename(owner.path)}`"
+        return RawFinding(
+            node=scaling.node,
+            message=HELPER_MESSAGE,
+            evidence={
+                "line": scaling.node,
+                "source": shorten(code_of(mean)),
+                "place": place,
+                "divisor": divisor,
+            },
+        )
+
+
+HELPER_MESSAGE = (
+    "line {line} divides by `{divisor}` micro-batches a loss already divided by its own "
+    "micro-batch's token count (`{source}`{place}): micro-batches with fewer real tokens weigh "
+    "as much as full ones; sum the token losses and divide by the step's total token count"
+)
 
 
 def _hints_tokens(node: cst.CSTNode) -> bool:

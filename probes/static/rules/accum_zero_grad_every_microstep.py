@@ -109,17 +109,25 @@ for it in range(iters):
                 if not unit.in_micro_step(zero):
                     continue
                 message = self.message
+                zeroes_model = False
                 if acc.style == "accelerate":
                     if accelerate_runs_deepspeed(model):
                         continue  # DeepSpeed zeroes at the boundary; zero_grad is a no-op
-                    # A prepared optimizer zeroes only on the sync step: harmful only when that
-                    # happens before the backward of the last micro-batch.
-                    if following(unit, zero, {"backward"}) is None:
+                    owner = zero.func.model or model
+                    zeroes_model = owner.is_module(zero.receiver)
+                    if zeroes_model:
+                        # Accelerate gates the prepared optimizer's zero_grad, not a model's:
+                        # this one runs on every micro-batch, wherever it stands.
+                        message = ACCELERATE_MODEL_MESSAGE
+                    elif following(unit, zero, {"backward"}) is None:
+                        # A prepared optimizer zeroes only on the sync step: harmful only when
+                        # that happens before the backward of the last micro-batch.
                         continue
-                    message = ACCELERATE_MESSAGE
+                    else:
+                        message = ACCELERATE_MESSAGE
                 zero_at, step_at = placements(zero, steps[-1])
                 patch = None
-                if zero_at.standalone and single_optimizer:
+                if zero_at.standalone and single_optimizer and not zeroes_model:
                     if gated_zero:
                         patch = Patch(remove=[zero_at.stmt])
                     else:
@@ -138,6 +146,13 @@ for it in range(iters):
                     fix_description="Move `zero_grad()` into the update, after the step.",
                 )
 
+
+ACCELERATE_MODEL_MESSAGE = (
+    "`{zero_grad}` on line {zero_line} zeroes a model's gradients inside "
+    "`accelerator.accumulate()`: Accelerate skips only the prepared optimizer's `zero_grad` "
+    "between updates, so this call runs on every micro-batch and the step on line {step_line} "
+    "sees only the last of the `{divisor}` micro-batches"
+)
 
 ACCELERATE_MESSAGE = (
     "`{zero_grad}` on line {zero_line} runs inside `accelerator.accumulate()` before the "

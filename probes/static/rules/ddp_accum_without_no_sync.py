@@ -8,8 +8,8 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel, Unit
-from gradient_doctor.probes.static.names import code_of
+from gradient_doctor.probes.static.model import MODULE_METHODS, FileModel, Unit
+from gradient_doctor.probes.static.names import code_of, dotted_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
@@ -17,6 +17,7 @@ from gradient_doctor.probes.static.ruletools import (
     micro_step_for,
     names_in,
 )
+from gradient_doctor.probes.static.traverse import walk
 
 PREPARE_MESSAGE = (
     "`{backward}` on line {backward_line} accumulates `{divisor}` micro-batches by hand after "
@@ -115,9 +116,13 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        if not (model.uses_ddp or model.uses_fsdp):
+        if not (model.uses_ddp or model.uses_fsdp or model.wrapper_checks or _wrapped_kinds(model)):
             return
         for unit, acc, _ in accumulating_units(model, skip_deepspeed=True):
+            expected = model.uses_ddp or model.uses_fsdp
+            wrapper_seen = None if expected else _wrapper_of_trained_model(model, unit)
+            if not expected and wrapper_seen is None:
+                continue
             if acc.style == "accelerate" or unit.framework not in {None, "accelerator"}:
                 continue  # accumulate() skips the all-reduce itself
             if unit.of_kind("sync_flag") or any(
@@ -137,12 +142,13 @@ for it in range(iters):
                 node = backward.call
                 # Only `accelerator.prepare()` says DDP: it wraps the model on several
                 # processes only, so the cost may not exist in this run.
-                implied = not (model.explicit_ddp or model.uses_fsdp)
+                implied = not (model.explicit_ddp or model.uses_fsdp) and wrapper_seen is None
+                wrapper = "FSDP" if model.uses_fsdp and not model.explicit_ddp else "DDP"
                 evidence: dict[str, object] = {
                     "backward": label(node),
                     "backward_line": node,
                     "divisor": acc.divisor_text,
-                    "wrapper": "FSDP" if model.uses_fsdp and not model.explicit_ddp else "DDP",
+                    "wrapper": wrapper_seen or wrapper,
                 }
                 if implied:
                     evidence["uncertain"] = (
@@ -154,7 +160,11 @@ for it in range(iters):
                     message=PREPARE_MESSAGE if implied else self.message,
                     severity="info" if implied else None,
                     evidence=evidence,
-                    patch=self._patch(model, unit) if backward.framework is None else None,
+                    patch=(
+                        self._patch(model, unit)
+                        if backward.framework is None and wrapper_seen is None
+                        else None
+                    ),
                     fix_description="Skip the all-reduce on all but the last micro-batch.",
                 )
                 break
@@ -186,3 +196,43 @@ for it in range(iters):
         return Patch().insert_before(
             first, f"{wrapped[0]}.require_backward_grad_sync = ({condition})"
         )
+
+
+def _wrapped_kinds(model: FileModel) -> dict[str, str]:
+    """Names that hold a DDP / FSDP model because every caller passes one (project index)."""
+    return {name: kind for name, kind in model.kinds.items() if kind in {"ddp", "fsdp"}}
+
+
+def _wrapper_of_trained_model(model: FileModel, unit: Unit) -> str | None:
+    """``DDP`` or ``FSDP`` when the function that runs the loop trains a model it expects
+    under that wrapper: it checks ``isinstance(model, FSDP)`` itself, or the project's callers
+    pass it a wrapped model. A file that shows neither (single-process code) gets None."""
+    root = unit.root
+    trained = _trained_names(unit)
+    for checked, kind, func in model.wrapper_checks:
+        if func is root and checked in trained:
+            return "FSDP" if kind == "fsdp" else "DDP"
+    for name, kind in _wrapped_kinds(model).items():
+        if name in root.params and name in trained:
+            return "FSDP" if kind == "fsdp" else "DDP"
+    return None
+
+
+def _trained_names(unit: Unit) -> set[str]:
+    """The models the unit's own function runs forward (``net(x)``, ``self.encoder(x)``) or
+    reads the parameters of (``net.parameters()``). Other calls add names too (``print``,
+    ``optimizer.step``), harmlessly: only names the code checks against a wrapper are used."""
+    names: set[str] = set()
+    scope = unit.scope.node if unit.scope is not None else unit.root.node
+    for node in walk(scope):
+        if not isinstance(node, cst.Call):
+            continue
+        func = node.func
+        called = dotted_name(func)
+        if called is not None:
+            names.add(called)
+        if isinstance(func, cst.Attribute) and func.attr.value in MODULE_METHODS:
+            owner = dotted_name(func.value)
+            if owner is not None:
+                names.add(owner)
+    return names

@@ -524,9 +524,14 @@ class _Substitute(cst.CSTTransformer):
             return updated
         values = self.func.assigns.get(name, [])
         sites = self.func.assign_sites.get(name, [])
-        if len(values) != 1 or len(sites) != 1 or not _plain(values[0]):
+        if len(values) != 1 or len(sites) != 1:
             return updated  # re-bound, or changed in place (`n //= world_size`)
         value = _resolved(values[0], self.func, self.depth + 1, self.keep)
+        if not _plain(values[0]) and not (self.keep and _variables(value) & self.keep):
+            # A value the evaluator cannot read (`hasattr(...)`), which does not depend on the
+            # counter: a configuration flag, left as a name. One that does depend on it is
+            # substituted, so that evaluating it gives up rather than guess.
+            return updated
         return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
@@ -585,7 +590,27 @@ def _sync_source(
         if value is None:
             return None
         expr = _resolved(value, flag.func, keep=keep)
-        return path, (lambda env, e=expr: bool(evaluate(e, env))), flag.call
+        guards = _own_guards(flag, backward, unit, keep)
+        if not guards:
+            return path, (lambda env, e=expr: bool(evaluate(e, env))), flag.call
+        # `if not last: model.set_requires_gradient_sync(False)`: the flag holds that value
+        # only where its guards hold; elsewhere it keeps the value a later, identically
+        # guarded or unguarded, reset gives it. Without such a reset, nobody can tell.
+        otherwise = _reset_value(flag, backward, unit, keep)
+        if otherwise is None:
+            return None
+
+        def flagged(
+            env: Mapping[str, Value],
+            e: cst.BaseExpression = expr,
+            g: Path = guards,
+            o: cst.BaseExpression = otherwise,
+        ) -> bool:
+            if all(bool(evaluate(t, env)) == want for t, want in g):
+                return bool(evaluate(e, env))
+            return bool(evaluate(o, env))
+
+        return path, flagged, flag.call
     context = next((f for f in reversed(backward.frames) if f.tag == "no_sync"), None)
     if context is None:
         return path, None, None
@@ -608,6 +633,38 @@ def _sync_source(
         if body_is_no_sync:
             return path, (lambda env, t=test: not evaluate(t, env)), decided
         return path, (lambda env, t=test: bool(evaluate(t, env))), decided
+    return None
+
+
+def _own_guards(flag: Event, backward: Event, unit: Unit, keep: set[str]) -> Path:
+    """The ``if`` branches inside the micro-step that hold ``flag`` but not ``backward``."""
+    shared = {(id(f.node), f.branch) for f in backward.frames}
+    guards: Path = []
+    for frame in flag.frames_after(unit.micro):
+        if frame.kind != "if" or (id(frame.node), frame.branch) in shared:
+            continue
+        node = frame.node
+        assert isinstance(node, cst.If)
+        test = _resolved(node.test, flag.func, keep=keep)
+        guards.append((test, frame.branch == 0))
+    return guards
+
+
+def _reset_value(
+    flag: Event, backward: Event, unit: Unit, keep: set[str]
+) -> cst.BaseExpression | None:
+    """The value a flag set under guards has where they do not hold: the one a reset after
+    ``backward`` in the same micro-step gives it, when that reset is unguarded or guarded
+    exactly like ``flag`` (so every value it set is undone)."""
+    flag_guards = [code_of(t) for t, _ in _own_guards(flag, backward, unit, keep)]
+    for later in unit.of_kind("sync_flag"):
+        if later.order <= backward.order or not later.inside(unit.micro):
+            continue
+        guards = [code_of(t) for t, _ in _own_guards(later, backward, unit, keep)]
+        if guards and guards != flag_guards:
+            continue
+        value = _flag_value(later)
+        return _resolved(value, later.func, keep=keep) if value is not None else None
     return None
 
 

@@ -55,6 +55,10 @@ model = nn.Sequential(*layers)
 import torch.nn as nn
 model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(4)])
 """,
+        """
+import torch.nn as nn
+model = nn.Sequential(*([nn.Linear(64, 64), nn.Tanh()] * 3))
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -76,6 +80,14 @@ model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in ran
 """,
             4,
         ),
+        Invalid(
+            """
+import torch.nn as nn
+blocks = [nn.Linear(64, 64), nn.Tanh()] * 25
+model = nn.Sequential(*blocks)
+""",
+            3,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -91,6 +103,23 @@ model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in ran
             if stmt is not None and id(stmt) not in seen:
                 seen.add(id(stmt))
                 yield self._finding(stmt, depth, act)
+        for repeat, stmt in model.list_repeats:
+            # `[nn.Linear(d, d), nn.Sigmoid()] * 30`: the list's layers, K times over.
+            listed, times = (
+                (repeat.left, repeat.right)
+                if isinstance(repeat.left, cst.List)
+                else (repeat.right, repeat.left)
+            )
+            depth = _count(model, times)
+            if depth is None or depth <= DEPTH_LIMIT:
+                continue
+            act, normalised = _activations_in(listed)
+            if act is None or normalised:
+                continue
+            node = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) else stmt
+            if id(node) not in seen:
+                seen.add(id(node))
+                yield self._finding(node, depth, act)
         for comp, stmt in model.comprehensions:
             depth = _comprehension_depth(model, comp.for_in)
             if depth is None or depth <= DEPTH_LIMIT:
@@ -140,7 +169,11 @@ def _depth(model: FileModel, iterable: cst.BaseExpression) -> int | None:
     args = [a for a in iterable.args if a.keyword is None]
     if len(args) != 1:
         return None
-    value = args[0].value
+    return _count(model, args[0].value)
+
+
+def _count(model: FileModel, value: cst.BaseExpression) -> int | None:
+    """``value`` as a whole number: a literal or a constant of the file."""
     number = number_value(value)
     if number is None and isinstance(value, cst.Name):
         constant = model.constants.get(value.value)
