@@ -1,0 +1,303 @@
+"""Compare the original run with the patched copy's run: the verification status.
+
+Let *B* be the catalogue ids found before (the static analysis of the original text plus its
+probed run) and *A* the ids found after (the static analysis of the patched text plus the
+patched copy's probed run), each with the worst severity any source gave it; ``healthy`` is a
+verdict, not a finding, and is left out. *T* is the targets: the ids whose patches were
+applied. A finding is *serious* at ``warning`` or ``critical``. A run *ran* when the probe
+measured it as planned (status ``ok`` or ``stopped``).
+
+- ``resolved`` = B − A, ``remaining`` = B ∩ A, ``new`` = A − B (every severity).
+- ``no-patch``: nothing to apply (no finding has a patch, or none of the chosen ids).
+- ``broken``: the patch does not apply to the text read, the patched text does not parse, or
+  the patched copy does not run where the original ran (script error, time-out, out of
+  memory, no optimizer step), or both fail but with different errors. The patch is reported
+  unsafe, with the patched copy's traceback tail.
+- ``worse``: not broken, and a serious id is new, or a remaining id got more severe.
+- ``fixed``: not broken or worse, the patched copy ran, no target is left in A (neither the
+  analyser nor the probe finds it), and the patched run has no serious runtime finding at all.
+  Findings only the static analyser reports and that no applied patch targets may remain
+  (they are listed in ``remaining``).
+- ``improved``: not one of the above, and a serious id of B is resolved, or the patched copy
+  runs where the original did not.
+- ``unchanged``: anything else: nothing serious was resolved and nothing serious is new.
+
+Determinism: both runs seed ``random``, torch and numpy with the same number before the script
+starts. A run also sends a fingerprint of where it started: sums of the weights of the first
+module with parameters at its first forward call and of the tensors given to it (the starting
+weights and the first batch). No patch of the analyser touches the code that runs before the
+first forward, so differing fingerprints mean the script is not deterministic (it seeds from the
+clock, draws fresh randomness, ...) and the two runs differ by more than the patch. That is
+said in the notes and in the verdict; the status stays, because the findings of each run are
+still that run's own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from gradient_doctor.knowledge.findings import SEVERITY_RANK, Finding, Severity
+from gradient_doctor.probes.runtime.result import SUCCESS_STATUSES, ProbeResult, SeedingInfo
+from gradient_doctor.probes.verify.model import FoundId, RunSide, Verification, VerificationStatus
+
+#: Relative difference under which two start fingerprints are the same (float64 sums of the
+#: same numbers differ only through summation order, far below this).
+FINGERPRINT_RTOL = 1e-6
+_NOT_FINDINGS = {"healthy"}
+
+
+def _serious(severity: str) -> bool:
+    return SEVERITY_RANK[severity] >= SEVERITY_RANK["warning"]
+
+
+def found_ids(static: Sequence[Finding], run: ProbeResult | None) -> list[FoundId]:
+    """The ids of one side, worst severity first (static findings, then the run's)."""
+    merged: dict[str, FoundId] = {}
+    runtime = list(run.findings) if run is not None else []
+    for finding, source in [(f, "static") for f in static] + [(f, "runtime") for f in runtime]:
+        if finding.id in _NOT_FINDINGS:
+            continue
+        known = merged.get(finding.id)
+        if known is None:
+            merged[finding.id] = FoundId(
+                id=finding.id,
+                severity=finding.severity,
+                sources=[source],  # type: ignore[list-item]
+            )
+            continue
+        if SEVERITY_RANK[finding.severity] > SEVERITY_RANK[known.severity]:
+            known.severity = finding.severity
+        if source not in known.sources:
+            known.sources.append(source)  # type: ignore[arg-type]
+    return sorted(merged.values(), key=lambda f: (-SEVERITY_RANK[f.severity], f.id))
+
+
+def _finite(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def run_side(
+    static: Sequence[Finding], run: ProbeResult | None, *, steps_requested: int
+) -> RunSide:
+    """One side's facts: status, ids, series (the first optimizer's) and their summary."""
+    if run is None:
+        return RunSide(
+            steps_requested=steps_requested, findings=found_ids(static, None), status=None
+        )
+    several = len({r.optimizer for r in run.records}) > 1
+    steps: list[int] = []
+    losses: list[float | None] = []
+    norms: list[float | None] = []
+    for index, record in enumerate(run.records):
+        if several and record.optimizer != 0:
+            continue
+        steps.append(record.step)
+        losses.append(run.loss[index] if index < len(run.loss) else None)
+        norms.append(record.total_norm)
+    finite_losses = _finite(losses)
+    finite_norms = sorted(_finite(norms))
+    return RunSide(
+        status=run.status,
+        steps=run.steps,
+        steps_requested=run.steps_requested,
+        message=run.message,
+        traceback_tail=run.traceback_tail,
+        findings=found_ids(static, run),
+        steps_axis=steps,
+        loss=losses,
+        total_norm=norms,
+        loss_first=finite_losses[0] if finite_losses else None,
+        loss_last=finite_losses[-1] if finite_losses else None,
+        norm_median=finite_norms[len(finite_norms) // 2] if finite_norms else None,
+        norm_max=finite_norms[-1] if finite_norms else None,
+        wall_s=run.wall_s,
+        seeding=run.seeding,
+    )
+
+
+def _ran(side: RunSide) -> bool:
+    return side.status in SUCCESS_STATUSES
+
+
+def _failure_line(side: RunSide) -> str:
+    """The last line of why a run ended (its message), or its status."""
+    lines = (side.message or "").strip().splitlines()
+    return lines[-1].strip() if lines else (side.status or "not run")
+
+
+def _failure_kind(side: RunSide) -> tuple[str | None, str]:
+    """Status and exception type of a failed run (its message may hold line numbers)."""
+    return side.status, _failure_line(side).split(":", 1)[0]
+
+
+def _same_start(before: SeedingInfo | None, after: SeedingInfo | None) -> bool | None:
+    """Whether both runs started from the same weights and first batch (None: unknown)."""
+    if before is None or after is None:
+        return None
+    first, second = before.start_fingerprint, after.start_fingerprint
+    if not first or not second:
+        return None
+    if len(first) != len(second):
+        return False
+    return all(
+        math.isclose(a, b, rel_tol=FINGERPRINT_RTOL, abs_tol=1e-9) for a, b in zip(first, second)
+    )
+
+
+def seeding_notes(before: RunSide, after: RunSide | None, deterministic: bool | None) -> list[str]:
+    """Sentences on how the runs were seeded, whether the script reseeds itself, and whether
+    the two runs started alike."""
+    notes: list[str] = []
+    seeding = before.seeding
+    if seeding is not None and seeding.seed is not None:
+        names = ", ".join(seeding.seeded) or "the generators"
+        both = "each run" if after is not None else "the run"
+        notes.append(f"{names} were seeded with {seeding.seed} before {both} started.")
+        if seeding.reseed_count:
+            shown = "; ".join(
+                f"{call.function}({call.seed})" + (f" at {_short(call.where)}" if call.where else "")
+                for call in seeding.reseeds[:3]
+            )
+            more = seeding.reseed_count - min(3, len(seeding.reseeds))
+            notes.append(
+                f"The script seeds itself ({shown}{f', and {more} more' if more > 0 else ''}), "
+                "which replaces that seed from then on."
+            )
+    if after is None:
+        return notes
+    if deterministic is True:
+        notes.append(
+            "Both runs started from the same weights and the same first batch, so what differs "
+            "between them is the patch."
+        )
+    elif deterministic is False:
+        notes.append(
+            "The two runs did not start from the same weights and first batch: the script is "
+            "not deterministic (it seeds from the clock or draws fresh randomness), so the "
+            "runs differ by more than the patch."
+        )
+    elif _ran(before) and after.status in SUCCESS_STATUSES:
+        notes.append(
+            "Whether both runs started alike could not be checked (no forward call of a module "
+            "with parameters was seen)."
+        )
+    return notes
+
+
+def _short(where: str) -> str:
+    path, _, line = where.rpartition(":")
+    return f"{path.rsplit('/', 1)[-1]}:{line}" if path else where
+
+
+def _ids(items: Sequence[str]) -> str:
+    return ", ".join(f"`{i}`" for i in items) or "none"
+
+
+def _loss_text(side: RunSide) -> str:
+    if side.loss_first is None or side.loss_last is None:
+        return "no loss measured"
+    return f"loss {side.loss_first:.3g} → {side.loss_last:.3g}"
+
+
+def compare(
+    *,
+    patch: str | None,
+    targets: Sequence[str],
+    before: RunSide,
+    after: RunSide | None,
+    no_patch_reason: str | None = None,
+    patch_error: str | None = None,
+) -> Verification:
+    """The verification status of ``after`` against ``before`` (module docstring)."""
+    deterministic = _same_start(before.seeding, after.seeding if after else None)
+    notes = seeding_notes(before, after, deterministic)
+    common = {"patch": patch, "targets": list(targets), "before": before, "after": after}
+    if patch is None or (after is None and patch_error is None):
+        why = no_patch_reason or "no finding comes with a patch"
+        return Verification(
+            status="no-patch", verdict=f"Nothing to verify: {why}.", notes=notes, **common
+        )
+    if patch_error is not None:
+        return Verification(
+            status="broken",
+            verdict=f"{patch_error[:1].upper()}{patch_error[1:]}. Do not apply this patch.",
+            unsafe=True,
+            notes=notes,
+            **common,
+        )
+    assert after is not None
+    was = {f.id: f.severity for f in before.findings}
+    now = {f.id: f.severity for f in after.findings}
+    resolved = [i for i in was if i not in now]
+    remaining = [i for i in was if i in now]
+    new = [i for i in now if i not in was]
+    lists = {"resolved": resolved, "remaining": remaining, "new": new}
+    status, verdict = _judge(before, after, targets, was, now, resolved, new)
+    verdict = verdict[:1].upper() + verdict[1:]
+    if deterministic is False and status != "broken":
+        verdict += " (the runs did not start alike: the script is not deterministic)"
+    return Verification(
+        status=status,
+        verdict=verdict,
+        unsafe=status == "broken",
+        deterministic=deterministic,
+        notes=notes,
+        **lists,
+        **common,
+    )
+
+
+def _judge(
+    before: RunSide,
+    after: RunSide,
+    targets: Sequence[str],
+    was: dict[str, Severity],
+    now: dict[str, Severity],
+    resolved: list[str],
+    new: list[str],
+) -> tuple[VerificationStatus, str]:
+    if _ran(before) and not _ran(after):
+        why = _failure_line(after)
+        return "broken", (
+            f"the patched copy stopped with {after.status} ({why}) after {after.steps} "
+            f"steps where the original ran {before.steps}. Do not apply this patch."
+        )
+    if not _ran(before) and not _ran(after) and _failure_kind(before) != _failure_kind(after):
+        return "broken", (
+            f"the patched copy fails differently from the original ({_failure_line(after)}"
+            f" instead of {_failure_line(before)}). Do not apply this patch."
+        )
+    if not _ran(before) and not _ran(after):
+        return "unchanged", (
+            f"the patched copy fails like the original ({_failure_line(after)}), so "
+            "the probe could not measure whether the patch helps."
+        )
+    worse_now = [i for i in new if _serious(now[i])] + [
+        i for i in was if i in now and SEVERITY_RANK[now[i]] > SEVERITY_RANK[was[i]]
+    ]
+    if worse_now:
+        gone = [i for i in resolved if _serious(was[i])]
+        also = f" (while {_ids(gone)} went away)" if gone else ""
+        return "worse", f"the patched copy shows {_ids(worse_now)}{also}."
+    left = [t for t in targets if t in now]
+    runtime_serious = [
+        f.id for f in after.findings if "runtime" in f.sources and _serious(f.severity)
+    ]
+    if _ran(after) and not left and not runtime_serious:
+        return "fixed", (
+            f"{_ids(list(targets))} no longer found, and the patched copy ran "
+            f"{after.steps} of {after.steps_requested} steps with no warning or critical runtime "
+            f"finding ({_loss_text(after)}; before: {_loss_text(before)})."
+        )
+    gone = [i for i in resolved if _serious(was[i])]
+    if gone or (_ran(after) and not _ran(before)):
+        still = sorted(set(left) | set(runtime_serious))
+        return "improved", (
+            f"{_ids(gone) if gone else 'the patched copy now runs'}"
+            f"{' no longer found' if gone else ''}; still found: {_ids(still)}."
+        )
+    serious_left = [i for i in now if _serious(now[i])]
+    if not serious_left:
+        return "unchanged", "the patched copy shows no change in any warning or critical finding."
+    return "unchanged", f"the patched copy still shows {_ids(serious_left)}."
