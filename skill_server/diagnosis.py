@@ -528,9 +528,7 @@ def _patch_advice(verification: Verification | None) -> str:
     if status == "fixed":
         return "Apply the patch below: a patched copy was run and the issues it targets are gone."
     if status == "improved":
-        return (
-            "Apply the patch below (verified: it improves the run), then deal with what remains."
-        )
+        return "Apply the patch below (verified: it improves the run), then deal with what remains."
     return (
         f"The patch below was run on a copy and the result is {status}: read the Verification "
         "section before applying it."

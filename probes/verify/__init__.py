@@ -55,7 +55,23 @@ _HOMES = {
     "verify_patch": "run",
 }
 
-__all__ = sorted(_HOMES)
+__all__ = [
+    "DEFAULT_SEED",
+    "ChosenPatch",
+    "FoundId",
+    "PatchError",
+    "RunPlan",
+    "RunSide",
+    "Verification",
+    "VerificationStatus",
+    "apply_chosen",
+    "apply_diff",
+    "choose_patch",
+    "compare",
+    "plan_runs",
+    "run_side",
+    "verify_patch",
+]
 
 
 def __getattr__(name: str) -> Any:

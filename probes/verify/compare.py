@@ -14,12 +14,12 @@ measured it as planned (status ``ok`` or ``stopped``).
   memory, no optimizer step), or both fail but with different errors. The patch is reported
   unsafe, with the patched copy's traceback tail.
 - ``worse``: not broken, and a serious id is new, or a remaining id got more severe.
-- ``fixed``: not broken or worse, the patched copy ran, no target is left in A (neither the
-  analyser nor the probe finds it), and the patched run has no serious runtime finding at all.
-  Findings only the static analyser reports and that no applied patch targets may remain
-  (they are listed in ``remaining``).
+- ``fixed``: not broken or worse, the patched copy ran, and no target is left in A: neither
+  the analyser (on the patched text) nor the probe (on the patched run) finds any problem the
+  patch set out to fix. The status is about the patch: problems it does not target may remain;
+  they are listed in ``remaining`` and the serious ones are named in the verdict.
 - ``improved``: not one of the above, and a serious id of B is resolved, or the patched copy
-  runs where the original did not.
+  runs where the original did not (some targets are left).
 - ``unchanged``: anything else: nothing serious was resolved and nothing serious is new.
 
 Determinism: both runs seed ``random``, torch and numpy with the same number before the script
@@ -140,9 +140,8 @@ def _same_start(before: SeedingInfo | None, after: SeedingInfo | None) -> bool |
         return None
     if len(first) != len(second):
         return False
-    return all(
-        math.isclose(a, b, rel_tol=FINGERPRINT_RTOL, abs_tol=1e-9) for a, b in zip(first, second)
-    )
+    pairs = zip(first, second, strict=True)
+    return all(math.isclose(a, b, rel_tol=FINGERPRINT_RTOL, abs_tol=1e-9) for a, b in pairs)
 
 
 def seeding_notes(before: RunSide, after: RunSide | None, deterministic: bool | None) -> list[str]:
@@ -156,7 +155,8 @@ def seeding_notes(before: RunSide, after: RunSide | None, deterministic: bool | 
         notes.append(f"{names} were seeded with {seeding.seed} before {both} started.")
         if seeding.reseed_count:
             shown = "; ".join(
-                f"{call.function}({call.seed})" + (f" at {_short(call.where)}" if call.where else "")
+                f"{call.function}({call.seed})"
+                + (f" at {_short(call.where)}" if call.where else "")
                 for call in seeding.reseeds[:3]
             )
             more = seeding.reseed_count - min(3, len(seeding.reseeds))
@@ -212,40 +212,40 @@ def compare(
     """The verification status of ``after`` against ``before`` (module docstring)."""
     deterministic = _same_start(before.seeding, after.seeding if after else None)
     notes = seeding_notes(before, after, deterministic)
-    common = {"patch": patch, "targets": list(targets), "before": before, "after": after}
-    if patch is None or (after is None and patch_error is None):
-        why = no_patch_reason or "no finding comes with a patch"
+
+    def result(
+        status: VerificationStatus, verdict: str, lists: tuple[list[str], ...] = ([], [], [])
+    ) -> Verification:
+        resolved, remaining, new = lists
+        if deterministic is False and status not in ("broken", "no-patch"):
+            verdict += " (the runs did not start alike: the script is not deterministic)"
         return Verification(
-            status="no-patch", verdict=f"Nothing to verify: {why}.", notes=notes, **common
-        )
-    if patch_error is not None:
-        return Verification(
-            status="broken",
-            verdict=f"{patch_error[:1].upper()}{patch_error[1:]}. Do not apply this patch.",
-            unsafe=True,
+            status=status,
+            verdict=verdict[:1].upper() + verdict[1:],
+            patch=patch,
+            targets=list(targets),
+            resolved=resolved,
+            remaining=remaining,
+            new=new,
+            unsafe=status == "broken",
+            deterministic=deterministic,
             notes=notes,
-            **common,
+            before=before,
+            after=after,
         )
+
+    if patch is None or (after is None and patch_error is None):
+        return result("no-patch", f"nothing to verify: {no_patch_reason or 'no patch'}.")
+    if patch_error is not None:
+        return result("broken", f"{patch_error}. Do not apply this patch.")
     assert after is not None
     was = {f.id: f.severity for f in before.findings}
     now = {f.id: f.severity for f in after.findings}
     resolved = [i for i in was if i not in now]
     remaining = [i for i in was if i in now]
     new = [i for i in now if i not in was]
-    lists = {"resolved": resolved, "remaining": remaining, "new": new}
     status, verdict = _judge(before, after, targets, was, now, resolved, new)
-    verdict = verdict[:1].upper() + verdict[1:]
-    if deterministic is False and status != "broken":
-        verdict += " (the runs did not start alike: the script is not deterministic)"
-    return Verification(
-        status=status,
-        verdict=verdict,
-        unsafe=status == "broken",
-        deterministic=deterministic,
-        notes=notes,
-        **lists,
-        **common,
-    )
+    return result(status, verdict, (resolved, remaining, new))
 
 
 def _judge(
@@ -281,23 +281,25 @@ def _judge(
         also = f" (while {_ids(gone)} went away)" if gone else ""
         return "worse", f"the patched copy shows {_ids(worse_now)}{also}."
     left = [t for t in targets if t in now]
-    runtime_serious = [
-        f.id for f in after.findings if "runtime" in f.sources and _serious(f.severity)
-    ]
-    if _ran(after) and not left and not runtime_serious:
+    serious_left = [f.id for f in after.findings if _serious(f.severity)]
+    if _ran(after) and not left:
+        others = (
+            f"; not targeted by the patch and still found: {_ids(serious_left)}"
+            if serious_left
+            else ", no warning or critical finding left"
+        )
         return "fixed", (
-            f"{_ids(list(targets))} no longer found, and the patched copy ran "
-            f"{after.steps} of {after.steps_requested} steps with no warning or critical runtime "
-            f"finding ({_loss_text(after)}; before: {_loss_text(before)})."
+            f"{_ids(list(targets))} no longer found in the patched text or its run "
+            f"({after.steps} of {after.steps_requested} steps, {_loss_text(after)}; before: "
+            f"{_loss_text(before)}){others}."
         )
     gone = [i for i in resolved if _serious(was[i])]
     if gone or (_ran(after) and not _ran(before)):
-        still = sorted(set(left) | set(runtime_serious))
         return "improved", (
             f"{_ids(gone) if gone else 'the patched copy now runs'}"
-            f"{' no longer found' if gone else ''}; still found: {_ids(still)}."
+            f"{' no longer found' if gone else ''}; still found: {_ids(serious_left)}"
+            f"{f' (targeted: {_ids(left)})' if left else ''}."
         )
-    serious_left = [i for i in now if _serious(now[i])]
     if not serious_left:
         return "unchanged", "the patched copy shows no change in any warning or critical finding."
     return "unchanged", f"the patched copy still shows {_ids(serious_left)}."

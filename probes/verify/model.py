@@ -70,9 +70,7 @@ class Verification(_Model):
     targets: list[str] = Field(
         default_factory=list, description="Finding ids whose patches were applied."
     )
-    resolved: list[str] = Field(
-        default_factory=list, description="Ids found before and not after."
-    )
+    resolved: list[str] = Field(default_factory=list, description="Ids found before and not after.")
     remaining: list[str] = Field(default_factory=list, description="Ids found before and after.")
     new: list[str] = Field(default_factory=list, description="Ids found after only.")
     unsafe: bool = Field(

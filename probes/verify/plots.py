@@ -42,12 +42,11 @@ def _draw(
 ) -> bool:
     """One line of finite points; non-finite ones as crosses on the top edge. Whether anything
     was drawn."""
-    points = [(s, v) for s, v in zip(steps, values) if v is not None and math.isfinite(v)]
-    bad = [s for s, v in zip(steps, values) if v is not None and not math.isfinite(v)]
+    pairs = list(zip(steps, values, strict=False))
+    points = [(s, v) for s, v in pairs if v is not None and math.isfinite(v)]
+    bad = [s for s, v in pairs if v is not None and not math.isfinite(v)]
     if points:
-        axes.plot(
-            [p[0] for p in points], [p[1] for p in points], color=colour, lw=1.6, label=label
-        )
+        axes.plot([p[0] for p in points], [p[1] for p in points], color=colour, lw=1.6, label=label)
     if bad:
         axes.plot(
             bad,
@@ -71,6 +70,7 @@ def _panel(
     log: bool,
 ) -> None:
     drawn = False
+    shown: list[float | None] = []
     for side, colour, label in ((before, BEFORE, "before"), (after, AFTER, "after (patched)")):
         if side is None:
             continue
@@ -80,9 +80,10 @@ def _panel(
         elif log:
             values = [max(v, FLOOR) if v is not None and math.isfinite(v) else v for v in values]
         drawn = _draw(axes, side.steps_axis, values, colour, label) or drawn
+        shown.extend(values)
     axes.set_title(title, fontsize=10)
     axes.set_xlabel("optimizer step")
-    if drawn and (log or _spans_decades(axes)):
+    if drawn and (log or _spans_decades(shown)):
         axes.set_yscale("log")
     if drawn:
         axes.legend(fontsize=8)
@@ -94,16 +95,11 @@ def _panel(
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _spans_decades(axes: Axes, decades: float = 3.0) -> bool:
-    """Whether the positive values drawn span more than ``decades`` powers of ten (a blow-up
-    to 1e6 would flatten the rest of a linear axis)."""
-    values = [
-        y
-        for line in axes.get_lines()
-        for y in line.get_ydata()
-        if isinstance(y, int | float) and math.isfinite(y) and y > 0
-    ]
-    return bool(values) and math.log10(max(values) / min(values)) > decades
+def _spans_decades(values: Sequence[float | None], decades: float = 3.0) -> bool:
+    """Whether the positive values span more than ``decades`` powers of ten (a blow-up to 1e6
+    would flatten the rest of a linear axis)."""
+    positive = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return bool(positive) and math.log10(max(positive) / min(positive)) > decades
 
 
 def before_after_png(verification: Verification, script: str | None = None) -> bytes | None:

@@ -221,4 +221,3 @@ async def verify_patch(
         }
     )
     return results["before"], verification
-

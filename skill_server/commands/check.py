@@ -171,7 +171,8 @@ def _plots_folder(folder: str | None) -> Path | None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot create the --plots folder {path}: {exc.strerror or exc}") from None
+        reason = exc.strerror or exc
+        raise UsageError(f"cannot create the --plots folder {path}: {reason}") from None
     return path
 
 

@@ -14,8 +14,8 @@ seed ``random``, torch and numpy with before the script starts (``seeding``).
 
 from __future__ import annotations
 
-import contextlib
 import builtins
+import contextlib
 import json
 import linecache
 import os

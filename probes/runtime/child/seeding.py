@@ -118,12 +118,10 @@ def _sums(tensors: list[Any]) -> list[float]:
     count = 0
     with torch.no_grad():
         for tensor in tensors:
-            if tensor.is_floating_point() or tensor.is_complex():
-                values = tensor.detach().double()
-            elif tensor.dtype == torch.bool:
-                values = tensor.detach().double()
+            if tensor.is_complex():
+                values = torch.view_as_real(tensor.detach()).double()
             else:
-                values = tensor.detach().to(torch.float64)
+                values = tensor.detach().double()
             total += float(values.sum())
             absolute += float(values.abs().sum())
             count += tensor.numel()
