@@ -804,7 +804,8 @@ def _side_cells(side: Any) -> list[str]:
         else "—"
     )
     wall = f"{side.wall_s:.1f} s" if side.wall_s else "—"
-    return [run, "; ".join(parts) or "none", loss, norms, wall]
+    found = "; ".join(parts) or "none" if side.status is not None else "—"
+    return [run, found, loss, norms, wall]
 
 
 def verification_rows(verification: Verification) -> list[tuple[str, str, str]]:

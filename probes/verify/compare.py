@@ -27,9 +27,10 @@ starts. A run also sends a fingerprint of where it started: sums of the weights 
 module with parameters at its first forward call and of the tensors given to it (the starting
 weights and the first batch). No patch of the analyser touches the code that runs before the
 first forward, so differing fingerprints mean the script is not deterministic (it seeds from the
-clock, draws fresh randomness, ...) and the two runs differ by more than the patch. That is
-said in the notes and in the verdict; the status stays, because the findings of each run are
-still that run's own.
+clock, draws fresh randomness, ...) and the two runs differ by more than the patch. Then a
+runtime finding that appears or goes away without being a target may be chance, so it does
+not count towards ``worse`` or ``improved`` (it is still listed in ``new`` / ``resolved``);
+targets, static findings and ``broken`` count as always. The notes and the verdict say so.
 """
 
 from __future__ import annotations
@@ -218,7 +219,10 @@ def compare(
     ) -> Verification:
         resolved, remaining, new = lists
         if deterministic is False and status not in ("broken", "no-patch"):
-            verdict += " (the runs did not start alike: the script is not deterministic)"
+            verdict = (
+                verdict.rstrip(".") + "; the runs did not start alike (the script is not "
+                "deterministic), so runtime findings the patch does not target were not counted."
+            )
         return Verification(
             status=status,
             verdict=verdict[:1].upper() + verdict[1:],
@@ -244,7 +248,15 @@ def compare(
     resolved = [i for i in was if i not in now]
     remaining = [i for i in was if i in now]
     new = [i for i in now if i not in was]
-    status, verdict = _judge(before, after, targets, was, now, resolved, new)
+    # Without a common start, a runtime-only difference outside the targets may be chance.
+    static_after = {f.id for f in after.findings if "static" in f.sources}
+    static_before = {f.id for f in before.findings if "static" in f.sources}
+    counted = {
+        i
+        for i in set(was) | set(now)
+        if deterministic is not False or i in targets or i in static_after | static_before
+    }
+    status, verdict = _judge(before, after, targets, was, now, resolved, new, counted)
     return result(status, verdict, (resolved, remaining, new))
 
 
@@ -256,6 +268,7 @@ def _judge(
     now: dict[str, Severity],
     resolved: list[str],
     new: list[str],
+    counted: set[str],
 ) -> tuple[VerificationStatus, str]:
     if _ran(before) and not _ran(after):
         why = _failure_line(after)
@@ -273,11 +286,13 @@ def _judge(
             f"the patched copy fails like the original ({_failure_line(after)}), so "
             "the probe could not measure whether the patch helps."
         )
-    worse_now = [i for i in new if _serious(now[i])] + [
-        i for i in was if i in now and SEVERITY_RANK[now[i]] > SEVERITY_RANK[was[i]]
+    worse_now = [i for i in new if _serious(now[i]) and i in counted] + [
+        i
+        for i in was
+        if i in now and i in counted and SEVERITY_RANK[now[i]] > SEVERITY_RANK[was[i]]
     ]
+    gone = [i for i in resolved if _serious(was[i]) and i in counted]
     if worse_now:
-        gone = [i for i in resolved if _serious(was[i])]
         also = f" (while {_ids(gone)} went away)" if gone else ""
         return "worse", f"the patched copy shows {_ids(worse_now)}{also}."
     left = [t for t in targets if t in now]
@@ -293,7 +308,6 @@ def _judge(
             f"({after.steps} of {after.steps_requested} steps, {_loss_text(after)}; before: "
             f"{_loss_text(before)}){others}."
         )
-    gone = [i for i in resolved if _serious(was[i])]
     if gone or (_ran(after) and not _ran(before)):
         return "improved", (
             f"{_ids(gone) if gone else 'the patched copy now runs'}"
