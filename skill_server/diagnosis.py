@@ -520,9 +520,14 @@ def _patch_advice(verification: Verification | None) -> str:
     if verification is None or verification.status == "no-patch":
         return "Apply the patch below, then run the check again to confirm."
     if verification.unsafe:
+        what = (
+            "the patched copy broke when it was run"
+            if verification.status == "broken"
+            else "the patched copy no longer runs an operation the original ran"
+        )
         return (
-            "Do not apply the patch below as it is: the patched copy broke when it was run "
-            "(see Verification); fix the issues by hand with the code below."
+            f"Do not apply the patch below as it is: {what} (see Verification); fix the issues "
+            "by hand with the code below."
         )
     status = verification.status
     if status == "fixed":

@@ -13,7 +13,12 @@ measured it as planned (status ``ok`` or ``stopped``).
   the patched copy does not run where the original ran (script error, time-out, out of
   memory, no optimizer step), or both fail but with different errors. The patch is reported
   unsafe, with the patched copy's traceback tail.
-- ``worse``: not broken, and a serious id is new, or a remaining id got more severe.
+- ``worse``: not broken, and a serious id is new, or a remaining id got more severe, or an
+  operation the original ran (gradient clipping, the optimizer update, ``backward()``) never
+  runs in the patched copy. A patch may move or swap such an operation (clip before the step,
+  norm clipping for value clipping), never take it off the path the script takes: a rule that
+  moves a clip into one branch of an ``if`` drops it from the other, and with no clip left the
+  probe sees no misplaced clip either. Such a patch is reported unsafe.
 - ``fixed``: not broken or worse, the patched copy ran, and no target is left in A: neither
   the analyser (on the patched text) nor the probe (on the patched run) finds any problem the
   patch set out to fix. The status is about the patch: problems it does not target may remain;
@@ -46,6 +51,13 @@ from gradient_doctor.probes.verify.model import FoundId, RunSide, Verification, 
 #: same numbers differ only through summation order, far below this).
 FINGERPRINT_RTOL = 1e-6
 _NOT_FINDINGS = {"healthy"}
+#: Gradient operations a patch may move or swap within a family but must keep running: the
+#: probe's event names of each family, by what the verdict calls it.
+KEPT_OPERATIONS: dict[str, tuple[str, ...]] = {
+    "gradient clipping": ("clip", "clip-value"),
+    "the optimizer update": ("step", "scaler-step"),
+    "backward()": ("backward",),
+}
 
 
 def _serious(severity: str) -> bool:
@@ -96,6 +108,10 @@ def run_side(
         steps.append(record.step)
         losses.append(run.loss[index] if index < len(run.loss) else None)
         norms.append(record.total_norm)
+    operations: dict[str, int] = {}
+    for record in run.records:
+        for event in set(record.events):
+            operations[event] = operations.get(event, 0) + 1
     finite_losses = _finite(losses)
     finite_norms = sorted(_finite(norms))
     return RunSide(
@@ -112,6 +128,7 @@ def run_side(
         loss_last=finite_losses[-1] if finite_losses else None,
         norm_median=finite_norms[len(finite_norms) // 2] if finite_norms else None,
         norm_max=finite_norms[-1] if finite_norms else None,
+        operations=dict(sorted(operations.items())),
         wall_s=run.wall_s,
         seeding=run.seeding,
     )
@@ -119,6 +136,19 @@ def run_side(
 
 def _ran(side: RunSide) -> bool:
     return side.status in SUCCESS_STATUSES
+
+
+def dropped_operations(before: RunSide, after: RunSide) -> list[str]:
+    """The operations of :data:`KEPT_OPERATIONS` the original ran and the patched copy never
+    runs (both runs measured), each with how often the original ran it."""
+    if not (_ran(before) and _ran(after)):
+        return []
+    dropped = []
+    for name, events in KEPT_OPERATIONS.items():
+        had = max((before.operations.get(e, 0) for e in events), default=0)
+        if had and not any(after.operations.get(e, 0) for e in events):
+            dropped.append(f"{name} (the original ran it in {had} of {before.steps} steps)")
+    return dropped
 
 
 def _failure_line(side: RunSide) -> str:
@@ -213,6 +243,7 @@ def compare(
     """The verification status of ``after`` against ``before`` (module docstring)."""
     deterministic = _same_start(before.seeding, after.seeding if after else None)
     notes = seeding_notes(before, after, deterministic)
+    dropped: list[str] = []
 
     def result(
         status: VerificationStatus, verdict: str, lists: tuple[list[str], ...] = ([], [], [])
@@ -231,7 +262,7 @@ def compare(
             resolved=resolved,
             remaining=remaining,
             new=new,
-            unsafe=status == "broken",
+            unsafe=status == "broken" or bool(dropped),
             deterministic=deterministic,
             notes=notes,
             before=before,
@@ -256,7 +287,16 @@ def compare(
         for i in set(was) | set(now)
         if deterministic is not False or i in targets or i in static_after | static_before
     }
-    status, verdict = _judge(before, after, targets, was, now, resolved, new, counted)
+    dropped = dropped_operations(before, after)
+    if dropped:
+        status: VerificationStatus = "worse"
+        verdict = (
+            f"the patched copy never runs {'; '.join(dropped)}: the patch took it off the path "
+            "the script takes, so what it targets is gone only because the operation is. Do not "
+            "apply this patch."
+        )
+    else:
+        status, verdict = _judge(before, after, targets, was, now, resolved, new, counted)
     return result(status, verdict, (resolved, remaining, new))
 
 

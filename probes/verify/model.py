@@ -57,6 +57,11 @@ class RunSide(_Model):
     loss_last: float | None = None
     norm_median: float | None = None
     norm_max: float | None = None
+    operations: dict[str, int] = Field(
+        default_factory=dict,
+        description="Steps in which each gradient operation ran (the probe's event names: "
+        "backward, clip, clip-value, step, scaler-step, unscale, zero-grad, ...).",
+    )
     wall_s: float | None = Field(default=None, description="Wall time of this run, seconds.")
     seeding: SeedingInfo | None = None
 
@@ -75,7 +80,9 @@ class Verification(_Model):
     new: list[str] = Field(default_factory=list, description="Ids found after only.")
     unsafe: bool = Field(
         default=False,
-        description="The patch broke the script (status broken): do not apply it as it is.",
+        description="The patch broke the script (status broken), or the patched copy no longer "
+        "runs an operation the original ran (clipping, the update, backward; status worse): do "
+        "not apply it as it is.",
     )
     deterministic: bool | None = Field(
         default=None,

@@ -233,6 +233,31 @@ def test_a_clock_seeded_script_is_reported_as_not_deterministic() -> None:
     assert call["function"] == "torch.manual_seed" and call["where"].endswith("clock_seeded.py:9")
 
 
+@pytest.mark.parametrize("flag", [[], ["--use-optimizer"]])
+def test_a_patch_must_keep_the_clip_on_the_path_that_runs(flag: list[str]) -> None:
+    # Whatever the analyser's patch does with the branches, the verdict follows what ran: the
+    # clip still running before the update is fixed; no clip left at all is worse and unsafe.
+    script = VERIFY_FIXTURES / "branch_update.py"
+    before_bytes = script.read_bytes()
+    common = ["check", str(script), "--verify", "--steps", STEPS]
+    result = run_gd(*common, "--format", "json", "--", *flag)
+    verification = verification_of(result)
+    assert verification["targets"] == ["clip-after-step"], verification["verdict"]
+    assert verification["before"]["operations"]["clip"] >= int(STEPS) - 1
+    if verification["after"]["operations"].get("clip"):
+        assert verification["status"] == "fixed", verification["verdict"]
+        assert not verification["unsafe"]
+    else:
+        assert verification["status"] == "worse", verification["verdict"]
+        assert verification["unsafe"] is True
+        assert "never runs gradient clipping" in verification["verdict"]
+        markdown = run_gd(*common, "--", *flag)
+        assert markdown.returncode == 1
+        code_to_add = markdown.stdout.split("### Code to Add", 1)[1]
+        assert code_to_add.lstrip().startswith("⚠️ **Unsafe patch: do not apply it as it is.**")
+    assert script.read_bytes() == before_bytes
+
+
 def test_verify_ids_chooses_the_patches() -> None:
     result = run_gd(
         "check",

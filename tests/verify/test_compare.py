@@ -147,3 +147,39 @@ def test_the_scripts_own_seeding_is_reported() -> None:
     result = compare(patch=PATCH, targets=TARGETS, before=before, after=after)
     assert any("torch.manual_seed(1234) at train.py:7" in note for note in result.notes)
     assert any("seeded with 0" in note for note in result.notes)
+
+
+def test_a_patch_that_drops_an_operation_from_the_run_is_worse_and_unsafe() -> None:
+    # The clip moved into a branch that does not run: no clip, so no misplaced clip either.
+    clipping = {"backward": 10, "clip": 9, "step": 10}
+    result = compare(
+        patch=PATCH,
+        targets=TARGETS,
+        before=side(BUG, operations=clipping),
+        after=side(
+            {"no-grad-monitoring": ("info", "static")}, operations={"backward": 10, "step": 10}
+        ),
+    )
+    assert result.status == "worse" and result.unsafe
+    assert result.resolved == ["clip-after-step"]
+    assert "never runs gradient clipping (the original ran it in 9 of 10 steps)" in result.verdict
+    # Moving it, or swapping value clipping for norm clipping, keeps the family: fixed.
+    for kept in (
+        {"backward": 10, "clip": 10, "step": 10},
+        {"backward": 10, "clip-value": 3, "step": 10},
+    ):
+        moved = compare(
+            patch=PATCH,
+            targets=TARGETS,
+            before=side(BUG, operations=clipping),
+            after=side({"no-grad-monitoring": ("info", "static")}, operations=kept),
+        )
+        assert moved.status == "fixed" and not moved.unsafe, moved.verdict
+    # A copy that fails is judged broken as before, whatever it ran.
+    failed = compare(
+        patch=PATCH,
+        targets=TARGETS,
+        before=side(BUG, operations=clipping),
+        after=side({}, "script-error", message="AttributeError: x", operations={}),
+    )
+    assert failed.status == "broken"
