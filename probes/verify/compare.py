@@ -216,6 +216,29 @@ def seeding_notes(before: RunSide, after: RunSide | None, deterministic: bool | 
     return notes
 
 
+def loss_scale_note(
+    before: RunSide, after: RunSide | None, deterministic: bool | None
+) -> str | None:
+    """A sentence when the patched copy's loss values are the original's divided by a whole
+    number (a patch that divides the loss by the accumulation count): from the same start, the
+    first loss given to ``backward()`` is then exactly 1/k of the original's, and the two loss
+    series compare by trend, not by value."""
+    if deterministic is not True or after is None:
+        return None
+    first, second = before.loss_first, after.loss_first
+    if first is None or second is None or second == 0 or first * second <= 0:
+        return None
+    ratio = first / second
+    factor = round(ratio)
+    if factor < 2 or not math.isclose(ratio, factor, rel_tol=1e-3):
+        return None
+    return (
+        f"The patched copy's first loss given to backward() is 1/{factor} of the original's "
+        f"({second:.3g} against {first:.3g}): the patch divides the loss, so compare the two "
+        "loss series by their trend, not their values."
+    )
+
+
 def _short(where: str) -> str:
     path, _, line = where.rpartition(":")
     return f"{path.rsplit('/', 1)[-1]}:{line}" if path else where
@@ -243,6 +266,9 @@ def compare(
     """The verification status of ``after`` against ``before`` (module docstring)."""
     deterministic = _same_start(before.seeding, after.seeding if after else None)
     notes = seeding_notes(before, after, deterministic)
+    scale_note = loss_scale_note(before, after, deterministic)
+    if scale_note is not None:
+        notes.append(scale_note)
     dropped: list[str] = []
 
     def result(

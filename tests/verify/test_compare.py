@@ -183,3 +183,15 @@ def test_a_patch_that_drops_an_operation_from_the_run_is_worse_and_unsafe() -> N
         after=side({}, "script-error", message="AttributeError: x", operations={}),
     )
     assert failed.status == "broken"
+
+
+def test_a_loss_divided_by_the_patch_is_noted_so_values_are_not_compared() -> None:
+    def run(first: float, **extra: Any) -> RunSide:
+        return side(BUG, loss_first=first, loss_last=first / 2, **extra)
+
+    divided = compare(patch=PATCH, targets=TARGETS, before=run(1.38), after=run(0.345))
+    assert any("1/4 of the original's" in note for note in divided.notes)
+    # Same values, a non-whole ratio, or runs that did not start alike: no such note.
+    for after in (run(1.38), run(0.5), run(0.345, start=[9.0] * 6)):
+        result = compare(patch=PATCH, targets=TARGETS, before=run(1.38), after=after)
+        assert not any("of the original's" in note for note in result.notes)
