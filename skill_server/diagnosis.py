@@ -29,6 +29,8 @@ from gradient_doctor.skill_server.safety import InputError, one_line, tail
 
 if TYPE_CHECKING:
     from gradient_doctor.probes.runtime.launch import Launch
+    from gradient_doctor.probes.runtime.result import ProbeResult
+    from gradient_doctor.probes.verify.model import Verification
 
 ProgressCallback = Callable[[int, int], Awaitable[None] | None]
 
@@ -158,9 +160,8 @@ def _diff_body_in(diff: str, combined: str) -> bool:
     return all(line in combined for line in changed)
 
 
-async def probe(
+async def run_probe(
     script: Path,
-    display_path: str,
     args: Sequence[str],
     *,
     steps: int,
@@ -170,19 +171,22 @@ async def probe(
     on_progress: ProgressCallback | None = None,
     nproc: int | None = None,
     launch: Launch | None = None,
-) -> ProbeReport:
-    """Run the runtime probe on ``script`` (in a child process) and keep its whole result.
+    seed: int | None = None,
+    source: str | None = None,
+    threads: int | None = None,
+) -> ProbeResult:
+    """Run the runtime probe on ``script`` (in a child process) and return its whole result.
 
     ``cwd`` None runs the script in its own folder; ``launch`` (``probes.runtime.Launch``) picks
     the interpreter, the memory cap and the secrets kept from it. ``nproc`` > 1 launches the
-    script under torchrun with that many ranks. The pictures of the run go to the tool's
-    :func:`skill_server.images.collecting` block, if it opened one.
+    script under torchrun with that many ranks. ``seed`` / ``source`` / ``threads``: a
+    verification run (``probes.runtime.runner.run_probe_async``).
     """
     try:
         from gradient_doctor.probes.runtime import run_probe_async
     except ImportError as exc:
         raise InputError(f"the runtime probe is not installed ({one_line(str(exc))})") from None
-    result = await run_probe_async(
+    return await run_probe_async(
         str(script),
         tuple(args),
         steps=steps,
@@ -192,10 +196,15 @@ async def probe(
         on_progress=on_progress,
         nproc=nproc,
         launch=launch,
+        seed=seed,
+        source=source,
+        threads=threads,
     )
-    from gradient_doctor.skill_server import images
 
-    await images.collect(result)
+
+def probe_report(result: ProbeResult, display_path: str, steps: int) -> ProbeReport:
+    """The report's view of a probe result: findings named after ``display_path``, long texts
+    cut to their tails, the raw per-step records dropped when they are very large."""
     data = result.model_dump(mode="json")
     if len(str(data.get("records", ""))) > _MAX_RAW_RECORD_CHARS:
         # The raw per-step records can be large; the series derived from them stay.
@@ -219,6 +228,38 @@ async def probe(
         findings=findings,
         measurements=data,
     )
+
+
+async def probe(
+    script: Path,
+    display_path: str,
+    args: Sequence[str],
+    *,
+    steps: int,
+    timeout_s: float,
+    device: str,
+    cwd: Path | None,
+    on_progress: ProgressCallback | None = None,
+    nproc: int | None = None,
+    launch: Launch | None = None,
+) -> ProbeReport:
+    """:func:`run_probe`, as a :class:`ProbeReport`. The pictures of the run go to the tool's
+    :func:`skill_server.images.collecting` block, if it opened one."""
+    result = await run_probe(
+        script,
+        args,
+        steps=steps,
+        timeout_s=timeout_s,
+        device=device,
+        cwd=cwd,
+        on_progress=on_progress,
+        nproc=nproc,
+        launch=launch,
+    )
+    from gradient_doctor.skill_server import images
+
+    await images.collect(result)
+    return probe_report(result, display_path, steps)
 
 
 def match_text(
@@ -445,7 +486,11 @@ def _code_blocks(issues: Sequence[Issue], names: dict[str, str]) -> list[CodeBlo
 
 
 def _recommendations(
-    issues: Sequence[Issue], has_patch: bool, checked: bool, matches: Sequence[SymptomMatch]
+    issues: Sequence[Issue],
+    has_patch: bool,
+    checked: bool,
+    matches: Sequence[SymptomMatch],
+    verification: Verification | None = None,
 ) -> list[str]:
     if not checked:
         hints = [
@@ -461,13 +506,38 @@ def _recommendations(
         action = issue.fix or issue.messages[0]
         recs.append(f"`{issue.id}`{where}: {one_line(action, 400)}")
     if has_patch:
-        recs.append("Apply the patch below, then run the check again to confirm.")
+        recs.append(_patch_advice(verification))
     if not issues:
         recs.append(
             "Nothing to fix. Keep logging the total gradient norm each step so a change shows "
             "up early."
         )
     return recs
+
+
+def _patch_advice(verification: Verification | None) -> str:
+    """What to do with the patch, given what its verification showed (if it ran)."""
+    if verification is None or verification.status == "no-patch":
+        return "Apply the patch below, then run the check again to confirm."
+    if verification.unsafe:
+        what = (
+            "the patched copy broke when it was run"
+            if verification.status == "broken"
+            else "the patched copy no longer runs an operation the original ran"
+        )
+        return (
+            f"Do not apply the patch below as it is: {what} (see Verification); fix the issues "
+            "by hand with the code below."
+        )
+    status = verification.status
+    if status == "fixed":
+        return "Apply the patch below: a patched copy was run and the issues it targets are gone."
+    if status == "improved":
+        return "Apply the patch below (verified: it improves the run), then deal with what remains."
+    return (
+        f"The patch below was run on a copy and the result is {status}: read the Verification "
+        "section before applying it."
+    )
 
 
 @dataclass
@@ -487,15 +557,29 @@ class DiagnoseRequest:
     cwd: Path | None = None
     #: Interpreter, memory cap and scrubbed secrets (``probes.runtime.Launch``); None: defaults.
     launch: Launch | None = None
+    #: Prove the patch by running it (``probes.verify``): the original and a patched copy.
+    verify: bool = False
+    #: Verify only the patches of these finding ids (None: the combined patch).
+    verify_ids: list[str] | None = None
+    #: The seed of both verification runs.
+    seed: int = 0
+    #: Ranks to launch (torchrun), passed to the probe runner.
+    nproc: int | None = None
 
 
 async def diagnose(
     request: DiagnoseRequest,
     *,
     on_progress: ProgressCallback | None = None,
-    probe_runner: Callable[..., Awaitable[ProbeReport]] | None = None,
+    probe_runner: Callable[..., Awaitable[ProbeResult]] | None = None,
 ) -> Diagnosis:
-    """Static + runtime + symptom matches for one script and/or description, merged."""
+    """Static + runtime + symptom matches for one script and/or description, merged.
+
+    ``probe_runner`` (default :func:`run_probe`) runs one probe: called with the script, its
+    arguments and the keyword options of :func:`run_probe`. With ``request.verify`` the patch is
+    also proved by running it (:func:`verify`): the original's run is the report's probe run.
+    """
+    from gradient_doctor.skill_server import images
     from gradient_doctor.skill_server.safety import read_source
 
     if request.script is None and not (request.description or "").strip():
@@ -509,7 +593,10 @@ async def diagnose(
         lint = lint_text(source, display)
 
     report: ProbeReport | None = None
+    verification: Verification | None = None
     note: str | None = None
+    if request.verify:
+        _check_verifiable(request)
     if request.script is None:
         note = "no script given"
     elif not request.run_probe:
@@ -517,19 +604,31 @@ async def diagnose(
     elif not request.exec_allowed:
         note = "script execution is disabled on this server (--no-exec)"
     else:
-        runner = probe_runner or probe
+        runner = probe_runner or run_probe
         assert display is not None
-        report = await runner(
-            request.script,
-            display,
-            request.args,
-            steps=request.steps,
-            timeout_s=request.timeout_s,
-            device=request.device,
-            cwd=request.cwd,
-            on_progress=on_progress,
-            launch=request.launch,
-        )
+        script = request.script
+
+        async def run_once(**options: Any) -> ProbeResult:
+            return await runner(
+                script,
+                request.args,
+                steps=request.steps,
+                timeout_s=request.timeout_s,
+                device=request.device,
+                cwd=request.cwd,
+                nproc=request.nproc,
+                launch=request.launch,
+                **options,
+            )
+
+        if request.verify and source is not None and lint is not None:
+            result, verification = await verify(request, source, lint, run_once, on_progress)
+        else:
+            result = await run_once(on_progress=on_progress)
+        await images.collect(result)
+        if verification is not None:
+            await images.collect_verification(verification, display)
+        report = probe_report(result, display, request.steps)
 
     matches: list[SymptomMatch] = []
     if request.description and request.description.strip():
@@ -577,14 +676,61 @@ async def diagnose(
         summary=[_static_row(lint), *_runtime_rows(report, note)],
         issues=issues,
         recommendations=_recommendations(
-            issues, combined is not None, lint is not None or report is not None, matches
+            issues,
+            combined is not None,
+            lint is not None or report is not None,
+            matches,
+            verification,
         ),
         combined_diff=combined,
         code_to_add=_code_blocks(issues, guess_names(source) if source else {}),
         matches=matches,
         worst_severity=_worst([i.severity for i in issues]),
         script_output_tail=output_tail,
+        verification=verification,
     )
+
+
+def _check_verifiable(request: DiagnoseRequest) -> None:
+    """A verification needs a script and both runs: say which is missing, in one line."""
+    if request.script is None:
+        raise InputError("verify needs a script path: it runs the script and a patched copy")
+    if not request.run_probe:
+        raise InputError("verify runs the script: it cannot be combined with skipping the probe")
+    if not request.exec_allowed:
+        raise InputError(
+            "verify runs the script, and script execution is disabled on this server (--no-exec)"
+        )
+
+
+async def verify(
+    request: DiagnoseRequest,
+    source: str,
+    lint: LintResult,
+    run_once: Callable[..., Awaitable[ProbeResult]],
+    on_progress: ProgressCallback | None,
+) -> tuple[ProbeResult, Verification]:
+    """Prove the combined patch (or the patches of ``request.verify_ids``) by running the
+    original and a patched copy alike (``probes.verify``); returns the original's run and the
+    verification. An id without a patch is an :class:`InputError`."""
+    from gradient_doctor.probes.verify import plan_runs, verify_patch
+
+    try:
+        return await verify_patch(
+            text=source,
+            display_path=lint.path,
+            findings=lint.findings,
+            combined_diff=lint.combined_diff,
+            unmerged=lint.unmerged_fixes,
+            ids=request.verify_ids,
+            run=run_once,
+            steps=request.steps,
+            seed=request.seed,
+            plan=plan_runs(request.device, request.nproc),
+            on_progress=on_progress,
+        )
+    except ValueError as exc:
+        raise InputError(one_line(str(exc))) from None
 
 
 def _interpreter_line(report: ProbeReport | None) -> str | None:
@@ -607,7 +753,78 @@ def render_report(diagnosis: Diagnosis) -> str:
     """The check-gradients Markdown report of ``diagnosis``."""
     from gradient_doctor.templates import render
 
-    return render("report.md.j2", d=diagnosis, mark=status_mark, evidence=format_evidence)
+    return render(
+        "report.md.j2",
+        d=diagnosis,
+        mark=status_mark,
+        evidence=format_evidence,
+        verdict_mark=_VERDICT_MARKS.get,
+        verification_rows=verification_rows,
+        ids=_id_list,
+    )
+
+
+_VERDICT_MARKS = {
+    "fixed": "✅",
+    "improved": "🟡",
+    "unchanged": "➖",
+    "worse": "⚠️",
+    "broken": "❌",
+    "no-patch": "—",
+}
+
+
+def _id_list(ids: Sequence[str]) -> str:
+    return ", ".join(f"`{i}`" for i in ids) or "none"
+
+
+def _number(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3g}"
+
+
+def _side_cells(side: Any) -> list[str]:
+    """The before/after table's cells for one run (``probes.verify.model.RunSide``)."""
+    if side.status is None:
+        run = "not run"
+    else:
+        run = f"{side.status}, {side.steps} of {side.steps_requested} steps"
+    by_severity: dict[str, list[str]] = {}
+    for found in side.findings:
+        by_severity.setdefault(found.severity, []).append(found.id)
+    parts = [
+        f"{mark} " + ", ".join(f"`{i}`" for i in by_severity[severity])
+        for severity, mark in (("critical", "❌"), ("warning", "⚠️"))
+        if severity in by_severity
+    ]
+    if "info" in by_severity:
+        parts.append(f"ℹ️ {len(by_severity['info'])} info")
+    loss = (
+        f"{_number(side.loss_first)} → {_number(side.loss_last)}"
+        if side.loss_first is not None
+        else "—"
+    )
+    norms = (
+        f"{_number(side.norm_median)} / {_number(side.norm_max)}"
+        if side.norm_median is not None
+        else "—"
+    )
+    wall = f"{side.wall_s:.1f} s" if side.wall_s else "—"
+    found = "; ".join(parts) or "none" if side.status is not None else "—"
+    return [run, found, loss, norms, wall]
+
+
+def verification_rows(verification: Verification) -> list[tuple[str, str, str]]:
+    """(label, before, after) rows of the report's before/after table."""
+    labels = [
+        "Probe run",
+        "Findings",
+        "Loss to backward(), first → last",
+        "Total grad norm, median / max",
+        "Wall time",
+    ]
+    before = _side_cells(verification.before)
+    after = _side_cells(verification.after) if verification.after is not None else [""] * 5
+    return list(zip(labels, before, after, strict=True))
 
 
 def format_evidence(item: dict[str, Any]) -> str:

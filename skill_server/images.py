@@ -1,4 +1,5 @@
-"""Pictures of a probe run as MCP image content (``probe_script``, ``diagnose``).
+"""Pictures of a probe run as MCP image content (``probe_script``, ``diagnose``), and of a
+verification (the before/after overlay of ``diagnose(verify=true)`` / ``check --verify``).
 
 The probe's pictures (``probes.runtime.plots``: gradient flow per layer, total norm over steps,
 dead units, ranks) are drawn where the probe result is at hand, deep inside the diagnosis
@@ -24,6 +25,7 @@ from mcp.types import ImageContent, TextContent
 
 if TYPE_CHECKING:
     from gradient_doctor.probes.runtime.result import ProbeResult
+    from gradient_doctor.probes.verify.model import Verification
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,24 @@ async def collect(result: ProbeResult) -> None:
         target.extend(await anyio.to_thread.run_sync(draw, abandon_on_cancel=True))
     except Exception:  # matplotlib missing or a drawing bug: keep the text report
         log.exception("could not draw the probe's pictures")
+
+
+async def collect_verification(verification: Verification, script: str | None) -> None:
+    """Draw the before/after picture of ``verification`` into the open :func:`collecting`
+    block, if there is one (logged and left out if it cannot be drawn)."""
+    target = _active.get()
+    if target is None:
+        return
+
+    def draw() -> list[tuple[str, bytes]]:
+        from gradient_doctor.probes.verify.plots import verification_pngs
+
+        return verification_pngs(verification, script)
+
+    try:
+        target.extend(await anyio.to_thread.run_sync(draw, abandon_on_cancel=True))
+    except Exception:  # matplotlib missing or a drawing bug: keep the text report
+        log.exception("could not draw the verification picture")
 
 
 def image_content(pictures: list[tuple[str, bytes]]) -> list[TextContent | ImageContent]:

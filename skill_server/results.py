@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gradient_doctor.knowledge.findings import Finding, Severity
+from gradient_doctor.probes.verify.model import Verification
 
 StatusMark = Literal["ok", "warning", "critical", "not-run"]
 
@@ -135,6 +136,11 @@ class Diagnosis(_Result):
     worst_severity: Severity | None
     script_output_tail: str | None = Field(
         default=None, description="The end of the script's output when it failed."
+    )
+    verification: Verification | None = Field(
+        default=None,
+        description="verify=true: the patch applied to a scratch copy, both runs probed alike "
+        "and compared (status fixed, improved, unchanged, worse, broken or no-patch).",
     )
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 from mcp.server import MCPServer
@@ -56,6 +56,7 @@ from gradient_doctor.skill_server.safety import (
     read_source,
 )
 
+T = TypeVar("T")
 SERVER_NAME = "gradient-doctor"
 URI_PREFIX = "gradient-doctor://"
 log = logging.getLogger("gradient_doctor.server")
@@ -175,6 +176,12 @@ NPROC_HELP = (
 CWD_HELP = (
     "Working folder for the script, inside the allowed roots (default: the script's own "
     "folder, where its relative paths usually point)."
+)
+VERIFY_HELP = (
+    "Prove the patch by running it: apply it to a scratch copy (never the user's file), probe "
+    "the original and the copy with the same steps, folder, arguments and seed, and compare "
+    "(status fixed, improved, unchanged, worse, broken or no-patch; a before/after picture). "
+    "About twice the time of one probe."
 )
 PLOTS_HELP = (
     "Return pictures of the run as PNG images: gradient flow per layer, total norm over "
@@ -434,19 +441,24 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
             display = _display_path(real, policy)
             script_args = check_script_args(args or [])
             workdir = policy.resolve_dir(cwd) if cwd is not None else None
-            with images.collecting(plots) as pictures:
-                report = await _queued_probe(
-                    config,
-                    ctx,
+            launch = _launch_for(config, real)
+
+            async def work(progress: Any) -> ProbeReport:
+                return await diag.probe(
                     real,
                     display,
                     script_args,
-                    steps,
-                    timeout_s,
-                    device,
-                    nproc,
-                    workdir,
+                    steps=steps,
+                    timeout_s=timeout_s,
+                    device=device,
+                    cwd=workdir,
+                    on_progress=progress,
+                    nproc=nproc,
+                    launch=launch,
                 )
+
+            with images.collecting(plots) as pictures:
+                report = await _queued(config, ctx, display, device, steps, work)
             return _result(report, _render("server/probe.md.j2", r=report), pictures)
 
     @_tool(server, title="Diagnose a training script", annotations=RUNS_SCRIPT)
@@ -477,11 +489,22 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
         ] = None,
         plots: Annotated[bool, Field(description=PLOTS_HELP)] = True,
         cwd: Annotated[str | None, Field(description=CWD_HELP)] = None,
+        verify: Annotated[bool, Field(description=VERIFY_HELP)] = False,
+        verify_ids: Annotated[
+            list[str] | None,
+            Field(
+                description="With verify: prove only the patches of these finding ids "
+                "(default: the combined patch)."
+            ),
+        ] = None,
     ) -> Annotated[CallToolResult, Diagnosis]:
         """The one-shot check: static analysis + a short run under the gradient probe +
         matching the described symptom, merged into one issue per catalogue id with the
         evidence of each, rendered as a Gradient Health Report (summary table, issues with
-        lines and layers, recommendations, a patch and fix code)."""
+        lines and layers, recommendations, a patch and fix code). With verify=true it also
+        proves the patch: a patched scratch copy (never the user's file) runs alike and the
+        two runs are compared (fixed, improved, unchanged, worse, broken or no-patch), with a
+        before/after picture."""
         with tool_errors("diagnose"):
             request = diag.DiagnoseRequest(
                 description=description,
@@ -489,31 +512,30 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
                 exec_allowed=config.allow_exec,
                 steps=steps,
                 timeout_s=timeout_s,
+                nproc=nproc,
+                verify=verify or verify_ids is not None,
+                verify_ids=check_rule_ids(verify_ids, "verify_ids") if verify_ids else None,
             )
             if path is not None:
                 real = policy.resolve_file(path)
                 request.script = real
                 request.display_path = _display_path(real, policy)
                 request.cwd = policy.resolve_dir(cwd) if cwd is not None else None
+                request.launch = _launch_for(config, real)
+            display = request.display_path or "the description"
 
-            async def queued(
-                script: Path,
-                display: str,
-                args: Sequence[str],
-                *,
-                steps: int,
-                timeout_s: float,
-                device: str,
-                cwd: Path | None,
-                on_progress: Any = None,
-                launch: Any = None,
-            ) -> ProbeReport:
-                return await _queued_probe(
-                    config, ctx, script, display, list(args), steps, timeout_s, device, nproc, cwd
-                )
+            async def progress(done: int, total: int) -> None:
+                what = "steps, original and patched copy" if request.verify else "steps"
+                await ctx.report_progress(done, total, f"{done} of {total} {what}")
+
+            async def queued(script: Path, args: Sequence[str], **options: Any) -> Any:
+                async def work(_: Any) -> Any:
+                    return await diag.run_probe(script, args, **options)
+
+                return await _queued(config, ctx, display, options["device"], steps, work)
 
             with images.collecting(plots) as pictures:
-                result = await diag.diagnose(request, probe_runner=queued)
+                result = await diag.diagnose(request, on_progress=progress, probe_runner=queued)
             return _result(result, diag.render_report(result), pictures)
 
     @_tool(server, title="Fix code with your names", annotations=READ_ONLY)
@@ -611,20 +633,22 @@ def _snippet_for(requested: str, known: Any) -> str:
     raise InputError(f"unknown fix id {wanted!r}{hint}")
 
 
-async def _queued_probe(
+def _launch_for(config: ServerConfig, script: Path) -> Any:
+    """The server's launch settings, with the project venv search bounded by the script's
+    root."""
+    return replace(config.launch, venv_boundary=_root_of(script, config.policy))
+
+
+async def _queued(
     config: ServerConfig,
     ctx: Context,
-    script: Path,
     display: str,
-    args: list[str],
-    steps: int,
-    timeout_s: float,
     device: str,
-    nproc: int | None = None,
-    cwd: Path | None = None,
-) -> ProbeReport:
-    """Run one probe when a slot is free: in ``cwd`` (default: the script's own folder), with
-    the server's launch settings and the project venv search bounded by the script's root."""
+    steps: int,
+    work: Callable[[Any], Awaitable[T]],
+) -> T:
+    """Run one probe (``work(progress)``) when a slot of ``device``'s queue is free; progress
+    goes to the client."""
 
     async def progress(done: int, total: int) -> None:
         await ctx.report_progress(done, total, f"{done} of {total} steps")
@@ -635,18 +659,7 @@ async def _queued_probe(
         log.info("probe of %s waits for a free %s slot", display, kind)
         await ctx.report_progress(0, steps, f"queued: waiting for a free {kind} probe slot")
     async with limiter:
-        return await diag.probe(
-            script,
-            display,
-            args,
-            steps=steps,
-            timeout_s=timeout_s,
-            device=device,
-            cwd=cwd,
-            on_progress=progress,
-            nproc=nproc,
-            launch=replace(config.launch, venv_boundary=_root_of(script, config.policy)),
-        )
+        return await work(progress)
 
 
 def _add_resources(server: MCPServer) -> None:

@@ -192,6 +192,36 @@ class IsolationInfo(_Series):
     )
 
 
+class SeedCall(_Series):
+    """One call the script made to a global seeding function."""
+
+    function: str = Field(description="torch.manual_seed, random.seed or numpy.random.seed.")
+    seed: str = Field(description="The value it passed (repr, shortened).")
+    where: str | None = Field(default=None, description="file:line of the call.")
+
+
+class SeedingInfo(_Series):
+    """How a seeded run (``check --verify``) was seeded, and what it started from."""
+
+    seed: int | None = Field(default=None, description="The seed given before the script ran.")
+    seeded: list[str] = Field(
+        default_factory=list, description="Generators seeded: random, torch, numpy."
+    )
+    reseeds: list[SeedCall] = Field(
+        default_factory=list, description="The script's own seeding calls (the first few)."
+    )
+    reseed_count: int = 0
+    start_fingerprint: list[float] | None = Field(
+        default=None,
+        description="Sums of the starting weights and the first batch, read at the first "
+        "forward call of a module with parameters (two runs that start alike match).",
+    )
+    start_module: str | None = Field(
+        default=None, description="Class of the module whose first forward was read."
+    )
+    threads: int | None = Field(default=None, description="torch's intra-op threads.")
+
+
 class LayerSeries(_Series):
     """Per-layer gradient norms (L2 over the layer's own parameters), one value per step."""
 
@@ -241,6 +271,12 @@ class ProbeResult(_Series):
         default=None,
         description="Rank series and merge details when the script ran under "
         "torchrun (probe --nproc, or launched by the user); None for one process.",
+    )
+    seeding: SeedingInfo | None = Field(
+        default=None, description="Seeds and start fingerprint of a seeded run (--verify)."
+    )
+    patched: bool = Field(
+        default=False, description="A patched text ran in place of the script's own (--verify)."
     )
 
     @property

@@ -49,6 +49,7 @@ from gradient_doctor.probes.runtime.result import (
     InterpreterInfo,
     IsolationInfo,
     ProbeResult,
+    SeedingInfo,
     StepRecord,
 )
 
@@ -207,6 +208,9 @@ async def run_probe_async(
     profile: str | None = None,
     nproc: int | None = None,
     launch: Launch | None = None,
+    seed: int | None = None,
+    source: str | None = None,
+    threads: int | None = None,
 ) -> ProbeResult:
     """Run ``script`` for up to ``steps`` optimizer steps under the probe and diagnose it.
 
@@ -223,6 +227,13 @@ async def run_probe_async(
     ``nproc`` > 1 launches the script like ``torchrun --nproc-per-node nproc`` (PyTorch's
     launcher, in the child): every rank is probed and rank 0 merges them
     (``probes.runtime.ranks``, ``ProbeResult.distributed``).
+
+    For verification (``probes.verify``): ``source`` is a text (a patched copy of the script)
+    that runs in place of the script's own, under the script's path, folder, argv and
+    interpreter; it is written only to the run's temporary folder. ``seed`` seeds ``random``,
+    torch and numpy in the child before the script runs and records the script's own seeding
+    (``ProbeResult.seeding``). ``threads`` lowers torch's intra-op thread count (two runs that
+    overlap on few cores).
     """
     path = _check_script(script)
     _check_options(steps, timeout_s, device, sample_every)
@@ -255,6 +266,14 @@ async def run_probe_async(
     settings: dict[str, Any] = {"steps": steps, "sample_every": sample_every, "device": device}
     if max_memory is not None:
         settings["max_memory"] = max_memory
+    if seed is not None:
+        settings["seed"] = int(seed)
+    if threads is not None:
+        settings["threads"] = max(1, int(threads))
+    if source is not None:
+        patched = tmp / "patched_source.py"
+        patched.write_text(source, encoding="utf-8")
+        settings["source_file"] = str(patched)
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -280,6 +299,7 @@ async def run_probe_async(
     reader = ChannelReader(channel)
     records: list[StepRecord] = []
     summary: ChildSummary | None = None
+    seeding: SeedingInfo | None = None
     hello: dict[str, Any] | None = None
     out_tail, err_tail = _Tail(), _Tail()
     timed_out = False
@@ -287,7 +307,7 @@ async def run_probe_async(
     report: dict[str, Any] = {}
 
     def absorb(messages: list[dict[str, Any]]) -> int:
-        nonlocal summary, hello
+        nonlocal summary, hello, seeding
         newest = 0
         for message in messages:
             kind = message.pop("kind", None)
@@ -299,6 +319,8 @@ async def run_probe_async(
                 summary = ChildSummary.model_validate(message)
             elif kind == "hello":
                 hello = hello or message
+            elif kind == "seeding":
+                seeding = SeedingInfo.model_validate(message)
             else:
                 ranks.add(kind, message)
         return newest
@@ -409,6 +431,8 @@ async def run_probe_async(
                 parent_killed=parent_killed,
                 left_behind=[str(n) for n in report.get("left_behind", [])],
             ),
+            "seeding": seeding,
+            "patched": source is not None,
         }
     )
     return ranks.apply(result, summary)

@@ -4,18 +4,27 @@ Installs the hooks, runs SCRIPT unmodified as ``__main__`` with its own argv, st
 requested number of optimizer steps, and reports over the side channel named in the environment
 (``probes.runtime.child.channel``). Stdout and stderr stay the script's. The parent sets the working
 directory and the process group.
+
+For ``check --verify`` the settings may also name ``source_file``: a patched text of SCRIPT (kept
+in the run's temporary folder, never next to the user's files) that runs *in place of* SCRIPT's
+own text, compiled under SCRIPT's path, so ``__file__``, ``sys.argv[0]``, ``sys.path[0]``,
+tracebacks and ``inspect`` all see the original script; and ``seed``: the number both runs
+seed ``random``, torch and numpy with before the script starts (``seeding``).
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
+import linecache
 import os
 import platform
 import runpy
 import sys
 import time
 import traceback
+import types
 from typing import Any, NoReturn
 
 from .channel import CHANNEL_ENV, SETTINGS_ENV, ChannelWriter
@@ -41,6 +50,47 @@ def _raised_in_probe(exc: BaseException) -> bool:
     frames = traceback.extract_tb(exc.__traceback__)
     here = os.path.dirname(os.path.abspath(__file__))
     return bool(frames) and os.path.abspath(frames[-1].filename).startswith(here + os.sep)
+
+
+def _run_source_as_main(source: str, path: str) -> None:
+    """Run ``source`` as the ``__main__`` module of the script at ``path``, as
+    ``runpy.run_path(path, run_name="__main__")`` runs the file's own text.
+
+    The code is compiled under ``path`` and ``linecache`` holds ``source`` for it, so tracebacks
+    and ``inspect.getsource`` show the lines that ran. ``dont_inherit``: this module's
+    ``from __future__`` imports must not leak into the script.
+    """
+    code = compile(source, path, "exec", dont_inherit=True)
+    # mtime None: linecache.checkcache keeps the entry instead of rereading the file on disk.
+    linecache.cache[path] = (len(source), None, source.splitlines(keepends=True), path)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(
+        __file__=path,
+        __cached__=None,
+        __loader__=None,
+        __package__=None,
+        __spec__=None,
+        __builtins__=builtins,
+    )
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def _read_source_file(writer: ChannelWriter, settings: dict[str, Any]) -> str | None:
+    """The patched text to run instead of the script's own (``settings["source_file"]``)."""
+    name = settings.get("source_file")
+    if not name:
+        return None
+    try:
+        with open(name, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as exc:
+        _refuse(writer, f"cannot read the patched copy {name}: {exc}")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -143,6 +193,27 @@ def _import_torch_side(writer: ChannelWriter, settings: dict[str, Any]) -> tuple
     return torch, hooks, collector
 
 
+def _prepare_seeding(torch: Any, settings: dict[str, Any]) -> Any:
+    """Seed the generators, set the thread count and start recording (``settings["seed"]``);
+    returns the function that writes the ``seeding`` report, or None when no seed was asked."""
+    threads = settings.get("threads")
+    if isinstance(threads, int) and 0 < threads < torch.get_num_threads():
+        # Both runs of a verification get the same count (same reductions, same numbers).
+        torch.set_num_threads(threads)
+    seed = settings.get("seed")
+    if not isinstance(seed, int):
+        return None
+    from . import seeding
+
+    seeded = seeding.seed_generators(torch, seed)
+    recorder = seeding.SeedRecorder()
+    recorder.install(torch)
+    fingerprint = seeding.StartFingerprint()
+    fingerprint.install(torch)
+    used_threads = int(torch.get_num_threads())
+    return lambda: seeding.report(seed, seeded, recorder, fingerprint, used_threads)
+
+
 def main() -> None:
     """Run the script under the probe and report; always ends with ``os._exit``."""
     settings: dict[str, Any] = json.loads(os.environ.get(SETTINGS_ENV, "{}"))
@@ -177,6 +248,9 @@ def main() -> None:
             torch_version=torch.__version__,
         )
 
+    patched_source = _read_source_file(writer, settings)
+    seeding_report = _prepare_seeding(torch, settings)
+
     def progress(done: int) -> None:
         writer.send("progress", {"step": done})
 
@@ -208,6 +282,8 @@ def main() -> None:
             )
         summary.update(collector.summary())
         summary["torch_version"] = torch.__version__
+        if seeding_report is not None:
+            writer.send("seeding", seeding_report())
         summary["script_s"] = script_s
         if rank_probe is not None:
             writer.send("distributed", rank_probe.report())
@@ -233,7 +309,10 @@ def main() -> None:
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     start = time.perf_counter()
     try:
-        runpy.run_path(script, run_name="__main__")
+        if patched_source is None:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            _run_source_as_main(patched_source, script)
         summary["status"] = "ok"
     except ProbeStop:
         summary["status"] = "stopped"
@@ -253,7 +332,8 @@ def main() -> None:
         summary["status"] = "out-of-memory" if _is_cpu_oom(exc) else "script-error"
         summary["message"] = _one_line(exc)
         summary["traceback_tail"] = _traceback_tail(exc)
-        if summary["status"] == "script-error" and _raised_in_probe(exc):
+        compiled_here = isinstance(exc, SyntaxError) and exc.filename == script
+        if summary["status"] == "script-error" and _raised_in_probe(exc) and not compiled_here:
             # Not the script's fault: say so rather than blame the user's code.
             summary["message"] = (
                 f"the probe failed in its own code with torch {torch.__version__} (a bug in "
