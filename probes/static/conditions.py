@@ -112,8 +112,12 @@ def first_disagreement(
 ) -> tuple[int, int] | None:
     """(N, counter) where ``sync`` and ``step`` disagree, or None when they agree everywhere
     tried. ``window_only``: the counter runs over ``range(N)`` (a micro-step loop); otherwise
-    over four windows. Raises :class:`Unknown` when either cannot be evaluated."""
-    for n in TRIED_N:
+    over four windows. Raises :class:`Unknown` when either cannot be evaluated.
+
+    A literal divisor (``range(2)``) is tried at its own value only: the code compares against
+    that number, so any other N would pit the literal against a count the loop never has."""
+    literal = divisor.strip().isdigit()
+    for n in (int(divisor),) if literal else TRIED_N:
         stop = n if window_only else 4 * n
         for value in range(stop):
             env: dict[str, Value] = {counter: value, divisor: n}

@@ -44,8 +44,11 @@ class NoClipSequenceModel(Rule):
         "optimizer.step()\n"
     )
     fix_safety = (
-        "Mostly safe: max_norm=1.0 is the usual starting point; it changes the updates only on "
-        "steps whose gradient norm is above 1.0. Tune it from measured norms."
+        "Unsafe: the patch keeps the loop's structure and runs, but max_norm=1.0 is only the usual "
+        "starting point. It changes every update whose gradient norm is above 1.0, and a model "
+        "whose healthy norms sit well above that (policy gradients often do) is then slowed on "
+        "every step. Measure the norms first (`gradient-doctor probe`) and set max_norm a little "
+        "above their typical value; `check --verify` shows what the clip does to the run."
     )
     snippet_id = "clip-norm"
     valid: ClassVar[list[str]] = [
@@ -150,6 +153,8 @@ for batch in loader:
                 },
                 patch=self._patch(model, unit, step),
                 fix_description="Clip the gradient norm to 1.0 just before the optimizer step.",
+                # A threshold picked without the run's norms: structurally sound, not safe.
+                fix_safe=False,
             )
 
     def _patch(self, model: FileModel, unit: Unit, step: Event) -> Patch | None:
