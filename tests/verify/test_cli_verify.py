@@ -235,12 +235,17 @@ def test_a_clock_seeded_script_is_reported_as_not_deterministic() -> None:
 
 @pytest.mark.parametrize("flag", [[], ["--use-optimizer"]])
 def test_a_patch_must_keep_the_clip_on_the_path_that_runs(flag: list[str]) -> None:
-    # Whatever the analyser's patch does with the branches, the verdict follows what ran: the
-    # clip still running before the update is fixed; no clip left at all is worse and unsafe.
+    # The analyser withholds the patch that would move the clip into one branch only; injected
+    # anyway (as an older analyser offered it), the verdict follows what ran: the clip still
+    # running before the update is fixed; no clip left at all is worse and unsafe.
     script = VERIFY_FIXTURES / "branch_update.py"
     before_bytes = script.read_bytes()
+    lint = json.loads(run_gd("lint", str(script), "--format", "json").stdout)
+    (clip,) = [f for f in lint["files"][0]["findings"] if f["id"] == "clip-after-step"]
+    assert clip["fix"] is None and "one path only" in clip["evidence"]["fix_withheld"]
     common = ["check", str(script), "--verify", "--steps", STEPS]
-    result = run_gd(*common, "--format", "json", "--", *flag)
+    wrapper = [str(BROKEN_PATCH_CLI), "one-branch"]
+    result = run_gd(*common, "--format", "json", "--", *flag, wrapper=wrapper)
     verification = verification_of(result)
     assert verification["targets"] == ["clip-after-step"], verification["verdict"]
     assert verification["before"]["operations"]["clip"] >= int(STEPS) - 1
@@ -251,7 +256,7 @@ def test_a_patch_must_keep_the_clip_on_the_path_that_runs(flag: list[str]) -> No
         assert verification["status"] == "worse", verification["verdict"]
         assert verification["unsafe"] is True
         assert "never runs gradient clipping" in verification["verdict"]
-        markdown = run_gd(*common, "--", *flag)
+        markdown = run_gd(*common, "--", *flag, wrapper=wrapper)
         assert markdown.returncode == 1
         code_to_add = markdown.stdout.split("### Code to Add", 1)[1]
         assert code_to_add.lstrip().startswith("⚠️ **Unsafe patch: do not apply it as it is.**")
