@@ -56,6 +56,17 @@ class UpdateParamRatio(Signal):
             series={"update_ratios": [{"fc1": 3.0}, None, {"fc1": 1e-2}, None, {"fc1": 1e-2}]},
         ),
     ]
+    healthy += [
+        Example(
+            "sampled steps the GradScaler skipped applied no update (a ratio of 0)",
+            None,
+            series={
+                "update_ratios": [{"fc1": 1e-3}, {"fc1": 0.0}, {"fc1": 0.0}],
+                "skipped": [False, True, True],
+                "scale": [2.0**16, 2.0**16, 2.0**15],
+            },
+        ),
+    ]
     pathological: ClassVar[list[Example]] = [
         Example(
             "every update larger than the weights",
@@ -75,7 +86,8 @@ class UpdateParamRatio(Signal):
     ]
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
-        sampled = [p for p in run.steps if p.update_ratios]
+        # A GradScaler-skipped step applied no update: its ratio of 0 says nothing.
+        sampled = [p for p in run.steps if p.update_ratios and not p.skipped]
         if len(sampled) > 1:
             sampled = sampled[1:]  # Adam's first update is ±lr per element: not typical
         if not sampled:
