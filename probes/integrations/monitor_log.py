@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradient_doctor.probes.logs.formats.monitor import dumps, header_record
 from gradient_doctor.probes.runtime.monitor import GradientMonitor
 
 
