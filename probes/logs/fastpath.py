@@ -27,7 +27,7 @@ from typing import Any
 from gradient_doctor.probes.logs.formats.base import ReadStats, open_text
 
 #: Bytes read per block (lines are never split between blocks).
-BLOCK_BYTES = 4 << 20
+BLOCK_BYTES = 1 << 20
 #: A number as a template slot: a run of digits with its sign, point and exponent, or a
 #: non-finite spelling, not glued to a name (``fc1``) or to another number.
 TOKEN = re.compile(

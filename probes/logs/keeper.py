@@ -265,7 +265,7 @@ class Keeper:
         for column in (loss, norm):
             if column is not None:
                 bad |= ~np.isfinite(np.asarray(column, dtype=float))
-        active = count if self.stats.first_nonfinite_step is not None else None
+        active = count
         if self.stats.first_nonfinite_step is None:
             first_bad = int(np.argmax(bad)) if bad.any() else count
             active = first_bad

@@ -93,7 +93,7 @@ def read_log(
     log_format: str | None = None,
     max_norm: float | None = None,
     fast: bool = True,
-    **limits: int,
+    **limits: Any,
 ) -> LogRun:
     """Read ``path`` (a file, or a folder of TensorBoard event files) into a :class:`LogRun`.
 

@@ -184,7 +184,7 @@ class StepAssembler:
             count > 0
             and self.max_norm is None
             and BULK_FIELDS.issuperset(values)
-            and TRAINING_FIELDS.intersection(values)
+            and bool(TRAINING_FIELDS.intersection(values))
         )
         if bulk and steps is not None:
             latest = self._pending["step"] if self._pending is not None else self._last_step

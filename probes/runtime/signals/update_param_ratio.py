@@ -22,6 +22,10 @@ from gradient_doctor.knowledge.findings import Finding
 from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries
 
+#: Optimizers whose step length comes from a curvature estimate and a line search: weights may
+#: move far from a small initialisation in a few steps by design.
+SECOND_ORDER = frozenset({"LBFGS"})
+
 
 class UpdateParamRatio(Signal):
     id = "update-param-ratio"
@@ -80,6 +84,19 @@ class UpdateParamRatio(Signal):
             run={
                 "param_layers": ["fc1", "fc1", "fc2", "fc2"],
                 "weight_layers": ["fc1", "fc2"],
+            },
+        ),
+        Example(
+            "LBFGS moves small initial weights far in a few steps by design",
+            None,
+            series={
+                "update_ratios": [{"fc1": 0.5, "fc2": 0.5}, None, {"fc1": 0.2, "fc2": 0.2}],
+                "param_norms": [[0.5, 0.1, 0.3, 0.1], None, [4.0, 0.1, 3.0, 0.1]],
+            },
+            run={
+                "param_layers": ["fc1", "fc1", "fc2", "fc2"],
+                "weight_layers": ["fc1", "fc2"],
+                "optimizer_kinds": ["LBFGS"],
             },
         ),
         Example(
@@ -187,6 +204,9 @@ class UpdateParamRatio(Signal):
         if len(sampled) < 2 or not run.param_layers or not weight_layers:
             return None
         first, last = sampled[0], sampled[-1]
+        kinds = run.optimizer_kinds or []
+        if first.optimizer < len(kinds) and kinds[first.optimizer] in SECOND_ORDER:
+            return None  # its step is set by curvature, not by a learning rate
         before = _layer_norms(run.param_layers, first.param_norms or [], weight_layers)
         after = _layer_norms(run.param_layers, last.param_norms or [], weight_layers)
         growth = {
