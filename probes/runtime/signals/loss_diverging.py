@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.knowledge.findings import Finding, Severity
-from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
+from gradient_doctor.probes.runtime.signals.base import UPDATE_INFLATING, Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
 from gradient_doctor.probes.runtime.signals.stats import loss_bad, step_loss
 
@@ -83,6 +83,7 @@ class LossDiverging(Signal):
         "architecture changes do not fix a step size that is too large)."
     )
     rank = 45
+    consults = tuple(UPDATE_INFLATING)
     healthy: ClassVar[list[Example]] = [
         Example(
             "an early transient that recovered below the start (LR x100, no warmup)",
@@ -351,7 +352,7 @@ class LossDiverging(Signal):
             severity,
             message,
             step=onset.step,
-            fix=self.advice.format(lower=lower),
+            fix=ctx.step_size_advice(self.advice.format(lower=lower)),
             recent_loss=recent,
             best_loss=best,
             best_step=values[best_index][0].step,
@@ -410,7 +411,7 @@ class LossDiverging(Signal):
                 lr_story=story[0].upper() + story[1:],
             ),
             step=values[peak_index][0].step,
-            fix=self.advice.format(lower=lower),
+            fix=ctx.step_size_advice(self.advice.format(lower=lower)),
             recent_loss=recent,
             best_loss=lows[best_index],
             best_step=values[best_index][0].step,

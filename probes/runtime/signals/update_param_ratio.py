@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.knowledge.findings import Finding
-from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
+from gradient_doctor.probes.runtime.signals.base import UPDATE_INFLATING, Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries
 
 #: Optimizers whose step length comes from a curvature estimate and a line search: weights may
@@ -58,6 +58,7 @@ class UpdateParamRatio(Signal):
     advice = advice_high
     per_optimizer = True
     rank = 47
+    consults = tuple(UPDATE_INFLATING)
     scope = "finite"
     healthy: ClassVar[list[Example]] = [
         Example(
@@ -187,7 +188,7 @@ class UpdateParamRatio(Signal):
             ),
             step=sampled[-1].step,
             module=layer,
-            fix=self.advice_high if too_large else self.advice_low,
+            fix=ctx.step_size_advice(self.advice_high) if too_large else self.advice_low,
             ratio=ratio,
             layers_outside=len(bad),
             sampled_steps=len(sampled),
@@ -240,7 +241,7 @@ class UpdateParamRatio(Signal):
             ),
             step=last.step,
             module=layer,
-            fix=self.advice_high,
+            fix=ctx.step_size_advice(self.advice_high),
             weight_growth=median,
             layers_grown=len(above),
             weight_layers=len(growth),
