@@ -105,12 +105,26 @@ def _check_options(steps: int, timeout_s: float, device: str, sample_every: int)
 
 def stage_child(folder: Path) -> Path:
     """Copy the child package into ``folder/STAGED_PACKAGE``; returns the folder to put on
-    ``PYTHONPATH``. Only these few stdlib-and-torch modules enter the user's interpreter."""
+    ``PYTHONPATH``. Only these few stdlib-and-torch modules enter the user's interpreter.
+
+    The bytecode compiled at install time comes along: the sources keep their modification
+    times (``copy2``), so a child interpreter of the same version loads the cached bytecode
+    instead of compiling some 3,000 lines on every run (about 0.1 s); another version ignores
+    it (its tag differs) and compiles, as it would anyway."""
     target = folder / STAGED_PACKAGE
     target.mkdir()
     source = Path(child_package.__file__).parent
     for module in source.glob("*.py"):
-        shutil.copyfile(module, target / module.name)
+        shutil.copy2(module, target / module.name)
+    cached = [
+        compiled
+        for compiled in (source / "__pycache__").glob("*.pyc")
+        if (source / f"{compiled.name.split('.', 1)[0]}.py").is_file()
+    ]
+    if cached:
+        (target / "__pycache__").mkdir()
+        for compiled in cached:
+            shutil.copy2(compiled, target / "__pycache__" / compiled.name)
     return folder
 
 
