@@ -51,6 +51,7 @@ from gradient_doctor.probes.runtime.result import (
     ProbeResult,
     StepRecord,
 )
+from gradient_doctor.probes.runtime.signals.base import warm_knowledge
 
 ProgressCallback = Callable[[int, int], Awaitable[None] | None]
 
@@ -249,7 +250,7 @@ async def run_probe_async(
             f"max_memory must be at least {MIN_MEMORY_BYTES // 2**20} MiB (got {max_memory} bytes)"
         )
     try:
-        threshold_profile = resolve_profile(profile)
+        threshold_profile = resolve_profile(profile, warm=False)
     except KeyError as exc:
         raise ProbeInputError(str(exc.args[0]) if exc.args else str(exc)) from None
     workdir = Path(cwd).expanduser().absolute() if cwd is not None else path.parent
@@ -327,6 +328,7 @@ async def run_probe_async(
             env=env,
             start_new_session=True,
         )
+        warm_knowledge()  # while the child starts its interpreter and imports torch
         try:
             async with anyio.create_task_group() as group:
                 drained = (anyio.Event(), anyio.Event())

@@ -170,24 +170,25 @@ _warming_lock = threading.Lock()
 
 
 def warm_knowledge() -> None:
-    """Start loading the knowledge base in a daemon thread (idempotent): the probe's parent
-    does it while the script runs, so the diagnosis does not wait for it afterwards."""
+    """Start loading the knowledge base and importing the signal modules in a daemon thread
+    (idempotent): the probe's parent does it while the script runs, so the diagnosis does not
+    wait for them afterwards."""
     global _warming
     with _warming_lock:
         if _warming is None:
-            from gradient_doctor.knowledge import load_knowledge
-
-            _warming = threading.Thread(
-                target=_quietly, args=(load_knowledge,), name="gd-knowledge", daemon=True
-            )
+            _warming = threading.Thread(target=_warm, name="gd-knowledge", daemon=True)
             _warming.start()
 
 
-def _quietly(load: Any) -> None:
-    try:
-        load()
-    except Exception:  # the diagnosis reports a broken knowledge base itself, later
-        return
+def _warm() -> None:
+    from gradient_doctor.knowledge import load_knowledge
+    from gradient_doctor.probes.runtime.signals import all_signals
+
+    for load in (load_knowledge, all_signals):
+        try:
+            load()
+        except Exception:  # the diagnosis reports a broken knowledge base itself, later
+            continue
 
 
 def _knowledge() -> Any:
