@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -109,12 +110,15 @@ def main() -> None:
         "child alone": ([python, "-m", "_gradient_doctor_probe", str(script)], child_env),
     }
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
-    for round_index in range(args.rounds + 1):  # round 0 warms the caches
-        for name, (command, env) in commands.items():
-            channel.write_text("")
-            measured = timed(command, script.parent, env)
-            if round_index:
-                results[name].append(measured)
+    try:
+        for round_index in range(args.rounds + 1):  # round 0 warms the caches
+            for name, (command, env) in commands.items():
+                channel.write_text("")
+                measured = timed(command, script.parent, env)
+                if round_index:
+                    results[name].append(measured)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
 
     def median(name: str, index: int) -> float:
         return statistics.median(value[index] for value in results[name])
