@@ -9,6 +9,11 @@ baseline of the same run is a plain ``for line in file`` over the same bytes (th
 decode floor), so the ratio says what parsing and judging cost on top of reading.
 
     python benchmarks/logs_throughput.py [--mb 1024] [--format console|hf|jsonl|csv|nanogpt]
+        [--formats nanogpt,hf,jsonl,csv] [--compare OTHER_PYTHON]
+
+``--compare`` reads each log a second time with another interpreter (one with another version
+of gradient-doctor installed, e.g. the previous release), in the same run and on the same
+file, so the two speeds are measured on the same machine under the same load.
 """
 
 from __future__ import annotations
@@ -106,43 +111,72 @@ def _child(path: str) -> None:
     )
 
 
+def _read(python: str, path: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [python, __file__, "--child", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    figures: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def _print(label: str, mb: float, steps: int, figures: dict[str, float]) -> None:
+    print(f"[{label}] log: {mb:,.0f} MB, {steps:,} steps, format {figures['format']}")
+    print(
+        f"[{label}] read + diagnose: {figures['read_s']:.1f} s = {mb / figures['read_s']:.1f} "
+        f"MB/s (plain line iteration: {mb / figures['floor_s']:.0f} MB/s; "
+        f"{figures['read_s'] / figures['floor_s']:.1f}x of it)"
+    )
+    print(
+        f"[{label}] CPU time of the reading: {figures['cpu_s']:.1f} s = "
+        f"{mb / figures['cpu_s']:.1f} MB/s (wall time is longer on a shared machine)"
+    )
+    print(
+        f"[{label}] steps read {figures['steps_read']:,}, kept {figures['kept_steps']:,}; first "
+        f"NaN at step {figures['first_nonfinite_step']}; isolated norm spikes "
+        f"{figures['norm_spikes']}"
+    )
+    print(f"[{label}] peak RSS of the reading process: {figures['peak_rss_mb']:.0f} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=1024.0, help="log size (default 1024 MB)")
     parser.add_argument("--format", choices=FORMATS, default="console")
+    parser.add_argument("--formats", help="comma-separated formats (instead of --format)")
+    parser.add_argument("--compare", help="another Python to read the same logs with")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child)
         return
-    with tempfile.TemporaryDirectory(prefix="gd-logs-bench-") as folder:
-        path = Path(folder) / f"train.{'csv' if args.format == 'csv' else 'log'}"
-        steps = generate(path, args.format, args.mb)
-        size = path.stat().st_size
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", str(path)],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        )
-        figures = json.loads(out.stdout.strip().splitlines()[-1])
-    mb = size / 1e6
-    print(f"log: {mb:,.0f} MB, {steps:,} steps, format {figures['format']}")
-    print(
-        f"read + diagnose: {figures['read_s']:.1f} s = {mb / figures['read_s']:.1f} MB/s "
-        f"(plain line iteration: {mb / figures['floor_s']:.0f} MB/s; "
-        f"{figures['read_s'] / figures['floor_s']:.1f}x of it)"
-    )
-    print(
-        f"CPU time of the reading: {figures['cpu_s']:.1f} s = {mb / figures['cpu_s']:.1f} MB/s "
-        "(wall time is longer on a shared machine)"
-    )
-    print(
-        f"steps read {figures['steps_read']:,}, kept {figures['kept_steps']:,}; first NaN at "
-        f"step {figures['first_nonfinite_step']}; isolated norm spikes {figures['norm_spikes']}"
-    )
-    print(f"peak RSS of the reading process: {figures['peak_rss_mb']:.0f} MB")
+    formats = args.formats.split(",") if args.formats else [args.format]
+    for fmt in formats:
+        if fmt not in FORMATS:
+            parser.error(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+        with tempfile.TemporaryDirectory(prefix="gd-logs-bench-") as folder:
+            path = Path(folder) / f"train.{'csv' if fmt == 'csv' else 'log'}"
+            steps = generate(path, fmt, args.mb)
+            mb = path.stat().st_size / 1e6
+            readers = [("this", sys.executable)]
+            if args.compare:
+                readers.insert(0, ("compare", args.compare))
+            results = {label: _read(python, path) for label, python in readers}
+        for label, figures in results.items():
+            _print(label, mb, steps, figures)
+        if args.compare:
+            this, other = results["this"], results["compare"]
+            for key in ("steps_read", "first_nonfinite_step", "norm_spikes"):
+                if this[key] != other[key]:
+                    print(f"!! {key} differs: {this[key]} vs {other[key]}")
+            print(
+                f"{fmt}: {mb / other['read_s']:.1f} -> {mb / this['read_s']:.1f} MB/s "
+                f"({other['read_s'] / this['read_s']:.1f}x); peak RSS "
+                f"{other['peak_rss_mb']:.0f} -> {this['peak_rss_mb']:.0f} MB"
+            )
 
 
 if __name__ == "__main__":

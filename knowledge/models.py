@@ -210,6 +210,11 @@ class ThresholdProfile(_Strict):
     update_ratio_low: ThresholdValue = Field(
         description="‖Δw‖/‖w‖ below this on every sampled step: the layer does not move."
     )
+    weight_growth_high: ThresholdValue = Field(
+        description="A weight layer's norm at the last sampled step / at the first above this, "
+        "in at least half of the weight layers: the updates were far too large for the weights "
+        "(even when the loss does not climb, as under LayerNorm)."
+    )
     clip_cut_factor: ThresholdValue = Field(
         description="Median norm before clipping / max_norm above this (with the clip active "
         "on clip_active_fraction of steps): clipping really cuts every update."

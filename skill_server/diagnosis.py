@@ -500,11 +500,23 @@ def _recommendations(
             "Run the check on the training script (path) to see which of these causes applies."
         )
         return hints
+    from gradient_doctor.probes.runtime.signals.base import (
+        STEP_SIZE_FINDINGS,
+        ordering_bugs_first,
+    )
+
     recs: list[str] = []
+    found = [issue.id for issue in issues]
     for issue in issues:
         where = f" ({issue.locations[0]})" if issue.locations else ""
         action = issue.fix or issue.messages[0]
-        recs.append(f"`{issue.id}`{where}: {one_line(action, 400)}")
+        limit = 400
+        if issue.id in STEP_SIZE_FINDINGS:
+            # a blow-up from an ordering bug (static or runtime) is fixed there, not by the LR
+            first_the_bugs = ordering_bugs_first(action, found)
+            if first_the_bugs != action:
+                action, limit = first_the_bugs, 800
+        recs.append(f"`{issue.id}`{where}: {one_line(action, limit)}")
     if has_patch:
         recs.append(_patch_advice(verification))
     if not issues:

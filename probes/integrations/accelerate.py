@@ -14,8 +14,6 @@
         accelerator.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()                    # measured here, by the optimizer's own hooks
         optimizer.zero_grad()
-        if grads:
-            grads.after_step()              # writes the parameter-name header once
     if grads:
         grads.close()
     # then: gradient-doctor logs grads.jsonl

@@ -61,10 +61,6 @@ class GradientDoctorCallback(Callback):  # type: ignore[misc]
         if self.log is not None:
             self.log.observe_loss(loss)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
-        if self.log is not None:
-            self.log.after_step()
-
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.log is not None:
             self.log.close()

@@ -1,11 +1,10 @@
-"""A ``GradientMonitor`` that writes the JSONL ``gradient-doctor logs`` reads, with a header.
+"""A ``GradientMonitor`` that writes the JSONL ``gradient-doctor logs`` reads, for wrapped models.
 
-The monitor writes one :class:`~probes.runtime.result.StepRecord` per optimizer step; the
-per-parameter norms in it are aligned with the model's parameters but do not name them. Once the
-first step is measured (when the monitor knows the parameters), :class:`MonitorLog` appends one
+The monitor writes one :class:`~probes.runtime.result.StepRecord` per optimizer step, after a
 header line naming the parameters, their layers, shapes and module types
-(``probes.logs.formats.monitor.header_record``), so the reader can fold the norms into layers and
-run the per-layer checks. The reader accepts the header anywhere in the file.
+(``probes.logs.formats.monitor.header_record``), so the reader can fold the per-parameter norms
+into layers and run the per-layer checks. :class:`MonitorLog` adds what the integrations need:
+unwrapping DDP/Accelerate/Lightning wrappers and catching the loss a model returns.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from gradient_doctor.probes.logs.formats.monitor import dumps, header_record
 from gradient_doctor.probes.runtime.monitor import GradientMonitor
 
 
@@ -72,7 +70,6 @@ class MonitorLog:
             log_path=self.path,
             capture_calls=capture_calls,
         )
-        self._header_written = False
         self._loss_hook: Any = None
         if capture_loss:
             self._loss_hook = self.model.register_forward_hook(self._grab_loss)
@@ -92,18 +89,9 @@ class MonitorLog:
         """Give the monitor the loss about to be given to ``backward()``."""
         self.monitor.observe_loss(loss)
 
-    def after_step(self) -> None:
-        """Call after each optimizer step: writes the header once the parameters are known."""
-        if self._header_written or not self.monitor.collector.parameters:
-            return
-        self._header_written = True
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(dumps(header_record(self.monitor.collector.summary())) + "\n")
-
     def close(self) -> None:
         """Stop measuring and close the log (idempotent)."""
         if self._loss_hook is not None:
             self._loss_hook.remove()
             self._loss_hook = None
         self.monitor.detach()
-        self.after_step()

@@ -54,10 +54,6 @@ class GradientDoctorCallback(TrainerCallback):  # type: ignore[misc]
             model, optimizer, path, sample_every=self.sample_every, profile=self.profile
         )
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.log is not None:
-            self.log.after_step()
-
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.log is not None:
             self.log.close()

@@ -19,10 +19,14 @@ while streaming (:class:`StreamStats`), whatever is thinned out.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+#: Fields :meth:`Keeper.add_columns` takes in bulk (the others need the step-by-step path).
+BULK_FIELDS = frozenset({"loss", "grad_norm", "lr"})
 
 #: Same window as the spike signal (``probes.runtime.signals.grad_norm_spikes``).
 SPIKE_WINDOW = 10
@@ -122,7 +126,9 @@ class Keeper:
         self.layer_values = layer_values
         self.stats = StreamStats()
         self._head: list[_Point] = []
-        self._recent: deque[_Point] = deque()
+        self._recent: deque[Any] = deque()
+        """The last steps: :class:`_Point`, or ``(index, steps, columns, row)`` for a step
+        taken in bulk (made a point only if it is kept)."""
         self._middle: list[_Point] = []
         self._anomalous: list[_Point] = []
         self._stride = 1
@@ -225,12 +231,94 @@ class Keeper:
         self.stats.anomalies_kept += 1
         point.keep = True
         # the point itself is not in ``_recent`` yet; the window before it is its tail
-        for earlier in list(self._recent)[-SPIKE_WINDOW:]:
+        recent = self._recent
+        for position in range(max(0, len(recent) - SPIKE_WINDOW), len(recent)):
+            earlier = recent[position]
+            if not isinstance(earlier, _Point):
+                earlier = recent[position] = _materialise(earlier)
             earlier.keep = True
         self._keep_next = max(self._keep_next, AFTER)
 
-    def _retire(self, point: _Point) -> None:
+    # -- bulk ----------------------------------------------------------------------------------
+    def add_columns(self, steps: list[int], values: dict[str, list[float]]) -> None:
+        """Many steps at once, exactly as :meth:`add` one by one would take them.
+
+        ``steps`` must increase; ``values`` holds columns of :data:`BULK_FIELDS` only, every
+        row set. The rows near an anomaly (and the head, and the last rows) go through
+        :meth:`add`; the others, where nothing happens but counting, the spike trackers'
+        history and the sampling, are taken without building a dict per step. Which rows are
+        anomalies is decided ahead with the trackers' own rule on the whole column (numpy).
+        """
+        import numpy as np
+
+        count = len(steps)
+        if count == 0:
+            return
+        names = list(values)
+        loss = values.get("loss")
+        norm = values.get("grad_norm")
+        slow = np.zeros(count, dtype=bool)
+        slow[: max(0, self.head_size - len(self._head))] = True
+        slow[: self._keep_next] = True
+        slow[max(0, count - max(self.tail_size, SPIKE_WINDOW + 1)) :] = True
+        bad = np.zeros(count, dtype=bool)
+        for column in (loss, norm):
+            if column is not None:
+                bad |= ~np.isfinite(np.asarray(column, dtype=float))
+        active = count
+        if self.stats.first_nonfinite_step is None:
+            first_bad = int(np.argmax(bad)) if bad.any() else count
+            active = first_bad
+            events: list[int] = [first_bad] if first_bad < count else []
+            for column, tracker in ((norm, self._norms), (loss, self._losses)):
+                if column is None:
+                    continue
+                if tracker.pending is not None:
+                    slow[0] = True
+                events.extend(_high_rows(tracker, column[:first_bad]))
+            for event in events:
+                slow[max(0, event - SPIKE_WINDOW) : event + AFTER + 2] = True
+        edges = np.flatnonzero(np.diff(slow.astype(np.int8))) + 1
+        bounds = [0, *edges.tolist(), count]
+        stats = self.stats
+        for start, end in itertools.pairwise(bounds):
+            if slow[start]:
+                for row in range(start, end):
+                    record: dict[str, Any] = {name: values[name][row] for name in names}
+                    record["step"] = steps[row]
+                    self.add(record)
+                continue
+            # Bulk rows: counted, pushed to the trackers, passed through the tail window.
+            if stats.first_step is None:
+                stats.first_step = steps[start]
+            stats.last_step = steps[end - 1]
+            if not stats.fields.issuperset(names):
+                stats.fields.update(names)
+                stats.fields.add("step")
+            pushed_end = min(end, active) if stats.first_nonfinite_step is None else start
+            if pushed_end > start:
+                for column, tracker in ((norm, self._norms), (loss, self._losses)):
+                    if column is not None:
+                        tracker.history.extend(column[start:pushed_end])
+                        tracker.seen += pushed_end - start
+                        tracker.pending = None
+            stats.nonfinite_steps += int(bad[start:end].sum())
+            recent = self._recent
+            tail = self.tail_size
+            index = stats.steps
+            for row in range(start, end):
+                recent.append((index, steps, values, row))
+                index += 1
+                if len(recent) > tail:
+                    self._retire(recent.popleft())
+            stats.steps = index
+
+    def _retire(self, point: _Point | tuple[int, list[int], dict[str, list[float]], int]) -> None:
         """A step leaves the tail window: keep it as an anomaly, a sample, or drop it."""
+        if not isinstance(point, _Point):
+            if point[0] % self._stride:
+                return
+            point = _materialise(point)
         if point.keep:
             self._anomalous.append(point)
             return
@@ -255,7 +343,8 @@ class Keeper:
     def finish(self) -> list[dict[str, Any]]:
         """The kept steps, in step order."""
         self.stats.layers = list(self._layer_names)
-        kept = self._head + self._anomalous + self._middle + list(self._recent)
+        recent = [p if isinstance(p, _Point) else _materialise(p) for p in self._recent]
+        kept = self._head + self._anomalous + self._middle + recent
         kept.sort(key=lambda p: p.index)
         return [p.values for p in kept]
 
@@ -263,3 +352,52 @@ class Keeper:
     def thinned(self) -> bool:
         """True when some steps were dropped from the kept series."""
         return self._stride > 1
+
+
+def _materialise(lazy: tuple[int, list[int], dict[str, list[float]], int]) -> _Point:
+    """The point of a step taken in bulk."""
+    index, steps, columns, row = lazy
+    values: dict[str, Any] = {name: column[row] for name, column in columns.items()}
+    values["step"] = steps[row]
+    return _Point(values, index)
+
+
+def _high_rows(tracker: _SpikeTracker, column: list[float]) -> list[int]:
+    """Rows of ``column`` (all finite, pushed in order after the tracker's history) whose value
+    the tracker will find above factor × the running median: the same test, on all rows at
+    once."""
+    import numpy as np
+
+    history = list(tracker.history)
+    rows: list[int] = []
+    factor = tracker.factor
+    # the first rows, while the window is not full yet: one by one, as the tracker does
+    window = list(history)
+    seen = tracker.seen
+    first_full = 0
+    for row, value in enumerate(column):
+        if len(window) >= SPIKE_WINDOW:
+            first_full = row
+            break
+        if seen >= SPIKE_WARMUP:
+            ordered = sorted(window)
+            size = len(ordered)
+            middle = size // 2
+            median = ordered[middle] if size % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+            if median > 0 and value > factor * median:
+                rows.append(row)
+        window.append(value)
+        seen += 1
+    else:
+        return rows
+    extended = np.asarray(history[-SPIKE_WINDOW:] + list(column), dtype=float)
+    offset = min(len(history), SPIKE_WINDOW)
+    windows = np.lib.stride_tricks.sliding_window_view(extended, SPIKE_WINDOW)
+    # row r's window ends just before it: extended[offset + r - 10 : offset + r]
+    medians = np.median(
+        windows[offset + first_full - SPIKE_WINDOW : offset + len(column) - SPIKE_WINDOW], axis=1
+    )
+    values = extended[offset + first_full :]
+    high = (medians > 0) & (values > factor * medians)
+    rows.extend((np.flatnonzero(high) + first_full).tolist())
+    return rows

@@ -10,12 +10,13 @@ call), numbers records that carry no step by their order, and feeds whole steps 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from gradient_doctor.probes.logs.fields import field_for, layer_for
-from gradient_doctor.probes.logs.keeper import Keeper
+from gradient_doctor.probes.logs.keeper import BULK_FIELDS, Keeper
 
 #: Fields holding a yes/no value.
 BOOL_FIELDS = frozenset({"skipped", "clipped"})
@@ -174,6 +175,48 @@ class StepAssembler:
         self._pending = {**fields, "step": step}
         if "lr" not in self._pending and self._lr is not None:
             self._pending["lr"] = self._lr
+
+    def add_columns(self, steps: list[int] | None, values: dict[str, list[float]]) -> None:
+        """Many records with the same numeric fields (``probes.logs.fastpath.Columns``): taken
+        in bulk when nothing needs merging, numbering or deriving, else one by one."""
+        count = len(next(iter(values.values())))
+        bulk = (
+            count > 0
+            and self.max_norm is None
+            and BULK_FIELDS.issuperset(values)
+            and bool(TRAINING_FIELDS.intersection(values))
+        )
+        if bulk and steps is not None:
+            latest = self._pending["step"] if self._pending is not None else self._last_step
+            bulk = (latest is None or steps[0] > latest) and all(
+                a < b for a, b in itertools.pairwise(steps)
+            )
+        if not bulk:
+            for row in range(count):
+                record: dict[str, Any] = {name: column[row] for name, column in values.items()}
+                if steps is not None:
+                    record["step"] = steps[row]
+                self.add(record)
+            return
+        self._flush()
+        self._hand_over(None)
+        if steps is None:
+            steps = list(range(self._ordinal + 1, self._ordinal + count + 1))
+        else:
+            self.numbered += count
+        self._ordinal = steps[-1]
+        self.records += count
+        if "lr" not in values and self._lr is not None:
+            values = {**values, "lr": [self._lr] * count}
+        # The last record stays pending, as one by one: a record of another shape with the
+        # same step number may follow and merge into it.
+        if count > 1:
+            self._last_step = steps[-2]
+            self.keeper.add_columns(
+                steps[:-1], {name: column[:-1] for name, column in values.items()}
+            )
+        self._pending = {name: column[-1] for name, column in values.items()}
+        self._pending["step"] = steps[-1]
 
     def _flush(self) -> None:
         if self._pending is None:

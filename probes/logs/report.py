@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -256,6 +257,6 @@ def diagnose_log(
         spike_factor=chosen.spike_factor.value,
         log_format=log_format,
         max_norm=max_norm,
-        **limits,
+        **dict[str, Any](limits),
     )
     return build_report(run, chosen, with_series=with_series)

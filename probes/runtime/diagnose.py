@@ -17,16 +17,19 @@ from gradient_doctor.probes.runtime.signals import RunSeries, run_signals
 from gradient_doctor.probes.runtime.signals.base import warm_knowledge
 
 
-def resolve_profile(name: str | None = None) -> ThresholdProfile:
+def resolve_profile(name: str | None = None, *, warm: bool = True) -> ThresholdProfile:
     """The threshold profile ``name`` (default profile when None).
 
     Only ``thresholds.yaml`` is read here, so the script starts sooner; the rest of the
-    knowledge base (fix snippets for the findings) loads in a background thread meanwhile
-    (:func:`probes.runtime.signals.base.warm_knowledge`)."""
+    knowledge base (fix snippets for the findings) and the signal modules load in a background
+    thread (:func:`probes.runtime.signals.base.warm_knowledge`), started here unless ``warm``
+    is False (the probe starts it once the script is launched, so that it does not compete
+    with the launch)."""
     from gradient_doctor.knowledge.loader import load_thresholds
 
     profile = load_thresholds().profile(name)
-    warm_knowledge()
+    if warm:
+        warm_knowledge()
     return profile
 
 

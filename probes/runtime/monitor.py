@@ -15,6 +15,10 @@ child process; ``report()`` returns the same :class:`~probes.runtime.result.Prob
 With ``capture_calls=True`` the monitor also installs the probe's global hooks for as long as it
 is attached, so it sees clipping, GradScaler, scheduler and ``zero_grad`` calls and every loss
 given to ``backward()`` (what the order-of-calls checks need).
+
+With ``log_path`` every record is appended to that JSONL file, after a header line naming the
+parameters, their layers, shapes and module types (written again if parameters join later, as
+with a second optimizer): ``gradient-doctor logs`` reads the file with per-layer names.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class GradientMonitor:
         self.records: list[StepRecord] = []
         self._log: IO[str] | None = None
         self._log_path = Path(log_path) if log_path is not None else None
+        self._header_parameters = 0
+        """How many parameters the last header line written to the log named."""
         self._capture_calls = capture_calls
         self._handles: list[RemovableHandle] = []
         self._forward_handles: list[RemovableHandle] = []
@@ -68,8 +74,20 @@ class GradientMonitor:
     def _keep(self, record: dict[str, Any]) -> None:
         self.records.append(StepRecord.model_validate(record))
         if self._log is not None:
+            if len(self.collector.parameters) != self._header_parameters:
+                self._write_header()
             self._log.write(json.dumps(record, allow_nan=True, separators=(",", ":")) + "\n")
             self._log.flush()
+
+    def _write_header(self) -> None:
+        """The header line before the records it names: the per-parameter norms of a record
+        are aligned with the collector's parameters, which are known once a step ran (and
+        grow when another optimizer's parameters join)."""
+        from gradient_doctor.probes.logs.formats.monitor import dumps, header_record
+
+        assert self._log is not None
+        self._header_parameters = len(self.collector.parameters)
+        self._log.write(dumps(header_record(self.collector.summary())) + "\n")
 
     def attach(self) -> None:
         """Start measuring (idempotent)."""
@@ -77,6 +95,7 @@ class GradientMonitor:
             return
         if self._log_path is not None and self._log is None:
             self._log = self._log_path.open("a", encoding="utf-8")
+            self._header_parameters = 0  # a reopened log gets its header again
         if self._capture_calls:
             from gradient_doctor.probes.runtime.child import hooks
 

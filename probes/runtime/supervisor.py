@@ -57,10 +57,16 @@ def _prctl() -> Any:
     """libc's ``prctl``, or None where there is none (not Linux)."""
     if not sys.platform.startswith("linux"):
         return None
+    # The process's own symbols include libc's: no ``find_library``, which runs
+    # ``ldconfig -p`` in a subprocess (in the caller, which imports this module, and here).
+    for name in (None, "libc.so.6"):
+        try:
+            return ctypes.CDLL(name, use_errno=True).prctl
+        except (OSError, AttributeError):
+            continue
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl
-    except (OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
+    except (OSError, AttributeError, TypeError):
         return None
 
 

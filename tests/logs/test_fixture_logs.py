@@ -122,3 +122,10 @@ def test_amp_scale_collapse_is_read_as_skipped_steps_not_nan_gradients(pattern: 
     assert report.summary.scale_last is not None and report.summary.scale_last < 1e-30
     assert report.counts.first_nonfinite_step is None
     assert not {"nan-gradients", "exploding-gradients", "grad-norm-spikes"} & _ids(report)
+    # Every step skipped and a scale far below 1 is a collapse, not calibration.
+    skips = next(f for f in report.findings if f.id == "amp-overflow-skips")
+    assert skips.evidence["every_step_skipped"] is True
+    assert skips.evidence["scale_collapsed"] is True
+    assert "skipped every step (160 of 160)" in skips.message
+    assert "calibration" not in skips.message
+    assert skips.fix is not None and "cannot fix" in skips.fix.description

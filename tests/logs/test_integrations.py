@@ -146,6 +146,5 @@ def test_accelerate_recipe(tmp_path: Path) -> None:
         accelerator.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        grads.after_step()
     grads.close()
     _check_log(tmp_path / "grads.jsonl", STEPS)

@@ -63,6 +63,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "zero_init_gain",
         "accum_zero_grad_once",
         "ddp_single_accum",
+        "amp_scale_collapse",
     )
 }
 # The learning-rate shapes of nanoGPT / minGPT / word_language_model, in a small Transformer.
@@ -306,6 +307,52 @@ def test_a_gan_is_two_series_and_not_accumulation(results: dict[str, ProbeResult
     discriminator = [r for r in result.records if r.optimizer == 0]
     assert all(r.events.count("backward") == 2 and r.batches == 1 for r in discriminator)
     assert "accum-unscaled-loss" not in ids(result)
+
+
+def test_a_gan_probe_text_has_a_norm_line_per_optimizer(results: dict[str, ProbeResult]) -> None:
+    # The MCP tool's text block, from the real run's measurements as the server passes them.
+    from gradient_doctor.skill_server.results import ProbeReport
+    from gradient_doctor.templates import render
+
+    result = results["gan_two_optimizers"]
+    data = result.model_dump(mode="json")
+    report = ProbeReport(
+        path="gan.py",
+        status=data.pop("status"),
+        steps=data.pop("steps"),
+        steps_requested=STEPS,
+        findings=[],
+        measurements=data,
+    )
+    lines = [
+        line
+        for line in render("server/probe.md.j2", r=report).splitlines()
+        if "gradient norm per step" in line
+    ]
+    assert [line.split(",")[0] for line in lines] == ["Optimizer 0 (Adam)", "Optimizer 1 (Adam)"]
+    for index, line in enumerate(lines):
+        own = [r.total_norm for r in result.records if r.optimizer == index][:12]
+        assert line.split(": ", 1)[1].split(" …")[0] == ", ".join(str(round(v, 4)) for v in own)
+
+
+def test_an_amp_scale_collapse_is_overflow_skips_not_exploding_or_nan(
+    results: dict[str, ProbeResult],
+) -> None:
+    result = results["amp_scale_collapse"]
+    assert all(r.skipped for r in result.records)
+    assert all(not math.isfinite(r.total_norm) for r in result.records)
+    finding = result.findings[0]
+    assert finding.id == "amp-overflow-skips" and finding.severity == "warning"
+    assert finding.evidence["every_step_skipped"] is True
+    assert "skipped every step (12 of 12)" in finding.message
+    # The skipped steps' non-finite norms were never applied: no explosion, spike or NaN.
+    assert not {
+        "exploding-gradients",
+        "grad-norm-spikes",
+        "nan-gradients",
+        "inf-gradients",
+        "loss-diverging",
+    } & set(ids(result))
 
 
 def test_closure_optimizer_measures_the_first_evaluation(results: dict[str, ProbeResult]) -> None:

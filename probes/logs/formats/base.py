@@ -10,7 +10,7 @@ memory: records are yielded as lines (or events) are read.
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, ClassVar, cast
@@ -82,6 +82,8 @@ class LogFormat:
     """True when its records carry step numbers (else steps are counted in record order)."""
     folder: ClassVar[bool] = False
     """True when it reads folders (TensorBoard log dirs)."""
+    json_values: ClassVar[bool] = False
+    """True when its numbers are JSON numbers (``NaN``, ``Infinity``; no ``+5``, ``.5``)."""
 
     def sniff(self, sample: Sample) -> float:
         """How well the sample fits this format: 0 not at all, higher is better (a count of
@@ -91,6 +93,13 @@ class LogFormat:
     def records(self, path: Path, stats: ReadStats) -> Iterator[dict[str, Any]]:
         """The file's records as step fields, in file order."""
         raise NotImplementedError
+
+    def line_parser(self) -> Callable[[str], dict[str, Any] | None] | None:
+        """For a format read line by line: a fresh parser of one line (its record's step
+        fields, or None), giving exactly what :meth:`records` yields for that line, in order.
+        ``probes.logs.fastpath`` then reads runs of same-shaped lines as columns. None: the
+        format has none (it is read with :meth:`records` only)."""
+        return None
 
     def __repr__(self) -> str:
         return f"<LogFormat {self.id}>"

@@ -12,7 +12,7 @@ line that names a validation or evaluation value is an evaluation line and is sk
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +107,6 @@ class PlainConsole(LogFormat):
             fields = parse_line(line)
             if fields is not None:
                 yield fields
+
+    def line_parser(self) -> Callable[[str], dict[str, Any] | None]:
+        return parse_line

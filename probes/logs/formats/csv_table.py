@@ -8,7 +8,7 @@ header is mapped once; each row is read with the stdlib ``csv`` reader as it str
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +64,24 @@ class CsvTable(LogFormat):
             record = {name: row[i] for i, name in wanted if i < len(row) and row[i] != ""}
             if record:
                 yield map_record(record)
+
+    def line_parser(self) -> Callable[[str], dict[str, Any] | None]:
+        """One row at a time (the first line is the header). A quoted cell holding a line
+        break would be read differently than by :meth:`records`; metric tables have none."""
+        header: dict[str, Any] = {}
+
+        def parse(line: str) -> dict[str, Any] | None:
+            if not header:
+                header["delimiter"] = _dialect(line)
+                names = next(csv.reader([line], delimiter=header["delimiter"]))
+                header["wanted"] = [(i, n) for i, n in enumerate(names) if any(classify(n))]
+                return None
+            for row in csv.reader([line], delimiter=header["delimiter"]):
+                record = {
+                    name: row[i] for i, name in header["wanted"] if i < len(row) and row[i] != ""
+                }
+                if record:
+                    return map_record(record)
+            return None
+
+        return parse

@@ -11,7 +11,7 @@ The lines carry no step number, so steps are counted in record order (one per lo
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +57,18 @@ class HfTrainerConsole(LogFormat):
 
     def records(self, path: Path, stats: ReadStats) -> Iterator[dict[str, Any]]:
         for line in text_lines(path, stats):
-            if "{'" not in line:
-                continue
-            record = parse_dict(line)
-            if record is None or "train_runtime" in record:
-                continue
-            yield map_record(record)
+            fields = _parse(line)
+            if fields is not None:
+                yield fields
+
+    def line_parser(self) -> Callable[[str], dict[str, Any] | None]:
+        return _parse
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    if "{'" not in line:
+        return None
+    record = parse_dict(line)
+    if record is None or "train_runtime" in record:
+        return None
+    return map_record(record)

@@ -9,7 +9,7 @@ skipped.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +56,20 @@ class JsonLines(LogFormat):
                 hits += 1
         return float(hits)
 
+    json_values = True
+
     def records(self, path: Path, stats: ReadStats) -> Iterator[dict[str, Any]]:
         for record in json_objects(text_lines(path, stats)):
             yield map_record(flatten(record) if _nested(record) else record)
+
+    def line_parser(self) -> Callable[[str], dict[str, Any] | None]:
+        return _parse
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    for record in json_objects([line]):
+        return map_record(flatten(record) if _nested(record) else record)
+    return None
 
 
 def _nested(record: dict[str, Any]) -> bool:

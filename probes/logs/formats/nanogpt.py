@@ -9,7 +9,7 @@ pairs on an iter line (``lr 6e-4``, ``norm 0.9``, ``grad_norm 0.9``) are read to
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +52,13 @@ class NanoGptConsole(LogFormat):
 
     def records(self, path: Path, stats: ReadStats) -> Iterator[dict[str, Any]]:
         for line in text_lines(path, stats):
-            if "iter" not in line:
-                continue
-            fields = parse_iter(line)
+            fields = _parse(line)
             if fields is not None:
                 yield fields
+
+    def line_parser(self) -> Callable[[str], dict[str, Any] | None]:
+        return _parse
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    return parse_iter(line) if "iter" in line else None

@@ -28,9 +28,26 @@ class AmpOverflowSkips(Signal):
         "GradScaler skipped {skipped} of {steps} steps after its initial calibration (limit "
         "{limit:.0%}); scale went from {first} to {last}."
     )
+    every_message = (
+        "GradScaler skipped every step{after_first} ({skipped} of {steps}): no update was "
+        "applied, and its scale fell from {first} to {last}."
+    )
+    leading_message = (
+        "GradScaler skipped the first {leading} steps in a row (calibration takes a few) and "
+        "{skipped} of {steps} in all; scale went from {first} to {last}."
+    )
+    collapsed_message = (
+        " A scale below 1 shrinks the gradients instead of protecting float16's range: they "
+        "overflow whatever the scale, so an operation makes them Inf/NaN."
+    )
     advice = (
         "Find the overflowing operation (run it in fp32 or use bf16), and make sure clipping "
         "runs on unscaled gradients."
+    )
+    collapsed_advice = (
+        "The gradients are non-finite at any scale, which the GradScaler cannot fix: find the "
+        "operation whose backward gives Inf/NaN (sqrt, log or pow at zero, a division by zero, "
+        "inf x 0) with torch.autograd.detect_anomaly() or per-module gradient hooks."
     )
     rank = 43
     healthy: ClassVar[list[Example]] = [
@@ -58,6 +75,26 @@ class AmpOverflowSkips(Signal):
             check={"step": 1, "skipped": 14},
         ),
         Example(
+            "scale collapse: every step skipped, the scale halved 40 times (not calibration)",
+            "warning",
+            each={"events": AMP},
+            series={
+                "skipped": [True] * 40,
+                "scale": [2.0 ** (16 - s) for s in range(40)],
+                "grad_norm": [float("nan")] * 40,
+            },
+            check={"step": 1, "every_step_skipped": True, "scale_collapsed": True},
+        ),
+        Example(
+            "a log without events or norms: the scale falls at every logged step",
+            "warning",
+            series={
+                "skipped": [True] * 8,
+                "scale": [2.0 ** (16 - 2 * s) for s in range(8)],
+            },
+            check={"every_step_skipped": True, "scale_collapsed": False},
+        ),
+        Example(
             "every other step skipped",
             "warning",
             each={"events": AMP},
@@ -78,31 +115,51 @@ class AmpOverflowSkips(Signal):
         ]
         if len(scaled) < 4:
             return
-        index = 0
-        while index < len(scaled) and scaled[index].skipped:
-            index += 1  # the scaler calibrates its scale on the first steps
-        if index > CALIBRATION_STEPS or index == len(scaled):
-            index = 0  # a long run of skips is the problem, not calibration
+        leading = 0
+        while leading < len(scaled) and scaled[leading].skipped:
+            leading += 1  # the scaler calibrates its scale on the first steps
+        # Every step skipped (a log's first step is unknown: with no earlier scale, nothing
+        # says whether it overflowed).
+        every = all(p.skipped for p in scaled[1:])
+        # A long run of skips at the start is the problem, not calibration.
+        index = 0 if every or leading > CALIBRATION_STEPS else leading
         rest = scaled[index:]
         skipped = [p for p in rest if p.skipped]
         limit = ctx.threshold("amp_skip_fraction")
         if not rest or len(skipped) / len(rest) <= limit:
             return
+        first, last = scaled[0].scale, scaled[-1].scale
+        assert first is not None and last is not None
+        # GradScaler starts at 2**16 and halves on each overflow: below 1 it has given up more
+        # than 16 halvings, which no float16 range problem needs.
+        collapsed = last < 1.0 and last < first
+        numbers = {
+            "skipped": len(skipped),
+            "steps": len(rest),
+            "limit": limit,
+            "leading": leading,
+            "after_first": "" if scaled[0].skipped else " after the first",
+            "first": evidence_number(first),
+            "last": evidence_number(last),
+        }
+        if every:
+            message = self.every_message.format(**numbers)
+        elif index == 0 and leading:
+            message = self.leading_message.format(**numbers)
+        else:
+            message = self.message.format(**numbers)
         yield ctx.finding(
             self.id,
             "warning",
-            self.message.format(
-                skipped=len(skipped),
-                steps=len(rest),
-                limit=limit,
-                first=evidence_number(scaled[0].scale),
-                last=evidence_number(scaled[-1].scale),
-            ),
+            message + (self.collapsed_message if collapsed else ""),
             step=skipped[0].step,
-            fix=self.advice,
+            fix=self.collapsed_advice if collapsed else self.advice,
             skipped=len(skipped),
             steps=len(rest),
-            first_scale=scaled[0].scale,
-            last_scale=scaled[-1].scale,
+            leading_skips=leading,
+            every_step_skipped=every,
+            scale_collapsed=collapsed,
+            first_scale=first,
+            last_scale=last,
             threshold=limit,
         )

@@ -24,6 +24,44 @@ from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
 #: (the run up to a NaN is what explains it; after it, norms are meaningless).
 Scope = Literal["all", "finite"]
 
+#: Ordering bugs that make the applied updates larger than the script's learning rate and
+#: clipping say, each with the reason. When one of them is found in the same run (or by the
+#: static analyser in the same script), it is the first thing to fix for a diverging loss,
+#: exploding norms or oversized updates: lowering the learning rate would only hide it.
+UPDATE_INFLATING: dict[str, str] = {
+    "clip-after-step": "the clip runs after the step and limits nothing",
+    "clip-before-backward": "the clip runs before backward() and limits nothing",
+    "accum-unscaled-loss": (
+        "undivided micro-batch losses multiply the gradient by the number of micro-batches"
+    ),
+    "accum-missing-zero-grad": "gradients are never zeroed and keep adding up",
+    "accum-scheduler-per-microbatch": (
+        "the schedule steps once per micro-batch, so its warmup ends too early"
+    ),
+    "amp-step-bypasses-scaler": "the step applies gradients still multiplied by the loss scale",
+}
+
+#: The findings whose catalogue fix is about the step size (:func:`ordering_bugs_first`
+#: applies; update-param-ratio's fix covers updates too small as well, so only the signal's own
+#: advice for oversized updates takes the bugs first).
+STEP_SIZE_FINDINGS = ("loss-diverging", "exploding-gradients")
+
+
+def ordering_bugs_first(advice: str, found: Iterable[str]) -> str:
+    """``advice`` (a step-size advice) preceded by the ordering bugs among ``found`` (catalogue
+    ids of the same run or script) that inflate the updates; ``advice`` unchanged if none."""
+    bugs = [bug for bug in dict.fromkeys(found) if bug in UPDATE_INFLATING]
+    if not bugs or not advice:
+        return advice
+    reasons = "; ".join(f"`{bug}`: {UPDATE_INFLATING[bug]}" for bug in bugs)
+    plural = len(bugs) > 1
+    return (
+        f"First fix the ordering bug{'s' if plural else ''} reported with this ({reasons}): "
+        f"while {'they are' if plural else 'it is'} there, the updates are larger than the "
+        f"learning rate and clipping intend. If the run still climbs once fixed: "
+        f"{advice[0].lower()}{advice[1:]}"
+    )
+
 
 @dataclass(frozen=True)
 class Example:
@@ -85,6 +123,11 @@ class Context:
         """The finding reported for ``entry_id`` so far, if any."""
         return next((f for f in self.findings if f.id == entry_id), None)
 
+    def step_size_advice(self, advice: str) -> str:
+        """``advice`` about the step size, preceded by the update-inflating ordering bugs
+        already reported for this run (:data:`UPDATE_INFLATING`)."""
+        return ordering_bugs_first(advice, (f.id for f in self.findings))
+
     def threshold(self, key: str) -> float:
         """The number ``key`` of the active profile."""
         value: float = getattr(self.profile, key).value
@@ -127,24 +170,25 @@ _warming_lock = threading.Lock()
 
 
 def warm_knowledge() -> None:
-    """Start loading the knowledge base in a daemon thread (idempotent): the probe's parent
-    does it while the script runs, so the diagnosis does not wait for it afterwards."""
+    """Start loading the knowledge base and importing the signal modules in a daemon thread
+    (idempotent): the probe's parent does it while the script runs, so the diagnosis does not
+    wait for them afterwards."""
     global _warming
     with _warming_lock:
         if _warming is None:
-            from gradient_doctor.knowledge import load_knowledge
-
-            _warming = threading.Thread(
-                target=_quietly, args=(load_knowledge,), name="gd-knowledge", daemon=True
-            )
+            _warming = threading.Thread(target=_warm, name="gd-knowledge", daemon=True)
             _warming.start()
 
 
-def _quietly(load: Any) -> None:
-    try:
-        load()
-    except Exception:  # the diagnosis reports a broken knowledge base itself, later
-        return
+def _warm() -> None:
+    from gradient_doctor.knowledge import load_knowledge
+    from gradient_doctor.probes.runtime.signals import all_signals
+
+    for load in (load_knowledge, all_signals):
+        try:
+            load()
+        except Exception:  # the diagnosis reports a broken knowledge base itself, later
+            continue
 
 
 def _knowledge() -> Any:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.knowledge.findings import Finding, Severity
-from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
+from gradient_doctor.probes.runtime.signals.base import UPDATE_INFLATING, Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
 from gradient_doctor.probes.runtime.signals.stats import raw_norm
 
@@ -31,7 +31,7 @@ class ExplodingGradients(Signal):
     )
     per_optimizer = True
     rank = 50
-    consults = (*MISPLACED_CLIP, "loss-diverging")
+    consults = (*MISPLACED_CLIP, *UPDATE_INFLATING, "loss-diverging")
     diverging_advice = (
         "The loss is diverging with it: reduce the step size first (learning rate, warmup), "
         "then keep norm clipping between backward() and the step as a guard."
@@ -114,7 +114,9 @@ class ExplodingGradients(Signal):
             )
             + (" The script's clipping contained it." if clipped else ""),
             step=peak_point.step,
-            fix=self.diverging_advice if ctx.has("loss-diverging") else self.advice,
+            fix=ctx.step_size_advice(
+                self.diverging_advice if ctx.has("loss-diverging") else self.advice
+            ),
             peak_norm=peak,
             steps_above=above,
             steps=len(norms),

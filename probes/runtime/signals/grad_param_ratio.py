@@ -112,7 +112,8 @@ class GradParamRatio(Signal):
                     ]
                 }
             )
-        sampled = [p for p in run.steps if p.param_norms]
+        # A GradScaler-skipped step's gradients overflowed and were not applied.
+        sampled = [p for p in run.steps if p.param_norms and not p.skipped]
         if not sampled:
             return
         high = ctx.threshold("grad_param_ratio_high")

@@ -47,6 +47,19 @@ class LayerNormSpread(Signal):
     ]
     healthy += [
         Example(
+            "GradScaler-skipped steps' overflowed layer norms are left out",
+            None,
+            each={"events": ["scale", "backward", "scaler-step", "scaler-update"]},
+            series={
+                "layer_grad_norms": [{"fc1": float("inf"), "fc2": 1e-3}] * 5
+                + [{"fc1": 0.5, "fc2": 0.2}] * 4,
+                "skipped": [True] * 5 + [False] * 4,
+                "scale": [2.0 ** (16 - s) for s in range(5)] + [2.0**11] * 4,
+                "grad_norm": [float("inf")] * 5 + [0.54] * 4,
+            },
+            run=RUN,
+        ),
+        Example(
             "a Transformer's head and attention projection differ by design",
             None,
             each={

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.knowledge.findings import Finding, Severity
-from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
+from gradient_doctor.probes.runtime.signals.base import UPDATE_INFLATING, Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
 from gradient_doctor.probes.runtime.signals.stats import loss_bad, step_loss
 
@@ -25,12 +25,13 @@ RISING = [4.2, 4.0, 3.9, 3.9, 4.5, 6.0, 8.0, 11.0, 13.0, 15.0, 14.0, 15.0]
 
 
 def smoothed(values: list[float]) -> list[float]:
-    """Running median of three (one lucky batch is not the best of the run); the first and
-    last values have one neighbour only and stay as they are."""
+    """Running median of three (one lucky or unlucky batch is not the best or the worst of
+    the run); the first and last values, which have one neighbour only, take the median of
+    the first and of the last three."""
     if len(values) < 3:
         return list(values)
     inner = [statistics.median(values[i - 1 : i + 2]) for i in range(1, len(values) - 1)]
-    return [values[0], *inner, values[-1]]
+    return [statistics.median(values[:3]), *inner, statistics.median(values[-3:])]
 
 
 def lr_story(points: list[StepPoint]) -> tuple[str, dict[str, float | int | None]]:
@@ -71,12 +72,18 @@ class LossDiverging(Signal):
         "{best:.4g} at step {best_step} ({ratio:.3g}×; it started at {first:.4g}) while updates "
         "kept being applied. {lr_story}."
     )
+    recovered_message = (
+        "The loss blew up to {peak:.4g} at step {peak_step}, {rise:.3g}× its best {best:.4g} "
+        "before that (step {best_step}), and only came back later (median of the last "
+        "{window} steps: {recent:.4g}). {lr_story}."
+    )
     advice = (
         "Reduce the step size first: a lower peak learning rate{lower} and a warmup of a few "
         "hundred steps; then keep norm clipping as a guard against single spikes (clipping and "
         "architecture changes do not fix a step size that is too large)."
     )
     rank = 45
+    consults = tuple(UPDATE_INFLATING)
     healthy: ClassVar[list[Example]] = [
         Example(
             "an early transient that recovered below the start (LR x100, no warmup)",
@@ -117,6 +124,64 @@ class LossDiverging(Signal):
             },
         ),
         Example("a falling loss", None, series={"loss": [4.2 - 0.1 * s for s in range(12)]}),
+        Example(
+            "batch noise around a flat loss: a lucky first and an unlucky last batch are not a "
+            "best and a peak (HF Trainer, 8 samples a batch, lr 5e-5)",
+            None,
+            series={
+                "loss": [
+                    3.85,
+                    5.34,
+                    6.78,
+                    5.85,
+                    15.31,
+                    4.06,
+                    2.62,
+                    12.93,
+                    4.85,
+                    9.61,
+                    6.36,
+                    4.9,
+                    4.84,
+                    2.25,
+                    4.53,
+                    4.26,
+                    5.93,
+                    8.41,
+                    3.36,
+                    5.76,
+                    4.76,
+                    2.31,
+                    7.45,
+                    13.15,
+                ],
+                "lr": [5e-5 * (1 - s / 24) for s in range(24)],
+            },
+        ),
+        Example(
+            "a late noisy batch many times a loss close to zero (still below the start)",
+            None,
+            series={
+                "loss": [
+                    3.5,
+                    3.0,
+                    2.0,
+                    1.0,
+                    0.5,
+                    0.2,
+                    0.08,
+                    0.04,
+                    0.05,
+                    0.3,
+                    0.35,
+                    0.1,
+                    0.07,
+                    0.06,
+                    0.08,
+                    0.07,
+                ]
+            },
+        ),
         Example(
             "a noisy plateau",
             None,
@@ -177,6 +242,32 @@ class LossDiverging(Signal):
             check={"peak_step": 12},
         ),
         Example(
+            "blew up 19x in the first steps, came back as the learning rate decayed (HF, lr 3)",
+            "warning",
+            series={
+                "loss": [
+                    86.0,
+                    1534.0,
+                    1658.0,
+                    900.0,
+                    310.0,
+                    95.0,
+                    40.0,
+                    12.0,
+                    6.0,
+                    4.0,
+                    3.0,
+                    2.5,
+                    2.0,
+                    1.8,
+                    1.6,
+                    1.7,
+                ],
+                "lr": [2.98 - 0.18 * s for s in range(16)],
+            },
+            check={"peak_step": 2, "best_step": 1, "recovered": True},
+        ),
+        Example(
             "LR x100 with a warmup: 4.2 to 15",
             "critical",
             series={"loss": RISING, "lr": [0.01 * min(s + 1, 10) for s in range(12)]},
@@ -227,6 +318,7 @@ class LossDiverging(Signal):
         peak = smooth[peak_index]
         spiked = peak / best > crit
         if recent <= first or not (ratio > warn or spiked):
+            yield from self._recovered(smooth, values, window, recent, applied, ctx)
             return
         severity: Severity = (
             "critical" if ratio > crit or spiked or blew_up is not None else "warning"
@@ -260,7 +352,7 @@ class LossDiverging(Signal):
             severity,
             message,
             step=onset.step,
-            fix=self.advice.format(lower=lower),
+            fix=ctx.step_size_advice(self.advice.format(lower=lower)),
             recent_loss=recent,
             best_loss=best,
             best_step=values[best_index][0].step,
@@ -270,6 +362,63 @@ class LossDiverging(Signal):
             peak_step=values[peak_index][0].step,
             nonfinite_step=blew_up.step if blew_up is not None else None,
             threshold_warning=warn,
+            threshold_critical=crit,
+            learning_rate=numbers,
+        )
+
+    def _recovered(
+        self,
+        smooth: list[float],
+        values: list[tuple[StepPoint, float]],
+        window: int,
+        recent: float,
+        applied: list[StepPoint],
+        ctx: Context,
+    ) -> Iterator[Finding]:
+        """A blow-up the run came back from (a decaying learning rate, a lucky recovery): the
+        smoothed loss rose above loss_diverging_critical × its best so far, then fell again.
+        A warning: the run trains now, but the step size threw away what came before."""
+        crit = ctx.threshold("loss_diverging_critical")
+        # The reference is the smoothed loss before the peak, or the first loss itself: a
+        # blow-up in the first steps leaves no smoothed value before it.
+        lows = [values[0][1], *smooth[1:]]
+        best_index, rise, peak_index = 0, 1.0, 0
+        low_index = 0
+        for index in range(1, len(smooth)):
+            if lows[index - 1] < lows[low_index]:
+                low_index = index - 1
+            if lows[low_index] > 0 and smooth[index] / lows[low_index] > rise:
+                best_index, rise, peak_index = low_index, smooth[index] / lows[low_index], index
+        # Above the first loss too: late in a healthy run a noisy batch can be many times a
+        # loss that fell close to zero.
+        if rise <= crit or smooth[peak_index] <= values[0][1]:
+            return
+        story, numbers = lr_story(applied)
+        lower = ""
+        if numbers.get("lr"):
+            lower = f" (try {float(numbers['lr'] or 0) / 10:.2g}, a tenth of {numbers['lr']:.3g})"
+        yield ctx.finding(
+            self.id,
+            "warning",
+            self.recovered_message.format(
+                peak=smooth[peak_index],
+                peak_step=values[peak_index][0].step,
+                rise=rise,
+                best=lows[best_index],
+                best_step=values[best_index][0].step,
+                window=window,
+                recent=recent,
+                lr_story=story[0].upper() + story[1:],
+            ),
+            step=values[peak_index][0].step,
+            fix=ctx.step_size_advice(self.advice.format(lower=lower)),
+            recent_loss=recent,
+            best_loss=lows[best_index],
+            best_step=values[best_index][0].step,
+            ratio=rise,
+            peak_loss=smooth[peak_index],
+            peak_step=values[peak_index][0].step,
+            recovered=True,
             threshold_critical=crit,
             learning_rate=numbers,
         )

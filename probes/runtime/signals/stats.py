@@ -121,8 +121,11 @@ def weight_layer_medians(run: RunSeries) -> tuple[dict[str, float], list[str]]:
     median is not zero."""
     per_layer: dict[str, list[float]] = {}
     for point in run.steps:
+        if point.skipped:
+            continue  # a GradScaler-skipped step's overflowed norms were never applied
         for layer, norm in (point.layer_grad_norms or {}).items():
-            per_layer.setdefault(layer, []).append(norm)
+            if math.isfinite(norm):
+                per_layer.setdefault(layer, []).append(norm)
     medians = {k: statistics.median(v) for k, v in per_layer.items() if v}
     layers = [layer for layer in run.weight_layers or () if medians.get(layer, 0) > 0]
     return medians, layers
