@@ -1114,8 +1114,11 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r"\b(?:no\s+(?:clamp|eps\w*)|without\s+(?:a\s+|any\s+)?(?:clamp\w*|eps\w*)|not\s+clamped|"
             r"unclamped|unbounded|can\s+be\s+(?:exactly\s+)?(?:0|zero)|culprit|(?:was|is|were|became|"
             r"becomes|goes\s+to|went\s+to|hits?)\s+(?:exactly\s+)?(?:0|zero)\b)"
-            r"|\b(?:culprit|caused\s+by|because\s+of|comes?\s+from|came\s+from)\b[^.;\n]{0,20}"
-            r"(?:\btorch\.(?:log|exp|sqrt)\s*\(|\b(?:log|exp|sqrt)\s*\()",
+            # Named as the cause: "the NaNs came from torch.sqrt of an exact zero distance".
+            r"|\b(?:culprit|caused\s+by|because\s+of|comes?\s+from|came\s+from|coming\s+from|"
+            r"traced\s+(?:it\s+)?(?:back\s+)?to|due\s+to|originat\w*\s+(?:in|from))\b[^.;\n]{0,20}"
+            r"(?:\btorch\.(?:log|exp|sqrt)\b|\b(?:log|exp|sqrt)\s*\(|\b(?:log|sqrt)\s+of\b|"
+            r"\b(?:a\s+)?divi\w+\s+by\s+(?:an?\s+)?(?:exact\s+)?(?:0|zero)\b)",
             "unstable-loss-op",
             0.6,
             "text: a log/exp/sqrt or division in the loss with nothing keeping it finite",

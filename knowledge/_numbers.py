@@ -62,14 +62,21 @@ _NAN_LOSS = _Lazy(
     ("nan", "inf"),
     re.IGNORECASE,
 )
+#: What ``clip_grad_norm_`` returns is the total norm before clipping ("clip_grad_norm_ returns
+#: 0.4-0.7"); ``\b`` cannot start inside the identifier, so it is its own alternative.
+_CLIP_RETURNS = (
+    r"clip_grad_norm_?(?:\([^)\n]{0,60}\))?\s+(?:returns?|returned|returning|gives|gave|reports?|"
+    r"reported|says|said|outputs?|prints?)"
+)
 _GRAD_NORM = _Lazy(
+    rf"(?:(?:{_CLIP_RETURNS})\s*[:=~≈]?\s*(?:around\s+|about\s+|roughly\s+)?|"
     r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
     r"norm\s+of\s+(?:the\s+)?(?:grad(?:ient)?s?)|grad(?:ient)?s?(?=\s+(?:are|is|were|was)\b)"
     # Per-layer values said of the early or late layers ("gradients in the first layers are").
     r"|grad(?:ient)?s?\s+(?:in|of|for|at|to)\s+(?:the\s+|my\s+)?(?:first|early|earliest|last|"
     r"top|bottom|lower|upper|initial|final|input|output)\s+(?:few\s+|\w+\s+)?layers?"
     r"(?=\s+(?:are|is|were|was|stay|sit|hover)\w*\b))\b"
-    rf"{_FILLER}{_NUM}",
+    rf"{_FILLER}){_NUM}",
     ("norm", "grad"),
     re.IGNORECASE,
 )
@@ -105,6 +112,16 @@ _SCALE = _Lazy(
     ("scale",),
     re.IGNORECASE,
 )
+# The scale held at one level ("loss scale sits at 65536"), not a fall from one value to another.
+_SCALE_LEVEL = _Lazy(
+    r"\b(?:loss[_ ]|grad(?:ient)?[_ ])?scale\b(?:\s+(?:sits?|sat|stays?|stayed|remains?|remained|"
+    r"holds?|held|hover(?:s|ed)?|is|was|steady|stable|constant|flat|fixed|still|always|mostly))+"
+    r"(?:\s+(?:at|around|near|about))?\s*[:=~≈]?\s*~?\s*"
+    r"(?P<num>(?:10|2)\s*\^\s*\d+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(?![\w.])"
+    r"(?!\s*(?:→|->|=>|to\b|down\b|and\s+(?:keeps|falling|dropping)))",
+    ("scale",),
+    re.IGNORECASE,
+)
 _PERCENT_BEFORE = _Lazy(
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*"
     r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
@@ -120,7 +137,7 @@ _PERCENT_AFTER = _Lazy(
 )
 _MAX_NORM = _Lazy(
     r"\b(?:max_norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
-    rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
+    rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|to|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
     ("max_norm", "clip"),
     re.IGNORECASE,
 )
@@ -151,8 +168,8 @@ class Quantity:
     """One number read from the text.
 
     ``name`` is one of: loss, grad_norm, grad_nan (NaN/Inf said of gradients), param_nan (of
-    weights), amp_scale_from,
-    amp_scale_to, dead_fraction, zero_grad_fraction, zero_activation_fraction, max_norm,
+    weights), amp_scale_from, amp_scale_to, amp_scale_level (a scale said to hold at one
+    value), dead_fraction, zero_grad_fraction, zero_activation_fraction, max_norm,
     grad_param_ratio, update_ratio, layer_ratio. Fractions are in [0, 1].
     """
 
@@ -196,7 +213,7 @@ def _fraction_subject(subject: str, context: str, what: str) -> str:
     if re.search(r"activation|neuron|unit|relu|feature", words):
         return (
             "dead_fraction"
-            if "dead" in what or "inactive" in what
+            if "dead" in what or "inactive" in what or "never" in what
             else ("zero_activation_fraction")
         )
     if re.search(r"grad|param|weight", words):
@@ -254,6 +271,8 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
     for m in _SCALE.finditer(text, lowered):
         add(m.start(), "amp_scale_from", m.group("num"), m.group(0))
         add(m.start(), "amp_scale_to", m.group("num2"), m.group(0))
+    for m in _SCALE_LEVEL.finditer(text, lowered):
+        add(m.start(), "amp_scale_level", m.group("num"), m.group(0))
     for pattern in (_PERCENT_BEFORE, _PERCENT_AFTER):
         for m in pattern.finditer(text, lowered):
             window = text[max(0, m.start() - 60) : m.end() + 60]
@@ -288,11 +307,25 @@ def fmt(value: float) -> str:
 #: What a series is of. A bare "gradients" is not a subject: per-layer values are not the
 #: total norm ("per-layer grads are all between 1e-4 and 1e-2").
 _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # Per-layer norms listed side by side ("grad norms per layer: conv1 0.002, fc 0.4") are a
+    # spread across the network, not a trend over time. Listed before grad_norm: where both
+    # start at the same word, this (longer) one wins.
+    (
+        "layer_norms",
+        re.compile(
+            r"\b(?:per[-_ ]?layer|layer[-_ ]?wise|layer[-_ ]?by[-_ ]?layer)\s+(?:grad(?:ient)?s?"
+            r"[_ \-]?)?norms?\b|\b(?:grad(?:ient)?s?[_ \-]?)?norms?\s+(?:per|by|for\s+each|"
+            r"of\s+each|across(?:\s+the)?|in\s+each)\s+layers?\b",
+            re.IGNORECASE,
+        ),
+    ),
     (
         "grad_norm",
         re.compile(
             r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
-            r"norms?)\b",
+            rf"norms?)\b|{_CLIP_RETURNS}"
+            # "per-layer norms 0.01-0.05, total 0.12": a bare "total" with its number.
+            r"|\btotal\b(?=\s*[:=~≈]?\s*~?\s*[.\d])",
             re.IGNORECASE,
         ),
     ),
@@ -352,8 +385,9 @@ MIN_SERIES = 2
 class Series:
     """The values of one quantity written one after another in the text, in order.
 
-    ``name`` is grad_norm, loss, val_loss or perplexity. A range ("between 0.3 and 1.2",
-    "1-2") counts as one value, its geometric middle, and is kept in ``ranges`` as (low, high).
+    ``name`` is grad_norm, layer_norms (one value per layer), loss, val_loss or perplexity. A
+    range ("between 0.3 and 1.2", "1-2") counts as one value, its geometric middle, and is kept
+    in ``ranges`` as (low, high).
     """
 
     name: str

@@ -209,6 +209,9 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "ddp-": r"ddp|distributed|no_sync|\branks?\b|multi-?gpu|gpus|nodes|all[-_\s]?reduce|"
         r"world[_\s]size|torchrun|fsdp|horovod|data[\s-]parallel|replica",
         "accum-": r"accum|micro[-\s]?(?:batch|step)|effective\s+batch",
+        # The symptoms that exist only with accumulation.
+        "loss-down-then-up-with-accumulation": r"accum|micro[-\s]?(?:batch|step)|effective\s+batch",
+        "accumulation-worse-than-small-batch": r"accum|micro[-\s]?(?:batch|step)|effective\s+batch",
         # The no_sync red flags are about synchronisation, not any slow DDP run.
         "ddp-accum-without-no-sync": r"sync|all[-_\s]?reduc|communicat",
         "ddp-no-sync-misplaced": r"sync|all[-_\s]?reduc|communicat",
@@ -314,6 +317,11 @@ _EVERY_STEP = re.compile(
 _UPDATE_RATIO_USUAL = 1e-3
 _UPDATE_RATIO_FACTOR = 100.0
 _LOSS_SPIKE_FACTOR = 2.0
+#: A GradScaler scale said to hold at or above this is working (it starts at 2**16 and halves
+#: on each overflowing step, so a scale that stays high sees few of them); below 1 it has
+#: collapsed. The matcher's own reading of GM's AMP flow, not a diagnosis threshold.
+_AMP_SCALE_STEADY = 2.0**10
+_AMP_SCALE_COLLAPSED = 1.0
 #: A loss series whose values all lie within this fraction of each other is flat.
 _LOSS_FLAT_FRACTION = 0.03
 
@@ -324,12 +332,52 @@ class _Progress:
 
     improving: bool = False
     held_out_improving: bool = False
+    #: Held-out results follow the training ones ("val loss tracks train loss closely").
+    no_gap: bool = False
+    #: Words saying a value stays where it is ("then sits at 2.5 for the next 40k").
+    holds_level: bool = False
     normal_question: bool = False
     reasons: list[str] = field(default_factory=list)
 
 
+#: Held-out results said to follow the training ones: no generalisation gap.
+_NO_GAP = re.compile(
+    r"\b(?:val(?:idation)?|eval\w*|test|dev|held[-\s]?out)[_ ]?(?:loss(?:es)?|ppl|perplexity|"
+    r"acc(?:uracy)?|curves?|metrics?)?\b[^.;\n]{0,20}?\b(?:tracks?|tracking|follows?|following|"
+    r"matches|mirrors?|mirroring|(?:stays?|is|are|remains?)\s+(?:very\s+)?close\s+to|in\s+line\s+"
+    r"with|right\s+with|on\s+par\s+with)\b[^.;\n]{0,15}?\btrain"
+    r"|\bno\s+(?:real\s+|big\s+|noticeable\s+)?gap\s+between\s+(?:the\s+)?(?:train\w*|val\w*)",
+    re.IGNORECASE,
+)
+#: Words that call the losses high or stuck: what underfitting is.
+_LOSS_BAD_LEVEL = re.compile(
+    r"\b(?:high|stuck|flat|plateau\w*|stall\w*|poor\w*|bad|terrible|random|chance|"
+    r"not\s+(?:learning|improving|decreasing|going\s+down)|doesn't\s+(?:learn|improve|go\s+down)|"
+    r"won't\s+(?:learn|improve|go\s+down)|barely|underfit\w*)\b",
+    re.IGNORECASE,
+)
+
+
+_HOLDS_LEVEL = re.compile(
+    r"\b(?:sits?|sat|stays?|stayed|stuck|flat\w*|plateau\w*|hover\w*|unchanged|stall\w*|"
+    r"levels?\s+off|levell?ed\s+off|for\s+the\s+(?:next|rest|last|remaining)|ever\s+since|"
+    r"since\s+then|doesn't\s+move|not\s+moving|won't\s+budge)\b",
+    re.IGNORECASE,
+)
+
+
 def _progress(text: str) -> _Progress:
-    progress = _Progress(normal_question=bool(_NORMAL_QUESTION.search(text)))
+    progress = _Progress(
+        normal_question=bool(_NORMAL_QUESTION.search(text)),
+        holds_level=bool(_HOLDS_LEVEL.search(text)),
+    )
+    if _NO_GAP.search(text):
+        progress.no_gap = True
+        if not _LOSS_BAD_LEVEL.search(text):
+            # Held-out results keep up with training and nothing is called high or stuck:
+            # the run is said to go well.
+            progress.improving = True
+            progress.reasons.append("held-out results follow the training ones")
     for pattern in (_LOSS_IMPROVING, _SCORE_IMPROVING):
         for m in pattern.finditer(text):
             if _NEGATED.search(m.group("between")) or _OTHER_METRIC.search(m.group("between")):
@@ -833,6 +881,26 @@ class Matcher:
                             "(overflowing steps are skipped)",
                         )
                     )
+            elif q.name == "amp_scale_level":
+                falls = any(x.name == "amp_scale_to" for x in quantities)
+                if v >= _AMP_SCALE_STEADY and not falls:
+                    out.append(
+                        CodeHit(
+                            "healthy",
+                            0.5,
+                            f"loss scale holds at {shown} (≥ {fmt(_AMP_SCALE_STEADY)}): GradScaler "
+                            "meets few overflows; a skipped step now and then is how it calibrates",
+                        )
+                    )
+                elif v < _AMP_SCALE_COLLAPSED:
+                    out.append(
+                        CodeHit(
+                            "amp-overflow-skips",
+                            0.8,
+                            f"loss scale down at {shown}: GradScaler has halved it on overflow "
+                            "after overflow",
+                        )
+                    )
             elif q.name in ("dead_fraction", "zero_activation_fraction"):
                 pct = f"{v:.0%}"
                 for level, limit in (
@@ -844,10 +912,12 @@ class Matcher:
                         strength = 1.0 if level == "critical" else 0.8
                         zeros_first = q.name == "zero_activation_fraction" and v > 0.5
                         if zeros_first or v > 0.5:
+                            # Read from "dead" / "never fire": units dead over many inputs is
+                            # the signal; the symptom (zeros on one batch) comes second.
                             out.append(
                                 CodeHit(
                                     "many-zero-activations",
-                                    strength * (1.0 if zeros_first else 0.8),
+                                    strength * (1.0 if zeros_first else 0.6),
                                     "zero activations " + reason,
                                 )
                             )
@@ -917,30 +987,61 @@ class Matcher:
                         )
                     )
             elif q.name == "layer_ratio":
-                if v > p.early_late_ratio.value:
-                    out.append(
-                        CodeHit(
-                            "vanishing-gradients",
-                            0.8,
-                            f"layers differ {shown}× > {fmt(p.early_late_ratio.value)}× "
-                            f"({self._cite(p.early_late_ratio)})",
-                        )
-                    )
-                for level, limit in (
-                    ("critical", p.layer_spread_critical),
-                    ("warning", p.layer_spread_warning),
-                ):
-                    if v > limit.value:
-                        out.append(
-                            CodeHit(
-                                "layer-norm-spread",
-                                0.9 if level == "critical" else 0.7,
-                                f"per-layer norms differ {shown}× > {fmt(limit.value)}× "
-                                f"({level}, {self._cite(limit)})",
-                            )
-                        )
-                        break
+                out.extend(self._layer_spread(v, shown))
         return self._healthy(out, progress)
+
+    def _layer_spread(self, ratio: float, shown: str) -> list[CodeHit]:
+        """Per-layer norms ``ratio``× apart: a spread (GS), and vanishing when very far apart."""
+        p = self.profile
+        out: list[CodeHit] = []
+        if ratio > p.early_late_ratio.value:
+            out.append(
+                CodeHit(
+                    "vanishing-gradients",
+                    0.8,
+                    f"layers differ {shown}× > {fmt(p.early_late_ratio.value)}× "
+                    f"({self._cite(p.early_late_ratio)})",
+                )
+            )
+        for level, limit in (
+            ("critical", p.layer_spread_critical),
+            ("warning", p.layer_spread_warning),
+        ):
+            if ratio > limit.value:
+                out.append(
+                    CodeHit(
+                        "layer-norm-spread",
+                        0.9 if level == "critical" else 0.7,
+                        f"per-layer norms differ {shown}× > {fmt(limit.value)}× "
+                        f"({level}, {self._cite(limit)})",
+                    )
+                )
+                break
+        return out
+
+    def _layer_norms(self, item: Series) -> list[CodeHit]:
+        """Norms listed layer by layer: their spread, or balanced layers (healthy)."""
+        p = self.profile
+        values = [v for v in item.values if v > 0]
+        values += [x for pair in item.ranges for x in pair if x > 0]
+        if len(values) < 2:
+            return []
+        low, high = min(values), max(values)
+        if high < p.vanishing_warning.value:
+            return self._norm_evidence(high, fmt(high), False)
+        spread = high / low
+        hits = self._layer_spread(spread, fmt(spread))
+        if hits:
+            return hits
+        return [
+            CodeHit(
+                "healthy",
+                0.6,
+                f"per-layer norms {fmt(low)}–{fmt(high)} are within "
+                f"{fmt(p.layer_spread_warning.value)}× of each other: the layers are balanced "
+                f"({self._cite(p.layer_spread_warning)})",
+            )
+        ]
 
     def _healthy(self, hits: list[CodeHit], progress: _Progress) -> list[CodeHit]:
         """One ``healthy`` hit, surer when training improves and the text asks if it is normal.
@@ -1076,6 +1177,8 @@ class Matcher:
                 if hits:
                     covered.add(item.name)
                 out.extend(hits)
+            elif item.name == "layer_norms":
+                out.extend(self._layer_norms(item))
             else:
                 out.extend(self._loss_series(item, progress))
         return out, covered
@@ -1218,6 +1321,15 @@ class Matcher:
             return [
                 CodeHit("overfitting", 0.8, f"{name} {shown} rises while the training improves")
             ]
+        last_two = values[-2:]
+        if (
+            n == 3
+            and progress.holds_level
+            and max(last_two) - min(last_two) <= _LOSS_FLAT_FRACTION * max(last_two)
+            and values[0] >= 1.15 * max(last_two)
+        ):
+            # "drops from 5 to 2.5, then sits at 2.5": three values, the words say it stays.
+            return [CodeHit("plateau", 0.6, f"{name} {shown}: fell, then stays at one level")]
         tail = values[-3:]
         if (max(tail) - min(tail)) <= _LOSS_FLAT_FRACTION * max(tail):
             if n >= 4 and values[0] >= 1.15 * _median(tail):
@@ -1405,14 +1517,24 @@ class Matcher:
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
                 reasons[hit.entry_id].append(hit.reason)
-        if "underfitting" in scores and progress.held_out_improving:
-            # Underfitting is both losses stuck high: not when the text says both improve.
+        levels = [q.value for q in quantities if q.name == "amp_scale_level"]
+        scale_holds = bool(levels) and min(levels) >= _AMP_SCALE_STEADY
+        falls = any(q.name == "amp_scale_to" for q in quantities)
+        if "amp-overflow-skips" in scores and scale_holds and not falls:
+            # The entry is a scale that keeps falling: not when the text says it holds high.
+            scores["amp-overflow-skips"] *= 0.5
+        if "underfitting" in scores and (
+            progress.held_out_improving or (progress.no_gap and not _LOSS_BAD_LEVEL.search(text))
+        ):
+            # Underfitting is both losses stuck high: not when the text says both improve, nor
+            # when held-out follows training and nothing is called high or stuck.
             scores["underfitting"] *= 0.4
         if "overfitting" in scores and (
-            progress.held_out_improving or not _HELD_OUT_ANY.search(text)
+            progress.held_out_improving or progress.no_gap or not _HELD_OUT_ANY.search(text)
         ):
             # Overfitting is held-out results getting worse: not when the text says they
-            # improve, nor when it says nothing about held-out data at all.
+            # improve or follow the training ones, nor when it says nothing about held-out
+            # data at all.
             scores["overfitting"] *= 0.5
         named = {
             hit.entry_id

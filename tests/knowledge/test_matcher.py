@@ -121,6 +121,9 @@ def test_eval_texts_are_not_copied_from_the_index() -> None:
         ("fc1 grad/param ratio 3.5", "grad-param-ratio", "> 1"),
         ("after step 900 the weights of fc2 are all nan", "nan-parameters", "non-finite"),
         ("grad_norm: 4e-7 but the loss is still decreasing nicely", "small-grads-mean-broken", ""),
+        ("loss scale sits at 0.25 after thousands of skips", "amp-overflow-skips", "halved it"),
+        ("40 percent of the GELU units never fire on held-out data", "dead-neurons", "40% > 20%"),
+        ("Just set max_norm to 0.005 and nothing will ever explode.", "clip-harder", "< 0.1"),
     ],
 )
 def test_number_rules(text: str, expected: str, reason_part: str) -> None:
@@ -136,6 +139,10 @@ def test_numbers_are_read_from_the_text() -> None:
     assert numbers["amp_scale_from"] == 65536 and numbers["amp_scale_to"] == 32768
     assert match("47% zeros in the activations").numbers == {"zero_activation_fraction": 0.47}
     assert match("grad norm 10^-8").numbers["grad_norm"] == pytest.approx(1e-8)
+    # What clip_grad_norm_ returns is the total norm (before clipping).
+    assert match("clip_grad_norm_(params, 1.0) returns 3.2").numbers["grad_norm"] == 3.2
+    assert match("the loss scale stays at 2^15").numbers == {"amp_scale_level": 32768.0}
+    assert "amp_scale_level" not in match("loss scale is 65536 -> 2").numbers
 
 
 def _rule_reasons(result: MatchResult, entry_id: str) -> list[str]:
@@ -379,6 +386,12 @@ def test_static_analyser_findings_are_cited() -> None:
         ("loss 2.31, 2.30, 2.31, 2.30", "loss-stuck", "flat"),
         ("val loss 0.71, 0.70, 0.71, 0.70 after dropping from 2.3", "plateau", "stays flat"),
         ("grad norm is ~800 at first and then settles around 1-2. normal?", "healthy", "settles"),
+        (
+            "gradient norm per layer: emb 0.001, block1 0.02, head 0.5",
+            "layer-norm-spread",
+            "per-layer norms differ",
+        ),
+        ("loss 4.2, then 1.8 by step 2k, and it has sat at 1.8 since", "plateau", "one level"),
     ],
 )
 def test_series_rules(text: str, expected: str, reason_part: str) -> None:
@@ -400,6 +413,10 @@ def test_series_leave_steps_and_counts_out() -> None:
     ]
     assert read_series("train loss 2.1 at 5k, 1.9 at 10k; lr 3e-4, batch 64") == [
         Series("loss", (2.1, 1.9))
+    ]
+    # Norms listed layer by layer are a spread, not a trend over time.
+    assert read_series("layer-wise grad norms: embed 0.001, attn 0.02, head 0.5") == [
+        Series("layer_norms", (0.001, 0.02, 0.5))
     ]
     # Code is not a series: ``log(p, -1)`` holds no loss values.
     assert read_series(without_code("loss = -(y * torch.log(p, -1)).mean()")) == []
@@ -425,6 +442,26 @@ def test_series_leave_steps_and_counts_out() -> None:
             "grad norm is around 2e-3 but val accuracy keeps going up, are my gradients vanishing?",
             "small-grads-mean-broken",
             "still improves",
+        ),
+        (
+            "layer-wise grad norms sit between 0.2 and 0.9 and the loss is dropping, any issue?",
+            "healthy",
+            "layers are balanced",
+        ),
+        (
+            "the GradScaler scale holds at 32768 and the loss is decreasing, fine?",
+            "healthy",
+            "loss scale holds",
+        ),
+        (
+            "clip_grad_norm_ returns 0.3-0.6 against max_norm 1.0 while the loss decreases",
+            "healthy",
+            "inside the healthy range",
+        ),
+        (
+            "eval loss follows the train loss closely and the grad norm is about 1",
+            "healthy",
+            "training improves",
         ),
     ],
 )
@@ -452,6 +489,11 @@ def test_healthy_numbers_next_to_a_problem_stay_weak() -> None:
         ),
         (
             "Loss went to inf; the culprit is torch.exp(logits) in my loss with no clamp.",
+            "unstable-loss-op",
+            "loss-nan",
+        ),
+        (
+            "Loss became NaN; traced it to torch.log of a zero probability in the focal loss.",
             "unstable-loss-op",
             "loss-nan",
         ),
