@@ -1195,9 +1195,26 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the logged grad norm sits at one value on every step: every step is clipped",
         ),
         (
+            # A paper silent about clipping (not one that says it trained without it).
+            r"\b(?:paper|authors?|publication|article|appendix|hyper-?parameter\s+table|table)\b"
+            r"[^.;\n]{0,50}\b(?:no\s+(?:mention|word|entry|row|line|detail)|(?:doesn't|does\s+not|"
+            r"don't|do\s+not|never|didn't|did\s+not)\s+(?:\w+\s+)?(?:mention|say|list|report|"
+            r"specify|state|document|talk\s+about)|(?:says|said|is|are)\s+(?:nothing|silent)|"
+            r"nothing\s+(?:about|on))\b[^.;\n]{0,30}\bclip"
+            r"|\b(?:paper|authors?|publication|appendix|table)\b[^.;\n]{0,50}\bno\s+(?:gradient\s+)?"
+            r"clip\w*\s+(?:entry|row|line|setting|value|field|column|mention|detail)"
+            r"|\bclip\w*\b[^.;\n]{0,30}\b(?:not|never|isn't|wasn't)\s+(?:mentioned|listed|reported|"
+            r"specified|documented)\b[^.;\n]{0,30}\b(?:paper|authors?|publication|table|appendix)",
+            "paper-does-not-mention-clipping",
+            0.5,
+            "text: the paper says nothing about clipping (silence is not a decision not to clip)",
+        ),
+        (
             # Non-finite values in what goes into the model: the data is the origin.
             r"\b(?:inputs?|input\s+(?:features|tensors?)|features?|images?|pixels?|batch(?:es)?|"
-            r"samples?|targets?|labels?|examples?|records?)\b[^.;\n]{0,30}\b(?:had|have|has|"
+            r"samples?|targets?|labels?|examples?|records?|rows?|columns?|fields?|entries|"
+            r"(?:csv|parquet|jsonl?|data\s*set|dataset)\s+(?:files?|rows?|columns?|values?))\b"
+            r"[^.;\n]{0,30}\b(?:had|have|has|"
             r"contain\w*|with|includ\w*|are|were|is|was)\b[^.;\n]{0,20}\b(?:nan|inf)\w*",
             "nonfinite-inputs",
             0.6,
@@ -1312,6 +1329,7 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "ddp-no-sync-misplaced": ("no_sync",),
     "clipping-slow-convergence": ("norm",),
     "nonfinite-inputs": ("nan", "inf"),
+    "paper-does-not-mention-clipping": ("clip",),
     "amp-diverges": ("fp16", "float16", "bf16", "amp", "autocast", "mixed", "half"),
     "lower-lr-for-nan": ("nan",),
     "accum-scheduler-per-microbatch": ("sched",),

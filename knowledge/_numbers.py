@@ -142,9 +142,14 @@ _MAX_NORM = _Lazy(
     re.IGNORECASE,
 )
 _RATIO = _Lazy(
-    r"\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?(?:param(?:eter)?s?|weights?))[_ -]ratio\b"
+    r"(?:\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?(?:param(?:eter)?s?|weights?))[_ -]ratio\b"
+    # "the ratio of grad norm to weight norm", "||g|| / ||w||"
+    r"|\bratio\s+(?:of|between)\s+(?:the\s+)?grad(?:ient)?s?(?:[_ ]norms?)?\s+(?:to|and)\s+"
+    r"(?:the\s+)?(?:weights?|param(?:eter)?s?)(?:[_ ]norms?)?\b"
+    r"|\|{1,2}\s*g(?:rad)?\s*\|{1,2}\s*/\s*\|{1,2}\s*(?:w|p|param|weight)\s*\|{1,2})"
+    r"(?:\s+(?:of|for|in)\s+(?:the\s+|my\s+)?(?:first\s+|last\s+)?[\w.]+(?:\s+layer)?)?"
     rf"{_FILLER}{_NUM}",
-    ("ratio",),
+    ("ratio", "|"),
     re.IGNORECASE,
 )
 # The applied update against the weights: "update ratio", "||Δw||/||w||", "update-to-weight".

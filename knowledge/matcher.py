@@ -237,6 +237,8 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "accum-scale-depends-on-batch": r"accum|micro[-\s]?batch|divisor|scal",
         "smaller-model-for-memory": r"memory|oom|\bfit|vram|gpu|smaller|checkpoint|variant",
         "need-bigger-gpus": r"gpu|memory|vram|card|a100|h100|hardware|oom|\bfit",
+        # Whether to clip is a question about clipping.
+        "is-clipping-needed": r"clip",
     }.items()
 }
 _STILL_LEARNING = re.compile(
@@ -974,6 +976,17 @@ class Matcher:
                             f"(warning, {self._cite(p.grad_param_ratio_low)})",
                         )
                     )
+                elif v > 0:
+                    out.append(
+                        CodeHit(
+                            "healthy",
+                            0.5,
+                            f"grad/param ratio {shown} is inside "
+                            f"{fmt(p.grad_param_ratio_low.value)}–"
+                            f"{fmt(p.grad_param_ratio_high.value)} "
+                            f"({self._cite(p.grad_param_ratio_high)})",
+                        )
+                    )
             elif q.name == "update_ratio" and v > 0:
                 usual = _UPDATE_RATIO_USUAL
                 if v > usual * _UPDATE_RATIO_FACTOR or v < usual / _UPDATE_RATIO_FACTOR:
@@ -986,9 +999,46 @@ class Matcher:
                             f"{side} its usual ~{fmt(usual)} (the entry's own line)",
                         )
                     )
+                else:
+                    out.append(
+                        CodeHit(
+                            "healthy",
+                            0.5,
+                            f"update/weight ratio {shown} is within {fmt(_UPDATE_RATIO_FACTOR)}× "
+                            f"of its usual ~{fmt(usual)} (the update-param-ratio entry's own line)",
+                        )
+                    )
             elif q.name == "layer_ratio":
                 out.extend(self._layer_spread(v, shown))
         return self._healthy(out, progress)
+
+    def _contradicted(self, quantities: Sequence[Quantity]) -> set[str]:
+        """Signals whose defining number the text gives, and gives inside its normal band.
+
+        "grad/param ratio around 1e-3 for every layer" shares every word with the
+        grad-param-ratio entry, yet its number says that signal is absent.
+        """
+        p = self.profile
+        values: dict[str, list[float]] = {}
+        for q in quantities:
+            values.setdefault(q.name, []).append(q.value)
+        out: set[str] = set()
+        ratios = values.get("grad_param_ratio", [])
+        low, high = p.grad_param_ratio_low.value, p.grad_param_ratio_high.value
+        updates = values.get("update_ratio", [])
+        usual, factor = _UPDATE_RATIO_USUAL, _UPDATE_RATIO_FACTOR
+        if (ratios or updates) and (
+            all(low <= v <= high for v in ratios)
+            and all(usual / factor <= v <= usual * factor for v in updates)
+        ):
+            # One ratio (gradient or update against the weights), inside its band: the text
+            # reports neither ratio signal (the two entries share nearly every word).
+            out |= {"grad-param-ratio", "update-param-ratio"}
+        levels = values.get("amp_scale_level", [])
+        if levels and min(levels) >= _AMP_SCALE_STEADY and "amp_scale_to" not in values:
+            # The entry is a scale that keeps falling: not one said to hold high.
+            out.add("amp-overflow-skips")
+        return out
 
     def _layer_spread(self, ratio: float, shown: str) -> list[CodeHit]:
         """Per-layer norms ``ratio``× apart: a spread (GS), and vanishing when very far apart."""
@@ -1517,12 +1567,9 @@ class Matcher:
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
                 reasons[hit.entry_id].append(hit.reason)
-        levels = [q.value for q in quantities if q.name == "amp_scale_level"]
-        scale_holds = bool(levels) and min(levels) >= _AMP_SCALE_STEADY
-        falls = any(q.name == "amp_scale_to" for q in quantities)
-        if "amp-overflow-skips" in scores and scale_holds and not falls:
-            # The entry is a scale that keeps falling: not when the text says it holds high.
-            scores["amp-overflow-skips"] *= 0.5
+        for entry_id in self._contradicted(quantities) & scores.keys():
+            # The text gives the entry's own number inside its normal band.
+            scores[entry_id] *= 0.5
         if "underfitting" in scores and (
             progress.held_out_improving or (progress.no_gap and not _LOSS_BAD_LEVEL.search(text))
         ):
@@ -1718,10 +1765,24 @@ def _build_index(kb: KnowledgeBase, profile: str | None) -> dict[str, Any]:
     }
 
 
+#: Signals the catalogue defines as the origin of what they relate to: a batch that already
+#: holds NaN/Inf (the data pipeline), a loss already non-finite before backward() (the loss
+#: function). Named in a text, they explain the NaN symptoms and signals, like a red flag.
+_ORIGIN_SIGNALS = ("nonfinite-inputs", "nan-loss-before-backward")
+
+
 def _effects(kb: KnowledgeBase) -> dict[str, frozenset[str]]:
-    """For each red flag, the symptoms and signals it explains (from ``causes``/``related``)."""
+    """For each red flag and origin signal, the symptoms and signals it explains.
+
+    A red flag explains what lists it in ``causes`` and what it lists in ``related``; an origin
+    signal explains what it lists in ``related``.
+    """
     observed = ("symptom", "signal")
     out: dict[str, frozenset[str]] = {}
+    for origin in _ORIGIN_SIGNALS:
+        if origin in kb.entries:
+            related = getattr(kb.entries[origin], "related", ())
+            out[origin] = frozenset(e for e in related if kb.entries[e].kind in observed)
     for flag in kb.by_kind("red-flag"):
         found = {e for e in getattr(flag, "related", ()) if kb.entries[e].kind in observed}
         for entry in kb.entries.values():

@@ -124,6 +124,8 @@ def test_eval_texts_are_not_copied_from_the_index() -> None:
         ("loss scale sits at 0.25 after thousands of skips", "amp-overflow-skips", "halved it"),
         ("40 percent of the GELU units never fire on held-out data", "dead-neurons", "40% > 20%"),
         ("Just set max_norm to 0.005 and nothing will ever explode.", "clip-harder", "< 0.1"),
+        ("||g||/||w|| = 4 in the stem conv", "grad-param-ratio", "> 1"),
+        ("ratio of gradient norm to parameter norm: 3e-8 (embedding)", "grad-param-ratio", "<"),
     ],
 )
 def test_number_rules(text: str, expected: str, reason_part: str) -> None:
@@ -463,6 +465,17 @@ def test_series_leave_steps_and_counts_out() -> None:
             "healthy",
             "training improves",
         ),
+        # A ratio inside its normal band says the ratio signal is absent.
+        (
+            "gradient-to-weight ratio sits near 1e-2 in each block and the loss keeps falling",
+            "healthy",
+            "grad/param ratio 0.01 is inside",
+        ),
+        (
+            "update ratio (||dw||/||w||) about 2e-3 across layers, is this ok?",
+            "healthy",
+            "of its usual",
+        ),
     ],
 )
 def test_healthy_situations_say_why(text: str, expected: str, reason_part: str) -> None:
@@ -497,12 +510,30 @@ def test_healthy_numbers_next_to_a_problem_stay_weak() -> None:
             "unstable-loss-op",
             "loss-nan",
         ),
+        # A signal defined as the origin (the data) ranks above the NaN it explains.
+        (
+            "the culprit: a few csv rows contain inf in the 'age' field, so the loss hits NaN",
+            "nonfinite-inputs",
+            "loss-nan",
+        ),
     ],
 )
 def test_a_named_cause_ranks_above_what_it_causes(text: str, cause: str, effect: str) -> None:
     result = match(text, top_k=5)
     ids = _top_ids(result, 5)
     assert ids[0] == cause and effect in ids, ids
+
+
+def test_a_paper_silent_about_clipping_is_not_a_paper_that_did_not_clip() -> None:
+    silent = match("The appendix lists no clipping setting, so our rerun won't clip.", top_k=3)
+    assert _top_ids(silent) == ["paper-does-not-mention-clipping"], silent.matches
+    assert any("says nothing about clipping" in r for r in silent.matches[0].reasons)
+
+
+def test_the_clipping_question_needs_the_word_clip() -> None:
+    result = match("norm near 30 early on, then about 1 for the rest; loss falls nicely", top_k=5)
+    assert "is-clipping-needed" not in _top_ids(result, 5)
+    assert _top_ids(result) == ["healthy"]
 
 
 # -- scope -----------------------------------------------------------------------------------
