@@ -52,8 +52,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from gradient_doctor.knowledge._code import (
     CodeHit,
     code_hits,
@@ -78,7 +76,6 @@ from gradient_doctor.knowledge._text import (
     vocabulary,
 )
 from gradient_doctor.knowledge.cache_dir import cache_root
-from gradient_doctor.knowledge.findings import Severity
 
 if TYPE_CHECKING:
     from gradient_doctor.knowledge.loader import KnowledgeBase
@@ -87,6 +84,9 @@ if TYPE_CHECKING:
 #: ``models.EntryKind`` (a test checks they agree): importing ``models`` builds every knowledge
 #: model, which a match served from the index snapshot never needs.
 EntryKind = Literal["red-flag", "signal", "rationalization", "symptom"]
+#: ``findings.Severity`` (a test checks they agree): ``findings`` builds pydantic models, which
+#: a match never needs.
+Severity = Literal["critical", "warning", "info"]
 
 __all__ = ["Match", "MatchResult", "Matcher", "get_matcher", "match"]
 
@@ -417,46 +417,96 @@ IN_SCOPE_WORDS = (
 )
 
 
-class Match(BaseModel):
-    """One knowledge entry that fits the text."""
+@dataclass(frozen=True)
+class Match:
+    """One knowledge entry that fits the text.
 
-    model_config = ConfigDict(frozen=True)
+    ``id`` is the catalogue identifier. ``score`` is the relevance, only comparable within one
+    result: the BM25F word score (times a kind prior between 0.85 and 1.3, from the form of the
+    text), plus up to 6 for the closest title/claim/paraphrase/phrasing and 4 when the text
+    names the entry, plus 20 times the confidence (0-1) of each number, code or word-order rule
+    that points at the entry (a test checks these numbers against the constants). ``reasons``
+    say why it matched.
+    """
 
-    id: str = Field(description="Catalogue identifier.")
+    id: str
     kind: EntryKind
-    score: float = Field(
-        description="Relevance, only comparable within one result: the BM25F word score "
-        "(times a kind prior between 0.85 and 1.3, from the form of the text), plus up to "
-        f"{_SENTENCE_BONUS:g} for the closest title/claim/paraphrase/phrasing and "
-        f"{_NAMED_BONUS:g} when the text names the entry, plus {_EVIDENCE_WEIGHT:g} times the "
-        "confidence (0-1) of each number, code or word-order rule that points at the entry."
-    )
+    score: float
     title: str
     severity: Severity | None = None
-    reasons: list[str] = Field(default_factory=list, description="Why it matched.")
+    reasons: list[str] = field(default_factory=list)
+
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]:
+        """The match as a dict (``mode`` is accepted for pydantic-style callers)."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "score": self.score,
+            "title": self.title,
+            "severity": self.severity,
+            "reasons": list(self.reasons),
+        }
 
 
-class MatchResult(BaseModel):
-    """Ranked matches for one text, plus what was read from it."""
+@dataclass
+class MatchResult:
+    """Ranked matches for one text, plus what was read from it.
 
-    model_config = ConfigDict(ser_json_inf_nan="strings")
+    * ``matches``: best first.
+    * ``out_of_scope`` / ``pointer``: a learning-rate-only or data-only question, and where to
+      look instead.
+    * ``numbers``: quantities read from the text (loss, grad_norm, dead_fraction, ...); the most
+      extreme value when a quantity appears more than once.
+    * ``series``: quantities written several times, in order (grad_norm, layer_norms, loss,
+      val_loss, perplexity): what the trend rules read; a range counts as its geometric middle.
+    * ``code_detected``: whether code rules ran.
 
-    matches: list[Match] = Field(default_factory=list, description="Best first.")
-    out_of_scope: bool = Field(
-        default=False, description="A learning-rate-only or data-only question."
-    )
-    pointer: str | None = Field(default=None, description="Where to look instead (out of scope).")
-    numbers: dict[str, float] = Field(
-        default_factory=dict,
-        description="Quantities read from the text (loss, grad_norm, dead_fraction, ...); "
-        "the most extreme value when a quantity appears more than once.",
-    )
-    series: dict[str, list[float]] = Field(
-        default_factory=dict,
-        description="Quantities written several times, in order (grad_norm, loss, val_loss, "
-        "perplexity): what the trend rules read; a range counts as its geometric middle.",
-    )
-    code_detected: bool = Field(default=False, description="Whether code rules ran.")
+    A plain dataclass, not a pydantic model: ``gradient-doctor match`` then never imports
+    pydantic (a third of its start-up). ``model_dump`` / ``model_dump_json`` give the same data
+    a pydantic model would, NaN and infinities written as the strings "NaN" / "Infinity".
+    """
+
+    matches: list[Match] = field(default_factory=list)
+    out_of_scope: bool = False
+    pointer: str | None = None
+    numbers: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[float]] = field(default_factory=dict)
+    code_detected: bool = False
+
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]:
+        """The result as plain dicts and lists (``mode`` is accepted for pydantic-style
+        callers; numbers stay floats, NaN included, as pydantic's dump keeps them)."""
+        return {
+            "matches": [m.model_dump(mode=mode) for m in self.matches],
+            "out_of_scope": self.out_of_scope,
+            "pointer": self.pointer,
+            "numbers": dict(self.numbers),
+            "series": {name: list(values) for name, values in self.series.items()},
+            "code_detected": self.code_detected,
+        }
+
+    def model_dump_json(self, *, indent: int | None = None) -> str:
+        """The result as JSON; NaN and infinities become "NaN", "Infinity", "-Infinity"."""
+        import json  # only for JSON output (the Markdown answer never needs it)
+
+        separators = (",", ": ") if indent is not None else (",", ":")
+        return json.dumps(
+            _finite_or_named(self.model_dump()),
+            indent=indent,
+            separators=separators,
+            ensure_ascii=False,
+        )
+
+
+def _finite_or_named(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its JSON name (as a string)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _finite_or_named(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_named(item) for item in value]
+    return value
 
 
 @dataclass

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 from gradient_doctor.knowledge import _code as code_module
 from gradient_doctor.knowledge import _numbers as numbers_module
-from gradient_doctor.knowledge import load_knowledge, models
+from gradient_doctor.knowledge import findings, load_knowledge, models
 from gradient_doctor.knowledge import matcher as matcher_module
 from gradient_doctor.knowledge._code import fragment_source, prose_hits, split_code, without_code
 from gradient_doctor.knowledge._numbers import Series, read_quantities, read_series
-from gradient_doctor.knowledge.matcher import Matcher, MatchResult, get_matcher, match
+from gradient_doctor.knowledge.matcher import Match, Matcher, MatchResult, get_matcher, match
 from tests.conftest import REPO, run_cli
 
 EVAL_FILE = Path(__file__).with_name("match_eval.yaml")
@@ -597,6 +597,23 @@ def test_typos_are_repaired_and_reported() -> None:
 def test_json_serialises_non_finite_numbers() -> None:
     data = json.loads(match("loss: nan, grad norm inf").model_dump_json())
     assert data["numbers"] == {"loss": "NaN", "grad_norm": "Infinity"}
+    assert json.loads(match("grad norm -inf").model_dump_json(indent=2))["numbers"] == {
+        "grad_norm": "-Infinity"
+    }
+    result = match("grad norm: 0.5, 1.4, 3.9, 11, 38")
+    pretty = result.model_dump_json(indent=2)
+    assert "0.5 → 1.4" in pretty  # written as UTF-8, not escaped
+    assert json.loads(pretty)["series"] == {"grad_norm": [0.5, 1.4, 3.9, 11.0, 38.0]}
+    dumped = result.model_dump(mode="json")
+    assert set(dumped) == {
+        "matches",
+        "out_of_scope",
+        "pointer",
+        "numbers",
+        "series",
+        "code_detected",
+    }
+    assert [m["id"] for m in dumped["matches"]] == _top_ids(result, 5)
 
 
 @pytest.mark.parametrize(
@@ -656,6 +673,16 @@ def test_a_snapshot_matches_like_the_index_it_was_taken_from() -> None:
 
 def test_entry_kinds_agree_with_the_models() -> None:
     assert get_args(matcher_module.EntryKind) == get_args(models.EntryKind)
+    assert get_args(matcher_module.Severity) == get_args(findings.Severity)
+
+
+def test_match_docs_state_the_score_constants() -> None:
+    doc = " ".join((Match.__doc__ or "").split())
+    assert f"up to {matcher_module._SENTENCE_BONUS:g} for the closest" in doc
+    assert f"{matcher_module._NAMED_BONUS:g} when the text names" in doc
+    assert f"plus {matcher_module._EVIDENCE_WEIGHT:g} times the confidence" in doc
+    low = min(matcher_module._RATIONALIZATION_REPORT_PRIOR, matcher_module._SYMPTOM_CLAIM_PRIOR)
+    assert f"between {low:g} and {matcher_module._RATIONALIZATION_PRIOR:g}" in doc
 
 
 @pytest.mark.slow
@@ -686,7 +713,7 @@ def test_snapshot_is_written_once_then_reused(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cli_match_imports_only_its_own_command() -> None:
+def test_cli_match_imports_only_its_own_command(tmp_path: Path) -> None:
     probe = (
         "import sys\n"
         "from gradient_doctor.skill_server.cli import main\n"
@@ -695,11 +722,24 @@ def test_cli_match_imports_only_its_own_command() -> None:
         " and not m.endswith('.match')]\n"
         "assert not others, others\n"
         "assert 'mcp' not in sys.modules and 'anyio' not in sys.modules\n"
+        # Served from the index snapshot, the answer is plain data: no pydantic model is built
+        # (importing pydantic was a third of the command's start-up).
+        "assert 'pydantic' not in sys.modules, 'pydantic imported'\n"
+        "main(['match', '--format', 'json', 'grad norm inf'])\n"
+        "assert 'pydantic' not in sys.modules, 'pydantic imported'\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
+    warm = "from gradient_doctor.knowledge.matcher import get_matcher\nget_matcher()\n"
+    env = {**os.environ, "GRADIENT_DOCTOR_CACHE_DIR": str(tmp_path)}
+    for code in (warm, probe):  # the first run writes the snapshot the probe is served from
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.slow
