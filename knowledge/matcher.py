@@ -1062,6 +1062,15 @@ class Matcher:
                 out.extend(self._layer_spread(v, shown))
         return self._healthy(out, progress)
 
+    def _says_order_words(self, entry_id: str, lowered: str) -> bool:
+        """Whether the text has the id's words the analyser drops ("after", "before", "per").
+
+        clip-after-step is named by "clip after the step", not by "clip_grad_norm_ returns
+        400 every step": without them an id's remaining words say nothing of the order.
+        """
+        dropped = [w for w in entry_id.split("-") if w.isalpha() and not self.analyzer.terms(w)]
+        return all(re.search(rf"\b{word}\b", lowered) for word in dropped)
+
     def _contradicted(self, quantities: Sequence[Quantity]) -> set[str]:
         """Signals whose defining number the text gives, and gives inside its normal band.
 
@@ -1641,10 +1650,13 @@ class Matcher:
         if lexical:
             # Named by its id's words in the sentences, not in pasted code ("clip", "step").
             prose_terms = set(self.analyzer.terms(prose_words)) if text_code else set(terms)
+            prose_lower = (prose_words if text_code else text).lower()
             named |= {
                 entry_id
                 for entry_id, lex in lexical.items()
-                if lex.named and self._id_terms[entry_id] <= prose_terms
+                if lex.named
+                and self._id_terms[entry_id] <= prose_terms
+                and self._says_order_words(entry_id, prose_lower)
             }
         self._put_causes_first(scores, reasons, named)
         found_in_code = {h.entry_id for h in code_evidence if h.strength >= 0.8}

@@ -524,6 +524,13 @@ def test_a_named_cause_ranks_above_what_it_causes(text: str, cause: str, effect:
     assert ids[0] == cause and effect in ids, ids
 
 
+def test_an_id_without_its_order_word_is_not_named() -> None:
+    # "clip ... step" without "after" does not name clip-after-step, so the norm reading wins.
+    result = match("clip_grad_norm_ returns 400 every step", top_k=3)
+    assert _top_ids(result) == ["exploding-gradients"], result.matches
+    assert _top_ids(match("I clip after the optimizer step")) == ["clip-after-step"]
+
+
 def test_a_paper_silent_about_clipping_is_not_a_paper_that_did_not_clip() -> None:
     silent = match("The appendix lists no clipping setting, so our rerun won't clip.", top_k=3)
     assert _top_ids(silent) == ["paper-does-not-mention-clipping"], silent.matches
