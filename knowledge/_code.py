@@ -1054,8 +1054,9 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         (
             # Not when the sentence says no_sync is there (misplaced is another red flag).
             r"^(?!.*\bno_sync)(?!.*require_backward_grad_sync).*?(?:"
-            r"\b(?:every|each)\s+(?:single\s+)?(?:micro[-\s]?batch|micro[-\s]?step|backward|"
-            r"accumulation\s+step)\b[^.;\n]{0,40}\b(?:all[-\s]?reduc\w*|sync\w*|communicat\w*)"
+            r"\b(?:every|each)\s+(?:single\s+|one\s+)?(?:of\s+(?:the|our|my|its|their)\s+(?:\d+\s+)?)?"
+            r"(?:micro[-\s]?batch(?:es)?|micro[-\s]?steps?|backward|"
+            r"accumulation\s+steps?)\b[^.;\n]{0,40}\b(?:all[-\s]?reduc\w*|sync\w*|communicat\w*)"
             r"|\b(?:all[-\s]?reduc\w*|sync\w*|communicat\w*)\b[^.;\n]{0,40}\b(?:every|each)\s+"
             r"(?:single\s+)?(?:micro[-\s]?batch|micro[-\s]?step|backward|accumulation\s+step))",
             "ddp-accum-without-no-sync",
@@ -1195,6 +1196,38 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the logged grad norm sits at one value on every step: every step is clipped",
         ),
         (
+            # The loss jumps and comes back: a spike, told in words.
+            r"\b(?:loss(?:es)?|perplexity|ppl)\b[^.;\n]{0,30}\b(?:jump\w*|spik\w*|shoot\w*|shot|"
+            r"leap\w*|surg\w*|skyrocket\w*)\b[^.;\n]{0,50}\b(?:comes?\s+(?:right\s+)?back|came\s+back|"
+            r"recover\w*|returns?|returned|drops?\s+back|dropped\s+back|goes\s+back|went\s+back|"
+            r"settles?\s+back|back\s+down)\b",
+            "loss-spikes",
+            0.5,
+            "text: the loss jumps, then comes back",
+        ),
+        (
+            # Needing clipping taken as proof of a bug, or a fix offered instead of clipping.
+            r"\b(?:need\w*|requir\w*|rely\w*\s+on|using)\s+(?:gradient\s+)?clip\w*\s+(?:at\s+all\s+)?"
+            r"(?:means|is\s+a\s+sign|shows|signals|indicates|implies|proves)\b[^.;\n]{0,40}\b(?:wrong|"
+            r"broken|bug\w*|bad\w*|flaw\w*|poor\w*|problem\w*|mistake\w*)"
+            r"|\b(?:fix|repair|redesign|change|correct)\b[^.;\n]{0,40}\binstead\s+of\s+clip",
+            "clipping-is-a-hack",
+            0.6,
+            "text: needing clipping is taken as a sign of a bug to fix instead",
+        ),
+        (
+            # Activation checkpointing said to break clipping (it recomputes activations, the
+            # gradients and their norm are the same).
+            r"\bcheckpoint\w*\b[^.;\n]{0,60}\b(?:wrong|won't\s+work|doesn't\s+work|does\s+not\s+work|"
+            r"break\w*|incompatible|conflict\w*|interfer\w*|mess\w*|can't|cannot|invalid)\b"
+            r"[^.;\n]{0,40}\bclip|\bclip\w*\b[^.;\n]{0,40}\b(?:wrong|won't\s+work|doesn't\s+work|"
+            r"break\w*|incompatible|conflict\w*|interfer\w*|mess\w*|can't|cannot|invalid)\b"
+            r"[^.;\n]{0,40}\bcheckpoint",
+            "checkpointing-breaks-clipping",
+            0.6,
+            "text: activation checkpointing said to break clipping",
+        ),
+        (
             # A paper silent about clipping (not one that says it trained without it).
             r"\b(?:paper|authors?|publication|article|appendix|hyper-?parameter\s+table|table)\b"
             r"[^.;\n]{0,50}\b(?:no\s+(?:mention|word|entry|row|line|detail)|(?:doesn't|does\s+not|"
@@ -1330,6 +1363,9 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "clipping-slow-convergence": ("norm",),
     "nonfinite-inputs": ("nan", "inf"),
     "paper-does-not-mention-clipping": ("clip",),
+    "clipping-is-a-hack": ("clip",),
+    "loss-spikes": ("loss", "perplexity", "ppl"),
+    "checkpointing-breaks-clipping": ("checkpoint",),
     "amp-diverges": ("fp16", "float16", "bf16", "amp", "autocast", "mixed", "half"),
     "lower-lr-for-nan": ("nan",),
     "accum-scheduler-per-microbatch": ("sched",),
@@ -1341,6 +1377,32 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
 @cache
 def _prose_rule(index: int) -> re.Pattern[str]:
     return re.compile(_PROSE_RULES[index][0], re.IGNORECASE)
+
+
+_BATCH_COUNT = re.compile(
+    r"\b(?P<n>\d+)\s+(?:micro[-\s]?)?batch(?:es)?\b[^.;\n?]{0,60}?\b(?:every|each)\s+(?P<k>\d+)\b"
+    r"|\b(?:every|each)\s+(?P<k2>\d+)\s+(?:micro[-\s]?)?(?:batch(?:es)?|steps?)\b[^.;\n?]{0,60}?"
+    r"\b(?P<n2>\d+)\s+(?:micro[-\s]?)?batch(?:es)?\b",
+    re.IGNORECASE,
+)
+
+
+def _leftover_counts(pieces: list[str]) -> CodeHit | None:
+    """ "1003 batches, a step every 8": the 3 batches after the last update are never applied."""
+    for piece in pieces:
+        if "batch" not in piece.lower():
+            continue
+        for m in _BATCH_COUNT.finditer(piece):
+            n = int(m.group("n") or m.group("n2"))
+            k = int(m.group("k") or m.group("k2"))
+            if 2 <= k < n and n % k:
+                return CodeHit(
+                    "accum-leftover-batches",
+                    0.6,
+                    f"text: {n} batches with an update every {k}: the last {n % k} never reach "
+                    "an optimizer step unless the epoch's end is handled",
+                )
+    return None
 
 
 def prose_hits(text: str) -> list[CodeHit]:
@@ -1360,6 +1422,9 @@ def prose_hits(text: str) -> list[CodeHit]:
                 CodeHit("saturating-deep-net", 0.4, "text: a deep network of sigmoid/tanh layers")
             )
             break
+    leftover = _leftover_counts(pieces)
+    if leftover is not None:
+        hits.append(leftover)
     lowered = text.lower()
     for index, (_, entry_id, strength, reason) in enumerate(_PROSE_RULES):
         if any(h.entry_id == entry_id for h in hits):

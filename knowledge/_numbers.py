@@ -483,7 +483,11 @@ def read_series(text: str) -> list[Series]:
     """
     values: dict[str, list[float]] = {}
     ranges: dict[str, list[tuple[float, float]]] = {}
-    for sentence in _SERIES_SENTENCE.split(text[:_MAX_SERIES_TEXT]):
+    text = text[:_MAX_SERIES_TEXT]
+    if "|" in text or "," in text or "\t" in text:
+        for name, column in _table_columns(text).items():
+            values.setdefault(name, []).extend(column)
+    for sentence in _SERIES_SENTENCE.split(text):
         mentions = _subject_mentions(sentence)
         for index, (_, end, name) in enumerate(mentions):
             if not name:
@@ -502,6 +506,59 @@ def read_series(text: str) -> list[Series]:
 
 #: Longest text read for series (a pasted log is read by ``gradient-doctor logs``).
 _MAX_SERIES_TEXT = 20_000
+#: A Markdown table's separator row ("|---|:--:|").
+_TABLE_RULE = re.compile(r"^[\s|:\-+]+$")
+
+
+def _cells(line: str, separator: str) -> list[str]:
+    stripped = line.strip()
+    if separator == "|":
+        stripped = stripped.strip("|")
+    return [cell.strip() for cell in stripped.split(separator)]
+
+
+def _column_name(header: str) -> str:
+    """The series a table column holds, from its header ("grad_norm", "val loss"), or ""."""
+    for name, pattern in _SERIES_SUBJECTS:
+        found = pattern.fullmatch(header)
+        if found is not None:
+            return name
+    return ""
+
+
+def _table_columns(text: str) -> dict[str, list[float]]:
+    """Columns of a pasted table (Markdown pipes, CSV or tabs) whose header names a quantity.
+
+    ``| step | loss | grad_norm |`` then one row per step: each named column is a series, in
+    row order; a row whose cell count differs from the header's ends the table.
+    """
+    lines = text.split("\n")
+    out: dict[str, list[float]] = {}
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        index += 1
+        separator = next((sep for sep in ("|", "\t", ",") if line.count(sep) >= 1), None)
+        if separator is None:
+            continue
+        header = _cells(line, separator)
+        names = [_column_name(cell) for cell in header]
+        if len(header) < 2 or not any(names):
+            continue
+        while index < len(lines):
+            row = lines[index]
+            if separator == "|" and _TABLE_RULE.match(row) and "-" in row:
+                index += 1
+                continue
+            cells = _cells(row, separator)
+            if len(cells) != len(header):
+                break
+            for name, cell in zip(names, cells, strict=True):
+                value = parse_number(cell) if name else None
+                if value is not None and math.isfinite(value):
+                    out.setdefault(name, []).append(value)
+            index += 1
+    return out
 
 
 def rank_correlation(values: tuple[float, ...] | list[float]) -> float:

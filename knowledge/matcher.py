@@ -239,6 +239,14 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "need-bigger-gpus": r"gpu|memory|vram|card|a100|h100|hardware|oom|\bfit",
         # Whether to clip is a question about clipping.
         "is-clipping-needed": r"clip",
+        # Trends of the gradient norm need the gradients or their norm in the text (a loss
+        # that jumps and recovers is not a norm spike).
+        "grad-": r"grad|norm",
+        # A non-finite loss needs a non-finite value (or a blow-up) in the text.
+        "loss-nan": r"nan|\binf|non-?finite|not\s+finite|undefined|overflow|diverg|explod|blow|"
+        r"blew|isfinite|isnan|isinf",
+        # Clipping that did not stop a NaN needs the NaN (or a blow-up) in the text.
+        "clipping-did-not-fix-nan": r"nan|\binf|non-?finite|diverg|explod|blow|blew",
     }.items()
 }
 _STILL_LEARNING = re.compile(
@@ -288,7 +296,8 @@ _NORMAL_QUESTION = re.compile(
     r"|need\s+to\s+worry|cause\s+for\s+concern|(?:a|any)\s+problem\s*\?|concern(?:ed|ing)?\s*\?"
     r"|all\s+(?:good|fine|ok(?:ay)?)\s*\?|balance\s+ok|(?:anything|something)\s+(?:that\s+)?"
     r"looks?\s+(?:off|wrong|weird|strange|odd)|looks?\s+off\s*\?|is\s+(?:that|this|it)\s+(?:too\s+)?"
-    r"(?:high|low|big|large|small)\s*\?)",
+    r"(?:high|low|big|large|small)\s*\?|(?:any|see\s+any|spot\s+any)\s+(?:red\s+flags?|issues?|"
+    r"problems?)\s*\?)",
     re.IGNORECASE,
 )
 #: "the loss curve looks textbook": the run is said to go well.

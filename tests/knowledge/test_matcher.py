@@ -416,6 +416,12 @@ def test_series_leave_steps_and_counts_out() -> None:
     assert read_series("train loss 2.1 at 5k, 1.9 at 10k; lr 3e-4, batch 64") == [
         Series("loss", (2.1, 1.9))
     ]
+    # A pasted table: each column whose header names a quantity is a series.
+    table = "| epoch | train loss | gnorm |\n|:-:|:-:|:-:|\n| 1 | 2.0 | 1.5 |\n| 2 | 1.6 | 1.2 |\n"
+    assert read_series(table) == [Series("loss", (2.0, 1.6)), Series("grad_norm", (1.5, 1.2))]
+    csv = "step,loss,grad_norm\n10,4.0,2.0\n20,3.1,1.8\n30,2.9,1.7"
+    assert [s.name for s in read_series(csv)] == ["loss", "grad_norm"]
+    assert read_series("loss 2.1, 1.9, 1.8") == [Series("loss", (2.1, 1.9, 1.8))]
     # Norms listed layer by layer are a spread, not a trend over time.
     assert read_series("layer-wise grad norms: embed 0.001, attn 0.02, head 0.5") == [
         Series("layer_norms", (0.001, 0.02, 0.5))
@@ -529,6 +535,31 @@ def test_an_id_without_its_order_word_is_not_named() -> None:
     result = match("clip_grad_norm_ returns 400 every step", top_k=3)
     assert _top_ids(result) == ["exploding-gradients"], result.matches
     assert _top_ids(match("I clip after the optimizer step")) == ["clip-after-step"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Counts that do not divide: the last micro-batches of the epoch are never applied.
+        (
+            "500 batches per epoch, optimizer update every 16: is the tail lost?",
+            "accum-leftover-batches",
+        ),
+        (
+            "Relying on clipping shows the model is broken, fix the init instead.",
+            "clipping-is-a-hack",
+        ),
+        (
+            "Activation checkpointing breaks gradient clipping, you can't use both.",
+            "checkpointing-breaks-clipping",
+        ),
+        # Nothing about gradients or norms: the loss spike, not a grad-norm spike.
+        ("the training loss leaps up and comes back down every few thousand steps", "loss-spikes"),
+    ],
+)
+def test_claims_and_counts_in_words(text: str, expected: str) -> None:
+    result = match(text, top_k=3)
+    assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches]
 
 
 def test_a_paper_silent_about_clipping_is_not_a_paper_that_did_not_clip() -> None:
