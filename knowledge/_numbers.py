@@ -484,7 +484,8 @@ def read_series(text: str) -> list[Series]:
     values: dict[str, list[float]] = {}
     ranges: dict[str, list[tuple[float, float]]] = {}
     text = text[:_MAX_SERIES_TEXT]
-    if "|" in text or "," in text or "\t" in text:
+    # A table is a header line and rows under it: one line never is.
+    if "\n" in text and ("|" in text or "," in text or "\t" in text):
         for name, column in _table_columns(text).items():
             values.setdefault(name, []).extend(column)
     for sentence in _SERIES_SENTENCE.split(text):
