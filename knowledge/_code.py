@@ -925,6 +925,16 @@ _ORDER_FREE = (
     r"isn't)\s+(?:matter|important))"
 )
 _ORDER_FREE_RE = re.compile(_ORDER_FREE, re.IGNORECASE)
+#: "unscale_ isn't called anywhere": a negated "anywhere" says nothing about the clip's place.
+_NOT_ANYWHERE = re.compile(
+    r"(?:n't|\bnot|\bnever|\bno)\b(?:\s+\w+){0,2}\s+anywhere\b", re.IGNORECASE
+)
+
+
+def _order_free(piece: str) -> bool:
+    """Whether ``piece`` says the position of a call does not matter."""
+    return _ORDER_FREE_RE.search(_NOT_ANYWHERE.sub(" ", piece)) is not None
+
 
 # Order stated in words: "I clip after optimizer.step()", "the norm is read after zero_grad".
 _CLIP = r"clip\w*"
@@ -982,7 +992,10 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         ),
         (
             r"\b(?:without|no|never|not|forg[eo]t\w*(?:\s+to)?|missing|skip\w*)\s+(?:calling\s+|"
-            r"an?\s+|the\s+)?(?:scaler\.)?unscal\w*",
+            r"an?\s+|the\s+)?(?:scaler\.)?unscal\w*"
+            # "unscale_ isn't called anywhere"
+            r"|\bunscal\w*(?:\(\w*\))?\s+(?:is\s+|was\s+)?(?:never|not|isn't|wasn't|is\s+not|was\s+not)"
+            r"\s+(?:\w+\s+)?(?:called|used|invoked|there|present)",
             "amp-clip-without-unscale",
             0.5,
             "text: clipping with a GradScaler but no unscale_()",
@@ -1071,8 +1084,9 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: more than half of the activations are zero",
         ),
         (
-            r"clip_grad_value_?|\bclip(?:ping|s)?\s+(?:each|every|individual)\s+(?:gradient\s+)?"
-            r"(?:element|value|entr)",
+            r"clip_grad_value_?|\b(?:clip|clamp)(?:ping|s|ed)?\s+(?:each|every|individual|all)\s+"
+            r"(?:of\s+the\s+)?(?:gradient\s+|grad\s+)?(?:element|value|entr|component|coordinate)"
+            r"|\.grad\w*(?:\.data)?\.clamp_?\(",
             "value-clipping",
             0.6,
             "text: clipping element by element (clip_grad_value_)",
@@ -1179,7 +1193,12 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r"|\b(?:forward|model\(\w*\))\b[^.;\n]{0,30}\b(?:outside|before)\s+(?:the\s+)?"
             r"(?:with\s+)?(?:block\s+of\s+)?(?:model\.)?no_sync"
             r"|\bno_sync\b[^.;\n]{0,30}\b(?:only|just)\s+(?:around|wraps?|covers?)\s+(?:the\s+)?"
-            r"(?:loss\.)?backward",
+            r"(?:loss\.)?backward"
+            # "just the backward call in `with model.no_sync():`, the forward before entering it"
+            r"|\b(?:only|just)\s+(?:the\s+)?(?:loss\.)?backward(?:\(\))?(?:\s+call)?\s+(?:is\s+|goes\s+)?"
+            r"(?:in|inside|under|within)\b[^;\n]{0,40}no_sync"
+            r"|\bno_sync\b[^;\n]{0,80}\bforward\b[^.;\n]{0,25}\b(?:outside|before\s+(?:entering|"
+            r"the\s+with|it\b))",
             "ddp-no-sync-misplaced",
             0.7,
             "text: no_sync() does not cover the right part of the micro-batch loop",
@@ -1272,6 +1291,10 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the loss first improves, then gets worse, with accumulation",
         ),
         (
+            # "sits at 0.35 for the last 20 epochs after a fast initial drop" (flat part first)
+            r"\b(?:sits?|sat|stays?|stayed|stuck|flat\w*|plateau\w*|hover\w*|stall\w*)\b[^.;\n]{0,60}"
+            r"\bafter\s+(?:a|an|the|its)\s+(?:\w+\s+){0,2}(?:drop|fall|decrease|decline|improvement|"
+            r"descent|progress)\b|"
             r"\b(?:after\s+(?:a\s+)?(?:good|great|nice|promising|decent|fast|quick)\s+start|"
             r"(?:drop\w*|decreas\w*|fell|falls?|improv\w*|went\s+down|goes\s+down)\s+(?:nicely|quickly|"
             r"fast|well)?)[^.;\n]{0,60}\b(?:flat\w*|plateau\w*|stall\w*|stuck|stopped|levels?\s+off|"
@@ -1353,7 +1376,7 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "nan-loss-before-backward": ("backward",),
     "ddp-accum-without-no-sync": ("sync", "reduc", "communicat"),
     "many-zero-activations": ("0", "zero", "dead"),
-    "value-clipping": ("clip",),
+    "value-clipping": ("clip", "clamp"),
     "no-clip-sequence-model": ("clip",),
     "amp-step-bypasses-scaler": ("scale",),
     "nan-gradients": ("backward",),
@@ -1437,7 +1460,9 @@ def prose_hits(text: str) -> list[CodeHit]:
         for piece in pieces:
             if not pattern.search(piece) or (needs is not None and not needs.search(piece)):
                 continue
-            if entry_id in _ORDER_RULES and _ORDER_FREE_RE.search(piece):
+            if entry_id in _ORDER_RULES and _order_free(piece):
+                continue
+            if entry_id == "clip-anywhere" and not _order_free(piece):
                 continue
             hits.append(CodeHit(entry_id, strength, reason, ADVICE_FOR.get(entry_id)))
             break

@@ -112,6 +112,15 @@ _SCALE = _Lazy(
     ("scale",),
     re.IGNORECASE,
 )
+# The scale held inside a band ("loss scale hovers between 16384 and 65536"): its lower end.
+_SCALE_BAND = _Lazy(
+    r"\b(?:loss[_ ]|grad(?:ient)?[_ ])?scale\b(?:\s+(?:sits?|sat|stays?|stayed|remains?|remained|"
+    r"holds?|held|hover(?:s|ed)?|is|was|moves?|moved|oscillat\w*|goes|went|stable|steady))*"
+    r"\s+between\s+(?P<num>(?:10|2)\s*\^\s*\d+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*(?:and|-|–)\s*"
+    r"(?:(?:10|2)\s*\^\s*\d+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)",
+    ("scale",),
+    re.IGNORECASE,
+)
 # The scale held at one level ("loss scale sits at 65536"), not a fall from one value to another.
 _SCALE_LEVEL = _Lazy(
     r"\b(?:loss[_ ]|grad(?:ient)?[_ ])?scale\b(?:\s+(?:sits?|sat|stays?|stayed|remains?|remained|"
@@ -125,7 +134,9 @@ _SCALE_LEVEL = _Lazy(
 _PERCENT_BEFORE = _Lazy(
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*"
     r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
-    r"\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+fire)\b",
+    r"(?:\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+fire|exactly\s+(?:0|zero))\b"
+    # "70% of parameters have grad == 0"
+    r"|(?P<equals>(?:==|=)\s*0(?:\.0+)?)(?![.\d]))",
     ("%", "percent", "per cent", "pct"),
     re.IGNORECASE,
 )
@@ -276,12 +287,14 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
     for m in _SCALE.finditer(text, lowered):
         add(m.start(), "amp_scale_from", m.group("num"), m.group(0))
         add(m.start(), "amp_scale_to", m.group("num2"), m.group(0))
-    for m in _SCALE_LEVEL.finditer(text, lowered):
-        add(m.start(), "amp_scale_level", m.group("num"), m.group(0))
+    for pattern in (_SCALE_LEVEL, _SCALE_BAND):
+        for m in pattern.finditer(text, lowered):
+            add(m.start(), "amp_scale_level", m.group("num"), m.group(0))
     for pattern in (_PERCENT_BEFORE, _PERCENT_AFTER):
         for m in pattern.finditer(text, lowered):
             window = text[max(0, m.start() - 60) : m.end() + 60]
-            name = _fraction_subject(m.group("subject"), window, m.group("what"))
+            what = m.group("what") if "what" in m.groupdict() else None
+            name = _fraction_subject(m.group("subject"), window, what or "zero")
             value = parse_number(m.group("num"))
             if value is not None:
                 found.append((m.start(), Quantity(name, value / 100.0, m.group(0).strip(), True)))
@@ -350,7 +363,8 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"\b(?:lr|learning[_ ]rates?|batch(?:[_ ]size)?|acc(?:uracy)?|"
             r"max_norm|clip\w*|scale|grad/param|ratio|dead|zeros?|weights?|params?|"
-            r"parameters?|memory|time|throughput)\b",
+            r"parameters?|memory|time|throughput|vocab\w*|classes|num_\w+|hidden[_ ]size|d_model|"
+            r"seq(?:uence)?[_ ]len\w*|context[_ ]len\w*|dims?|dimensions?|width|depth)\b",
             re.IGNORECASE,
         ),
     ),

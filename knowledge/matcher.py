@@ -205,7 +205,8 @@ _PREMISES: dict[str, re.Pattern[str]] = {
     key: re.compile(pattern, re.IGNORECASE)
     for key, pattern in {
         "saturating-deep-net": r"sigmoid|tanh|saturat|logistic|squash",
-        "amp-": r"\bamp\b|fp16|float16|half|mixed|scaler|autocast|bf16|bfloat16|loss[\s_]scal|apex",
+        "amp-": r"\bamp\b|fp16|float16|half|mixed|scaler|unscale|autocast|bf16|bfloat16|"
+        r"loss[\s_]scal|apex",
         "ddp-": r"ddp|distributed|no_sync|\branks?\b|multi-?gpu|gpus|nodes|all[-_\s]?reduce|"
         r"world[_\s]size|torchrun|fsdp|horovod|data[\s-]parallel|replica",
         "accum-": r"accum|micro[-\s]?(?:batch|step)|effective\s+batch",
@@ -297,7 +298,7 @@ _NORMAL_QUESTION = re.compile(
     r"|all\s+(?:good|fine|ok(?:ay)?)\s*\?|balance\s+ok|(?:anything|something)\s+(?:that\s+)?"
     r"looks?\s+(?:off|wrong|weird|strange|odd)|looks?\s+off\s*\?|is\s+(?:that|this|it)\s+(?:too\s+)?"
     r"(?:high|low|big|large|small)\s*\?|(?:any|see\s+any|spot\s+any)\s+(?:red\s+flags?|issues?|"
-    r"problems?)\s*\?)",
+    r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything)",
     re.IGNORECASE,
 )
 #: "the loss curve looks textbook": the run is said to go well.
@@ -347,6 +348,8 @@ class _Progress:
     no_gap: bool = False
     #: Words saying a value stays where it is ("then sits at 2.5 for the next 40k").
     holds_level: bool = False
+    #: Words saying a later value is the same as an earlier one ("and still 4.6 at step 20k").
+    same_again: bool = False
     normal_question: bool = False
     reasons: list[str] = field(default_factory=list)
 
@@ -377,10 +380,14 @@ _HOLDS_LEVEL = re.compile(
 )
 
 
+_SAME_AGAIN = re.compile(r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE)
+
+
 def _progress(text: str) -> _Progress:
     progress = _Progress(
         normal_question=bool(_NORMAL_QUESTION.search(text)),
         holds_level=bool(_HOLDS_LEVEL.search(text)),
+        same_again=bool(_SAME_AGAIN.search(text)),
     )
     if _NO_GAP.search(text):
         progress.no_gap = True
@@ -923,7 +930,9 @@ class Matcher:
                 out.append(CodeHit("nan-parameters", 0.8, f"parameters non-finite ({q.text!r})"))
             elif q.name == "grad_norm":
                 if "grad_norm" not in covered:
-                    out.extend(self._norm_evidence(v, shown, still_learning))
+                    out.extend(
+                        self._norm_evidence(v, shown, still_learning, steady=progress.holds_level)
+                    )
             elif q.name == "amp_scale_to":
                 start = next(
                     (
@@ -1182,7 +1191,9 @@ class Matcher:
             reason += "; the question is whether this is normal"
         return [*rest, CodeHit("healthy", strength, reason)]
 
-    def _norm_evidence(self, v: float, shown: str, still_learning: bool) -> list[CodeHit]:
+    def _norm_evidence(
+        self, v: float, shown: str, still_learning: bool, *, steady: bool = False
+    ) -> list[CodeHit]:
         p = self.profile
         out: list[CodeHit] = []
         for level, limit in (("critical", p.exploding_critical), ("warning", p.exploding_warning)):
@@ -1222,11 +1233,13 @@ class Matcher:
                 return out
         low, high = self.profile.healthy_range
         if low <= v <= high:
+            # A level said to hold ("flat at ~0.4 for 50k steps") is more than one reading.
             out.append(
                 CodeHit(
                     "healthy",
-                    0.3,
-                    f"grad norm {shown} inside the healthy range {fmt(low)}–{fmt(high)}",
+                    0.5 if steady else 0.3,
+                    f"grad norm {shown} inside the healthy range {fmt(low)}–{fmt(high)}"
+                    + (", and said to hold there" if steady else ""),
                 )
             )
         elif v < low and still_learning:
@@ -1397,10 +1410,19 @@ class Matcher:
     def _loss_series(self, item: Series, progress: _Progress) -> list[CodeHit]:
         values = list(item.values)
         n = len(values)
-        if n < 3 or min(values) <= 0:
-            return []
         shown = _shown(values)
         name = {"val_loss": "validation loss", "perplexity": "perplexity"}.get(item.name, "loss")
+        if (
+            n == 2
+            and min(values) > 0
+            and progress.same_again
+            and not progress.improving
+            and max(values) - min(values) <= _LOSS_FLAT_FRACTION * max(values)
+        ):
+            # "4.6 at step 0 and still 4.6 at step 20k": the words say the loss has not moved.
+            return [CodeHit("loss-stuck", 0.7, f"{name} {shown}: the same value again, later")]
+        if n < 3 or min(values) <= 0:
+            return []
         for i in range(1, n - 1):
             before, value, after = values[i - 1], values[i], values[i + 1]
             if value > _LOSS_SPIKE_FACTOR * max(before, after) and after < 1.3 * before:
@@ -1507,7 +1529,12 @@ class Matcher:
                 scores[more] = scores[less] + 0.5
 
     def _put_code_findings_first(
-        self, scores: dict[str, float], reasons: dict[str, list[str]], found: set[str]
+        self,
+        scores: dict[str, float],
+        reasons: dict[str, list[str]],
+        found: set[str],
+        unless: Iterable[str] = (),
+        why: str = "found in the code shown",
     ) -> None:
         """A serious mistake found in the user's code ranks above every rationalization.
 
@@ -1522,14 +1549,19 @@ class Matcher:
         ]
         if not serious:
             return
+        skipped = set(unless)
         top_claim = max(
-            (v for k, v in scores.items() if self.cards[k].kind == "rationalization"),
+            (
+                v
+                for k, v in scores.items()
+                if self.cards[k].kind == "rationalization" and k not in skipped
+            ),
             default=None,
         )
         best = max(serious, key=lambda f: scores[f])
         if top_claim is not None and scores[best] <= top_claim:
             scores[best] = top_claim + 0.5
-            reasons.setdefault(best, []).append("found in the code shown")
+            reasons.setdefault(best, []).append(why)
 
     # -- scope ---------------------------------------------------------------------------------
 
@@ -1635,6 +1667,9 @@ class Matcher:
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
                 reasons[hit.entry_id].append(hit.reason)
+        if "loss-stuck" in scores and any(h.entry_id == "plateau" for h in evidence):
+            # A plateau reading says the loss fell first: not stuck from the start.
+            scores["loss-stuck"] *= 0.7
         for entry_id in self._contradicted(quantities) & scores.keys():
             # The text gives the entry's own number inside its normal band.
             scores[entry_id] *= 0.5
@@ -1672,6 +1707,24 @@ class Matcher:
         self._put_severe_first(scores, found_in_code)
         if not assertive:
             self._put_code_findings_first(scores, reasons, found_in_code)
+            if first_person:
+                # Someone telling what their own loop does ("we clip ..., unscale_ is not
+                # called") reports a mistake, not a claim: the sentence rule's red flag ranks
+                # above a rationalization no rule points at.
+                told = {
+                    h.entry_id
+                    for h in described
+                    if h.strength >= 0.5
+                    and self.cards.get(h.entry_id) is not None
+                    and self.cards[h.entry_id].kind == "red-flag"
+                }
+                self._put_code_findings_first(
+                    scores,
+                    reasons,
+                    told,
+                    unless=[h.entry_id for h in evidence],
+                    why="described in the text as what the loop does",
+                )
 
         out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:

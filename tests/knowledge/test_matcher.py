@@ -145,6 +145,10 @@ def test_numbers_are_read_from_the_text() -> None:
     assert match("clip_grad_norm_(params, 1.0) returns 3.2").numbers["grad_norm"] == 3.2
     assert match("the loss scale stays at 2^15").numbers == {"amp_scale_level": 32768.0}
     assert "amp_scale_level" not in match("loss scale is 65536 -> 2").numbers
+    assert match("scale moved between 2^14 and 2^16").numbers == {"amp_scale_level": 16384.0}
+    assert match("62% of weights got grad == 0").numbers == {"zero_grad_fraction": 0.62}
+    # A vocabulary size is not a loss value.
+    assert read_series("loss 6.9 at step 0, 6.9 at 5k (vocab 1000)") == [Series("loss", (6.9, 6.9))]
 
 
 def _rule_reasons(result: MatchResult, entry_id: str) -> list[str]:
@@ -555,6 +559,14 @@ def test_an_id_without_its_order_word_is_not_named() -> None:
         ),
         # Nothing about gradients or norms: the loss spike, not a grad-norm spike.
         ("the training loss leaps up and comes back down every few thousand steps", "loss-spikes"),
+        ("we clamp all gradient values to [-1, 1] before stepping", "value-clipping"),
+        ("we clip after backward but unscale_ is not called anywhere", "amp-clip-without-unscale"),
+        ("loss stays at 1.2 for 30 epochs now, after a quick early decrease", "plateau"),
+        ("loss 2.3 at the start and still 2.3 at step 9000", "loss-stuck"),
+        (
+            "only the backward goes inside model.no_sync(), the forward runs outside it",
+            "ddp-no-sync-misplaced",
+        ),
     ],
 )
 def test_claims_and_counts_in_words(text: str, expected: str) -> None:
