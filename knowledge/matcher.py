@@ -1631,12 +1631,16 @@ class Matcher:
         else:
             word_share = 1.0
         moves = bool(_MOVEMENT.search(prose_words if text_code else text))
+        premise_met: dict[re.Pattern[str], bool] = {}
         for entry_id, lex in lexical.items():
             score = lex.score * word_share
             if entry_id in _MOVEMENT_SYMPTOMS and not moves:
                 score *= _NO_MOVEMENT_PRIOR
             premise = _PREMISES.get(entry_id) or _PREMISES.get(entry_id.split("-")[0] + "-")
-            if premise is not None and not premise.search(text) and not premise.search(code or ""):
+            if premise is not None and premise not in premise_met:
+                # Several entries share one premise: search the text once per pattern.
+                premise_met[premise] = bool(premise.search(text) or premise.search(code or ""))
+            if premise is not None and not premise_met[premise]:
                 # An entry about a technique the text never mentions ("my first conv layers
                 # don't learn" is not about sigmoid stacks, "don't need warmup" not about
                 # batch norm).
