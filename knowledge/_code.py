@@ -523,6 +523,8 @@ _CODE_LINE = re.compile(
     r"^\s*(?:(?:for|if|elif|else|with|def|return|while|import|from|try|except)\b[^\n]*"
     r"|[\w.\[\]()'\"]+\s*(?:[-+*/]?=)\s*[^\s=][^\n]*"
     r"|[\w.\[\]()]+\.\w+\s*\([^\n]*\)[^\n]*"
+    # A call on a parenthesised expression: "(loss / accum).backward()".
+    r"|\([^\n]*\)\s*\.\s*\w+\s*\([^\n]*\)[^\n]*"
     r"|\w+\s*\([^\n]*\)\s*"
     r"|\.\.\.|…)\s*$"
 )
@@ -939,8 +941,9 @@ def _order_free(piece: str) -> bool:
 # Order stated in words: "I clip after optimizer.step()", "the norm is read after zero_grad".
 _CLIP = r"clip\w*"
 #: Inside one clause: anything but a sentence end, where a dot followed by a letter or digit
-#: ("optimizer.step()", "1.0") does not end a sentence.
-_CLAUSE = r"(?:[^.;\n]|\.(?=\w))"
+#: ("optimizer.step()", "1.0"), another dot, a comma or a closing bracket ("(..., 1.0)") does
+#: not end a sentence.
+_CLAUSE = r"(?:[^.;\n]|\.(?=[\w.,)\]]))"
 
 
 def _clause_bound(pattern: str) -> str:
@@ -1215,6 +1218,16 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the logged grad norm sits at one value on every step: every step is clipped",
         ),
         (
+            # Clipping in place, and the NaN is still there.
+            r"\bclip\w*\b[^.;\n]{0,60}\b(?:still|anyway|nonetheless|regardless|yet)\b[^.;\n]{0,40}"
+            r"\b(?:nan|inf|infs|nans|non-?finite)\b"
+            r"|\b(?:nan|inf|nans|non-?finite)\b[^.;\n]{0,60}\b(?:even\s+(?:with|after|though)|despite|"
+            r"although|though)\b[^.;\n]{0,40}\bclip",
+            "clipping-did-not-fix-nan",
+            0.6,
+            "text: clipping is in place and the loss still turns NaN",
+        ),
+        (
             # The loss jumps and comes back: a spike, told in words.
             r"\b(?:loss(?:es)?|perplexity|ppl)\b[^.;\n]{0,30}\b(?:jump\w*|spik\w*|shoot\w*|shot|"
             r"leap\w*|surg\w*|skyrocket\w*)\b[^.;\n]{0,50}\b(?:comes?\s+(?:right\s+)?back|came\s+back|"
@@ -1388,6 +1401,7 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "paper-does-not-mention-clipping": ("clip",),
     "clipping-is-a-hack": ("clip",),
     "loss-spikes": ("loss", "perplexity", "ppl"),
+    "clipping-did-not-fix-nan": ("clip",),
     "checkpointing-breaks-clipping": ("checkpoint",),
     "amp-diverges": ("fp16", "float16", "bf16", "amp", "autocast", "mixed", "half"),
     "lower-lr-for-nan": ("nan",),

@@ -146,6 +146,19 @@ _PERCENT_AFTER = _Lazy(
     ("%", "percent", "per cent", "pct"),
     re.IGNORECASE,
 )
+# The most the norm ever reaches: "logged norms never exceed 3", "grad norm stays below 2".
+_NORM_CEILING = _Lazy(
+    r"\b(?:grad(?:ient)?s?[_ ]?)?norms?\b[^.;\d]{0,30}?\b(?:never|don't|do\s+not|doesn't|"
+    r"does\s+not|didn't|did\s+not)\s+(?:exceed|go\s+(?:above|over|past|beyond)|goes\s+(?:above|"
+    r"over)|get\s+"
+    r"(?:above|over)|reach|top|pass)\w*\s+(?:about\s+|around\s+|roughly\s+)?~?\s*"
+    r"(?P<num>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+    r"|\b(?:grad(?:ient)?s?[_ ]?)?norms?\b[^.;\d]{0,20}?\b(?:stays?|stayed|remains?|remained|is|"
+    r"are)\s+(?:always\s+)?(?:below|under|less\s+than)\s+~?\s*"
+    r"(?P<num2>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)",
+    ("norm",),
+    re.IGNORECASE,
+)
 _MAX_NORM = _Lazy(
     r"\b(?:max_norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
     rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|to|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
@@ -185,7 +198,8 @@ class Quantity:
 
     ``name`` is one of: loss, grad_norm, grad_nan (NaN/Inf said of gradients), param_nan (of
     weights), amp_scale_from, amp_scale_to, amp_scale_level (a scale said to hold at one
-    value), dead_fraction, zero_grad_fraction, zero_activation_fraction, max_norm,
+    value), grad_norm_ceiling (the most the norm is said to reach), dead_fraction,
+    zero_grad_fraction, zero_activation_fraction, max_norm,
     grad_param_ratio, update_ratio, layer_ratio. Fractions are in [0, 1].
     """
 
@@ -298,6 +312,8 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
             value = parse_number(m.group("num"))
             if value is not None:
                 found.append((m.start(), Quantity(name, value / 100.0, m.group(0).strip(), True)))
+    for m in _NORM_CEILING.finditer(text, lowered):
+        add(m.start(), "grad_norm_ceiling", m.group("num") or m.group("num2"), m.group(0))
     for m in _MAX_NORM.finditer(text, lowered):
         add(m.start(), "max_norm", m.group("num"), m.group(0))
     for m in _RATIO.finditer(text, lowered):

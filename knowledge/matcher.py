@@ -313,6 +313,11 @@ _LOOKS_GOOD = re.compile(
 #: above both neighbours a single value must jump to be a spike. The seeds give no numbers for
 #: a loss written in a sentence; these are the matcher's reading, not diagnosis thresholds.
 _LOSS_DIVERGING_FACTOR = 3.0
+#: Words of an unstable run (for a clip that never fires while it is).
+_UNSTABLE = re.compile(
+    r"\b(?:diverg\w*|spik\w*|nan|inf|explod\w*|blow\w*|blew|unstable|instabilit\w*|jumps?)\b",
+    re.IGNORECASE,
+)
 #: The text says the large value is an exception ("except at", "every so often").
 _OCCASIONAL = re.compile(
     r"\b(?:except|apart\s+from|other\s+than|but\s+(?:at|on)|occasionally|sometimes|every\s+so\s+"
@@ -884,6 +889,9 @@ class Matcher:
         gap = _accuracy_gap(text)
         if gap is not None:
             out.append(gap)
+        idle = self._clip_never_reached(quantities, text)
+        if idle is not None:
+            out.append(idle)
         pinned = self._pinned_at_max_norm(quantities, series, text)
         if pinned is not None:
             # Every step clipped to max_norm: not a healthy norm, whatever its size.
@@ -1255,6 +1263,19 @@ class Matcher:
                 )
             )
         return out
+
+    def _clip_never_reached(self, quantities: Sequence[Quantity], text: str) -> CodeHit | None:
+        """max_norm far above the most the norm ever reaches, while the run is unstable."""
+        clip = next((q.value for q in quantities if q.name == "max_norm" and q.value > 0), None)
+        ceiling = [q.value for q in quantities if q.name == "grad_norm_ceiling"]
+        if clip is None or not ceiling or max(ceiling) >= clip or not _UNSTABLE.search(text):
+            return None
+        return CodeHit(
+            "clip-never-active",
+            0.9,
+            f"the norm never exceeds {fmt(max(ceiling))}, under max_norm {fmt(clip)}: the clip "
+            "never fires while the run is unstable",
+        )
 
     def _pinned_at_max_norm(
         self, quantities: Sequence[Quantity], series: Sequence[Series], text: str

@@ -430,6 +430,8 @@ def test_series_leave_steps_and_counts_out() -> None:
     assert read_series("layer-wise grad norms: embed 0.001, attn 0.02, head 0.5") == [
         Series("layer_norms", (0.001, 0.02, 0.5))
     ]
+    # A call on a parenthesised expression is code: "(loss / 4).backward()".
+    assert "(loss / 4).backward()" in split_code("(loss / 4).backward()\nopt.step()").code
     # Code is not a series: ``log(p, -1)`` holds no loss values.
     assert read_series(without_code("loss = -(y * torch.log(p, -1)).mean()")) == []
 
@@ -560,6 +562,15 @@ def test_an_id_without_its_order_word_is_not_named() -> None:
         # Nothing about gradients or norms: the loss spike, not a grad-norm spike.
         ("the training loss leaps up and comes back down every few thousand steps", "loss-spikes"),
         ("we clamp all gradient values to [-1, 1] before stepping", "value-clipping"),
+        (
+            "max_norm is 20, the norm never goes above 4, and the run still blows up",
+            "clip-never-active",
+        ),
+        (
+            "clip_grad_norm_(params, ...) is there, still NaNs after 3k steps",
+            "clipping-did-not-fix-nan",
+        ),
+        ("Maybe swap to Adagrad, the optimizer may be the culprit.", "switch-optimizer"),
         ("we clip after backward but unscale_ is not called anywhere", "amp-clip-without-unscale"),
         ("loss stays at 1.2 for 30 epochs now, after a quick early decrease", "plateau"),
         ("loss 2.3 at the start and still 2.3 at step 9000", "loss-stuck"),
