@@ -523,6 +523,8 @@ _CODE_LINE = re.compile(
     r"^\s*(?:(?:for|if|elif|else|with|def|return|while|import|from|try|except)\b[^\n]*"
     r"|[\w.\[\]()'\"]+\s*(?:[-+*/]?=)\s*[^\s=][^\n]*"
     r"|[\w.\[\]()]+\.\w+\s*\([^\n]*\)[^\n]*"
+    # A call on a parenthesised expression: "(loss / accum).backward()".
+    r"|\([^\n]*\)\s*\.\s*\w+\s*\([^\n]*\)[^\n]*"
     r"|\w+\s*\([^\n]*\)\s*"
     r"|\.\.\.|…)\s*$"
 )
@@ -925,12 +927,23 @@ _ORDER_FREE = (
     r"isn't)\s+(?:matter|important))"
 )
 _ORDER_FREE_RE = re.compile(_ORDER_FREE, re.IGNORECASE)
+#: "unscale_ isn't called anywhere": a negated "anywhere" says nothing about the clip's place.
+_NOT_ANYWHERE = re.compile(
+    r"(?:n't|\bnot|\bnever|\bno)\b(?:\s+\w+){0,2}\s+anywhere\b", re.IGNORECASE
+)
+
+
+def _order_free(piece: str) -> bool:
+    """Whether ``piece`` says the position of a call does not matter."""
+    return _ORDER_FREE_RE.search(_NOT_ANYWHERE.sub(" ", piece)) is not None
+
 
 # Order stated in words: "I clip after optimizer.step()", "the norm is read after zero_grad".
 _CLIP = r"clip\w*"
 #: Inside one clause: anything but a sentence end, where a dot followed by a letter or digit
-#: ("optimizer.step()", "1.0") does not end a sentence.
-_CLAUSE = r"(?:[^.;\n]|\.(?=\w))"
+#: ("optimizer.step()", "1.0"), another dot, a comma or a closing bracket ("(..., 1.0)") does
+#: not end a sentence.
+_CLAUSE = r"(?:[^.;\n]|\.(?=[\w.,)\]]))"
 
 
 def _clause_bound(pattern: str) -> str:
@@ -982,7 +995,10 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         ),
         (
             r"\b(?:without|no|never|not|forg[eo]t\w*(?:\s+to)?|missing|skip\w*)\s+(?:calling\s+|"
-            r"an?\s+|the\s+)?(?:scaler\.)?unscal\w*",
+            r"an?\s+|the\s+)?(?:scaler\.)?unscal\w*"
+            # "unscale_ isn't called anywhere"
+            r"|\bunscal\w*(?:\(\w*\))?\s+(?:is\s+|was\s+)?(?:never|not|isn't|wasn't|is\s+not|was\s+not)"
+            r"\s+(?:\w+\s+)?(?:called|used|invoked|there|present)",
             "amp-clip-without-unscale",
             0.5,
             "text: clipping with a GradScaler but no unscale_()",
@@ -1054,8 +1070,9 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         (
             # Not when the sentence says no_sync is there (misplaced is another red flag).
             r"^(?!.*\bno_sync)(?!.*require_backward_grad_sync).*?(?:"
-            r"\b(?:every|each)\s+(?:single\s+)?(?:micro[-\s]?batch|micro[-\s]?step|backward|"
-            r"accumulation\s+step)\b[^.;\n]{0,40}\b(?:all[-\s]?reduc\w*|sync\w*|communicat\w*)"
+            r"\b(?:every|each)\s+(?:single\s+|one\s+)?(?:of\s+(?:the|our|my|its|their)\s+(?:\d+\s+)?)?"
+            r"(?:micro[-\s]?batch(?:es)?|micro[-\s]?steps?|backward|"
+            r"accumulation\s+steps?)\b[^.;\n]{0,40}\b(?:all[-\s]?reduc\w*|sync\w*|communicat\w*)"
             r"|\b(?:all[-\s]?reduc\w*|sync\w*|communicat\w*)\b[^.;\n]{0,40}\b(?:every|each)\s+"
             r"(?:single\s+)?(?:micro[-\s]?batch|micro[-\s]?step|backward|accumulation\s+step))",
             "ddp-accum-without-no-sync",
@@ -1070,8 +1087,9 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: more than half of the activations are zero",
         ),
         (
-            r"clip_grad_value_?|\bclip(?:ping|s)?\s+(?:each|every|individual)\s+(?:gradient\s+)?"
-            r"(?:element|value|entr)",
+            r"clip_grad_value_?|\b(?:clip|clamp)(?:ping|s|ed)?\s+(?:each|every|individual|all)\s+"
+            r"(?:of\s+the\s+)?(?:gradient\s+|grad\s+)?(?:element|value|entr|component|coordinate)"
+            r"|\.grad\w*(?:\.data)?\.clamp_?\(",
             "value-clipping",
             0.6,
             "text: clipping element by element (clip_grad_value_)",
@@ -1114,8 +1132,11 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r"\b(?:no\s+(?:clamp|eps\w*)|without\s+(?:a\s+|any\s+)?(?:clamp\w*|eps\w*)|not\s+clamped|"
             r"unclamped|unbounded|can\s+be\s+(?:exactly\s+)?(?:0|zero)|culprit|(?:was|is|were|became|"
             r"becomes|goes\s+to|went\s+to|hits?)\s+(?:exactly\s+)?(?:0|zero)\b)"
-            r"|\b(?:culprit|caused\s+by|because\s+of|comes?\s+from|came\s+from)\b[^.;\n]{0,20}"
-            r"(?:\btorch\.(?:log|exp|sqrt)\s*\(|\b(?:log|exp|sqrt)\s*\()",
+            # Named as the cause: "the NaNs came from torch.sqrt of an exact zero distance".
+            r"|\b(?:culprit|caused\s+by|because\s+of|comes?\s+from|came\s+from|coming\s+from|"
+            r"traced\s+(?:it\s+)?(?:back\s+)?to|due\s+to|originat\w*\s+(?:in|from))\b[^.;\n]{0,20}"
+            r"(?:\btorch\.(?:log|exp|sqrt)\b|\b(?:log|exp|sqrt)\s*\(|\b(?:log|sqrt)\s+of\b|"
+            r"\b(?:a\s+)?divi\w+\s+by\s+(?:an?\s+)?(?:exact\s+)?(?:0|zero)\b)",
             "unstable-loss-op",
             0.6,
             "text: a log/exp/sqrt or division in the loss with nothing keeping it finite",
@@ -1175,7 +1196,12 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r"|\b(?:forward|model\(\w*\))\b[^.;\n]{0,30}\b(?:outside|before)\s+(?:the\s+)?"
             r"(?:with\s+)?(?:block\s+of\s+)?(?:model\.)?no_sync"
             r"|\bno_sync\b[^.;\n]{0,30}\b(?:only|just)\s+(?:around|wraps?|covers?)\s+(?:the\s+)?"
-            r"(?:loss\.)?backward",
+            r"(?:loss\.)?backward"
+            # "just the backward call in `with model.no_sync():`, the forward before entering it"
+            r"|\b(?:only|just)\s+(?:the\s+)?(?:loss\.)?backward(?:\(\))?(?:\s+call)?\s+(?:is\s+|goes\s+)?"
+            r"(?:in|inside|under|within)\b[^;\n]{0,40}no_sync"
+            r"|\bno_sync\b[^;\n]{0,80}\bforward\b[^.;\n]{0,25}\b(?:outside|before\s+(?:entering|"
+            r"the\s+with|it\b))",
             "ddp-no-sync-misplaced",
             0.7,
             "text: no_sync() does not cover the right part of the micro-batch loop",
@@ -1192,9 +1218,68 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the logged grad norm sits at one value on every step: every step is clipped",
         ),
         (
+            # Clipping in place, and the NaN is still there.
+            r"\bclip\w*\b[^.;\n]{0,60}\b(?:still|anyway|nonetheless|regardless|yet)\b[^.;\n]{0,40}"
+            r"\b(?:nan|inf|infs|nans|non-?finite)\b"
+            r"|\b(?:nan|inf|nans|non-?finite)\b[^.;\n]{0,60}\b(?:even\s+(?:with|after|though)|despite|"
+            r"although|though)\b[^.;\n]{0,40}\bclip",
+            "clipping-did-not-fix-nan",
+            0.6,
+            "text: clipping is in place and the loss still turns NaN",
+        ),
+        (
+            # The loss jumps and comes back: a spike, told in words.
+            r"\b(?:loss(?:es)?|perplexity|ppl)\b[^.;\n]{0,30}\b(?:jump\w*|spik\w*|shoot\w*|shot|"
+            r"leap\w*|surg\w*|skyrocket\w*)\b[^.;\n]{0,50}\b(?:comes?\s+(?:right\s+)?back|came\s+back|"
+            r"recover\w*|returns?|returned|drops?\s+back|dropped\s+back|goes\s+back|went\s+back|"
+            r"settles?\s+back|back\s+down)\b",
+            "loss-spikes",
+            0.5,
+            "text: the loss jumps, then comes back",
+        ),
+        (
+            # Needing clipping taken as proof of a bug, or a fix offered instead of clipping.
+            r"\b(?:need\w*|requir\w*|rely\w*\s+on|using)\s+(?:gradient\s+)?clip\w*\s+(?:at\s+all\s+)?"
+            r"(?:means|is\s+a\s+sign|shows|signals|indicates|implies|proves)\b[^.;\n]{0,40}\b(?:wrong|"
+            r"broken|bug\w*|bad\w*|flaw\w*|poor\w*|problem\w*|mistake\w*)"
+            r"|\b(?:fix|repair|redesign|change|correct)\b[^.;\n]{0,40}\binstead\s+of\s+clip",
+            "clipping-is-a-hack",
+            0.6,
+            "text: needing clipping is taken as a sign of a bug to fix instead",
+        ),
+        (
+            # Activation checkpointing said to break clipping (it recomputes activations, the
+            # gradients and their norm are the same).
+            r"\bcheckpoint\w*\b[^.;\n]{0,60}\b(?:wrong|won't\s+work|doesn't\s+work|does\s+not\s+work|"
+            r"break\w*|incompatible|conflict\w*|interfer\w*|mess\w*|can't|cannot|invalid)\b"
+            r"[^.;\n]{0,40}\bclip|\bclip\w*\b[^.;\n]{0,40}\b(?:wrong|won't\s+work|doesn't\s+work|"
+            r"break\w*|incompatible|conflict\w*|interfer\w*|mess\w*|can't|cannot|invalid)\b"
+            r"[^.;\n]{0,40}\bcheckpoint",
+            "checkpointing-breaks-clipping",
+            0.6,
+            "text: activation checkpointing said to break clipping",
+        ),
+        (
+            # A paper silent about clipping (not one that says it trained without it).
+            r"\b(?:paper|authors?|publication|article|appendix|hyper-?parameter\s+table|table)\b"
+            r"[^.;\n]{0,50}\b(?:no\s+(?:mention|word|entry|row|line|detail)|(?:doesn't|does\s+not|"
+            r"don't|do\s+not|never|didn't|did\s+not)\s+(?:\w+\s+)?(?:mention|say|list|report|"
+            r"specify|state|document|talk\s+about)|(?:says|said|is|are)\s+(?:nothing|silent)|"
+            r"nothing\s+(?:about|on))\b[^.;\n]{0,30}\bclip"
+            r"|\b(?:paper|authors?|publication|appendix|table)\b[^.;\n]{0,50}\bno\s+(?:gradient\s+)?"
+            r"clip\w*\s+(?:entry|row|line|setting|value|field|column|mention|detail)"
+            r"|\bclip\w*\b[^.;\n]{0,30}\b(?:not|never|isn't|wasn't)\s+(?:mentioned|listed|reported|"
+            r"specified|documented)\b[^.;\n]{0,30}\b(?:paper|authors?|publication|table|appendix)",
+            "paper-does-not-mention-clipping",
+            0.5,
+            "text: the paper says nothing about clipping (silence is not a decision not to clip)",
+        ),
+        (
             # Non-finite values in what goes into the model: the data is the origin.
             r"\b(?:inputs?|input\s+(?:features|tensors?)|features?|images?|pixels?|batch(?:es)?|"
-            r"samples?|targets?|labels?|examples?|records?)\b[^.;\n]{0,30}\b(?:had|have|has|"
+            r"samples?|targets?|labels?|examples?|records?|rows?|columns?|fields?|entries|"
+            r"(?:csv|parquet|jsonl?|data\s*set|dataset)\s+(?:files?|rows?|columns?|values?))\b"
+            r"[^.;\n]{0,30}\b(?:had|have|has|"
             r"contain\w*|with|includ\w*|are|were|is|was)\b[^.;\n]{0,20}\b(?:nan|inf)\w*",
             "nonfinite-inputs",
             0.6,
@@ -1219,6 +1304,10 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the loss first improves, then gets worse, with accumulation",
         ),
         (
+            # "sits at 0.35 for the last 20 epochs after a fast initial drop" (flat part first)
+            r"\b(?:sits?|sat|stays?|stayed|stuck|flat\w*|plateau\w*|hover\w*|stall\w*)\b[^.;\n]{0,60}"
+            r"\bafter\s+(?:a|an|the|its)\s+(?:\w+\s+){0,2}(?:drop|fall|decrease|decline|improvement|"
+            r"descent|progress)\b|"
             r"\b(?:after\s+(?:a\s+)?(?:good|great|nice|promising|decent|fast|quick)\s+start|"
             r"(?:drop\w*|decreas\w*|fell|falls?|improv\w*|went\s+down|goes\s+down)\s+(?:nicely|quickly|"
             r"fast|well)?)[^.;\n]{0,60}\b(?:flat\w*|plateau\w*|stall\w*|stuck|stopped|levels?\s+off|"
@@ -1300,7 +1389,7 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "nan-loss-before-backward": ("backward",),
     "ddp-accum-without-no-sync": ("sync", "reduc", "communicat"),
     "many-zero-activations": ("0", "zero", "dead"),
-    "value-clipping": ("clip",),
+    "value-clipping": ("clip", "clamp"),
     "no-clip-sequence-model": ("clip",),
     "amp-step-bypasses-scaler": ("scale",),
     "nan-gradients": ("backward",),
@@ -1309,6 +1398,11 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "ddp-no-sync-misplaced": ("no_sync",),
     "clipping-slow-convergence": ("norm",),
     "nonfinite-inputs": ("nan", "inf"),
+    "paper-does-not-mention-clipping": ("clip",),
+    "clipping-is-a-hack": ("clip",),
+    "loss-spikes": ("loss", "perplexity", "ppl"),
+    "clipping-did-not-fix-nan": ("clip",),
+    "checkpointing-breaks-clipping": ("checkpoint",),
     "amp-diverges": ("fp16", "float16", "bf16", "amp", "autocast", "mixed", "half"),
     "lower-lr-for-nan": ("nan",),
     "accum-scheduler-per-microbatch": ("sched",),
@@ -1320,6 +1414,32 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
 @cache
 def _prose_rule(index: int) -> re.Pattern[str]:
     return re.compile(_PROSE_RULES[index][0], re.IGNORECASE)
+
+
+_BATCH_COUNT = re.compile(
+    r"\b(?P<n>\d+)\s+(?:micro[-\s]?)?batch(?:es)?\b[^.;\n?]{0,60}?\b(?:every|each)\s+(?P<k>\d+)\b"
+    r"|\b(?:every|each)\s+(?P<k2>\d+)\s+(?:micro[-\s]?)?(?:batch(?:es)?|steps?)\b[^.;\n?]{0,60}?"
+    r"\b(?P<n2>\d+)\s+(?:micro[-\s]?)?batch(?:es)?\b",
+    re.IGNORECASE,
+)
+
+
+def _leftover_counts(pieces: list[str]) -> CodeHit | None:
+    """ "1003 batches, a step every 8": the 3 batches after the last update are never applied."""
+    for piece in pieces:
+        if "batch" not in piece.lower():
+            continue
+        for m in _BATCH_COUNT.finditer(piece):
+            n = int(m.group("n") or m.group("n2"))
+            k = int(m.group("k") or m.group("k2"))
+            if 2 <= k < n and n % k:
+                return CodeHit(
+                    "accum-leftover-batches",
+                    0.6,
+                    f"text: {n} batches with an update every {k}: the last {n % k} never reach "
+                    "an optimizer step unless the epoch's end is handled",
+                )
+    return None
 
 
 def prose_hits(text: str) -> list[CodeHit]:
@@ -1339,6 +1459,9 @@ def prose_hits(text: str) -> list[CodeHit]:
                 CodeHit("saturating-deep-net", 0.4, "text: a deep network of sigmoid/tanh layers")
             )
             break
+    leftover = _leftover_counts(pieces)
+    if leftover is not None:
+        hits.append(leftover)
     lowered = text.lower()
     for index, (_, entry_id, strength, reason) in enumerate(_PROSE_RULES):
         if any(h.entry_id == entry_id for h in hits):
@@ -1351,7 +1474,9 @@ def prose_hits(text: str) -> list[CodeHit]:
         for piece in pieces:
             if not pattern.search(piece) or (needs is not None and not needs.search(piece)):
                 continue
-            if entry_id in _ORDER_RULES and _ORDER_FREE_RE.search(piece):
+            if entry_id in _ORDER_RULES and _order_free(piece):
+                continue
+            if entry_id == "clip-anywhere" and not _order_free(piece):
                 continue
             hits.append(CodeHit(entry_id, strength, reason, ADVICE_FOR.get(entry_id)))
             break

@@ -62,14 +62,21 @@ _NAN_LOSS = _Lazy(
     ("nan", "inf"),
     re.IGNORECASE,
 )
+#: What ``clip_grad_norm_`` returns is the total norm before clipping ("clip_grad_norm_ returns
+#: 0.4-0.7"); ``\b`` cannot start inside the identifier, so it is its own alternative.
+_CLIP_RETURNS = (
+    r"clip_grad_norm_?(?:\([^)\n]{0,60}\))?\s+(?:returns?|returned|returning|gives|gave|reports?|"
+    r"reported|says|said|outputs?|prints?)"
+)
 _GRAD_NORM = _Lazy(
+    rf"(?:(?:{_CLIP_RETURNS})\s*[:=~≈]?\s*(?:around\s+|about\s+|roughly\s+)?|"
     r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
     r"norm\s+of\s+(?:the\s+)?(?:grad(?:ient)?s?)|grad(?:ient)?s?(?=\s+(?:are|is|were|was)\b)"
     # Per-layer values said of the early or late layers ("gradients in the first layers are").
     r"|grad(?:ient)?s?\s+(?:in|of|for|at|to)\s+(?:the\s+|my\s+)?(?:first|early|earliest|last|"
     r"top|bottom|lower|upper|initial|final|input|output)\s+(?:few\s+|\w+\s+)?layers?"
     r"(?=\s+(?:are|is|were|was|stay|sit|hover)\w*\b))\b"
-    rf"{_FILLER}{_NUM}",
+    rf"{_FILLER}){_NUM}",
     ("norm", "grad"),
     re.IGNORECASE,
 )
@@ -105,10 +112,31 @@ _SCALE = _Lazy(
     ("scale",),
     re.IGNORECASE,
 )
+# The scale held inside a band ("loss scale hovers between 16384 and 65536"): its lower end.
+_SCALE_BAND = _Lazy(
+    r"\b(?:loss[_ ]|grad(?:ient)?[_ ])?scale\b(?:\s+(?:sits?|sat|stays?|stayed|remains?|remained|"
+    r"holds?|held|hover(?:s|ed)?|is|was|moves?|moved|oscillat\w*|goes|went|stable|steady))*"
+    r"\s+between\s+(?P<num>(?:10|2)\s*\^\s*\d+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*(?:and|-|–)\s*"
+    r"(?:(?:10|2)\s*\^\s*\d+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)",
+    ("scale",),
+    re.IGNORECASE,
+)
+# The scale held at one level ("loss scale sits at 65536"), not a fall from one value to another.
+_SCALE_LEVEL = _Lazy(
+    r"\b(?:loss[_ ]|grad(?:ient)?[_ ])?scale\b(?:\s+(?:sits?|sat|stays?|stayed|remains?|remained|"
+    r"holds?|held|hover(?:s|ed)?|is|was|steady|stable|constant|flat|fixed|still|always|mostly))+"
+    r"(?:\s+(?:at|around|near|about))?\s*[:=~≈]?\s*~?\s*"
+    r"(?P<num>(?:10|2)\s*\^\s*\d+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(?![\w.])"
+    r"(?!\s*(?:→|->|=>|to\b|down\b|and\s+(?:keeps|falling|dropping)))",
+    ("scale",),
+    re.IGNORECASE,
+)
 _PERCENT_BEFORE = _Lazy(
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*"
     r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
-    r"\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+fire)\b",
+    r"(?:\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+fire|exactly\s+(?:0|zero))\b"
+    # "70% of parameters have grad == 0"
+    r"|(?P<equals>(?:==|=)\s*0(?:\.0+)?)(?![.\d]))",
     ("%", "percent", "per cent", "pct"),
     re.IGNORECASE,
 )
@@ -118,16 +146,34 @@ _PERCENT_AFTER = _Lazy(
     ("%", "percent", "per cent", "pct"),
     re.IGNORECASE,
 )
+# The most the norm ever reaches: "logged norms never exceed 3", "grad norm stays below 2".
+_NORM_CEILING = _Lazy(
+    r"\b(?:grad(?:ient)?s?[_ ]?)?norms?\b[^.;\d]{0,30}?\b(?:never|don't|do\s+not|doesn't|"
+    r"does\s+not|didn't|did\s+not)\s+(?:exceed|go\s+(?:above|over|past|beyond)|goes\s+(?:above|"
+    r"over)|get\s+"
+    r"(?:above|over)|reach|top|pass)\w*\s+(?:about\s+|around\s+|roughly\s+)?~?\s*"
+    r"(?P<num>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
+    r"|\b(?:grad(?:ient)?s?[_ ]?)?norms?\b[^.;\d]{0,20}?\b(?:stays?|stayed|remains?|remained|is|"
+    r"are)\s+(?:always\s+)?(?:below|under|less\s+than)\s+~?\s*"
+    r"(?P<num2>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)",
+    ("norm",),
+    re.IGNORECASE,
+)
 _MAX_NORM = _Lazy(
     r"\b(?:max_norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
-    rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
+    rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|to|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
     ("max_norm", "clip"),
     re.IGNORECASE,
 )
 _RATIO = _Lazy(
-    r"\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?(?:param(?:eter)?s?|weights?))[_ -]ratio\b"
+    r"(?:\b(?:grad(?:ient)?[_ /-]*(?:to[_ -])?(?:param(?:eter)?s?|weights?))[_ -]ratio\b"
+    # "the ratio of grad norm to weight norm", "||g|| / ||w||"
+    r"|\bratio\s+(?:of|between)\s+(?:the\s+)?grad(?:ient)?s?(?:[_ ]norms?)?\s+(?:to|and)\s+"
+    r"(?:the\s+)?(?:weights?|param(?:eter)?s?)(?:[_ ]norms?)?\b"
+    r"|\|{1,2}\s*g(?:rad)?\s*\|{1,2}\s*/\s*\|{1,2}\s*(?:w|p|param|weight)\s*\|{1,2})"
+    r"(?:\s+(?:of|for|in)\s+(?:the\s+|my\s+)?(?:first\s+|last\s+)?[\w.]+(?:\s+layer)?)?"
     rf"{_FILLER}{_NUM}",
-    ("ratio",),
+    ("ratio", "|"),
     re.IGNORECASE,
 )
 # The applied update against the weights: "update ratio", "||Δw||/||w||", "update-to-weight".
@@ -151,8 +197,9 @@ class Quantity:
     """One number read from the text.
 
     ``name`` is one of: loss, grad_norm, grad_nan (NaN/Inf said of gradients), param_nan (of
-    weights), amp_scale_from,
-    amp_scale_to, dead_fraction, zero_grad_fraction, zero_activation_fraction, max_norm,
+    weights), amp_scale_from, amp_scale_to, amp_scale_level (a scale said to hold at one
+    value), grad_norm_ceiling (the most the norm is said to reach), dead_fraction,
+    zero_grad_fraction, zero_activation_fraction, max_norm,
     grad_param_ratio, update_ratio, layer_ratio. Fractions are in [0, 1].
     """
 
@@ -196,7 +243,7 @@ def _fraction_subject(subject: str, context: str, what: str) -> str:
     if re.search(r"activation|neuron|unit|relu|feature", words):
         return (
             "dead_fraction"
-            if "dead" in what or "inactive" in what
+            if "dead" in what or "inactive" in what or "never" in what
             else ("zero_activation_fraction")
         )
     if re.search(r"grad|param|weight", words):
@@ -254,13 +301,19 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
     for m in _SCALE.finditer(text, lowered):
         add(m.start(), "amp_scale_from", m.group("num"), m.group(0))
         add(m.start(), "amp_scale_to", m.group("num2"), m.group(0))
+    for pattern in (_SCALE_LEVEL, _SCALE_BAND):
+        for m in pattern.finditer(text, lowered):
+            add(m.start(), "amp_scale_level", m.group("num"), m.group(0))
     for pattern in (_PERCENT_BEFORE, _PERCENT_AFTER):
         for m in pattern.finditer(text, lowered):
             window = text[max(0, m.start() - 60) : m.end() + 60]
-            name = _fraction_subject(m.group("subject"), window, m.group("what"))
+            what = m.group("what") if "what" in m.groupdict() else None
+            name = _fraction_subject(m.group("subject"), window, what or "zero")
             value = parse_number(m.group("num"))
             if value is not None:
                 found.append((m.start(), Quantity(name, value / 100.0, m.group(0).strip(), True)))
+    for m in _NORM_CEILING.finditer(text, lowered):
+        add(m.start(), "grad_norm_ceiling", m.group("num") or m.group("num2"), m.group(0))
     for m in _MAX_NORM.finditer(text, lowered):
         add(m.start(), "max_norm", m.group("num"), m.group(0))
     for m in _RATIO.finditer(text, lowered):
@@ -288,11 +341,25 @@ def fmt(value: float) -> str:
 #: What a series is of. A bare "gradients" is not a subject: per-layer values are not the
 #: total norm ("per-layer grads are all between 1e-4 and 1e-2").
 _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # Per-layer norms listed side by side ("grad norms per layer: conv1 0.002, fc 0.4") are a
+    # spread across the network, not a trend over time. Listed before grad_norm: where both
+    # start at the same word, this (longer) one wins.
+    (
+        "layer_norms",
+        re.compile(
+            r"\b(?:per[-_ ]?layer|layer[-_ ]?wise|layer[-_ ]?by[-_ ]?layer)\s+(?:grad(?:ient)?s?"
+            r"[_ \-]?)?norms?\b|\b(?:grad(?:ient)?s?[_ \-]?)?norms?\s+(?:per|by|for\s+each|"
+            r"of\s+each|across(?:\s+the)?|in\s+each)\s+layers?\b",
+            re.IGNORECASE,
+        ),
+    ),
     (
         "grad_norm",
         re.compile(
             r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
-            r"norms?)\b",
+            rf"norms?)\b|{_CLIP_RETURNS}"
+            # "per-layer norms 0.01-0.05, total 0.12": a bare "total" with its number.
+            r"|\btotal\b(?=\s*[:=~≈]?\s*~?\s*[.\d])",
             re.IGNORECASE,
         ),
     ),
@@ -312,7 +379,8 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"\b(?:lr|learning[_ ]rates?|batch(?:[_ ]size)?|acc(?:uracy)?|"
             r"max_norm|clip\w*|scale|grad/param|ratio|dead|zeros?|weights?|params?|"
-            r"parameters?|memory|time|throughput)\b",
+            r"parameters?|memory|time|throughput|vocab\w*|classes|num_\w+|hidden[_ ]size|d_model|"
+            r"seq(?:uence)?[_ ]len\w*|context[_ ]len\w*|dims?|dimensions?|width|depth)\b",
             re.IGNORECASE,
         ),
     ),
@@ -352,8 +420,9 @@ MIN_SERIES = 2
 class Series:
     """The values of one quantity written one after another in the text, in order.
 
-    ``name`` is grad_norm, loss, val_loss or perplexity. A range ("between 0.3 and 1.2",
-    "1-2") counts as one value, its geometric middle, and is kept in ``ranges`` as (low, high).
+    ``name`` is grad_norm, layer_norms (one value per layer), loss, val_loss or perplexity. A
+    range ("between 0.3 and 1.2", "1-2") counts as one value, its geometric middle, and is kept
+    in ``ranges`` as (low, high).
     """
 
     name: str
@@ -444,7 +513,12 @@ def read_series(text: str) -> list[Series]:
     """
     values: dict[str, list[float]] = {}
     ranges: dict[str, list[tuple[float, float]]] = {}
-    for sentence in _SERIES_SENTENCE.split(text[:_MAX_SERIES_TEXT]):
+    text = text[:_MAX_SERIES_TEXT]
+    # A table is a header line and rows under it: one line never is.
+    if "\n" in text and ("|" in text or "," in text or "\t" in text):
+        for name, column in _table_columns(text).items():
+            values.setdefault(name, []).extend(column)
+    for sentence in _SERIES_SENTENCE.split(text):
         mentions = _subject_mentions(sentence)
         for index, (_, end, name) in enumerate(mentions):
             if not name:
@@ -463,6 +537,59 @@ def read_series(text: str) -> list[Series]:
 
 #: Longest text read for series (a pasted log is read by ``gradient-doctor logs``).
 _MAX_SERIES_TEXT = 20_000
+#: A Markdown table's separator row ("|---|:--:|").
+_TABLE_RULE = re.compile(r"^[\s|:\-+]+$")
+
+
+def _cells(line: str, separator: str) -> list[str]:
+    stripped = line.strip()
+    if separator == "|":
+        stripped = stripped.strip("|")
+    return [cell.strip() for cell in stripped.split(separator)]
+
+
+def _column_name(header: str) -> str:
+    """The series a table column holds, from its header ("grad_norm", "val loss"), or ""."""
+    for name, pattern in _SERIES_SUBJECTS:
+        found = pattern.fullmatch(header)
+        if found is not None:
+            return name
+    return ""
+
+
+def _table_columns(text: str) -> dict[str, list[float]]:
+    """Columns of a pasted table (Markdown pipes, CSV or tabs) whose header names a quantity.
+
+    ``| step | loss | grad_norm |`` then one row per step: each named column is a series, in
+    row order; a row whose cell count differs from the header's ends the table.
+    """
+    lines = text.split("\n")
+    out: dict[str, list[float]] = {}
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        index += 1
+        separator = next((sep for sep in ("|", "\t", ",") if line.count(sep) >= 1), None)
+        if separator is None:
+            continue
+        header = _cells(line, separator)
+        names = [_column_name(cell) for cell in header]
+        if len(header) < 2 or not any(names):
+            continue
+        while index < len(lines):
+            row = lines[index]
+            if separator == "|" and _TABLE_RULE.match(row) and "-" in row:
+                index += 1
+                continue
+            cells = _cells(row, separator)
+            if len(cells) != len(header):
+                break
+            for name, cell in zip(names, cells, strict=True):
+                value = parse_number(cell) if name else None
+                if value is not None and math.isfinite(value):
+                    out.setdefault(name, []).append(value)
+            index += 1
+    return out
 
 
 def rank_correlation(values: tuple[float, ...] | list[float]) -> float:

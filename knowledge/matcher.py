@@ -52,8 +52,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from gradient_doctor.knowledge._code import (
     CodeHit,
     code_hits,
@@ -78,7 +76,6 @@ from gradient_doctor.knowledge._text import (
     vocabulary,
 )
 from gradient_doctor.knowledge.cache_dir import cache_root
-from gradient_doctor.knowledge.findings import Severity
 
 if TYPE_CHECKING:
     from gradient_doctor.knowledge.loader import KnowledgeBase
@@ -87,6 +84,9 @@ if TYPE_CHECKING:
 #: ``models.EntryKind`` (a test checks they agree): importing ``models`` builds every knowledge
 #: model, which a match served from the index snapshot never needs.
 EntryKind = Literal["red-flag", "signal", "rationalization", "symptom"]
+#: ``findings.Severity`` (a test checks they agree): ``findings`` builds pydantic models, which
+#: a match never needs.
+Severity = Literal["critical", "warning", "info"]
 
 __all__ = ["Match", "MatchResult", "Matcher", "get_matcher", "match"]
 
@@ -205,10 +205,14 @@ _PREMISES: dict[str, re.Pattern[str]] = {
     key: re.compile(pattern, re.IGNORECASE)
     for key, pattern in {
         "saturating-deep-net": r"sigmoid|tanh|saturat|logistic|squash",
-        "amp-": r"\bamp\b|fp16|float16|half|mixed|scaler|autocast|bf16|bfloat16|loss[\s_]scal|apex",
+        "amp-": r"\bamp\b|fp16|float16|half|mixed|scaler|unscale|autocast|bf16|bfloat16|"
+        r"loss[\s_]scal|apex",
         "ddp-": r"ddp|distributed|no_sync|\branks?\b|multi-?gpu|gpus|nodes|all[-_\s]?reduce|"
         r"world[_\s]size|torchrun|fsdp|horovod|data[\s-]parallel|replica",
         "accum-": r"accum|micro[-\s]?(?:batch|step)|effective\s+batch",
+        # The symptoms that exist only with accumulation.
+        "loss-down-then-up-with-accumulation": r"accum|micro[-\s]?(?:batch|step)|effective\s+batch",
+        "accumulation-worse-than-small-batch": r"accum|micro[-\s]?(?:batch|step)|effective\s+batch",
         # The no_sync red flags are about synchronisation, not any slow DDP run.
         "ddp-accum-without-no-sync": r"sync|all[-_\s]?reduc|communicat",
         "ddp-no-sync-misplaced": r"sync|all[-_\s]?reduc|communicat",
@@ -234,6 +238,16 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "accum-scale-depends-on-batch": r"accum|micro[-\s]?batch|divisor|scal",
         "smaller-model-for-memory": r"memory|oom|\bfit|vram|gpu|smaller|checkpoint|variant",
         "need-bigger-gpus": r"gpu|memory|vram|card|a100|h100|hardware|oom|\bfit",
+        # Whether to clip is a question about clipping.
+        "is-clipping-needed": r"clip",
+        # Trends of the gradient norm need the gradients or their norm in the text (a loss
+        # that jumps and recovers is not a norm spike).
+        "grad-": r"grad|norm",
+        # A non-finite loss needs a non-finite value (or a blow-up) in the text.
+        "loss-nan": r"nan|\binf|non-?finite|not\s+finite|undefined|overflow|diverg|explod|blow|"
+        r"blew|isfinite|isnan|isinf",
+        # Clipping that did not stop a NaN needs the NaN (or a blow-up) in the text.
+        "clipping-did-not-fix-nan": r"nan|\binf|non-?finite|diverg|explod|blow|blew",
     }.items()
 }
 _STILL_LEARNING = re.compile(
@@ -283,7 +297,8 @@ _NORMAL_QUESTION = re.compile(
     r"|need\s+to\s+worry|cause\s+for\s+concern|(?:a|any)\s+problem\s*\?|concern(?:ed|ing)?\s*\?"
     r"|all\s+(?:good|fine|ok(?:ay)?)\s*\?|balance\s+ok|(?:anything|something)\s+(?:that\s+)?"
     r"looks?\s+(?:off|wrong|weird|strange|odd)|looks?\s+off\s*\?|is\s+(?:that|this|it)\s+(?:too\s+)?"
-    r"(?:high|low|big|large|small)\s*\?)",
+    r"(?:high|low|big|large|small)\s*\?|(?:any|see\s+any|spot\s+any)\s+(?:red\s+flags?|issues?|"
+    r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything)",
     re.IGNORECASE,
 )
 #: "the loss curve looks textbook": the run is said to go well.
@@ -298,6 +313,11 @@ _LOOKS_GOOD = re.compile(
 #: above both neighbours a single value must jump to be a spike. The seeds give no numbers for
 #: a loss written in a sentence; these are the matcher's reading, not diagnosis thresholds.
 _LOSS_DIVERGING_FACTOR = 3.0
+#: Words of an unstable run (for a clip that never fires while it is).
+_UNSTABLE = re.compile(
+    r"\b(?:diverg\w*|spik\w*|nan|inf|explod\w*|blow\w*|blew|unstable|instabilit\w*|jumps?)\b",
+    re.IGNORECASE,
+)
 #: The text says the large value is an exception ("except at", "every so often").
 _OCCASIONAL = re.compile(
     r"\b(?:except|apart\s+from|other\s+than|but\s+(?:at|on)|occasionally|sometimes|every\s+so\s+"
@@ -314,6 +334,11 @@ _EVERY_STEP = re.compile(
 _UPDATE_RATIO_USUAL = 1e-3
 _UPDATE_RATIO_FACTOR = 100.0
 _LOSS_SPIKE_FACTOR = 2.0
+#: A GradScaler scale said to hold at or above this is working (it starts at 2**16 and halves
+#: on each overflowing step, so a scale that stays high sees few of them); below 1 it has
+#: collapsed. The matcher's own reading of GM's AMP flow, not a diagnosis threshold.
+_AMP_SCALE_STEADY = 2.0**10
+_AMP_SCALE_COLLAPSED = 1.0
 #: A loss series whose values all lie within this fraction of each other is flat.
 _LOSS_FLAT_FRACTION = 0.03
 
@@ -324,12 +349,58 @@ class _Progress:
 
     improving: bool = False
     held_out_improving: bool = False
+    #: Held-out results follow the training ones ("val loss tracks train loss closely").
+    no_gap: bool = False
+    #: Words saying a value stays where it is ("then sits at 2.5 for the next 40k").
+    holds_level: bool = False
+    #: Words saying a later value is the same as an earlier one ("and still 4.6 at step 20k").
+    same_again: bool = False
     normal_question: bool = False
     reasons: list[str] = field(default_factory=list)
 
 
+#: Held-out results said to follow the training ones: no generalisation gap.
+_NO_GAP = re.compile(
+    r"\b(?:val(?:idation)?|eval\w*|test|dev|held[-\s]?out)[_ ]?(?:loss(?:es)?|ppl|perplexity|"
+    r"acc(?:uracy)?|curves?|metrics?)?\b[^.;\n]{0,20}?\b(?:tracks?|tracking|follows?|following|"
+    r"matches|mirrors?|mirroring|(?:stays?|is|are|remains?)\s+(?:very\s+)?close\s+to|in\s+line\s+"
+    r"with|right\s+with|on\s+par\s+with)\b[^.;\n]{0,15}?\btrain"
+    r"|\bno\s+(?:real\s+|big\s+|noticeable\s+)?gap\s+between\s+(?:the\s+)?(?:train\w*|val\w*)",
+    re.IGNORECASE,
+)
+#: Words that call the losses high or stuck: what underfitting is.
+_LOSS_BAD_LEVEL = re.compile(
+    r"\b(?:high|stuck|flat|plateau\w*|stall\w*|poor\w*|bad|terrible|random|chance|"
+    r"not\s+(?:learning|improving|decreasing|going\s+down)|doesn't\s+(?:learn|improve|go\s+down)|"
+    r"won't\s+(?:learn|improve|go\s+down)|barely|underfit\w*)\b",
+    re.IGNORECASE,
+)
+
+
+_HOLDS_LEVEL = re.compile(
+    r"\b(?:sits?|sat|stays?|stayed|stuck|flat\w*|plateau\w*|hover\w*|unchanged|stall\w*|"
+    r"levels?\s+off|levell?ed\s+off|for\s+the\s+(?:next|rest|last|remaining)|ever\s+since|"
+    r"since\s+then|doesn't\s+move|not\s+moving|won't\s+budge)\b",
+    re.IGNORECASE,
+)
+
+
+_SAME_AGAIN = re.compile(r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE)
+
+
 def _progress(text: str) -> _Progress:
-    progress = _Progress(normal_question=bool(_NORMAL_QUESTION.search(text)))
+    progress = _Progress(
+        normal_question=bool(_NORMAL_QUESTION.search(text)),
+        holds_level=bool(_HOLDS_LEVEL.search(text)),
+        same_again=bool(_SAME_AGAIN.search(text)),
+    )
+    if _NO_GAP.search(text):
+        progress.no_gap = True
+        if not _LOSS_BAD_LEVEL.search(text):
+            # Held-out results keep up with training and nothing is called high or stuck:
+            # the run is said to go well.
+            progress.improving = True
+            progress.reasons.append("held-out results follow the training ones")
     for pattern in (_LOSS_IMPROVING, _SCORE_IMPROVING):
         for m in pattern.finditer(text):
             if _NEGATED.search(m.group("between")) or _OTHER_METRIC.search(m.group("between")):
@@ -367,46 +438,96 @@ IN_SCOPE_WORDS = (
 )
 
 
-class Match(BaseModel):
-    """One knowledge entry that fits the text."""
+@dataclass(frozen=True)
+class Match:
+    """One knowledge entry that fits the text.
 
-    model_config = ConfigDict(frozen=True)
+    ``id`` is the catalogue identifier. ``score`` is the relevance, only comparable within one
+    result: the BM25F word score (times a kind prior between 0.85 and 1.3, from the form of the
+    text), plus up to 6 for the closest title/claim/paraphrase/phrasing and 4 when the text
+    names the entry, plus 20 times the confidence (0-1) of each number, code or word-order rule
+    that points at the entry (a test checks these numbers against the constants). ``reasons``
+    say why it matched.
+    """
 
-    id: str = Field(description="Catalogue identifier.")
+    id: str
     kind: EntryKind
-    score: float = Field(
-        description="Relevance, only comparable within one result: the BM25F word score "
-        "(times a kind prior between 0.85 and 1.3, from the form of the text), plus up to "
-        f"{_SENTENCE_BONUS:g} for the closest title/claim/paraphrase/phrasing and "
-        f"{_NAMED_BONUS:g} when the text names the entry, plus {_EVIDENCE_WEIGHT:g} times the "
-        "confidence (0-1) of each number, code or word-order rule that points at the entry."
-    )
+    score: float
     title: str
     severity: Severity | None = None
-    reasons: list[str] = Field(default_factory=list, description="Why it matched.")
+    reasons: list[str] = field(default_factory=list)
+
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]:
+        """The match as a dict (``mode`` is accepted for pydantic-style callers)."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "score": self.score,
+            "title": self.title,
+            "severity": self.severity,
+            "reasons": list(self.reasons),
+        }
 
 
-class MatchResult(BaseModel):
-    """Ranked matches for one text, plus what was read from it."""
+@dataclass
+class MatchResult:
+    """Ranked matches for one text, plus what was read from it.
 
-    model_config = ConfigDict(ser_json_inf_nan="strings")
+    * ``matches``: best first.
+    * ``out_of_scope`` / ``pointer``: a learning-rate-only or data-only question, and where to
+      look instead.
+    * ``numbers``: quantities read from the text (loss, grad_norm, dead_fraction, ...); the most
+      extreme value when a quantity appears more than once.
+    * ``series``: quantities written several times, in order (grad_norm, layer_norms, loss,
+      val_loss, perplexity): what the trend rules read; a range counts as its geometric middle.
+    * ``code_detected``: whether code rules ran.
 
-    matches: list[Match] = Field(default_factory=list, description="Best first.")
-    out_of_scope: bool = Field(
-        default=False, description="A learning-rate-only or data-only question."
-    )
-    pointer: str | None = Field(default=None, description="Where to look instead (out of scope).")
-    numbers: dict[str, float] = Field(
-        default_factory=dict,
-        description="Quantities read from the text (loss, grad_norm, dead_fraction, ...); "
-        "the most extreme value when a quantity appears more than once.",
-    )
-    series: dict[str, list[float]] = Field(
-        default_factory=dict,
-        description="Quantities written several times, in order (grad_norm, loss, val_loss, "
-        "perplexity): what the trend rules read; a range counts as its geometric middle.",
-    )
-    code_detected: bool = Field(default=False, description="Whether code rules ran.")
+    A plain dataclass, not a pydantic model: ``gradient-doctor match`` then never imports
+    pydantic (a third of its start-up). ``model_dump`` / ``model_dump_json`` give the same data
+    a pydantic model would, NaN and infinities written as the strings "NaN" / "Infinity".
+    """
+
+    matches: list[Match] = field(default_factory=list)
+    out_of_scope: bool = False
+    pointer: str | None = None
+    numbers: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[float]] = field(default_factory=dict)
+    code_detected: bool = False
+
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]:
+        """The result as plain dicts and lists (``mode`` is accepted for pydantic-style
+        callers; numbers stay floats, NaN included, as pydantic's dump keeps them)."""
+        return {
+            "matches": [m.model_dump(mode=mode) for m in self.matches],
+            "out_of_scope": self.out_of_scope,
+            "pointer": self.pointer,
+            "numbers": dict(self.numbers),
+            "series": {name: list(values) for name, values in self.series.items()},
+            "code_detected": self.code_detected,
+        }
+
+    def model_dump_json(self, *, indent: int | None = None) -> str:
+        """The result as JSON; NaN and infinities become "NaN", "Infinity", "-Infinity"."""
+        import json  # only for JSON output (the Markdown answer never needs it)
+
+        separators = (",", ": ") if indent is not None else (",", ":")
+        return json.dumps(
+            _finite_or_named(self.model_dump()),
+            indent=indent,
+            separators=separators,
+            ensure_ascii=False,
+        )
+
+
+def _finite_or_named(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its JSON name (as a string)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _finite_or_named(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_named(item) for item in value]
+    return value
 
 
 @dataclass
@@ -768,6 +889,9 @@ class Matcher:
         gap = _accuracy_gap(text)
         if gap is not None:
             out.append(gap)
+        idle = self._clip_never_reached(quantities, text)
+        if idle is not None:
+            out.append(idle)
         pinned = self._pinned_at_max_norm(quantities, series, text)
         if pinned is not None:
             # Every step clipped to max_norm: not a healthy norm, whatever its size.
@@ -814,7 +938,9 @@ class Matcher:
                 out.append(CodeHit("nan-parameters", 0.8, f"parameters non-finite ({q.text!r})"))
             elif q.name == "grad_norm":
                 if "grad_norm" not in covered:
-                    out.extend(self._norm_evidence(v, shown, still_learning))
+                    out.extend(
+                        self._norm_evidence(v, shown, still_learning, steady=progress.holds_level)
+                    )
             elif q.name == "amp_scale_to":
                 start = next(
                     (
@@ -833,6 +959,26 @@ class Matcher:
                             "(overflowing steps are skipped)",
                         )
                     )
+            elif q.name == "amp_scale_level":
+                falls = any(x.name == "amp_scale_to" for x in quantities)
+                if v >= _AMP_SCALE_STEADY and not falls:
+                    out.append(
+                        CodeHit(
+                            "healthy",
+                            0.5,
+                            f"loss scale holds at {shown} (≥ {fmt(_AMP_SCALE_STEADY)}): GradScaler "
+                            "meets few overflows; a skipped step now and then is how it calibrates",
+                        )
+                    )
+                elif v < _AMP_SCALE_COLLAPSED:
+                    out.append(
+                        CodeHit(
+                            "amp-overflow-skips",
+                            0.8,
+                            f"loss scale down at {shown}: GradScaler has halved it on overflow "
+                            "after overflow",
+                        )
+                    )
             elif q.name in ("dead_fraction", "zero_activation_fraction"):
                 pct = f"{v:.0%}"
                 for level, limit in (
@@ -844,10 +990,12 @@ class Matcher:
                         strength = 1.0 if level == "critical" else 0.8
                         zeros_first = q.name == "zero_activation_fraction" and v > 0.5
                         if zeros_first or v > 0.5:
+                            # Read from "dead" / "never fire": units dead over many inputs is
+                            # the signal; the symptom (zeros on one batch) comes second.
                             out.append(
                                 CodeHit(
                                     "many-zero-activations",
-                                    strength * (1.0 if zeros_first else 0.8),
+                                    strength * (1.0 if zeros_first else 0.6),
                                     "zero activations " + reason,
                                 )
                             )
@@ -904,6 +1052,17 @@ class Matcher:
                             f"(warning, {self._cite(p.grad_param_ratio_low)})",
                         )
                     )
+                elif v > 0:
+                    out.append(
+                        CodeHit(
+                            "healthy",
+                            0.5,
+                            f"grad/param ratio {shown} is inside "
+                            f"{fmt(p.grad_param_ratio_low.value)}–"
+                            f"{fmt(p.grad_param_ratio_high.value)} "
+                            f"({self._cite(p.grad_param_ratio_high)})",
+                        )
+                    )
             elif q.name == "update_ratio" and v > 0:
                 usual = _UPDATE_RATIO_USUAL
                 if v > usual * _UPDATE_RATIO_FACTOR or v < usual / _UPDATE_RATIO_FACTOR:
@@ -916,31 +1075,108 @@ class Matcher:
                             f"{side} its usual ~{fmt(usual)} (the entry's own line)",
                         )
                     )
-            elif q.name == "layer_ratio":
-                if v > p.early_late_ratio.value:
+                else:
                     out.append(
                         CodeHit(
-                            "vanishing-gradients",
-                            0.8,
-                            f"layers differ {shown}× > {fmt(p.early_late_ratio.value)}× "
-                            f"({self._cite(p.early_late_ratio)})",
+                            "healthy",
+                            0.5,
+                            f"update/weight ratio {shown} is within {fmt(_UPDATE_RATIO_FACTOR)}× "
+                            f"of its usual ~{fmt(usual)} (the update-param-ratio entry's own line)",
                         )
                     )
-                for level, limit in (
-                    ("critical", p.layer_spread_critical),
-                    ("warning", p.layer_spread_warning),
-                ):
-                    if v > limit.value:
-                        out.append(
-                            CodeHit(
-                                "layer-norm-spread",
-                                0.9 if level == "critical" else 0.7,
-                                f"per-layer norms differ {shown}× > {fmt(limit.value)}× "
-                                f"({level}, {self._cite(limit)})",
-                            )
-                        )
-                        break
+            elif q.name == "layer_ratio":
+                out.extend(self._layer_spread(v, shown))
         return self._healthy(out, progress)
+
+    def _says_order_words(self, entry_id: str, lowered: str) -> bool:
+        """Whether the text has the id's words the analyser drops ("after", "before", "per").
+
+        clip-after-step is named by "clip after the step", not by "clip_grad_norm_ returns
+        400 every step": without them an id's remaining words say nothing of the order.
+        """
+        dropped = [w for w in entry_id.split("-") if w.isalpha() and not self.analyzer.terms(w)]
+        return all(re.search(rf"\b{word}\b", lowered) for word in dropped)
+
+    def _contradicted(self, quantities: Sequence[Quantity]) -> set[str]:
+        """Signals whose defining number the text gives, and gives inside its normal band.
+
+        "grad/param ratio around 1e-3 for every layer" shares every word with the
+        grad-param-ratio entry, yet its number says that signal is absent.
+        """
+        p = self.profile
+        values: dict[str, list[float]] = {}
+        for q in quantities:
+            values.setdefault(q.name, []).append(q.value)
+        out: set[str] = set()
+        ratios = values.get("grad_param_ratio", [])
+        low, high = p.grad_param_ratio_low.value, p.grad_param_ratio_high.value
+        updates = values.get("update_ratio", [])
+        usual, factor = _UPDATE_RATIO_USUAL, _UPDATE_RATIO_FACTOR
+        if (ratios or updates) and (
+            all(low <= v <= high for v in ratios)
+            and all(usual / factor <= v <= usual * factor for v in updates)
+        ):
+            # One ratio (gradient or update against the weights), inside its band: the text
+            # reports neither ratio signal (the two entries share nearly every word).
+            out |= {"grad-param-ratio", "update-param-ratio"}
+        levels = values.get("amp_scale_level", [])
+        if levels and min(levels) >= _AMP_SCALE_STEADY and "amp_scale_to" not in values:
+            # The entry is a scale that keeps falling: not one said to hold high.
+            out.add("amp-overflow-skips")
+        return out
+
+    def _layer_spread(self, ratio: float, shown: str) -> list[CodeHit]:
+        """Per-layer norms ``ratio``× apart: a spread (GS), and vanishing when very far apart."""
+        p = self.profile
+        out: list[CodeHit] = []
+        if ratio > p.early_late_ratio.value:
+            out.append(
+                CodeHit(
+                    "vanishing-gradients",
+                    0.8,
+                    f"layers differ {shown}× > {fmt(p.early_late_ratio.value)}× "
+                    f"({self._cite(p.early_late_ratio)})",
+                )
+            )
+        for level, limit in (
+            ("critical", p.layer_spread_critical),
+            ("warning", p.layer_spread_warning),
+        ):
+            if ratio > limit.value:
+                out.append(
+                    CodeHit(
+                        "layer-norm-spread",
+                        0.9 if level == "critical" else 0.7,
+                        f"per-layer norms differ {shown}× > {fmt(limit.value)}× "
+                        f"({level}, {self._cite(limit)})",
+                    )
+                )
+                break
+        return out
+
+    def _layer_norms(self, item: Series) -> list[CodeHit]:
+        """Norms listed layer by layer: their spread, or balanced layers (healthy)."""
+        p = self.profile
+        values = [v for v in item.values if v > 0]
+        values += [x for pair in item.ranges for x in pair if x > 0]
+        if len(values) < 2:
+            return []
+        low, high = min(values), max(values)
+        if high < p.vanishing_warning.value:
+            return self._norm_evidence(high, fmt(high), False)
+        spread = high / low
+        hits = self._layer_spread(spread, fmt(spread))
+        if hits:
+            return hits
+        return [
+            CodeHit(
+                "healthy",
+                0.6,
+                f"per-layer norms {fmt(low)}–{fmt(high)} are within "
+                f"{fmt(p.layer_spread_warning.value)}× of each other: the layers are balanced "
+                f"({self._cite(p.layer_spread_warning)})",
+            )
+        ]
 
     def _healthy(self, hits: list[CodeHit], progress: _Progress) -> list[CodeHit]:
         """One ``healthy`` hit, surer when training improves and the text asks if it is normal.
@@ -963,7 +1199,9 @@ class Matcher:
             reason += "; the question is whether this is normal"
         return [*rest, CodeHit("healthy", strength, reason)]
 
-    def _norm_evidence(self, v: float, shown: str, still_learning: bool) -> list[CodeHit]:
+    def _norm_evidence(
+        self, v: float, shown: str, still_learning: bool, *, steady: bool = False
+    ) -> list[CodeHit]:
         p = self.profile
         out: list[CodeHit] = []
         for level, limit in (("critical", p.exploding_critical), ("warning", p.exploding_warning)):
@@ -1003,11 +1241,13 @@ class Matcher:
                 return out
         low, high = self.profile.healthy_range
         if low <= v <= high:
+            # A level said to hold ("flat at ~0.4 for 50k steps") is more than one reading.
             out.append(
                 CodeHit(
                     "healthy",
-                    0.3,
-                    f"grad norm {shown} inside the healthy range {fmt(low)}–{fmt(high)}",
+                    0.5 if steady else 0.3,
+                    f"grad norm {shown} inside the healthy range {fmt(low)}–{fmt(high)}"
+                    + (", and said to hold there" if steady else ""),
                 )
             )
         elif v < low and still_learning:
@@ -1023,6 +1263,19 @@ class Matcher:
                 )
             )
         return out
+
+    def _clip_never_reached(self, quantities: Sequence[Quantity], text: str) -> CodeHit | None:
+        """max_norm far above the most the norm ever reaches, while the run is unstable."""
+        clip = next((q.value for q in quantities if q.name == "max_norm" and q.value > 0), None)
+        ceiling = [q.value for q in quantities if q.name == "grad_norm_ceiling"]
+        if clip is None or not ceiling or max(ceiling) >= clip or not _UNSTABLE.search(text):
+            return None
+        return CodeHit(
+            "clip-never-active",
+            0.9,
+            f"the norm never exceeds {fmt(max(ceiling))}, under max_norm {fmt(clip)}: the clip "
+            "never fires while the run is unstable",
+        )
 
     def _pinned_at_max_norm(
         self, quantities: Sequence[Quantity], series: Sequence[Series], text: str
@@ -1076,6 +1329,8 @@ class Matcher:
                 if hits:
                     covered.add(item.name)
                 out.extend(hits)
+            elif item.name == "layer_norms":
+                out.extend(self._layer_norms(item))
             else:
                 out.extend(self._loss_series(item, progress))
         return out, covered
@@ -1176,10 +1431,19 @@ class Matcher:
     def _loss_series(self, item: Series, progress: _Progress) -> list[CodeHit]:
         values = list(item.values)
         n = len(values)
-        if n < 3 or min(values) <= 0:
-            return []
         shown = _shown(values)
         name = {"val_loss": "validation loss", "perplexity": "perplexity"}.get(item.name, "loss")
+        if (
+            n == 2
+            and min(values) > 0
+            and progress.same_again
+            and not progress.improving
+            and max(values) - min(values) <= _LOSS_FLAT_FRACTION * max(values)
+        ):
+            # "4.6 at step 0 and still 4.6 at step 20k": the words say the loss has not moved.
+            return [CodeHit("loss-stuck", 0.7, f"{name} {shown}: the same value again, later")]
+        if n < 3 or min(values) <= 0:
+            return []
         for i in range(1, n - 1):
             before, value, after = values[i - 1], values[i], values[i + 1]
             if value > _LOSS_SPIKE_FACTOR * max(before, after) and after < 1.3 * before:
@@ -1218,6 +1482,15 @@ class Matcher:
             return [
                 CodeHit("overfitting", 0.8, f"{name} {shown} rises while the training improves")
             ]
+        last_two = values[-2:]
+        if (
+            n == 3
+            and progress.holds_level
+            and max(last_two) - min(last_two) <= _LOSS_FLAT_FRACTION * max(last_two)
+            and values[0] >= 1.15 * max(last_two)
+        ):
+            # "drops from 5 to 2.5, then sits at 2.5": three values, the words say it stays.
+            return [CodeHit("plateau", 0.6, f"{name} {shown}: fell, then stays at one level")]
         tail = values[-3:]
         if (max(tail) - min(tail)) <= _LOSS_FLAT_FRACTION * max(tail):
             if n >= 4 and values[0] >= 1.15 * _median(tail):
@@ -1277,7 +1550,12 @@ class Matcher:
                 scores[more] = scores[less] + 0.5
 
     def _put_code_findings_first(
-        self, scores: dict[str, float], reasons: dict[str, list[str]], found: set[str]
+        self,
+        scores: dict[str, float],
+        reasons: dict[str, list[str]],
+        found: set[str],
+        unless: Iterable[str] = (),
+        why: str = "found in the code shown",
     ) -> None:
         """A serious mistake found in the user's code ranks above every rationalization.
 
@@ -1292,14 +1570,19 @@ class Matcher:
         ]
         if not serious:
             return
+        skipped = set(unless)
         top_claim = max(
-            (v for k, v in scores.items() if self.cards[k].kind == "rationalization"),
+            (
+                v
+                for k, v in scores.items()
+                if self.cards[k].kind == "rationalization" and k not in skipped
+            ),
             default=None,
         )
         best = max(serious, key=lambda f: scores[f])
         if top_claim is not None and scores[best] <= top_claim:
             scores[best] = top_claim + 0.5
-            reasons.setdefault(best, []).append("found in the code shown")
+            reasons.setdefault(best, []).append(why)
 
     # -- scope ---------------------------------------------------------------------------------
 
@@ -1369,12 +1652,16 @@ class Matcher:
         else:
             word_share = 1.0
         moves = bool(_MOVEMENT.search(prose_words if text_code else text))
+        premise_met: dict[re.Pattern[str], bool] = {}
         for entry_id, lex in lexical.items():
             score = lex.score * word_share
             if entry_id in _MOVEMENT_SYMPTOMS and not moves:
                 score *= _NO_MOVEMENT_PRIOR
             premise = _PREMISES.get(entry_id) or _PREMISES.get(entry_id.split("-")[0] + "-")
-            if premise is not None and not premise.search(text) and not premise.search(code or ""):
+            if premise is not None and premise not in premise_met:
+                # Several entries share one premise: search the text once per pattern.
+                premise_met[premise] = bool(premise.search(text) or premise.search(code or ""))
+            if premise is not None and not premise_met[premise]:
                 # An entry about a technique the text never mentions ("my first conv layers
                 # don't learn" is not about sigmoid stacks, "don't need warmup" not about
                 # batch norm).
@@ -1405,14 +1692,24 @@ class Matcher:
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
                 reasons[hit.entry_id].append(hit.reason)
-        if "underfitting" in scores and progress.held_out_improving:
-            # Underfitting is both losses stuck high: not when the text says both improve.
+        if "loss-stuck" in scores and any(h.entry_id == "plateau" for h in evidence):
+            # A plateau reading says the loss fell first: not stuck from the start.
+            scores["loss-stuck"] *= 0.7
+        for entry_id in self._contradicted(quantities) & scores.keys():
+            # The text gives the entry's own number inside its normal band.
+            scores[entry_id] *= 0.5
+        if "underfitting" in scores and (
+            progress.held_out_improving or (progress.no_gap and not _LOSS_BAD_LEVEL.search(text))
+        ):
+            # Underfitting is both losses stuck high: not when the text says both improve, nor
+            # when held-out follows training and nothing is called high or stuck.
             scores["underfitting"] *= 0.4
         if "overfitting" in scores and (
-            progress.held_out_improving or not _HELD_OUT_ANY.search(text)
+            progress.held_out_improving or progress.no_gap or not _HELD_OUT_ANY.search(text)
         ):
             # Overfitting is held-out results getting worse: not when the text says they
-            # improve, nor when it says nothing about held-out data at all.
+            # improve or follow the training ones, nor when it says nothing about held-out
+            # data at all.
             scores["overfitting"] *= 0.5
         named = {
             hit.entry_id
@@ -1422,16 +1719,37 @@ class Matcher:
         if lexical:
             # Named by its id's words in the sentences, not in pasted code ("clip", "step").
             prose_terms = set(self.analyzer.terms(prose_words)) if text_code else set(terms)
+            prose_lower = (prose_words if text_code else text).lower()
             named |= {
                 entry_id
                 for entry_id, lex in lexical.items()
-                if lex.named and self._id_terms[entry_id] <= prose_terms
+                if lex.named
+                and self._id_terms[entry_id] <= prose_terms
+                and self._says_order_words(entry_id, prose_lower)
             }
         self._put_causes_first(scores, reasons, named)
         found_in_code = {h.entry_id for h in code_evidence if h.strength >= 0.8}
         self._put_severe_first(scores, found_in_code)
         if not assertive:
             self._put_code_findings_first(scores, reasons, found_in_code)
+            if first_person:
+                # Someone telling what their own loop does ("we clip ..., unscale_ is not
+                # called") reports a mistake, not a claim: the sentence rule's red flag ranks
+                # above a rationalization no rule points at.
+                told = {
+                    h.entry_id
+                    for h in described
+                    if h.strength >= 0.5
+                    and self.cards.get(h.entry_id) is not None
+                    and self.cards[h.entry_id].kind == "red-flag"
+                }
+                self._put_code_findings_first(
+                    scores,
+                    reasons,
+                    told,
+                    unless=[h.entry_id for h in evidence],
+                    why="described in the text as what the loop does",
+                )
 
         out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
@@ -1596,10 +1914,24 @@ def _build_index(kb: KnowledgeBase, profile: str | None) -> dict[str, Any]:
     }
 
 
+#: Signals the catalogue defines as the origin of what they relate to: a batch that already
+#: holds NaN/Inf (the data pipeline), a loss already non-finite before backward() (the loss
+#: function). Named in a text, they explain the NaN symptoms and signals, like a red flag.
+_ORIGIN_SIGNALS = ("nonfinite-inputs", "nan-loss-before-backward")
+
+
 def _effects(kb: KnowledgeBase) -> dict[str, frozenset[str]]:
-    """For each red flag, the symptoms and signals it explains (from ``causes``/``related``)."""
+    """For each red flag and origin signal, the symptoms and signals it explains.
+
+    A red flag explains what lists it in ``causes`` and what it lists in ``related``; an origin
+    signal explains what it lists in ``related``.
+    """
     observed = ("symptom", "signal")
     out: dict[str, frozenset[str]] = {}
+    for origin in _ORIGIN_SIGNALS:
+        if origin in kb.entries:
+            related = getattr(kb.entries[origin], "related", ())
+            out[origin] = frozenset(e for e in related if kb.entries[e].kind in observed)
     for flag in kb.by_kind("red-flag"):
         found = {e for e in getattr(flag, "related", ()) if kb.entries[e].kind in observed}
         for entry in kb.entries.values():
