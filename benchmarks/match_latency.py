@@ -236,8 +236,9 @@ def main() -> int:
         f"target < {LOAD_TARGET_MS:.0f} ms, ratio {load['load_vs_target']:.2f}"
     )
     print(
-        f"  index restored from its snapshot: {load['snapshot_restore_ms']:.1f} ms; import "
-        f"knowledge.matcher {load['import_ms']:.1f} ms; torch imported: {load['torch_imported']}"
+        f"  index restored from its snapshot: {load['snapshot_restore_ms']:.1f} ms; imports "
+        f"(matcher, loader, pydantic) {load['import_ms']:.1f} ms; "
+        f"torch imported: {load['torch_imported']}"
     )
     for label, key in (("all", "all"), ("text only", "text_only"), ("with code", "with_code")):
         q = queries[key]
