@@ -1177,6 +1177,7 @@ class _Collector:
         self.class_stack: list[str] = []
         self.containers: list[str] = []
         self.stmt_stack: list[cst.CSTNode] = []
+        self.presence_tests: set[int] = set()
         self._handlers: dict[type, tuple[Callable[..., object] | None, ...]] = {}
 
     def collect(self) -> None:
@@ -1529,8 +1530,16 @@ class _Collector:
             if kind in {"ddp", "fsdp"}:
                 self.model.wrapper_checks.append((checked, kind, self.func_stack[-1]))
 
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        # `p.grad is None` / `p.grad is not None` asks whether a gradient exists; it reads no
+        # gradient value, so it is no norm read (an assert that the gradients were reset).
+        if all(isinstance(part.operator, cst.Is | cst.IsNot) for part in node.comparisons):
+            for operand in (node.left, *(part.comparator for part in node.comparisons)):
+                if isinstance(operand, cst.Attribute) and operand.attr.value == "grad":
+                    self.presence_tests.add(id(operand))
+
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if node.attr.value == "grad" and self.stmt_stack:
+        if node.attr.value == "grad" and self.stmt_stack and id(node) not in self.presence_tests:
             self.model.grad_reads.add(id(self.stmt_stack[-1]))
         elif node.attr.value == "ignore_index":
             owner = dotted_name(node.value)
@@ -1856,7 +1865,7 @@ class _EventWalker:
             return
         lowered = (last or "").lower()
         if ("grad_norm" in lowered or lowered == "get_total_norm") and last not in CLIP_NORM_NAMES:
-            event("norm_read")
+            event("norm_read", receiver=code_of(recv) if recv is not None else None)
 
     def _backward(
         self,
