@@ -105,7 +105,8 @@ class Frame:
     branch: int = 0
     """For ``if``: 0 = body, 1 = else/elif (or the rest of a block after ``if ...: continue``)."""
     tag: str | None = None
-    """For ``with``: ``no_sync`` or ``accumulate`` (Accelerate); for loops: ``for``/``while``."""
+    """For ``with``: ``no_sync``, ``accumulate`` (Accelerate) or ``sync_helper`` (the project's
+    own context manager around ``no_sync``, condition unread); for loops: ``for``/``while``."""
 
     def same(self, other: Frame) -> bool:
         return self.node is other.node and self.branch == other.branch
@@ -1632,6 +1633,10 @@ class _EventWalker:
                         "fabric",
                     }:
                         tag = "accumulate"
+                    elif tag is None and self._sync_helper(call):
+                        # Which micro-batches it skips is decided inside the helper: the
+                        # all-reduce is handled, but its condition is not read here.
+                        tag = "sync_helper"
             inner = (*frames, Frame("with", stmt, 0, tag)) if tag else frames
             self._body(stmt.body, stmt, inner)
             return frames
@@ -1645,6 +1650,21 @@ class _EventWalker:
                 self._body(stmt.finalbody.body, stmt, frames)
             return frames
         return frames
+
+    def _sync_helper(self, call: cst.Call) -> bool:
+        """``with ddp_sync(model, is_last):``: the project's own context manager (here or in
+        another module) that enters ``model.no_sync()`` on some micro-batches; or, when the
+        analyser cannot see it, one named for synchronisation that is given the model."""
+        target = self.model.function_for_call(call, self.func)
+        if target is None:
+            name = (dotted_name(call.func) or "").rsplit(".", 1)[-1].lower()
+            return "sync" in name and bool(call.args)
+        if not isinstance(target.node, cst.FunctionDef):
+            return False
+        return any(
+            isinstance(node, cst.Attribute) and node.attr.value in {"no_sync", "no_backward_sync"}
+            for node in walk(target.node.body)
+        )
 
     def _if_frame(self, stmt: cst.If, branch: int) -> Frame:
         divisor = modulo_divisor(stmt.test)
