@@ -1898,6 +1898,7 @@ class _EventWalker:
         func = self.func
         if recv is None:
             return
+        recv = self._uncast(recv)
         if isinstance(recv, cst.Call) and method_name(recv) == "scale":
             scaler = receiver(recv)
             if scaler is not None and model.kind_of(scaler) == "scaler":
@@ -1925,6 +1926,16 @@ class _EventWalker:
             self._add(Event("backward", call, stmt, func, frames, loss=loss_arg, framework=kind))
             return
         self._add(Event("backward", call, stmt, func, frames, loss=recv))
+
+    def _uncast(self, expr: cst.BaseExpression) -> cst.BaseExpression:
+        """``typing.cast(torch.Tensor, scaler.scale(loss))`` is its second argument: a cast
+        only tells the type checker, it returns the value unchanged."""
+        while isinstance(expr, cst.Call) and len(expr.args) == 2:
+            qualified = self.model.qualify(expr.func) or ""
+            if qualified not in {"typing.cast", "typing_extensions.cast"}:
+                break
+            expr = expr.args[1].value
+        return expr
 
 
 def _bound_names(target: cst.BaseExpression) -> list[str]:

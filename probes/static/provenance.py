@@ -341,6 +341,10 @@ class _Reader:
         """``element``: the call returns a tuple and the loss is that item of it."""
         name = method_name(call)
         func = call.func
+        qualified = (context.func.model or self.model).qualify(func) or ""
+        if qualified in {"typing.cast", "typing_extensions.cast"} and len(call.args) == 2:
+            # `cast(torch.Tensor, loss / N)` is its value: it only tells the type checker.
+            return self.expression(call.args[1].value, context, depth + 1)
         divides = name in {"div", "div_", "true_divide", "divide"}
         if isinstance(func, cst.Attribute) and divides and call.args:
             base = self.expression(func.value, context, depth + 1)
