@@ -229,6 +229,22 @@ def exclusive(a: Event, b: Event) -> bool:
     return False
 
 
+_UNSCALED_STATE = ("UNSCALED", "_per_optimizer_states")
+
+
+def checks_unscaled_state(unscale: Event) -> bool:
+    """An ``unscale_`` under an ``if`` that reads the scaler's own record of whether this
+    optimizer was already unscaled this step (``if state["stage"] is not
+    OptState.UNSCALED:``): it runs only when no earlier ``unscale_`` did, so it is never the
+    second one."""
+    for frame in unscale.frames:
+        if frame.kind == "if" and isinstance(frame.node, cst.If):
+            test = code_of(frame.node.test)
+            if any(word in test for word in _UNSCALED_STATE):
+                return True
+    return False
+
+
 class ProjectLink(Protocol):
     """What a file's model asks of the project index (see :mod:`probes.static.project`)."""
 
