@@ -1194,7 +1194,7 @@ class _Collector:
         self.class_stack: list[str] = []
         self.containers: list[str] = []
         self.stmt_stack: list[cst.CSTNode] = []
-        self.presence_tests: set[int] = set()
+        self.not_grad_reads: set[int] = set()
         self._handlers: dict[type, tuple[Callable[..., object] | None, ...]] = {}
 
     def collect(self) -> None:
@@ -1364,6 +1364,9 @@ class _Collector:
     # assignments -----------------------------------------------------------------------------
     def visit_Assign(self, node: cst.Assign) -> bool:
         for target in node.targets:
+            if isinstance(target.target, cst.Attribute) and target.target.attr.value == "grad":
+                # `w.grad = d` sets a gradient by hand: a write, not a norm read.
+                self.not_grad_reads.add(id(target.target))
             self._assigned(target.target, node.value)
             sites = self.func_stack[-1].assign_sites
             for name in _bound_names(target.target):
@@ -1553,10 +1556,10 @@ class _Collector:
         if all(isinstance(part.operator, cst.Is | cst.IsNot) for part in node.comparisons):
             for operand in (node.left, *(part.comparator for part in node.comparisons)):
                 if isinstance(operand, cst.Attribute) and operand.attr.value == "grad":
-                    self.presence_tests.add(id(operand))
+                    self.not_grad_reads.add(id(operand))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if node.attr.value == "grad" and self.stmt_stack and id(node) not in self.presence_tests:
+        if node.attr.value == "grad" and self.stmt_stack and id(node) not in self.not_grad_reads:
             self.model.grad_reads.add(id(self.stmt_stack[-1]))
         elif node.attr.value == "ignore_index":
             owner = dotted_name(node.value)
@@ -1840,6 +1843,16 @@ class _EventWalker:
             event("clip", clip_kind="norm", framework="lightning", limit=None)
             return
         if name == "backward":
+            helper = model.function_for_call(call, func)
+            if (
+                helper is not None
+                and helper is not func
+                and isinstance(helper.node, cst.FunctionDef)
+            ):
+                # `weighting.backward(losses)` on an object of the project's own class: its
+                # method runs (and holds whatever clip or backward it does).
+                func.items.append(HelperCall(call, stmt, helper, frames))
+                return
             self._backward(call, recv, stmt, frames)
             return
         if name == "manual_backward":
