@@ -229,6 +229,47 @@ def exclusive(a: Event, b: Event) -> bool:
     return False
 
 
+def _without_throwaway_passes(model: FileModel, events: list[Event]) -> list[Event]:
+    """``events`` without diagnostic passes: a backward cancelled by a ``zero_grad`` in the
+    same block, with no step between, under an ``if`` whose body asserts that the gradients
+    are empty (``assert p.grad is None``). Such a pass adds to nothing and leaves nothing: it
+    is no micro-batch of the accumulation."""
+    dropped: set[int] = set()
+    for index, backward in enumerate(events):
+        if backward.kind != "backward" or backward.chain:
+            continue
+        guard = next((f for f in reversed(backward.frames) if f.kind == "if"), None)
+        if guard is None or not _asserts_empty_gradients(guard.node):
+            continue
+        for later in events[index + 1 :]:
+            if later.kind in STEP_KINDS:
+                break
+            if later.kind == "zero_grad" and not later.chain and _same_frames(later, backward):
+                dropped |= {id(backward), id(later)}
+                break
+    if not dropped:
+        return events
+    return [e for e in events if id(e) not in dropped]
+
+
+def _same_frames(a: Event, b: Event) -> bool:
+    return len(a.frames) == len(b.frames) and all(
+        x.same(y) for x, y in zip(a.frames, b.frames, strict=True)
+    )
+
+
+def _asserts_empty_gradients(node: cst.CSTNode) -> bool:
+    body = node.body if isinstance(node, cst.If) else None
+    if body is None:
+        return False
+    for inner in walk(body):
+        if isinstance(inner, cst.Assert):
+            test = code_of(inner.test)
+            if ".grad is None" in test:
+                return True
+    return False
+
+
 _UNSCALED_STATE = ("UNSCALED", "_per_optimizer_states")
 
 
@@ -794,7 +835,10 @@ class FileModel:
     def _build_units(self) -> None:
         self._inlined: set[int] = set()
         self._expanded: dict[int, list[Event]] = {}
-        per_root = [(func, self.expanded(func)) for func in [self.module_info, *self.functions]]
+        per_root = [
+            (func, _without_throwaway_passes(self, self.expanded(func)))
+            for func in [self.module_info, *self.functions]
+        ]
         assert self._units is not None
         for func, events in per_root:
             self._units.extend(self._units_of(func, events))
@@ -1697,6 +1741,20 @@ class _EventWalker:
                     divisor = modulo_divisor(condition)
                     if divisor is not None:
                         break
+        if divisor is None:
+            # `if state.micro == 0:` where `state.micro = (state.micro + 1) % N`: a counter
+            # kept in range on an object.
+            for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
+                text = dotted_name(node) if isinstance(node, cst.Attribute) else None
+                values = (
+                    self.model.attribute_assigns.get(attribute_key(text, self.func.class_name))
+                    if text is not None
+                    else None
+                )
+                if values and modulo_divisor(values[-1]) is not None:
+                    condition = values[-1]
+                    divisor = modulo_divisor(condition)
+                    break
         counter: str | None = None
         if divisor is not None:
             counter = _modulo_counter(condition)
