@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
+from libcst.metadata import ComprehensionScope, MetadataWrapper, PositionProvider, ScopeProvider
 
 SEVERE = ("warning", "critical")
 RUN_TIMEOUT_S = 300
@@ -540,7 +540,7 @@ def unbound_names(module: cst.Module, lines: set[int]) -> list[str]:
                 continue
             reached = False
             for referent in referents:
-                if referent.scope is not scope:
+                if referent.scope is not scope or _binds_whole_scope(referent):
                     reached = True
                     break
                 ref_node = getattr(referent, "node", None)
@@ -553,6 +553,15 @@ def unbound_names(module: cst.Module, lines: set[int]) -> list[str]:
                     f"{name} (line {position.start.line}) is used before it is bound in its scope"
                 )
     return sorted(set(problems))
+
+
+def _binds_whole_scope(referent: Any) -> bool:
+    """A binding that reaches every use in its scope whatever their order in the text: a
+    comprehension's target (``[p for p in ps if p.grad is not None]`` reads ``p`` left of its
+    ``for``) and a parameter (of a lambda written on one line, say)."""
+    if isinstance(referent.scope, ComprehensionScope):
+        return True
+    return isinstance(getattr(referent, "node", None), cst.Param)
 
 
 def _touched(stmts: Iterable[Stmt], lines: set[int]) -> list[Stmt]:

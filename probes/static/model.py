@@ -105,7 +105,8 @@ class Frame:
     branch: int = 0
     """For ``if``: 0 = body, 1 = else/elif (or the rest of a block after ``if ...: continue``)."""
     tag: str | None = None
-    """For ``with``: ``no_sync`` or ``accumulate`` (Accelerate); for loops: ``for``/``while``."""
+    """For ``with``: ``no_sync``, ``accumulate`` (Accelerate) or ``sync_helper`` (the project's
+    own context manager around ``no_sync``, condition unread); for loops: ``for``/``while``."""
 
     def same(self, other: Frame) -> bool:
         return self.node is other.node and self.branch == other.branch
@@ -224,6 +225,63 @@ def exclusive(a: Event, b: Event) -> bool:
             continue
         for fb in b.frames:
             if fb.node is fa.node and fb.branch != fa.branch:
+                return True
+    return False
+
+
+def _without_throwaway_passes(model: FileModel, events: list[Event]) -> list[Event]:
+    """``events`` without diagnostic passes: a backward cancelled by a ``zero_grad`` in the
+    same block, with no step between, under an ``if`` whose body asserts that the gradients
+    are empty (``assert p.grad is None``). Such a pass adds to nothing and leaves nothing: it
+    is no micro-batch of the accumulation."""
+    dropped: set[int] = set()
+    for index, backward in enumerate(events):
+        if backward.kind != "backward" or backward.chain:
+            continue
+        guard = next((f for f in reversed(backward.frames) if f.kind == "if"), None)
+        if guard is None or not _asserts_empty_gradients(guard.node):
+            continue
+        for later in events[index + 1 :]:
+            if later.kind in STEP_KINDS:
+                break
+            if later.kind == "zero_grad" and not later.chain and _same_frames(later, backward):
+                dropped |= {id(backward), id(later)}
+                break
+    if not dropped:
+        return events
+    return [e for e in events if id(e) not in dropped]
+
+
+def _same_frames(a: Event, b: Event) -> bool:
+    return len(a.frames) == len(b.frames) and all(
+        x.same(y) for x, y in zip(a.frames, b.frames, strict=True)
+    )
+
+
+def _asserts_empty_gradients(node: cst.CSTNode) -> bool:
+    body = node.body if isinstance(node, cst.If) else None
+    if body is None:
+        return False
+    for inner in walk(body):
+        if isinstance(inner, cst.Assert):
+            test = code_of(inner.test)
+            if ".grad is None" in test:
+                return True
+    return False
+
+
+_UNSCALED_STATE = ("UNSCALED", "_per_optimizer_states")
+
+
+def checks_unscaled_state(unscale: Event) -> bool:
+    """An ``unscale_`` under an ``if`` that reads the scaler's own record of whether this
+    optimizer was already unscaled this step (``if state["stage"] is not
+    OptState.UNSCALED:``): it runs only when no earlier ``unscale_`` did, so it is never the
+    second one."""
+    for frame in unscale.frames:
+        if frame.kind == "if" and isinstance(frame.node, cst.If):
+            test = code_of(frame.node.test)
+            if any(word in test for word in _UNSCALED_STATE):
                 return True
     return False
 
@@ -777,7 +835,10 @@ class FileModel:
     def _build_units(self) -> None:
         self._inlined: set[int] = set()
         self._expanded: dict[int, list[Event]] = {}
-        per_root = [(func, self.expanded(func)) for func in [self.module_info, *self.functions]]
+        per_root = [
+            (func, _without_throwaway_passes(self, self.expanded(func)))
+            for func in [self.module_info, *self.functions]
+        ]
         assert self._units is not None
         for func, events in per_root:
             self._units.extend(self._units_of(func, events))
@@ -1177,6 +1238,7 @@ class _Collector:
         self.class_stack: list[str] = []
         self.containers: list[str] = []
         self.stmt_stack: list[cst.CSTNode] = []
+        self.not_grad_reads: set[int] = set()
         self._handlers: dict[type, tuple[Callable[..., object] | None, ...]] = {}
 
     def collect(self) -> None:
@@ -1346,6 +1408,9 @@ class _Collector:
     # assignments -----------------------------------------------------------------------------
     def visit_Assign(self, node: cst.Assign) -> bool:
         for target in node.targets:
+            if isinstance(target.target, cst.Attribute) and target.target.attr.value == "grad":
+                # `w.grad = d` sets a gradient by hand: a write, not a norm read.
+                self.not_grad_reads.add(id(target.target))
             self._assigned(target.target, node.value)
             sites = self.func_stack[-1].assign_sites
             for name in _bound_names(target.target):
@@ -1529,8 +1594,16 @@ class _Collector:
             if kind in {"ddp", "fsdp"}:
                 self.model.wrapper_checks.append((checked, kind, self.func_stack[-1]))
 
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        # `p.grad is None` / `p.grad is not None` asks whether a gradient exists; it reads no
+        # gradient value, so it is no norm read (an assert that the gradients were reset).
+        if all(isinstance(part.operator, cst.Is | cst.IsNot) for part in node.comparisons):
+            for operand in (node.left, *(part.comparator for part in node.comparisons)):
+                if isinstance(operand, cst.Attribute) and operand.attr.value == "grad":
+                    self.not_grad_reads.add(id(operand))
+
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if node.attr.value == "grad" and self.stmt_stack:
+        if node.attr.value == "grad" and self.stmt_stack and id(node) not in self.not_grad_reads:
             self.model.grad_reads.add(id(self.stmt_stack[-1]))
         elif node.attr.value == "ignore_index":
             owner = dotted_name(node.value)
@@ -1623,6 +1696,10 @@ class _EventWalker:
                         "fabric",
                     }:
                         tag = "accumulate"
+                    elif tag is None and self._sync_helper(call):
+                        # Which micro-batches it skips is decided inside the helper: the
+                        # all-reduce is handled, but its condition is not read here.
+                        tag = "sync_helper"
             inner = (*frames, Frame("with", stmt, 0, tag)) if tag else frames
             self._body(stmt.body, stmt, inner)
             return frames
@@ -1637,6 +1714,21 @@ class _EventWalker:
             return frames
         return frames
 
+    def _sync_helper(self, call: cst.Call) -> bool:
+        """``with ddp_sync(model, is_last):``: the project's own context manager (here or in
+        another module) that enters ``model.no_sync()`` on some micro-batches; or, when the
+        analyser cannot see it, one named for synchronisation that is given the model."""
+        target = self.model.function_for_call(call, self.func)
+        if target is None:
+            name = (dotted_name(call.func) or "").rsplit(".", 1)[-1].lower()
+            return "sync" in name and bool(call.args)
+        if not isinstance(target.node, cst.FunctionDef):
+            return False
+        return any(
+            isinstance(node, cst.Attribute) and node.attr.value in {"no_sync", "no_backward_sync"}
+            for node in walk(target.node.body)
+        )
+
     def _if_frame(self, stmt: cst.If, branch: int) -> Frame:
         divisor = modulo_divisor(stmt.test)
         test = stmt.test
@@ -1649,6 +1741,20 @@ class _EventWalker:
                     divisor = modulo_divisor(condition)
                     if divisor is not None:
                         break
+        if divisor is None:
+            # `if state.micro == 0:` where `state.micro = (state.micro + 1) % N`: a counter
+            # kept in range on an object.
+            for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
+                text = dotted_name(node) if isinstance(node, cst.Attribute) else None
+                values = (
+                    self.model.attribute_assigns.get(attribute_key(text, self.func.class_name))
+                    if text is not None
+                    else None
+                )
+                if values and modulo_divisor(values[-1]) is not None:
+                    condition = values[-1]
+                    divisor = modulo_divisor(condition)
+                    break
         counter: str | None = None
         if divisor is not None:
             counter = _modulo_counter(condition)
@@ -1795,6 +1901,16 @@ class _EventWalker:
             event("clip", clip_kind="norm", framework="lightning", limit=None)
             return
         if name == "backward":
+            helper = model.function_for_call(call, func)
+            if (
+                helper is not None
+                and helper is not func
+                and isinstance(helper.node, cst.FunctionDef)
+            ):
+                # `weighting.backward(losses)` on an object of the project's own class: its
+                # method runs (and holds whatever clip or backward it does).
+                func.items.append(HelperCall(call, stmt, helper, frames))
+                return
             self._backward(call, recv, stmt, frames)
             return
         if name == "manual_backward":
@@ -1856,7 +1972,7 @@ class _EventWalker:
             return
         lowered = (last or "").lower()
         if ("grad_norm" in lowered or lowered == "get_total_norm") and last not in CLIP_NORM_NAMES:
-            event("norm_read")
+            event("norm_read", receiver=code_of(recv) if recv is not None else None)
 
     def _backward(
         self,
@@ -1869,6 +1985,7 @@ class _EventWalker:
         func = self.func
         if recv is None:
             return
+        recv = self._uncast(recv)
         if isinstance(recv, cst.Call) and method_name(recv) == "scale":
             scaler = receiver(recv)
             if scaler is not None and model.kind_of(scaler) == "scaler":
@@ -1896,6 +2013,16 @@ class _EventWalker:
             self._add(Event("backward", call, stmt, func, frames, loss=loss_arg, framework=kind))
             return
         self._add(Event("backward", call, stmt, func, frames, loss=recv))
+
+    def _uncast(self, expr: cst.BaseExpression) -> cst.BaseExpression:
+        """``typing.cast(torch.Tensor, scaler.scale(loss))`` is its second argument: a cast
+        only tells the type checker, it returns the value unchanged."""
+        while isinstance(expr, cst.Call) and len(expr.args) == 2:
+            qualified = self.model.qualify(expr.func) or ""
+            if qualified not in {"typing.cast", "typing_extensions.cast"}:
+                break
+            expr = expr.args[1].value
+        return expr
 
 
 def _bound_names(target: cst.BaseExpression) -> list[str]:

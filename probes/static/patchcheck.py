@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from gradient_doctor.probes.static.model import FileModel, modulo_divisor
+from gradient_doctor.probes.static.model import FileModel, checks_unscaled_state, modulo_divisor
 from gradient_doctor.probes.static.names import code_of, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import accumulating_units, label, shorten
@@ -527,6 +527,8 @@ def amp_hazards(model: FileModel) -> int:
         for index, first in enumerate(unscales):
             for second in unscales[index + 1 :]:
                 if (first.optimizer or "") != (second.optimizer or ""):
+                    continue
+                if checks_unscaled_state(second):
                     continue
                 from gradient_doctor.probes.static.model import exclusive
 

@@ -341,6 +341,10 @@ class _Reader:
         """``element``: the call returns a tuple and the loss is that item of it."""
         name = method_name(call)
         func = call.func
+        qualified = (context.func.model or self.model).qualify(func) or ""
+        if qualified in {"typing.cast", "typing_extensions.cast"} and len(call.args) == 2:
+            # `cast(torch.Tensor, loss / N)` is its value: it only tells the type checker.
+            return self.expression(call.args[1].value, context, depth + 1)
         divides = name in {"div", "div_", "true_divide", "divide"}
         if isinstance(func, cst.Attribute) and divides and call.args:
             base = self.expression(func.value, context, depth + 1)
@@ -619,6 +623,8 @@ class _Reader:
                 return "accumulation"
             if "unknown" in sides:
                 return "unknown"
+        if isinstance(node, cst.Name) and self._splits_into_accumulation(node.value, context):
+            return "accumulation"
         if isinstance(node, cst.Name) and depth < MAX_DEPTH:
             verdict = self._named_divisor(node.value, node, context, depth)
             if verdict is not None:
@@ -663,13 +669,14 @@ class _Reader:
         ``unknown``, or ``tensor`` (another loss term) for one side of a product."""
         if number_value(node) is not None:
             return "constant"
-        if (
-            isinstance(node, cst.BinaryOperation)
-            and isinstance(node.operator, cst.Divide)
-            and number_value(node.left) is not None
-        ):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            # `loss.mul(scale / N)` is `loss * scale / N`: the product is divided by N
+            # whatever `scale` is.
             verdict = self.divisor(node.right, context, depth + 1)
-            return "accumulation" if verdict == "accumulation" else "constant"
+            if verdict == "accumulation":
+                return "accumulation"
+            if number_value(node.left) is not None:
+                return "constant"
         text = code_of(node)
         if isinstance(node, cst.Name):
             sites = self._sites(context.func, node.value, node)
@@ -812,6 +819,26 @@ class _Reader:
             and len(node.args) == 1
             and code_of(node.args[0].value) == code_of(loop.iter)
         )
+
+    def _splits_into_accumulation(self, name: str, context: _Context) -> bool:
+        """``name`` is what the accumulation count is made from: every assignment of the count
+        in this function is ``N = name // per_micro_batch`` (``rounds = samples // chunk``), so
+        ``name`` is N micro-batches' worth and dividing by it divides by N."""
+        count = self.divisor_text
+        if count is None or not count.isidentifier():
+            return False
+        sites = context.func.assign_sites.get(count)
+        if not sites:
+            return False
+        for site in sites:
+            value = _assigned_value(site, count) if isinstance(site, cst.Assign) else None
+            if not (
+                isinstance(value, cst.BinaryOperation)
+                and isinstance(value.operator, cst.FloorDivide | cst.Divide)
+                and code_of(value.left) == name
+            ):
+                return False
+        return True
 
     def _is_accumulation_count(self, node: cst.BaseExpression, text: str) -> bool:
         if self.divisor_text is not None and _same_name(text, self.divisor_text):

@@ -257,6 +257,33 @@ def test_names_bound_earlier_globally_or_as_builtins_pass() -> None:
     assert _problems(before, after) == []
 
 
+def test_comprehension_targets_and_lambda_parameters_reach_their_uses() -> None:
+    # The element of a comprehension reads its target left of the `for`, and a one-line
+    # lambda reads its parameter on the line that binds it: both are bound there.
+    before = """\
+    import torch
+
+
+    def clip(model, limit):
+        torch.nn.utils.clip_grad_value_(
+            [w for w in model.parameters() if w.grad is not None], limit
+        )
+    """
+    after = before.replace(
+        "        torch.nn.utils.clip_grad_value_(\n"
+        "            [w for w in model.parameters() if w.grad is not None], limit\n"
+        "        )\n",
+        "        keep = sorted(model.parameters(), key=lambda w: w.numel())\n"
+        "        torch.nn.utils.clip_grad_norm_(\n"
+        "            [w for w in keep if w.grad is not None], max_norm=1.0)\n",
+    )
+    assert _problems(before, after) == []
+    # A comprehension does not bind what it only reads.
+    wrong = after.replace("[w for w in keep", "[v for w in keep")
+    problems = _problems(before, wrong)
+    assert problems == ["v (line 7) is never bound"]
+
+
 def test_unscale_outside_the_step_gate_is_broken() -> None:
     before = LOOP
     after = LOOP.replace(

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel, exclusive
+from gradient_doctor.probes.static.model import Event, FileModel, checks_unscaled_state, exclusive
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import between, label, placements
 
@@ -112,11 +112,19 @@ for x, y in loader:
                     continue
                 if first.inside(unit.micro) != second.inside(unit.micro):
                     continue
+                if checks_unscaled_state(second):
+                    continue
                 second_at, first_at = placements(second, first)
                 patch = None
-                if second_at.standalone:
+                # The unscale_ that stays must run whenever the removed one did: otherwise a
+                # clip after the removed one sees scaled gradients on the paths without it.
+                if second_at.standalone and _runs_whenever(first, second):
                     patch = Patch(remove=[second_at.stmt])
-                elif first_at.standalone:
+                elif (
+                    first_at.standalone
+                    and _runs_whenever(second, first)
+                    and not between(unit, first, second, {"clip"})
+                ):
                     patch = Patch(remove=[first_at.stmt])
                 yield RawFinding(
                     node=second_at.node,
@@ -130,3 +138,10 @@ for x, y in loader:
                     patch=patch,
                     fix_description="Remove the redundant `unscale_` call.",
                 )
+
+
+def _runs_whenever(kept: Event, removed: Event) -> bool:
+    """Every loop, branch and context around ``kept`` also surrounds ``removed``: ``kept``
+    runs on every path that reaches ``removed``."""
+    around_removed = {(id(f.node), f.branch) for f in removed.frames}
+    return all((id(f.node), f.branch) in around_removed for f in kept.frames)

@@ -129,7 +129,7 @@ for it in range(iters):
                 e.kind == "sync_flag" for e in model.expanded(unit.root)
             ):
                 continue
-            if any(f.tag == "no_sync" for b in unit.backwards for f in b.frames):
+            if any(f.tag in {"no_sync", "sync_helper"} for b in unit.backwards for f in b.frames):
                 continue  # some micro-steps already skip the all-reduce
             backwards = [
                 b

@@ -8,7 +8,7 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.model import Event, FileModel, Unit
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import between, label, movable, placements, previous
 
@@ -17,8 +17,8 @@ class MonitorAfterZeroGrad(Rule):
     id = "monitor-after-zero-grad"
     severity = "warning"
     message = (
-        "line {read_line} reads gradient norms after `{zero_grad}` on line {zero_line}: the "
-        "gradients are already zero (or None), so the logged norm is always 0"
+        "`{read}` on line {read_line} reads gradient norms after `{zero_grad}` on line "
+        "{zero_line}: the gradients are already zero (or None), so the logged norm is always 0"
     )
     what = "Finds gradient-norm logging placed after `zero_grad()` in the same iteration."
     why = (
@@ -78,7 +78,8 @@ for x, y in loader:
                 zero = previous(unit, read, {"zero_grad"})
                 if zero is None or between(unit, zero, read, {"backward"}):
                     continue
-                if previous(unit, zero, {"backward"}) is None:
+                backward = previous(unit, zero, {"backward"})
+                if backward is None or _stored_earlier(unit, read, backward, zero):
                     continue
                 read_at, zero_at = placements(read, zero)
                 patch = None
@@ -92,6 +93,7 @@ for x, y in loader:
                     node=node,
                     message=self.message,
                     evidence={
+                        "read": label(node),
                         "read_line": node,
                         "zero_grad": label(zero_at.node),
                         "zero_line": zero_at.node,
@@ -99,3 +101,15 @@ for x, y in loader:
                     patch=patch,
                     fix_description="Read the gradient norms before `zero_grad()`.",
                 )
+
+
+def _stored_earlier(unit: Unit, read: Event, backward: Event, zero: Event) -> bool:
+    """``tracker.grad_norms()`` after ``zero_grad`` on an object whose own norm call
+    (``tracker.update_grad_norms()``) already ran between the backward and the ``zero_grad``:
+    the object measured the live gradients then, and the later call returns what it stored."""
+    if read.receiver is None:
+        return False
+    return any(
+        earlier.receiver == read.receiver
+        for earlier in between(unit, backward, zero, {"norm_read"})
+    )
