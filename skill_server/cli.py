@@ -19,6 +19,7 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -31,6 +32,19 @@ EXIT_USAGE = 2
 
 class UsageError(Exception):
     """A bad argument or unreadable input: reported as one line on stderr, exit 2."""
+
+
+def plots_folder(folder: str | None) -> Path | None:
+    """The ``--plots`` folder, created before the run so a bad path fails fast (exit 2)."""
+    if folder is None:
+        return None
+    path = Path(folder).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise UsageError(f"cannot create the --plots folder {path}: {reason}") from None
+    return path
 
 
 class _Parser(argparse.ArgumentParser):

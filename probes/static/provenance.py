@@ -39,6 +39,7 @@ from gradient_doctor.probes.static.names import (
     method_name,
     number_value,
 )
+from gradient_doctor.probes.static.ruletools import TENSOR_METHODS as RULE_TENSOR_METHODS
 from gradient_doctor.probes.static.traverse import walk
 
 Verdict = Literal["accumulation", "none", "unknown"]
@@ -68,27 +69,10 @@ REAL_COUNT = re.compile(r"\.sum\(|count_nonzero|\.ne\(|!=|\[|len\(", re.I)
 with the pad id, an item of the batch (``batch["num_tokens"]``), a length."""
 TokenCount = Literal["real", "positions"]
 WEIGHT_WORDS = re.compile(r"weight|lambda|\blam|alpha|beta|gamma|coef|\bw\d*\b|_w\b|ratio", re.I)
-TENSOR_METHODS = frozenset(
-    {
-        "mean",
-        "sum",
-        "float",
-        "double",
-        "half",
-        "bfloat16",
-        "squeeze",
-        "view",
-        "reshape",
-        "to",
-        "cuda",
-        "contiguous",
-        "clone",
-        "nanmean",
-        "type_as",
-        "unsqueeze",
-        "flatten",
-    }
-)
+# The tensor methods the rules look through (dtype/device moves, reductions, reshapes), less
+# `dict.get` (a batch item is read as a count here, not passed through), plus the shape methods
+# a loss takes on its way to a token count.
+TENSOR_METHODS = (RULE_TENSOR_METHODS - {"get"}) | {"flatten", "type_as", "unsqueeze"}
 MAX_DEPTH = 12
 
 

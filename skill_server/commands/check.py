@@ -25,6 +25,7 @@ from gradient_doctor.skill_server.cli import (
     UsageError,
     add_script_arguments,
     launch_of,
+    plots_folder,
 )
 from gradient_doctor.skill_server.safety import (
     DEVICE_PATTERN,
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     verify = args.verify or verify_ids is not None
     if verify and args.no_probe:
         raise UsageError("--verify runs the script: it cannot be combined with --no-probe")
-    plots_dir = _plots_folder(args.plots)
+    plots_dir = plots_folder(args.plots)
     try:
         # The terminal user may name any file they can read; only the server confines paths.
         policy = PathPolicy.from_roots([Path(Path.cwd().anchor)])
@@ -161,19 +162,6 @@ def _verify_ids(text: str | None) -> list[str] | None:
     if not ids:
         raise UsageError("--verify-ids needs at least one finding id")
     return ids
-
-
-def _plots_folder(folder: str | None) -> Path | None:
-    """The --plots folder, created before the run so a bad path fails fast (exit 2)."""
-    if folder is None:
-        return None
-    path = Path(folder).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        reason = exc.strerror or exc
-        raise UsageError(f"cannot create the --plots folder {path}: {reason}") from None
-    return path
 
 
 def _write_pictures(pictures: list[tuple[str, bytes]], folder: Path) -> None:

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from gradient_doctor.knowledge.findings import severity_at_least
-from gradient_doctor.skill_server.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError
+from gradient_doctor.skill_server.cli import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    plots_folder,
+)
 
 NAME = "logs"
 HELP = (
@@ -90,18 +96,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _plots_folder(folder: str | None) -> Path | None:
-    if folder is None:
-        return None
-    path = Path(folder).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        reason = exc.strerror or exc
-        raise UsageError(f"cannot create the --plots folder {path}: {reason}") from None
-    return path
-
-
 def _write_plots(report: Any, folder: Path) -> None:
     from gradient_doctor.probes.logs.plots import write_plots
 
@@ -120,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_norm is not None and not args.max_norm > 0:
         raise UsageError(f"--max-norm must be a positive number, not {args.max_norm}")
-    plots = _plots_folder(args.plots)
+    plots = plots_folder(args.plots)
     reports = []
     failed = False
     for path in args.paths:

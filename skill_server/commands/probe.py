@@ -15,6 +15,7 @@ from gradient_doctor.skill_server.cli import (
     UsageError,
     add_script_arguments,
     launch_of,
+    plots_folder,
 )
 
 NAME = "probe"
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the probe and print the report; see the exit status in the command's help."""
     from gradient_doctor.probes.runtime import ProbeInputError, run_probe
 
-    plots_dir = _plots_folder(args.plots)
+    plots_dir = plots_folder(args.plots)
     try:
         result = run_probe(
             args.script,
@@ -128,20 +129,6 @@ def run(args: argparse.Namespace) -> int:
     ):
         return EXIT_FINDINGS
     return EXIT_OK
-
-
-def _plots_folder(folder: str | None) -> Path | None:
-    """The --plots folder, created before the run so a bad path fails fast (exit 2)."""
-    if folder is None:
-        return None
-    path = Path(folder).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot create the --plots folder {path}: {exc.strerror or exc}"
-        ) from None
-    return path
 
 
 def _write_plots(result: Any, folder: Path) -> None:
