@@ -149,6 +149,12 @@ def test_numbers_are_read_from_the_text() -> None:
     assert match("62% of weights got grad == 0").numbers == {"zero_grad_fraction": 0.62}
     # A vocabulary size is not a loss value.
     assert read_series("loss 6.9 at step 0, 6.9 at 5k (vocab 1000)") == [Series("loss", (6.9, 6.9))]
+    # A number joined to a name by a hyphen names a dataset or model, not a reading; a range
+    # between two numbers still reads both.
+    text = "train loss 2.5 at epoch 1, 2.4 at epoch 5 with ResNet-50 on CIFAR-100"
+    assert read_series(text) == [Series("loss", (2.5, 2.4))]
+    (band,) = read_series("grad norm 0.4-0.7 all run")
+    assert band.name == "grad_norm" and band.ranges == ((0.4, 0.7),)
 
 
 def _rule_reasons(result: MatchResult, entry_id: str) -> list[str]:
