@@ -9,7 +9,7 @@ from typing import ClassVar
 from gradient_doctor.knowledge.findings import Finding
 from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries
-from gradient_doctor.probes.runtime.signals.windows import accumulated, events
+from gradient_doctor.probes.runtime.signals.windows import affected_windows, events
 
 
 class AccumClipEveryMicrostep(Signal):
@@ -42,17 +42,16 @@ class AccumClipEveryMicrostep(Signal):
     ]
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
-        windows = accumulated(run)
-        if windows is None:
+        found = affected_windows(run, lambda p: events(p).count("clip") >= 2)
+        if found is None:
             return
-        clipping = [p.step for p in windows if events(p).count("clip") >= 2]
-        if clipping and len(clipping) * 2 >= len(windows):
-            clips = statistics.median(events(p).count("clip") for p in windows)
-            yield ctx.finding(
-                self.id,
-                "warning",
-                self.message.format(clips=clips, step=clipping[0]),
-                step=clipping[0],
-                fix=self.advice,
-                steps_affected=len(clipping),
-            )
+        windows, clipping = found
+        clips = statistics.median(events(p).count("clip") for p in windows)
+        yield ctx.finding(
+            self.id,
+            "warning",
+            self.message.format(clips=clips, step=clipping[0]),
+            step=clipping[0],
+            fix=self.advice,
+            steps_affected=len(clipping),
+        )

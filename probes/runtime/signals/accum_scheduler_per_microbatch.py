@@ -9,7 +9,11 @@ from typing import ClassVar
 from gradient_doctor.knowledge.findings import Finding
 from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries
-from gradient_doctor.probes.runtime.signals.windows import accumulated, events, micro_batches
+from gradient_doctor.probes.runtime.signals.windows import (
+    affected_windows,
+    events,
+    micro_batches,
+)
 
 
 class AccumSchedulerPerMicrobatch(Signal):
@@ -42,19 +46,18 @@ class AccumSchedulerPerMicrobatch(Signal):
     ]
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
-        windows = accumulated(run)
-        if windows is None:
+        found = affected_windows(run, lambda p: events(p).count("scheduler") >= 2)
+        if found is None:
             return
-        scheduling = [p.step for p in windows if events(p).count("scheduler") >= 2]
-        if scheduling and len(scheduling) * 2 >= len(windows):
-            per_step = statistics.median(events(p).count("scheduler") for p in windows)
-            yield ctx.finding(
-                self.id,
-                "warning",
-                self.message.format(
-                    per_step=per_step, step=scheduling[0], micro=micro_batches(windows)
-                ),
-                step=scheduling[0],
-                fix=self.advice,
-                steps_affected=len(scheduling),
-            )
+        windows, scheduling = found
+        per_step = statistics.median(events(p).count("scheduler") for p in windows)
+        yield ctx.finding(
+            self.id,
+            "warning",
+            self.message.format(
+                per_step=per_step, step=scheduling[0], micro=micro_batches(windows)
+            ),
+            step=scheduling[0],
+            fix=self.advice,
+            steps_affected=len(scheduling),
+        )

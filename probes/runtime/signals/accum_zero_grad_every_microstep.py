@@ -7,9 +7,9 @@ from typing import ClassVar
 
 from gradient_doctor.knowledge.findings import Finding
 from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
-from gradient_doctor.probes.runtime.signals.series import RunSeries
+from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
 from gradient_doctor.probes.runtime.signals.windows import (
-    accumulated,
+    affected_windows,
     events,
     last_step_index,
     micro_batches,
@@ -46,21 +46,20 @@ class AccumZeroGradEveryMicrostep(Signal):
     ]
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
-        windows = accumulated(run)
-        if windows is None:
+        def zeroed_between(point: StepPoint) -> bool:
+            calls = events(point)
+            return "zero-grad" in calls[calls.index("backward") + 1 : last_step_index(point)]
+
+        found = affected_windows(run, zeroed_between)
+        if found is None:
             return
-        zeroing = [
-            p.step
-            for p in windows
-            if "zero-grad" in events(p)[events(p).index("backward") + 1 : last_step_index(p)]
-        ]
-        if zeroing and len(zeroing) * 2 >= len(windows):
-            yield ctx.finding(
-                self.id,
-                "critical",
-                self.message.format(count=len(zeroing), step=zeroing[0]),
-                step=zeroing[0],
-                fix=self.advice,
-                steps_affected=len(zeroing),
-                backward_per_step=micro_batches(windows),
-            )
+        windows, zeroing = found
+        yield ctx.finding(
+            self.id,
+            "critical",
+            self.message.format(count=len(zeroing), step=zeroing[0]),
+            step=zeroing[0],
+            fix=self.advice,
+            steps_affected=len(zeroing),
+            backward_per_step=micro_batches(windows),
+        )

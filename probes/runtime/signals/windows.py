@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Callable
 
 from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
 
@@ -69,6 +70,20 @@ def accumulated(run: RunSeries) -> list[StepPoint] | None:
     if not windows or len(windows) * 2 < len(run.steps):
         return None
     return windows
+
+
+def affected_windows(
+    run: RunSeries, affected: Callable[[StepPoint], bool]
+) -> tuple[list[StepPoint], list[int]] | None:
+    """(the accumulated windows, the steps of those where ``affected`` holds) when it holds in
+    at least half of them: a pattern of the loop, not a one-off. None otherwise."""
+    windows = accumulated(run)
+    if windows is None:
+        return None
+    steps = [p.step for p in windows if affected(p)]
+    if not steps or len(steps) * 2 < len(windows):
+        return None
+    return windows, steps
 
 
 def micro_batches(windows: list[StepPoint]) -> float:
