@@ -104,3 +104,16 @@ def test_check_points_the_blow_up_at_the_ordering_bugs_the_static_analyser_found
     assert "First fix the ordering bugs reported with this (`accum-unscaled-loss`" in recommendation
     assert "`clip-after-step`" in recommendation
     assert recommendation.endswith("norm clipping as a guard against rare spikes.")
+
+
+def test_both_step_size_signals_name_the_rate_seen_and_a_tenth_of_it() -> None:
+    """loss-diverging and update-param-ratio tell the same story: the peak rate seen, whether a
+    warmup was seen, and a concrete lower rate (a tenth of the peak)."""
+    findings = run_signals(_blow_up(clip_late=False), load_thresholds().profile(None))
+    by_id = {f.id: f for f in findings}
+    assert {"loss-diverging", "update-param-ratio"} <= set(by_id)
+    for entry_id in ("loss-diverging", "update-param-ratio"):
+        finding = by_id[entry_id]
+        assert finding.fix is not None
+        assert "try 0.01, a tenth of 0.1" in finding.fix.description, entry_id
+        assert "no warmup seen" in finding.message, entry_id

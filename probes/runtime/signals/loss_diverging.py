@@ -17,6 +17,7 @@ from gradient_doctor.knowledge.findings import Finding, Severity
 from gradient_doctor.probes.runtime.signals.base import UPDATE_INFLATING, Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
 from gradient_doctor.probes.runtime.signals.stats import loss_bad, step_loss
+from gradient_doctor.probes.runtime.signals.step_size import lower_lr_hint, lr_story, sentence
 
 #: Fewer finite losses than this say nothing about a trend.
 MIN_STEPS = 6
@@ -32,29 +33,6 @@ def smoothed(values: list[float]) -> list[float]:
         return list(values)
     inner = [statistics.median(values[i - 1 : i + 2]) for i in range(1, len(values) - 1)]
     return [statistics.median(values[:3]), *inner, statistics.median(values[-3:])]
-
-
-def lr_story(points: list[StepPoint]) -> tuple[str, dict[str, float | int | None]]:
-    """What the learning rate did over ``points``: a sentence and the numbers."""
-    rates = [(p.step, p.lr) for p in points if p.lr is not None]
-    if not rates:
-        return "learning rate not seen (no optimizer's param_groups, e.g. a hand-written update)", {
-            "lr": None
-        }
-    first_lr = rates[0][1]
-    peak_step, peak = max(rates, key=lambda item: item[1] or 0.0)
-    last_lr = rates[-1][1]
-    numbers: dict[str, float | int | None] = {"lr": peak, "lr_first": first_lr, "lr_last": last_lr}
-    if peak is not None and first_lr is not None and peak > first_lr * 1.01:
-        warmup = peak_step - rates[0][0] + 1
-        numbers["warmup_steps"] = warmup
-        return (
-            f"learning rate {first_lr:.3g} → {peak:.3g} (a warmup of {warmup} step(s), peak at "
-            f"step {peak_step}), {last_lr:.3g} at the end",
-            numbers,
-        )
-    numbers["warmup_steps"] = 0
-    return f"learning rate {peak:.3g} from the first measured step on: no warmup seen", numbers
 
 
 class LossDiverging(Signal):
@@ -328,9 +306,7 @@ class LossDiverging(Signal):
             values[-window][0],
         )
         story, numbers = lr_story(applied)
-        lower = ""
-        if numbers.get("lr"):
-            lower = f" (try {float(numbers['lr'] or 0) / 10:.2g}, a tenth of {numbers['lr']:.3g})"
+        lower = lower_lr_hint(numbers)
         message = self.message.format(
             recent=recent,
             window=window,
@@ -338,7 +314,7 @@ class LossDiverging(Signal):
             best_step=values[best_index][0].step,
             ratio=ratio,
             first=losses[0],
-            lr_story=story[0].upper() + story[1:],
+            lr_story=sentence(story),
         )
         if spiked and peak > recent:
             message += (
@@ -394,9 +370,7 @@ class LossDiverging(Signal):
         if rise <= crit or smooth[peak_index] <= values[0][1]:
             return
         story, numbers = lr_story(applied)
-        lower = ""
-        if numbers.get("lr"):
-            lower = f" (try {float(numbers['lr'] or 0) / 10:.2g}, a tenth of {numbers['lr']:.3g})"
+        lower = lower_lr_hint(numbers)
         yield ctx.finding(
             self.id,
             "warning",
@@ -408,7 +382,7 @@ class LossDiverging(Signal):
                 best_step=values[best_index][0].step,
                 window=window,
                 recent=recent,
-                lr_story=story[0].upper() + story[1:],
+                lr_story=sentence(story),
             ),
             step=values[peak_index][0].step,
             fix=ctx.step_size_advice(self.advice.format(lower=lower)),

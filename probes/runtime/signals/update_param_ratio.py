@@ -21,6 +21,7 @@ from typing import ClassVar
 from gradient_doctor.knowledge.findings import Finding
 from gradient_doctor.probes.runtime.signals.base import UPDATE_INFLATING, Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries
+from gradient_doctor.probes.runtime.signals.step_size import lower_lr_hint, lr_story, sentence
 
 #: Optimizers whose step length comes from a curvature estimate and a line search: weights may
 #: move far from a small initialisation in a few steps by design.
@@ -40,22 +41,23 @@ class UpdateParamRatio(Signal):
     growth_message = (
         "The weights grew {median:.3g}× (median over {count} of {layers} weight layers above "
         "{limit:g}×; `{layer}` {largest:.3g}×) between steps {first} and {last}: the updates "
-        "were far too large for the weights{lr}."
+        "were far too large for the weights.{lr}"
     )
     message = (
         "The update applied to `{layer}` is {ratio:.3g}× its weights' norm at step {step} "
         "({direction}); out of [{low:g}, {high:g}] on all {sampled} sampled steps, {count} "
-        "layer(s) affected{lr}."
+        "layer(s) affected.{lr}"
     )
     advice_high = (
-        "The step size is too large for these weights: lower the learning rate (or that "
-        "parameter group's) and check the warmup."
+        "The step size is too large for these weights: lower the peak learning rate{lower} and "
+        "warm it up over a few hundred steps (where only some layers are affected, their "
+        "parameter group's rate); clipping does not fix a step size that is too large."
     )
     advice_low = (
         "Check that the layer receives gradient and is in the optimizer, then its group's "
         "learning rate and weight decay."
     )
-    advice = advice_high
+    advice = advice_high.format(lower="")
     per_optimizer = True
     rank = 47
     consults = tuple(UPDATE_INFLATING)
@@ -183,6 +185,7 @@ class UpdateParamRatio(Signal):
         layer, ratio = max(bad, key=lambda item: abs(math.log10(max(item[1], 1e-30))))
         too_large = ratio > high
         lr = sampled[-1].lr
+        story, numbers = lr_story([p for p in run.steps if not p.skipped])
         yield ctx.finding(
             self.id,
             "warning",
@@ -197,11 +200,13 @@ class UpdateParamRatio(Signal):
                 high=high,
                 sampled=len(sampled),
                 count=len(bad),
-                lr=f"; learning rate {lr:.3g}" if lr is not None else "",
+                lr=f" {sentence(story)}." if lr is not None else "",
             ),
             step=sampled[-1].step,
             module=layer,
-            fix=ctx.step_size_advice(self.advice_high) if too_large else self.advice_low,
+            fix=ctx.step_size_advice(self.advice_high.format(lower=lower_lr_hint(numbers)))
+            if too_large
+            else self.advice_low,
             ratio=ratio,
             layers_outside=len(bad),
             sampled_steps=len(sampled),
@@ -240,6 +245,7 @@ class UpdateParamRatio(Signal):
         median = factors[len(factors) // 2]
         layer = max(growth, key=lambda name: growth[name])
         lr = last.lr
+        story, numbers = lr_story([p for p in run.steps if not p.skipped])
         return ctx.finding(
             self.id,
             "warning",
@@ -252,11 +258,11 @@ class UpdateParamRatio(Signal):
                 largest=growth[layer],
                 first=first.step,
                 last=last.step,
-                lr=f" (learning rate {lr:.3g})" if lr is not None else "",
+                lr=f" {sentence(story)}." if lr is not None else "",
             ),
             step=last.step,
             module=layer,
-            fix=ctx.step_size_advice(self.advice_high),
+            fix=ctx.step_size_advice(self.advice_high.format(lower=lower_lr_hint(numbers))),
             weight_growth=median,
             layers_grown=len(above),
             weight_layers=len(growth),
