@@ -635,13 +635,18 @@ def _split_prose(text: str, code: list[str], prose: list[str], words: list[str])
             # before the forward"); the word score reads only the words around them.
             prose.append(bare)
             words.append(outside)
-        elif _CODE_LINE.match(line) and not _PROSE_START.match(line):
+        elif _CODE_LINE.match(line) and not _PROSE_START.match(line) and not _header_prose(line):
             code_part, rest = _prose_tail(line)
             code.append(code_part)
             if rest:
                 # The sentence is about the call at its start: the rules read them together.
                 prose.append(line)
                 words.append(rest)
+            elif _wordy(line):
+                # "optimizer.zero_grad() is the first line inside my loop, but ...": a call
+                # and then a sentence the statement trimmer could not cut off.
+                prose.append(line)
+                words.append(line)
         elif ";" in line and len(line) <= _MAX_LINE_CHARS and _CALL.search(line):
             statements = _statements_in_prose(line)
             code.extend(statements)
@@ -653,6 +658,23 @@ def _split_prose(text: str, code: list[str], prose: list[str], words: list[str])
         else:
             prose.append(line)
             words.append(line)
+
+
+_HEADER = re.compile(r"^\s*(?:for|if|elif|else|with|while|try|except)\b")
+_PLAIN_WORD = re.compile(r"(?<![\w.(\[=])[A-Za-z']{2,}(?![\w.(\[=])")
+#: Plain words from which a line reads as a sentence, not a statement.
+_WORDY_LINE = 7
+
+
+def _wordy(line: str) -> bool:
+    """Whether ``line`` holds as many plain words as a sentence (beside any code in it)."""
+    return len(_PLAIN_WORD.findall(line)) >= _WORDY_LINE
+
+
+def _header_prose(line: str) -> bool:
+    """A sentence that starts with a keyword ("for the output layer the norm is ...", "with
+    accum_steps=8 my norm ..."): no colon, as every Python header has, and many words."""
+    return bool(_HEADER.match(line)) and ":" not in line and _wordy(line)
 
 
 def _prose_tail(line: str) -> tuple[str, str]:
@@ -1311,10 +1333,105 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r"\b(?:after\s+(?:a\s+)?(?:good|great|nice|promising|decent|fast|quick)\s+start|"
             r"(?:drop\w*|decreas\w*|fell|falls?|improv\w*|went\s+down|goes\s+down)\s+(?:nicely|quickly|"
             r"fast|well)?)[^.;\n]{0,60}\b(?:flat\w*|plateau\w*|stall\w*|stuck|stopped|levels?\s+off|"
+            r"(?:has\s+|have\s+)?(?:sat|sits?|sitting|stayed|stays?|hovered|hovers?)\s+(?:at|around|"
+            r"near)\b|"
             r"levell?ed\s+off|won't\s+improve|not\s+improv\w*)",
             "plateau",
             0.4,
             "text: progress first, then the loss stops improving",
+        ),
+        # -- how users tell what their own loop does, or what they measured (issue 15) --------
+        (
+            # "I call backward on each micro-batch loss as is": nothing divides it.
+            r"\bloss\w*\s+(?:just\s+)?(?:as\s+is|as-is|unchanged|undivided|unscaled|untouched)\b"
+            r"|\b(?:backward|backprop\w*)\b[^.;\n]{0,50}\b(?:as\s+is|as-is|undivided|unscaled)\b",
+            "accum-unscaled-loss",
+            0.6,
+            "text: with accumulation, each micro-batch loss goes into backward undivided",
+        ),
+        (
+            # "zero_grad() is the first line of my loop, but step() only runs every 4th batch"
+            r"^(?=.*\b(?:only|once\s+(?:per|every|in)|every\s+\d+\w*|every\s+(?:other|few|\w+th)\b))"
+            r".*?(?:zero_grad\w*(?:\(\))?|\b(?:clear|zero|reset|wipe)\w*\s+(?:the\s+|all\s+|my\s+)?"
+            r"grad\w*)[^.;\n]{0,60}\b(?:every|each|first\s+(?:line|thing|statement|call)|top\s+of|"
+            r"start\s+of|beginning\s+of)\b",
+            "accum-zero-grad-every-microstep",
+            0.5,
+            "text: gradients are cleared on every batch while the optimizer steps only every N",
+        ),
+        (
+            # "I loop over the parameters and do p.grad /= 4", "divide each .grad by the count"
+            r"(?:\.grad\w*|\bgrads?|\bgradients?)\s*(?:\.data\s*)?/=\s*\w+|\.grad\w*\.div_\s*\("
+            r"|\b(?:divid\w*|rescal\w*)\s+(?:each|every|all|the)\s+(?:of\s+the\s+)?(?:\w+(?:'s)?\s+)?"
+            r"\.?(?:p\.)?grad\w*\b[^.;\n]{0,30}\bby\s+(?:the\s+)?(?:accum\w*|number|count|n\b|\d+|"
+            r"micro|steps?)",
+            "accum-manual-grad-scaling",
+            0.6,
+            "text: each parameter's gradient is divided by N by hand",
+        ),
+        (
+            # "NaN in the gradient of layer 5 while the loss itself is still finite"
+            r"^(?=.*(?:\bloss\w*\s+(?:itself\s+|value\s+)?(?:is|was|stays?|remains?|looks?|prints?|"
+            r"seems?)\s+(?:still\s+)?(?:perfectly\s+)?(?:finite|fine|ok|okay|normal|not\s+nan)\b|"
+            r"\bfinite\s+loss))"
+            r"(?=.*\b(?:nan|inf)).*?\bgrad",
+            "nan-gradients",
+            0.6,
+            "text: the gradients hold NaN/Inf while the loss is finite",
+        ),
+        (
+            # "torch.isnan(batch['pixel_values']).any() is True": a check on the inputs.
+            r"\bis(?:nan|inf|finite)\s*\(\s*(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|"
+            r"features?|data|samples?|targets?|labels?|y|yb)\b",
+            "nonfinite-inputs",
+            0.6,
+            "text: a non-finite check on the model's inputs",
+        ),
+        (
+            # "35% of the ReLU units never activate on any input", "dead neurons"
+            r"\b(?:neurons?|units?|channels?|filters?|relus?)\b[^.;\n]{0,60}\b(?:never\s+(?:fire|"
+            r"fires|activate|activates|turn\s+on|light\s+up|respond)|(?:are|is|have\s+been|has\s+been|"
+            r"went|gone|go|became|become)\s+dead|(?:output|produce|give|return|emit)\w*\s+(?:0|zero)"
+            r"\w*\s+(?:for|on)\s+(?:every|all|any|each))|\bdead\s+(?:relu\s+)?(?:neurons?|units?|"
+            r"channels?|filters?)\b",
+            "dead-neurons",
+            0.7,
+            "text: units that never fire on any input",
+        ),
+        (
+            # "most values coming out of the ReLU are exactly zero"
+            r"\b(?:most|majority|more\s+than\s+half|over\s+half|\d{2,3}\s*%)\b[^.;\n]{0,60}"
+            r"\b(?:relu|activation|hidden)\w*\b[^.;\n]{0,40}\b(?:are|is|were|come\s+out)\s+"
+            r"(?:exactly\s+|all\s+)?(?:0|zero|zeros)\b",
+            "many-zero-activations",
+            0.5,
+            "text: most activation values are zero",
+        ),
+        (
+            # "the NaN is almost certainly the learning rate": the LR blamed for a NaN.
+            r"\bnan\w*\b[^.;\n]{0,40}\b(?:is|comes?\s+from|caused\s+by|due\s+to|because\s+of|from)\s+"
+            r"(?:\w+\s+){0,3}(?:lr|learning[\s_-]rate)\b",
+            "lower-lr-for-nan",
+            0.5,
+            "text: the learning rate is blamed for the NaN",
+        ),
+        (
+            # "clip_grad_norm_ straight after scaler.scale(loss).backward()" with no unscale_.
+            r"^(?![^\n]*unscal)(?=[^\n]*scaler)[^\n]*?\bclip\w*[^.;\n]{0,40}\bafter\b[^.;\n]{0,30}"
+            r"(?:scaler\.scale\(|scaled\s+(?:loss|backward)|backward)"
+            r"|^(?![^\n]*unscal)[^\n]*?scaler\.scale\([^)]*\)\.backward\(\)[^.;\n]{0,30}"
+            r"\b(?:then|followed\s+by|before)\b[^.;\n]{0,30}clip",
+            "amp-clip-without-unscale",
+            0.5,
+            "text: clipping straight after the scaled backward, no unscale_() in between",
+        ),
+        (
+            # "the gradient norm is 50 times the weight norm"
+            r"\bgrad\w*(?:\s+norms?)?\b[^.;\n]{0,25}\b\d+(?:\.\d+)?\s*(?:x|×|times)\s+"
+            r"(?:(?:the|its|their)\s+)?(?:weight|param\w*)",
+            "grad-param-ratio",
+            0.6,
+            "text: the gradient norm is a multiple of the weight norm",
         ),
     )
 )
@@ -1348,6 +1465,9 @@ def segments(text: str) -> list[str]:
     return out
 
 
+#: A rule's hit dropped when a narrower rule also read the text: units that never fire on
+#: any input are dead neurons, not merely many zero activations at one moment.
+_SUPERSEDED_BY: dict[str, set[str]] = {"many-zero-activations": {"dead-neurons"}}
 #: Rules that stay silent when the same sentence also says the order does not matter.
 _ORDER_RULES = frozenset({"clip-after-step", "clip-before-backward"})
 #: Red flag → the rationalization that recommends it (credited when the text is advice).
@@ -1380,9 +1500,9 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "accum-manual-grad-scaling": ("grad",),
     "clip-after-step": ("clip",),
     "clip-before-backward": ("clip",),
-    "amp-clip-without-unscale": ("unscal",),
+    "amp-clip-without-unscale": ("unscal", "scaler"),
     "accum-unscaled-loss": ("loss",),
-    "accum-zero-grad-every-microstep": ("zero",),
+    "accum-zero-grad-every-microstep": ("zero", "clear", "reset", "wipe"),
     "accum-missing-zero-grad": ("zero",),
     "monitor-after-zero-grad": ("zero",),
     "no-grad-monitoring": ("grad", "loss"),
@@ -1392,12 +1512,12 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "value-clipping": ("clip", "clamp"),
     "no-clip-sequence-model": ("clip",),
     "amp-step-bypasses-scaler": ("scale",),
-    "nan-gradients": ("backward",),
+    "nan-gradients": ("backward", "grad"),
     "loss-down-then-up-with-accumulation": ("accum", "micro"),
     "accum-double-scaling": ("accum", "deepspeed", "engine"),
     "ddp-no-sync-misplaced": ("no_sync",),
     "clipping-slow-convergence": ("norm",),
-    "nonfinite-inputs": ("nan", "inf"),
+    "nonfinite-inputs": ("nan", "inf", "finite"),
     "paper-does-not-mention-clipping": ("clip",),
     "clipping-is-a-hack": ("clip",),
     "loss-spikes": ("loss", "perplexity", "ppl"),
@@ -1405,6 +1525,8 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "checkpointing-breaks-clipping": ("checkpoint",),
     "amp-diverges": ("fp16", "float16", "bf16", "amp", "autocast", "mixed", "half"),
     "lower-lr-for-nan": ("nan",),
+    "dead-neurons": ("dead", "never", "zero"),
+    "grad-param-ratio": ("times", "x", "×"),
     "accum-scheduler-per-microbatch": ("sched",),
     "accum-leftover-batches": ("batch", "divisib", "divide"),
     "unstable-loss-op": ("log", "exp", "sqrt", "divi"),
@@ -1480,4 +1602,5 @@ def prose_hits(text: str) -> list[CodeHit]:
                 continue
             hits.append(CodeHit(entry_id, strength, reason, ADVICE_FOR.get(entry_id)))
             break
-    return hits
+    found = {h.entry_id for h in hits}
+    return [h for h in hits if not (_SUPERSEDED_BY.get(h.entry_id, set()) & found)]

@@ -402,13 +402,13 @@ _AND = re.compile(r"^\s*and\s*$", re.IGNORECASE)
 _DASH = re.compile(r"^\s*[-–]\s*$")
 #: A number right after these is a step, an epoch or a count, not a value of the subject.
 _MARKER_BEFORE = re.compile(
-    r"(?:\b(?:steps?|iters?|iterations?|it|epochs?|first|last|every|batch(?:es)?|layers?|"
+    r"(?:\b(?:steps?|iters?|iterations?|updates?|it|epochs?|first|last|every|batch(?:es)?|layers?|"
     r"ranks?|gpus?|nodes?|top|within|over|past|since|until|till)|@|#)\s*[:=]?\s*$",
     re.IGNORECASE,
 )
 #: ... and so is a number followed by these.
 _MARKER_AFTER = re.compile(
-    r"^\s*(?:%|x\b|×|times\b|steps?\b|iters?\b|iterations?\b|epochs?\b|k\b|layers?\b|"
+    r"^\s*(?:%|x\b|×|times\b|steps?\b|iters?\b|iterations?\b|updates\b|epochs?\b|k\b|layers?\b|"
     r"gpus?\b|nodes?\b|samples?\b|tokens?\b|batches\b|bits?\b|[gm]i?b\b|hours?\b|minutes?\b|"
     r"seconds?\b|s\b|ms\b|params?\b|heads?\b|dims?\b|d\b|-?layer)",
     re.IGNORECASE,

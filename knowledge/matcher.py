@@ -217,6 +217,9 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "ddp-accum-without-no-sync": r"sync|all[-_\s]?reduc|communicat",
         "ddp-no-sync-misplaced": r"sync|all[-_\s]?reduc|communicat",
         "clip-": r"clip",
+        # Blaming the data needs the data in the text ("the NaN is the learning rate" is not).
+        "nan-means-bad-data": r"data|sample|input|batch|record|corrupt|example|label|target|"
+        r"image|row|file|token|feature",
         "value-clipping": r"clip",
         "no-clip-sequence-model": r"clip|lstm|gru|rnn|transformer|gpt|bert|t5|llm|seq2seq|"
         r"language\s+model|policy|ppo|attention|sequence",
@@ -334,6 +337,14 @@ _EVERY_STEP = re.compile(
 _UPDATE_RATIO_USUAL = 1e-3
 _UPDATE_RATIO_FACTOR = 100.0
 _LOSS_SPIKE_FACTOR = 2.0
+#: A grad norm that grows at every reading (4+ readings) by at least this much overall is
+#: read as rising even below the probe's 10× line (the matcher's own reading of a trend told
+#: in words, not a diagnosis threshold).
+_STEADY_RISE_FACTOR = 4.0
+#: A held-out loss that ends this much above where it started has gone up (two readings).
+_HELD_OUT_RISE_FACTOR = 1.3
+#: Within this factor of its usual order, a ratio is in its usual order.
+_USUAL_ORDER_FACTOR = 10.0
 #: A GradScaler scale said to hold at or above this is working (it starts at 2**16 and halves
 #: on each overflowing step, so a scale that stays high sees few of them); below 1 it has
 #: collapsed. The matcher's own reading of GM's AMP flow, not a diagnosis threshold.
@@ -356,6 +367,14 @@ class _Progress:
     #: Words saying a later value is the same as an earlier one ("and still 4.6 at step 20k").
     same_again: bool = False
     normal_question: bool = False
+    #: The run accumulates gradients (a loss that falls then rises is then its own symptom).
+    accumulating: bool = False
+    #: Two norms tied to two layers ("the first conv layer 3e-9, the last layer 1e-2").
+    layer_pair: bool = False
+    #: ... and the early layer is named first.
+    early_layer_first: bool = True
+    #: Words saying a value goes back and forth ("from 0.4 to 2 and back").
+    comes_back: bool = False
     reasons: list[str] = field(default_factory=list)
 
 
@@ -385,15 +404,47 @@ _HOLDS_LEVEL = re.compile(
 )
 
 
+#: A loss series that ends at or below this share of its start has come down.
+_LOSS_FALLEN = 0.9
+#: Words saying the loss itself is finite ("while the loss is still finite", "loss prints fine").
+_LOSS_FINITE = re.compile(
+    r"\bloss\w*\s+(?:itself\s+|value\s+)?(?:is|was|stays?|remains?|looks?|prints?|seems?)\s+"
+    r"(?:still\s+)?(?:perfectly\s+)?(?:finite|fine|ok|okay|normal|not\s+nan)\b|\bfinite\s+loss",
+    re.IGNORECASE,
+)
 _SAME_AGAIN = re.compile(r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE)
+
+
+_COMES_BACK = re.compile(
+    r"\b(?:and|then)\s+back\b|\bback\s+(?:down|again)\b|oscillat|jump\w*\s+around|bounc|"
+    r"zig-?zag|fluctuat|up\s+and\s+down",
+    re.IGNORECASE,
+)
+#: Gradient accumulation named in the text.
+_ACCUMULATING = re.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE)
+#: Two layers named by their place in the network, in one sentence: norms given for them
+#: are per-layer values side by side, not a trend over time.
+_LAYER_PAIR = re.compile(
+    r"\b(?P<early>first|early|earliest|bottom|input|lowest|embedding)\w*\b[^.;\n]{0,60}\blayer\w*"
+    r"[^.;\n]{0,80}\b(?:last|late|final|top|output|head|deepest|classifier)\w*\b"
+    r"|\b(?:last|late|final|top|output|head|deepest|classifier)\w*\b[^.;\n]{0,60}\blayer\w*"
+    r"[^.;\n]{0,80}\b(?:first|early|earliest|bottom|input|lowest|embedding)\w*\b",
+    re.IGNORECASE,
+)
 
 
 def _progress(text: str) -> _Progress:
     progress = _Progress(
         normal_question=bool(_NORMAL_QUESTION.search(text)),
+        accumulating=bool(_ACCUMULATING.search(text)),
+        comes_back=bool(_COMES_BACK.search(text)),
         holds_level=bool(_HOLDS_LEVEL.search(text)),
         same_again=bool(_SAME_AGAIN.search(text)),
     )
+    pair = _LAYER_PAIR.search(text)
+    if pair is not None:
+        progress.layer_pair = True
+        progress.early_layer_first = pair.group("early") is not None
     if _NO_GAP.search(text):
         progress.no_gap = True
         if not _LOSS_BAD_LEVEL.search(text):
@@ -1065,7 +1116,21 @@ class Matcher:
                     )
             elif q.name == "update_ratio" and v > 0:
                 usual = _UPDATE_RATIO_USUAL
-                if v > usual * _UPDATE_RATIO_FACTOR or v < usual / _UPDATE_RATIO_FACTOR:
+                near = _USUAL_ORDER_FACTOR
+                if usual * near < v <= usual * _UPDATE_RATIO_FACTOR or (
+                    usual / _UPDATE_RATIO_FACTOR <= v < usual / near
+                ):
+                    # Outside its usual order but short of two orders away: worth a look,
+                    # never healthy.
+                    out.append(
+                        CodeHit(
+                            "update-param-ratio",
+                            0.6,
+                            f"update/weight ratio {shown} is more than {fmt(near)}× away from "
+                            f"its usual ~{fmt(usual)} (the entry's own line)",
+                        )
+                    )
+                elif v > usual * _UPDATE_RATIO_FACTOR or v < usual / _UPDATE_RATIO_FACTOR:
                     side = "above" if v > usual else "below"
                     out.append(
                         CodeHit(
@@ -1080,7 +1145,7 @@ class Matcher:
                         CodeHit(
                             "healthy",
                             0.5,
-                            f"update/weight ratio {shown} is within {fmt(_UPDATE_RATIO_FACTOR)}× "
+                            f"update/weight ratio {shown} is within {fmt(near)}× "
                             f"of its usual ~{fmt(usual)} (the update-param-ratio entry's own line)",
                         )
                     )
@@ -1320,7 +1385,20 @@ class Matcher:
             progress.improving = True
             progress.reasons.append("the loss series falls")
         for item in series:
-            if item.name == "grad_norm":
+            if item.name == "grad_norm" and len(item.values) == 2 and progress.layer_pair:
+                # "the first layer's norm is 3e-9 while the last layer's is 1e-2": two layers
+                # side by side, not the total norm at two times.
+                early, late = item.values if progress.early_layer_first else item.values[::-1]
+                for hit in self._layer_norms(item):
+                    if hit.entry_id == "vanishing-gradients":
+                        if early >= late:
+                            continue  # the early layer is the large one: a spread only
+                        hit = CodeHit(
+                            hit.entry_id, 1.0, hit.reason + "; the early layer is the small one"
+                        )
+                    out.append(hit)
+                covered.add(item.name)
+            elif item.name == "grad_norm":
                 hits = self._norm_series(item, occasional=occasional)
                 if not hits and len(item.values) == 1:
                     # One level or range ("hovers around 0.05-0.08"): the one-number rules.
@@ -1405,6 +1483,23 @@ class Matcher:
             if last < p.vanishing_warning.value:
                 hits.extend(self._norm_evidence(last, fmt(last), False))
             return hits
+        if (
+            n >= 4
+            and first > 0
+            and last / first >= _STEADY_RISE_FACTOR
+            and all(b > a for a, b in itertools.pairwise(values))
+        ):
+            # "0.8 at 1k, 1.5 at 5k, 3 at 10k, 6 at 20k": every reading above the one before,
+            # several times the first. Still inside the healthy band, but the trend is what
+            # grad-norm-rising describes; weaker than a rise past the probe's 10×.
+            return [
+                CodeHit(
+                    "grad-norm-rising",
+                    0.8,
+                    f"grad norm {shown}: every value above the last, {fmt(last / first)}× "
+                    "overall (a steady climb)",
+                )
+            ]
         within = all(low <= v <= high for v in values) and all(
             low <= a and b <= high for a, b in item.ranges
         )
@@ -1442,6 +1537,29 @@ class Matcher:
         ):
             # "4.6 at step 0 and still 4.6 at step 20k": the words say the loss has not moved.
             return [CodeHit("loss-stuck", 0.7, f"{name} {shown}: the same value again, later")]
+        if (
+            item.name != "val_loss"
+            and n == 2
+            and not progress.comes_back
+            and min(values) > 0
+            and values[1] >= _LOSS_DIVERGING_FACTOR * values[0]
+        ):
+            # "loss climbs from a best of 2.1 to 9.5": two readings, far apart upwards.
+            return [
+                CodeHit(
+                    "loss-diverging",
+                    0.8,
+                    f"{name} {shown}: ends at {fmt(values[1] / values[0])}× where it was",
+                )
+            ]
+        if (
+            item.name == "val_loss"
+            and n == 2
+            and min(values) > 0
+            and values[1] >= _HELD_OUT_RISE_FACTOR * values[0]
+        ):
+            # "val loss went from 0.6 at epoch 5 to 1.4 at epoch 30": held-out results worsen.
+            return [CodeHit("overfitting", 0.7, f"{name} {shown} goes up")]
         if n < 3 or min(values) <= 0:
             return []
         for i in range(1, n - 1):
@@ -1457,6 +1575,21 @@ class Matcher:
                 ]
         best_index = min(range(n), key=lambda i: values[i])
         best, last = values[best_index], values[-1]
+        if (
+            progress.accumulating
+            and item.name == "loss"
+            and 0 < best_index < n - 1
+            and last >= _HELD_OUT_RISE_FACTOR * best
+        ):
+            # With accumulation, a loss that falls and then climbs back is that symptom (its
+            # usual cause: the accumulation bookkeeping), more than a plain divergence.
+            return [
+                CodeHit(
+                    "loss-down-then-up-with-accumulation",
+                    0.9,
+                    f"{name} {shown}: falls to {fmt(best)}, then climbs back, with accumulation",
+                )
+            ]
         if (
             best_index < n - 1
             and last >= _LOSS_DIVERGING_FACTOR * best
@@ -1621,7 +1754,7 @@ class Matcher:
         series = read_series(without_code(repaired_text))
         # "can't fit batch 128 on my 3090" reports; "you can't clip with fp16" claims.
         assertive = bool(_ASSERTION.search(text)) and not (
-            first_person and not _STRONG_ASSERTION.search(_WEAK_NEGATION.sub(" ", text))
+            first_person and not _STRONG_ASSERTION.search(_WEAK_NEGATION.sub(" ", _own_steps(text)))
         )
         progress = _progress(repaired_text)
         evidence = self._number_evidence(quantities, series, repaired_text, progress)
@@ -1695,6 +1828,26 @@ class Matcher:
         if "loss-stuck" in scores and any(h.entry_id == "plateau" for h in evidence):
             # A plateau reading says the loss fell first: not stuck from the start.
             scores["loss-stuck"] *= 0.7
+        train_loss = next((s.values for s in series if s.name == "loss"), ())
+        if (
+            "loss-stuck" in scores
+            and len(train_loss) >= 2
+            and _decreasing(train_loss)
+            and train_loss[-1] <= _LOSS_FALLEN * train_loss[0]
+        ):
+            # The numbers show the loss coming down: it is not stuck.
+            scores["loss-stuck"] *= 0.5
+        if _LOSS_FINITE.search(text):
+            # "NaN in the gradients while the loss is still finite": not a NaN loss.
+            for entry_id in ("loss-nan", "nan-loss-before-backward"):
+                if entry_id in scores:
+                    scores[entry_id] *= 0.5
+        if OUT_OF_SCOPE_ID in scores and any(
+            h.strength >= 0.9 and h.entry_id != OUT_OF_SCOPE_ID for h in evidence
+        ):
+            # A gradient or loss reading the numbers are sure of keeps the text ours, whatever
+            # it also says about the learning rate.
+            scores[OUT_OF_SCOPE_ID] *= 0.5
         for entry_id in self._contradicted(quantities) & scores.keys():
             # The text gives the entry's own number inside its normal band.
             scores[entry_id] *= 0.5
@@ -1800,6 +1953,21 @@ class Matcher:
             series={item.name: list(item.values) for item in series},
             code_detected=code_detected,
         )
+
+
+#: "I walk over the parameters, divide each .grad ...": the clause after the comma goes on
+#: with the same subject, it is not an order to the reader.
+_OWN_STEPS = re.compile(r"(\b(?:i|we)\s+(?:[^.;!?,\n]|\.(?=\w))+),(?=\s*(?:then\s+)?[a-z])", re.I)
+
+
+def _own_steps(text: str) -> str:
+    """``text`` with the commas of a first-person list of actions read as "and"."""
+    for _ in range(4):
+        joined = _OWN_STEPS.sub(r"\1 and", text)
+        if joined == text:
+            break
+        text = joined
+    return text
 
 
 def _apply_fixes(text: str, fixes: dict[str, str]) -> str:

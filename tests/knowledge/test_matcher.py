@@ -916,3 +916,97 @@ def test_code_rules_agree_with_the_static_fixture_corpus() -> None:
     print(f"\nstatic corpus: {found}/{len(buggy)} buggy scripts matched in the top 3")
     assert found >= 0.9 * len(buggy)
     assert len(false_alarms) <= 1, false_alarms
+
+
+# -- intent and trend families (issue 15, fresh19's misses; examples written for this test) --
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # What the user's own loop does: the red flag, not its near neighbours.
+        ("we feed every micro-batch loss to backward unchanged, accum is 6", "accum-unscaled-loss"),
+        (
+            "zero_grad() sits at the top of the loop body while step() happens once every "
+            "3 batches",
+            "accum-zero-grad-every-microstep",
+        ),
+        (
+            "after accumulating I go through the params, divide every p.grad by 8, then step",
+            "accum-manual-grad-scaling",
+        ),
+        (
+            "we do g.grad /= accum for each parameter after the last micro-batch",
+            "accum-manual-grad-scaling",
+        ),
+        # Where the NaN is: gradients with a finite loss; the inputs checked directly.
+        (
+            "a NaN appears in the gradient of the decoder bias although the loss is still finite",
+            "nan-gradients",
+        ),
+        ("torch.isinf(inputs).any() returns True for one batch in epoch 3", "nonfinite-inputs"),
+        # Units that never fire are dead neurons; most zero values are the symptom.
+        ("a third of the hidden units never fire for any example", "dead-neurons"),
+        ("over 60% of the values after the relu are zero", "many-zero-activations"),
+        # A claim that names the learning rate as the NaN's cause, with no data in it.
+        ("That NaN comes from the learning rate, halve it and rerun.", "lower-lr-for-nan"),
+        # A sentence starting with a keyword is not a Python header.
+        (
+            "for the classifier head the gradient norm is 30 times the weight norm",
+            "grad-param-ratio",
+        ),
+    ],
+)
+def test_intent_families(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected], [(m.id, m.score) for m in match(text).matches[:3]]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "reason_part"),
+    [
+        (
+            "grad norm 0.3 at step 500, 0.6 at 2k, 1.1 at 6k, 2.0 at 12k",
+            "grad-norm-rising",
+            "steady climb",
+        ),
+        (
+            "the input layer's grad norm is 2e-10 and the output layer's is 3e-3",
+            "vanishing-gradients",
+            "early layer is the small one",
+        ),
+        ("eval loss went from 0.35 at epoch 3 to 0.8 at epoch 12", "overfitting", "goes up"),
+        (
+            "with micro-batches of 8 the loss goes 2.4, 1.9, 1.7 and then back up to 2.8",
+            "loss-down-then-up-with-accumulation",
+            "climbs back",
+        ),
+        (
+            "loss rose from 1.3 to 6.2 in the first 200 steps; warmup is 0",
+            "loss-diverging",
+            "ends at",
+        ),
+        (
+            "the update-to-weight ratio ||dw||/||w|| is around 0.03",
+            "update-param-ratio",
+            "more than 10",
+        ),
+    ],
+)
+def test_trend_families(text: str, expected: str, reason_part: str) -> None:
+    result = match(text)
+    assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches[:3]]
+    assert any(reason_part in r for r in result.matches[0].reasons), result.matches[0].reasons
+
+
+def test_a_falling_loss_log_is_not_stuck() -> None:
+    text = (
+        "{'loss': 3.1, 'grad_norm': 0.6, 'epoch': 1.0} ... "
+        "{'loss': 2.4, 'grad_norm': 0.5, 'epoch': 2.0}"
+    )
+    assert _top_ids(match(text)) == ["healthy"]
+
+
+def test_code_split_reads_keyword_sentences_as_prose() -> None:
+    assert split_code("with accum=4 my loss is divided twice and the norm looks tiny").code == ""
+    assert split_code("for batch in loader").code == "for batch in loader"
+    assert split_code("if step % 4 == 0:").code == "if step % 4 == 0:"
