@@ -388,7 +388,9 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
 # A number glued to a name by a hyphen is part of the name (CIFAR-10, ResNet-50, GPT-2), not a
 # reading; a hyphen after a digit is still a range (0.4-0.7).
 _SERIES_NUMBER = re.compile(
-    r"(?<![\w.])(?<![A-Za-z]-)(?P<num>[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][-+−]?\d+)?)(?P<suffix>[kKmM]\b)?"
+    # "4,200" and "19,000" are one number each (thousands separators), "0.9, 1.3" a list.
+    r"(?<![\w.])(?<![A-Za-z]-)(?P<num>[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d|\.\d)|\d+(?:\.\d+)?|\.\d+)"
+    r"(?:[eE][-+−]?\d+)?)(?P<suffix>[kKmM]\b)?"
     r"(?!\w|\.\d)"
 )
 _EARLIER = re.compile(

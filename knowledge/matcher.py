@@ -337,6 +337,8 @@ _EVERY_STEP = re.compile(
 _UPDATE_RATIO_USUAL = 1e-3
 _UPDATE_RATIO_FACTOR = 100.0
 _LOSS_SPIKE_FACTOR = 2.0
+#: A loss that rises at every reading after its best, to this multiple of it, is diverging.
+_LOSS_CLIMB_FACTOR = 2.0
 #: A grad norm that grows at every reading (4+ readings) by at least this much overall is
 #: read as rising even below the probe's 10× line (the matcher's own reading of a trend told
 #: in words, not a diagnosis threshold).
@@ -425,9 +427,9 @@ _ACCUMULATING = re.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE)
 #: Two layers named by their place in the network, in one sentence: norms given for them
 #: are per-layer values side by side, not a trend over time.
 _LAYER_PAIR = re.compile(
-    r"\b(?P<early>first|early|earliest|bottom|input|lowest|embedding)\w*\b[^.;\n]{0,60}\blayer\w*"
+    r"\b(?P<early>first|early|earliest|bottom|input|lowest|embedding)\w*\b[^.;\n]{0,60}\b(?:layer|linear|conv|block|lstm|gru)\w*"
     r"[^.;\n]{0,80}\b(?:last|late|final|top|output|head|deepest|classifier)\w*\b"
-    r"|\b(?:last|late|final|top|output|head|deepest|classifier)\w*\b[^.;\n]{0,60}\blayer\w*"
+    r"|\b(?:last|late|final|top|output|head|deepest|classifier)\w*\b[^.;\n]{0,60}\b(?:layer|linear|conv|block|lstm|gru)\w*"
     r"[^.;\n]{0,80}\b(?:first|early|earliest|bottom|input|lowest|embedding)\w*\b",
     re.IGNORECASE,
 )
@@ -1460,12 +1462,40 @@ class Matcher:
                     )
                 return hits
         first, last = values[0], values[-1]
+        if n >= 3 and min(first, last) > 0 and max(first, last) < factor * min(first, last):
+            # "sits at 0.6-1.1, step 3412 hit 94 and step 7730 210, then back to 0.9": a usual
+            # level, a run of readings far above it, and a return to it is an excursion (the
+            # spikes' shape), whatever the number of readings inside the run.
+            level = max(first, last)
+            inside = values[1:-1]
+            if all(v > factor * level for v in inside):
+                peak = max(inside)
+                hits = [
+                    CodeHit(
+                        "grad-norm-spikes",
+                        1.0,
+                        f"grad norm {shown}: {len(inside)} reading(s) above {fmt(factor)}× its "
+                        f"usual level {fmt(level)}, then back to it (spike factor, "
+                        f"{self._cite(p.spike_factor)})",
+                    )
+                ]
+                if peak > p.exploding_warning.value:
+                    hits.append(
+                        CodeHit(
+                            "exploding-gradients",
+                            0.6,
+                            f"a spike reaches {fmt(peak)} > {fmt(p.exploding_warning.value)}",
+                        )
+                    )
+                return hits
         correlation = rank_correlation(values)
         if n >= 3 and first > 0 and last / first > 10 and correlation >= 0.8:
             hits = [
                 CodeHit(
                     "grad-norm-rising",
-                    1.0,
+                    # Past the exploding threshold the size itself is the diagnosis; the
+                    # trend is the secondary reading.
+                    0.7 if last > p.exploding_critical.value else 1.0,
                     f"grad norm {shown}: rises {fmt(last / first)}× step after step",
                 )
             ]
@@ -1500,6 +1530,10 @@ class Matcher:
                     "overall (a steady climb)",
                 )
             ]
+        if n >= 3 and min(values) > p.exploding_warning.value:
+            # "1.2e4, 8.9e3, 2.1e4 from the very first steps": every reading far past the
+            # exploding threshold, with no trend to read; the size is the finding.
+            return self._norm_evidence(_median(values), fmt(_median(values)), False)
         within = all(low <= v <= high for v in values) and all(
             low <= a and b <= high for a, b in item.ranges
         )
@@ -1564,7 +1598,8 @@ class Matcher:
             return []
         for i in range(1, n - 1):
             before, value, after = values[i - 1], values[i], values[i + 1]
-            if value > _LOSS_SPIKE_FACTOR * max(before, after) and after < 1.3 * before:
+            # A jump from the reading before and a return right after ("3.4, 6.9, 3.6").
+            if value > _LOSS_SPIKE_FACTOR * before and after < 1.3 * before:
                 return [
                     CodeHit(
                         "loss-spikes",
@@ -1609,6 +1644,23 @@ class Matcher:
                     1.0,
                     f"{name} {shown}: ends at {fmt(last / best)}× its best value {fmt(best)} "
                     "and keeps climbing",
+                )
+            ]
+        climb = values[best_index:]
+        if (
+            item.name != "val_loss"
+            and len(climb) >= 4
+            and last >= _LOSS_CLIMB_FACTOR * best
+            and all(b > a for a, b in itertools.pairwise(climb))
+        ):
+            # "7.4, 6.9, 9.0, 11.7, 15.2": after its best the loss rises at every reading,
+            # already twice its best: diverging, even before it reaches the 3× above.
+            return [
+                CodeHit(
+                    "loss-diverging",
+                    0.9,
+                    f"{name} {shown}: climbs at every reading since its best {fmt(best)}, now "
+                    f"{fmt(last / best)}×",
                 )
             ]
         if item.name == "val_loss" and progress.improving and last > 1.1 * best < last:

@@ -404,6 +404,35 @@ def test_static_analyser_findings_are_cited() -> None:
             "per-layer norms differ",
         ),
         ("loss 4.2, then 1.8 by step 2k, and it has sat at 1.8 since", "plateau", "one level"),
+        # Issue 15 (fresh20/21 families), own examples: an excursion of several readings that
+        # returns to the usual level is spikes, not a trend.
+        (
+            "total norm hovers near 0.3-0.5, then 60 and 85 at two steps, then 0.4 again",
+            "grad-norm-spikes",
+            "then back to it",
+        ),
+        # Every reading far past the exploding threshold, no trend: exploding by size.
+        ("grad norm per step: 5.5e3, 3.1e3, 7.7e3, 4.0e3", "exploding-gradients", "critical"),
+        # A rise that ends far past the threshold: the size ranks above the trend.
+        (
+            "grad norm at step 0 2.1, step 20 640, step 40 8,800, step 60 31,000",
+            "exploding-gradients",
+            "critical",
+        ),
+        # A nanoGPT-style log whose loss jumps for one reading and comes back.
+        (
+            "iter 300: loss 4.10\niter 310: loss 4.05\niter 320: loss 8.30\niter 330: loss 4.20",
+            "loss-spikes",
+            "comes back",
+        ),
+        # After its best the loss climbs at every reading, past twice its best.
+        ("loss 9.8, 6.1, 5.5, 6.9, 8.4, 12.3", "loss-diverging", "climbs at every reading"),
+        # Two layers named by their module type, not the word "layer".
+        (
+            "norm of the first Conv is 2e-9 and of the last Conv 6e-3",
+            "vanishing-gradients",
+            "early layer is the small one",
+        ),
     ],
 )
 def test_series_rules(text: str, expected: str, reason_part: str) -> None:
@@ -415,6 +444,11 @@ def test_series_rules(text: str, expected: str, reason_part: str) -> None:
 def test_series_are_reported() -> None:
     result = match("grad norm log: step 0 0.8, step 1000 2.5, step 2000 9, step 3000 40")
     assert result.series == {"grad_norm": [0.8, 2.5, 9.0, 40.0]}
+
+
+def test_thousands_separators_make_one_value() -> None:
+    result = match("grad norm: step 10 1,250, step 20 3,400, step 30 12,000.")
+    assert result.series == {"grad_norm": [1250.0, 3400.0, 12000.0]}
 
 
 def test_series_leave_steps_and_counts_out() -> None:
