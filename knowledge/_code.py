@@ -1083,6 +1083,14 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the loss is non-finite before backward()",
         ),
         (
+            # The other order: "printed the loss before backward(): it's already inf".
+            r"\bloss\b[^;\n]{0,50}\b(?:before|prior\s+to)\b[^;\n]{0,30}backward[^\n]{0,70}?"
+            r"\balready\s+(?:an?\s+)?(?:nan|inf|non-?finite)\b",
+            "nan-loss-before-backward",
+            0.9,
+            "text: the loss is non-finite before backward()",
+        ),
+        (
             r"\b(?:never|don't|do\s+not|without|no|not|forg[eo]t\w*\s+to)\s+(?:use\s+|using\s+|"
             r"call\s+|calling\s+)?(?:model\.)?no_sync",
             "ddp-accum-without-no-sync",

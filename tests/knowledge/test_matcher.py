@@ -446,6 +446,17 @@ def test_series_are_reported() -> None:
     assert result.series == {"grad_norm": [0.8, 2.5, 9.0, 40.0]}
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "logged the loss just before calling backward() and on step 4410 it is already nan",
+        "we check the loss prior to backward, and at the failing iteration it is already inf",
+    ],
+)
+def test_loss_already_nonfinite_before_backward(text: str) -> None:
+    assert _top_ids(match(text)) == ["nan-loss-before-backward"]
+
+
 def test_thousands_separators_make_one_value() -> None:
     result = match("grad norm: step 10 1,250, step 20 3,400, step 30 12,000.")
     assert result.series == {"grad_norm": [1250.0, 3400.0, 12000.0]}
