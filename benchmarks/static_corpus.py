@@ -494,6 +494,29 @@ def statement_map(module: cst.Module) -> _StatementMap:
     return visitor
 
 
+#: An optimizer update: ``optimizer.step()``, ``scaler.step(opt)``, ``engine.step()``; not a
+#: scheduler's (its receiver names a schedule).
+_UPDATE_CALL = re.compile(
+    r"(?<![\w.])(?![\w.]*(?:sched|lr_|warmup)[\w.]*\.step\()[\w.\[\]]+\.step\("
+)
+
+
+def _accumulation_gate(statements: list[Stmt], code: str, guard: Guard) -> bool:
+    """True when ``guard``'s branch is the update of an accumulation window: it holds an
+    optimizer step (other than the moved statement) and its alternative holds none. Moving
+    ``zero_grad``, the clip or the scheduler there is the accumulation fix (the other branch is
+    the micro-batches that only backpropagate), not a path the patch lost."""
+
+    def branch_of(stmt: Stmt) -> str | None:
+        return next((g.branch for g in stmt.guards if g.node_key == guard.node_key), None)
+
+    inside = [s for s in statements if branch_of(s) == guard.branch and s.code != code]
+    other = [s for s in statements if branch_of(s) not in (None, guard.branch)]
+    return any(_UPDATE_CALL.search(s.code) for s in inside) and not any(
+        _UPDATE_CALL.search(s.code) for s in other
+    )
+
+
 def _guard_key(guard: Guard) -> tuple[str, str, str]:
     return (guard.kind, guard.header, guard.branch)
 
@@ -600,7 +623,7 @@ def guard_problems(original: cst.Module, patched: cst.Module, applied: Applied) 
                         g.node_key == guard.node_key and g.branch != guard.branch for g in s.guards
                     )
                 ]
-                if not siblings:
+                if not siblings and not _accumulation_gate(after.statements, old.code, guard):
                     problems.append(
                         f"`{old.code}` moved into only the {guard.branch} branch of "
                         f"`{guard.kind} {guard.header}`"

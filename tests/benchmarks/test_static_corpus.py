@@ -220,6 +220,33 @@ def test_zero_grad_moved_into_every_branch_passes() -> None:
     assert _problems(before, after) == []
 
 
+def test_zero_grad_moved_into_the_update_branch_of_an_accumulation_window_passes() -> None:
+    """The else branch is the micro-batches that only backpropagate (a privacy engine's
+    ``virtual_step``): zeroing there is the bug, so moving ``zero_grad`` after the real step
+    loses no path."""
+    before = """\
+    def train(model, loader, optimizer, accum):
+        for i, batch in enumerate(loader):
+            optimizer.zero_grad()
+            model(batch).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+            else:
+                optimizer.virtual_step()
+    """
+    after = """\
+    def train(model, loader, optimizer, accum):
+        for i, batch in enumerate(loader):
+            model(batch).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+            else:
+                optimizer.virtual_step()
+    """
+    assert _problems(before, after) == []
+
+
 def test_a_name_used_before_it_is_bound_is_broken() -> None:
     before = """\
     from torch.nn.utils import clip_grad_norm_ as clip
