@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import Event, FileModel, Unit
+from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
+from gradient_doctor.probes.static.names import dotted_name, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     between,
@@ -22,6 +24,7 @@ from gradient_doctor.probes.static.ruletools import (
     placement,
     previous,
 )
+from gradient_doctor.probes.static.traverse import calls_in
 
 
 class AmpClipWithoutUnscale(Rule):
@@ -132,6 +135,7 @@ class Trainer:
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        yield from _hook_clipping(model)
         for unit in model.units:
             for clip in clipping(unit):
                 if clip.framework in {"accelerator", "fabric", "lightning"}:
@@ -219,6 +223,77 @@ class Trainer:
             return None
         code = guarded_code(f"{scaler}.unscale_({optimizer})", guard)
         return Patch().insert_before(clip_stmt, code)
+
+
+HOOK_MESSAGE = (
+    "`{call}` on line {line} clamps each gradient in a backward hook (`register_hook`), but "
+    "the gradients are scaled by `{scaler}` (line {scaled_line}) while backward runs: the "
+    "hook clips scaled values; clip after `{scaler}.unscale_(optimizer)` instead"
+)
+
+# Tensor hooks run inside backward, on the gradient as autograd produces it (scaled by the
+# GradScaler); the post-accumulate hook sees the parameter once its `.grad` is summed.
+GRAD_HOOKS = frozenset({"register_hook", "register_post_accumulate_grad_hook"})
+CLAMP_WORDS = re.compile(r"clamp|clip", re.IGNORECASE)
+
+
+def _hook_clipping(model: FileModel) -> Iterator[RawFinding]:
+    """A gradient hook that clamps gradients (``p.register_hook(lambda g: g.clamp(-c, c))``),
+    registered here or by a helper called here (one level, any file of the project), in a
+    class or script whose backward goes through a GradScaler."""
+    # A scaled backward, or a `scaler.step` (it steps scaled gradients, whoever scaled them).
+    scaled = [
+        e
+        for e in model.direct_events()
+        if e.scaler and (e.kind == "backward" or e.kind == "scaler_step")
+    ]
+    scaled.sort(key=lambda e: e.kind != "backward")
+    if not scaled:
+        return
+    for call, _, func in model.all_calls:
+        if not _registers_clamping_hook(model, call, func):
+            target = model.function_for_call(call, func)
+            if target is None or target is func:
+                continue
+            owner = target.model or model
+            if not any(
+                _registers_clamping_hook(owner, inner, target)
+                for inner in calls_in(target.node)
+                if isinstance(inner, cst.Call)
+            ):
+                continue
+        # The scaler of the same class (or, outside classes, of the script's functions):
+        # another class's scaler may train something else.
+        same_scope = [b for b in scaled if b.func.class_name == func.class_name]
+        if not same_scope:
+            continue
+        evidence = same_scope[0]
+        yield RawFinding(
+            node=call,
+            message=HOOK_MESSAGE,
+            evidence={
+                "call": label(call),
+                "line": call,
+                "scaler": evidence.scaler,
+                "scaled_line": evidence.call,
+            },
+        )
+
+
+def _registers_clamping_hook(model: FileModel, call: cst.Call, func: FuncInfo) -> bool:
+    """``x.register_hook(fn)`` where ``fn`` (a lambda, or a function of the file) clamps."""
+    if method_name(call) not in GRAD_HOOKS or not call.args:
+        return False
+    hook = call.args[0].value
+    body: cst.CSTNode | None = None
+    if isinstance(hook, cst.Lambda):
+        body = hook.body
+    elif isinstance(hook, cst.Name | cst.Attribute):
+        target = model.function_for_call(cst.Call(func=hook), func)
+        body = target.node if target is not None else None
+    if body is None:
+        return False
+    return any(CLAMP_WORDS.search(dotted_name(inner.func) or "") for inner in calls_in(body))
 
 
 HELPER_MESSAGE = (
