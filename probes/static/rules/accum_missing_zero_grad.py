@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -223,13 +224,15 @@ def _other_optimizer(
     receivers = {z.receiver for z in zeros}
     if any(r is None for r in receivers):
         return  # `p.grad = None` / a helper may cover every optimizer
+    if any(_variable_item(r) for r in receivers if r is not None):
+        return  # `optimizers[name].zero_grad()` in a loop may zero every item
     modules = {r for r in receivers if r is not None and model.kind_of(r) != "optimizer"}
     zeroed_anywhere = {
         e.receiver for e in model.direct_events() if e.kind == "zero_grad" and e.receiver
     }
     for step in steps:
         stepped = optimizer_of(step)
-        if stepped is None or stepped in receivers:
+        if stepped is None or stepped in receivers or _variable_item(stepped):
             continue
         if any(_may_hold(model, module, stepped, steps) for module in modules):
             continue  # `model.zero_grad()` may cover this optimizer's parameters
@@ -252,6 +255,13 @@ def _other_optimizer(
                 "zero_line": zero.anchor,
             },
         )
+
+
+def _variable_item(text: str) -> bool:
+    """``opts[i]``: an item of a container picked by a variable (which one is unknown);
+    ``opts["disc"]`` / ``opts[0]`` name one item."""
+    found = re.findall(r"\[([^\[\]]*)\]", text)
+    return any(not re.fullmatch(r"\s*(-?\d+|'[^']*'|\"[^\"]*\")\s*", item) for item in found)
 
 
 def _may_hold(model: FileModel, module: str, optimizer: str, steps: list[Event]) -> bool:

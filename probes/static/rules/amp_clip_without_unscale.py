@@ -19,12 +19,13 @@ from gradient_doctor.probes.static.ruletools import (
     guarded_code,
     label,
     movable,
+    names_in,
     optimizer_of,
     path_guard,
     placement,
     previous,
 )
-from gradient_doctor.probes.static.traverse import calls_in
+from gradient_doctor.probes.static.traverse import calls_in, walk
 
 
 class AmpClipWithoutUnscale(Rule):
@@ -218,11 +219,29 @@ class Trainer:
     ) -> Patch | None:
         if not movable(clip_stmt) or not model.owns(step.anchor_stmt):
             return None
+        if _per_optimizer_loop(step, clip_stmt, optimizer):
+            return None  # `for o in opts: scaler.step(o)`: one unscale_ per optimizer is needed
         guard = path_guard(model, step.anchor_stmt, clip_stmt)
         if guard is None:
             return None
         code = guarded_code(f"{scaler}.unscale_({optimizer})", guard)
         return Patch().insert_before(clip_stmt, code)
+
+
+def _per_optimizer_loop(step: Event, clip_stmt: cst.CSTNode, optimizer: str) -> bool:
+    """The stepped optimizer is the variable of a ``for`` loop around the step but not around
+    the clip (``for o in optimizers: scaler.step(o)``): before the clip, that name is unbound
+    or holds only the last optimizer of an earlier loop."""
+    used = set(re.findall(r"[A-Za-z_]\w*", optimizer))
+    for frame in step.frames:
+        loop = frame.node
+        if frame.kind != "loop" or not isinstance(loop, cst.For):
+            continue
+        if not names_in(loop.target) & used:
+            continue
+        if not any(node is clip_stmt for node in walk(loop)):
+            return True
+    return False
 
 
 HOOK_MESSAGE = (
