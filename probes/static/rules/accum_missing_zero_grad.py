@@ -30,7 +30,10 @@ class AccumMissingZeroGrad(Rule):
         "the accumulation update `{step}` on line {step_line} never zeroes the gradients: "
         "they keep growing across updates; call `{optimizer}.zero_grad()` after the step"
     )
-    what = "Finds accumulation loops whose update steps but never calls `zero_grad()`."
+    what = (
+        "Finds accumulation loops whose update steps but never calls `zero_grad()`, and loops "
+        "or one-update methods that zero one network but step another network's optimizer."
+    )
     why = (
         "`backward()` adds into `.grad`. With no `zero_grad()` after the update, the next window "
         "starts from the old sum, so every update uses all gradients since the start: the "
@@ -99,6 +102,22 @@ for it in range(iters):
     scaler.update()
 """,
             8,
+        ),
+        Invalid(
+            """
+import torch
+class Pair:
+    def __init__(self, gen, disc):
+        self.gen, self.disc = gen, disc
+    def update(self, real, noise):
+        fake = self.gen(noise)
+        (self.disc(fake.detach()).mean() - self.disc(real).mean()).backward()
+        self.disc.optimizer.step()
+        self.gen.zero_grad()
+        (-self.disc(fake).mean()).backward()
+        self.gen.optimizer.step()
+""",
+            9,
         ),
     ]
 

@@ -35,7 +35,10 @@ class AmpClipWithoutUnscale(Rule):
         "`{clip}` on line {clip_line} clips the gradients scaled by `{scaler}` (backward on line "
         "{backward_line}) without `{scaler}.unscale_({optimizer})` first"
     )
-    what = "Finds clipping of GradScaler-scaled gradients with no `scaler.unscale_()` before it."
+    what = (
+        "Finds clipping of GradScaler-scaled gradients with no `scaler.unscale_()` before it, "
+        "including gradient hooks (`p.register_hook`) that clamp during a scaled backward."
+    )
     why = (
         "After `scaler.scale(loss).backward()` the gradients are multiplied by the loss scale "
         "(65,536 at the start). Their norm is far above `max_norm`, so every step is clipped to "
@@ -132,6 +135,22 @@ class Trainer:
         self.opt.zero_grad()
 """,
             15,
+        ),
+        Invalid(
+            """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for p in model.parameters():
+    p.register_hook(lambda g: g.clamp(-1.0, 1.0))
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+""",
+            5,
         ),
     ]
 
