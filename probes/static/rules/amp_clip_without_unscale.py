@@ -9,6 +9,7 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import after_backward_clips, lightning_fp16_mixed
 from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
 from gradient_doctor.probes.static.names import dotted_name, method_name
 from gradient_doctor.probes.static.patches import Patch
@@ -37,7 +38,8 @@ class AmpClipWithoutUnscale(Rule):
     )
     what = (
         "Finds clipping of GradScaler-scaled gradients with no `scaler.unscale_()` before it, "
-        "including gradient hooks (`p.register_hook`) that clamp during a scaled backward."
+        "including gradient hooks (`p.register_hook`) that clamp during a scaled backward and "
+        "Lightning's `on_after_backward` under fp16 mixed precision."
     )
     why = (
         "After `scaler.scale(loss).backward()` the gradients are multiplied by the loss scale "
@@ -156,6 +158,13 @@ for x, y in loader:
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         yield from _hook_clipping(model)
+        if lightning_fp16_mixed(model):
+            for _, clip in after_backward_clips(model):
+                yield RawFinding(
+                    node=clip.anchor,
+                    message=LIGHTNING_MESSAGE,
+                    evidence={"clip": label(clip.anchor), "clip_line": clip.anchor},
+                )
         for unit in model.units:
             for clip in clipping(unit):
                 if clip.framework in {"accelerator", "fabric", "lightning"}:
@@ -262,6 +271,12 @@ def _per_optimizer_loop(step: Event, clip_stmt: cst.CSTNode, optimizer: str) -> 
             return True
     return False
 
+
+LIGHTNING_MESSAGE = (
+    "`{clip}` on line {clip_line} clips in `on_after_backward`, which Lightning calls before it "
+    "unscales the fp16 gradients (precision 16-mixed): it clips scaled values; clip in "
+    "`configure_gradient_clipping` or `on_before_optimizer_step`, or set `gradient_clip_val`"
+)
 
 HOOK_MESSAGE = (
     "`{call}` on line {line} clamps each gradient in a backward hook (`register_hook`), but "
