@@ -11,7 +11,7 @@ import libcst as cst
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import after_backward_clips, lightning_fp16_mixed
 from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
-from gradient_doctor.probes.static.names import dotted_name, method_name
+from gradient_doctor.probes.static.names import code_of, dotted_name, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     between,
@@ -344,8 +344,8 @@ def _registers_clamping_hook(model: FileModel, call: cst.Call, func: FuncInfo) -
     elif isinstance(hook, cst.Name | cst.Attribute):
         target = model.function_for_call(cst.Call(func=hook), func)
         body = target.node if target is not None else None
-    if body is None:
-        return False
+    if body is None or "scale" in code_of(body):
+        return False  # a hook that reads the loss scale (`scaler.get_scale()`) may allow for it
     return any(CLAMP_WORDS.search(dotted_name(inner.func) or "") for inner in calls_in(body))
 
 
