@@ -37,7 +37,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from gradient_doctor.probes.static.model import FileModel, FuncInfo
+from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo
 from gradient_doctor.probes.static.names import call_arg, code_of, dotted_name, number_value
 from gradient_doctor.probes.static.traverse import walk
 
@@ -155,6 +155,39 @@ def lightning_clips(model: FileModel, class_name: str) -> bool:
         ):
             return True
     return False
+
+
+# Lightning 2.6.6 `precision=` values that train with a GradScaler (fp16 mixed precision;
+# the legacy `16` / `"16"` map to "16-mixed" in `trainer/connectors/accelerator_connector.py`).
+FP16_MIXED = frozenset({"16-mixed", "16"})
+
+
+def lightning_fp16_mixed(model: FileModel) -> bool:
+    """A Lightning ``Trainer(precision=...)`` of this file trains with fp16 mixed precision."""
+    for call in model.trainer_configs:
+        value = call_arg(call, None, "precision")
+        if isinstance(value, cst.SimpleString) and value.evaluated_value in FP16_MIXED:
+            return True
+        if isinstance(value, cst.Integer) and value.value == "16":
+            return True
+    return False
+
+
+def after_backward_clips(model: FileModel) -> Iterator[tuple[str, Event]]:
+    """(class, clip event) for the clipping in ``on_after_backward`` of the file's
+    LightningModules with automatic optimisation: Lightning calls that hook after every
+    backward, before AMP unscaling and on every micro-batch of an accumulation window
+    (``core/hooks.py`` 290-297: "the gradients will not be unscaled at this point")."""
+    model.units  # noqa: B018 - builds the inlined event lists that `expanded` reads
+    for class_name in lightning_modules(model):
+        if not automatic_optimization(model, class_name):
+            continue
+        hook = model.methods.get((class_name, "on_after_backward"))
+        if hook is None:
+            continue
+        for event in model.expanded(hook):
+            if event.kind == "clip" and not event.measures_only:
+                yield class_name, event
 
 
 def enclosing_class(func: FuncInfo) -> str | None:

@@ -93,6 +93,9 @@ SEQUENCE_MODEL_NAMES = frozenset(
 )
 MODULE_METHODS = frozenset({"parameters", "named_parameters"})
 """Methods of an ``nn.Module`` that an optimizer does not have."""
+# Kinds whose objects users keep in lists and dicts (one per network / parameter group).
+CONTAINED_KINDS = frozenset({"optimizer", "scheduler", "scaler"})
+_ITEM = re.compile(r"\[[^\[\]]*\]$")
 _OPTIMIZER_NAME = re.compile(r"(optim\w*|opt|opt\d+|opt_\w+|\w+_opt|\w+_optim\w*|\w*optimizer\w*)")
 
 
@@ -300,6 +303,36 @@ class ProjectLink(Protocol):
 
     def parameter_kinds(self, model: FileModel) -> dict[tuple[int, str], str]:
         """(id of a function of ``model``, parameter) -> the kind its callers pass."""
+
+    def endpoint(self, method: str, model: FileModel) -> FuncInfo | None:
+        """The project's one actor endpoint (see :func:`is_endpoint`) named ``method``."""
+
+
+# Calling an actor's method through its handle: Monarch `actor.method.call(...)` /
+# `.call_one` / `.choose` / `.broadcast`, Ray `actor.method.remote(...)`. The handle's class is
+# not visible (it is spawned by the framework), so the method is found by its name.
+ACTOR_INVOCATIONS = frozenset({"call", "call_one", "choose", "broadcast", "remote"})
+
+
+def is_endpoint(model: FileModel, func: FuncInfo) -> bool:
+    """``func`` is a method that actors expose: decorated ``@endpoint`` (Monarch), or a method
+    of a class decorated ``@ray.remote``."""
+    if func.class_name is None or not isinstance(func.node, cst.FunctionDef):
+        return False
+
+    def named(decorators: Sequence[cst.Decorator], word: str) -> bool:
+        for decorator in decorators:
+            target = decorator.decorator
+            if isinstance(target, cst.Call):
+                target = target.func
+            if (dotted_name(target) or "").rsplit(".", 1)[-1] == word:
+                return True
+        return False
+
+    if named(func.node.decorators, "endpoint"):
+        return True
+    owner = model.class_nodes.get(func.class_name)
+    return owner is not None and named(owner.decorators, "remote")
 
 
 def bind_arguments(call: cst.Call, target: cst.FunctionDef) -> list[tuple[str, cst.BaseExpression]]:
@@ -630,6 +663,15 @@ class FileModel:
             if name in {"lr_schedulers"}:
                 return "scheduler"
             return None
+        if isinstance(node, cst.Subscript):
+            # `optimizers["disc"]`, `self.optimizers[i]`: an item of a container of optimizers.
+            container = self.kind_of(node.value)
+            return container if container in CONTAINED_KINDS else None
+        if isinstance(node, str) and node.endswith("]"):
+            base = _ITEM.sub("", node)
+            if base != node:
+                container = self.kind_of(base)
+                return container if container in CONTAINED_KINDS else None
         text = node if isinstance(node, str) else dotted_name(node)
         if text is None:
             return None
@@ -679,6 +721,8 @@ class FileModel:
             return None
         owner = context.class_name
         base = func.value
+        if func.attr.value in ACTOR_INVOCATIONS and isinstance(base, cst.Attribute):
+            return self._endpoint(base.attr.value)
         if isinstance(base, cst.Name) and base.value in {"self", "cls"} and owner is not None:
             return self.method_of(owner, func.attr.value)
         if (
@@ -700,6 +744,16 @@ class FileModel:
         if self.project is not None:
             return self.project.class_method(self.qualify_text(built), func.attr.value, self)
         return None
+
+    def _endpoint(self, method: str) -> FuncInfo | None:
+        """The one actor endpoint named ``method`` in this file or (with a project index) the
+        project; None when there is none or more than one."""
+        if self.project is not None:
+            return self.project.endpoint(method, self)
+        found = [
+            f for (_, name), f in self.methods.items() if name == method and is_endpoint(self, f)
+        ]
+        return found[0] if len(found) == 1 else None
 
     def _built_from(self, node: cst.BaseExpression, context: FuncInfo) -> str | None:
         """The class (as written) whose constructor built the object ``node`` names, when the

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gradient_doctor.probes.static.model import FileModel, FuncInfo, constructor_kind
+from gradient_doctor.probes.static.model import FileModel, FuncInfo, constructor_kind, is_endpoint
 from gradient_doctor.probes.static.positions import first_lines
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ class ProjectIndex:
         self.foreign: dict[str, list[Finding]] = {}
         """Findings for a file, found while analysing another one."""
         self._parameter_kinds: dict[tuple[str, str], dict[str, str]] | None = None
+        self._endpoints: dict[str, FuncInfo | None] = {}
         for path, root in files:
             summary = _summarise(path, root)
             if summary is None:
@@ -168,6 +169,28 @@ class ProjectIndex:
         if other is None or other is model:
             return None
         return other.method_of(class_name, method)
+
+    def endpoint(self, method: str, model: FileModel) -> FuncInfo | None:
+        """The one actor endpoint (``@endpoint`` method, or method of a ``@ray.remote`` class)
+        named ``method`` in the whole project; None when no method or several have that name."""
+        if method in self._endpoints:
+            return self._endpoints[method]
+        self._endpoints[method] = None  # a lookup from inside that file's own build ends here
+        owners = [
+            (summary, name.rpartition(".")[0])
+            for summary in self.modules.values()
+            for name in summary.functions
+            if name.rpartition(".")[2] == method and name.rpartition(".")[0]
+        ]
+        found: FuncInfo | None = None
+        if len(owners) == 1:
+            summary, class_name = owners[0]
+            other = self._model(summary)
+            candidate = other.methods.get((class_name, method)) if other is not None else None
+            if candidate is not None and other is not None and is_endpoint(other, candidate):
+                found = candidate
+        self._endpoints[method] = found
+        return found
 
     def parameter_kinds(self, model: FileModel) -> dict[tuple[int, str], str]:
         summary = self.by_path.get(_key(Path(model.path)))

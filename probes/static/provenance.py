@@ -51,7 +51,7 @@ ACCUMULATION_WORDS = re.compile(
     re.I,
 )
 WINDOW_TOKEN_WORDS = re.compile(
-    r"num_items_in_batch|items_in_batch|window|global_?tok|step_tok", re.I
+    r"num_items_in_batch|items_in_batch|window|global\w*tok|step_tok", re.I
 )
 BATCH_STATISTIC = re.compile(
     r"\.sum\(|\.numel\(|len\(|\.size\(|\.shape|mask|token|batch_size|\bbs\b|world_size|"
@@ -388,6 +388,11 @@ class _Reader:
         # computes a fresh loss and knows nothing of the accumulation count.
         if any(ACCUMULATION_WORDS.search(code_of(a.value)) for a in call.args):
             return Scaling("unknown", reason=f"`{_short(call)}` is given the accumulation count")
+        if any(WINDOW_TOKEN_WORDS.search(code_of(a.value)) for a in call.args) or any(
+            WINDOW_TOKEN_WORDS.search(k) for k in keywords
+        ):
+            # `loss_fn(..., num_global_valid_tokens=n)`: it may divide by the window's tokens.
+            return Scaling("unknown", reason=f"`{_short(call)}` is given the window's token count")
         return Scaling("none")
 
     def _returned(

@@ -6,7 +6,11 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed
+from gradient_doctor.probes.static.frameworks import (
+    accelerate_runs_deepspeed,
+    after_backward_clips,
+    lightning_accumulation,
+)
 from gradient_doctor.probes.static.model import FileModel
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
@@ -27,7 +31,10 @@ class AccumClipEveryMicrostep(Rule):
         "`{clip}` on line {clip_line} clips on every micro-batch, but the step on line "
         "{step_line} runs every `{divisor}`: clip once, in the update, before the step"
     )
-    what = "Finds clipping inside the micro-step of a gradient-accumulation loop."
+    what = (
+        "Finds clipping inside the micro-step of a gradient-accumulation loop (also in a "
+        "LightningModule's `on_after_backward` under `accumulate_grad_batches`)."
+    )
     why = (
         "Mid-accumulation `.grad` holds a partial sum. Clipping it distorts the accumulated "
         "gradient (early micro-batches get clipped, later ones do not) and the threshold no "
@@ -100,6 +107,7 @@ for it in range(iters):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        yield from _lightning_after_backward(model)
         for unit, acc, steps in accumulating_units(model):
             step = steps[0]
             if acc.style == "accelerate" and accelerate_runs_deepspeed(model):
@@ -140,3 +148,24 @@ for it in range(iters):
 def _accelerator_name(model: FileModel) -> str | None:
     names = [name for name, kind in model.kinds.items() if kind == "accelerator"]
     return names[0] if len(names) == 1 else None
+
+
+LIGHTNING_MESSAGE = (
+    "`{clip}` on line {clip_line} clips in `on_after_backward`, which Lightning calls after "
+    "every micro-batch's backward (`accumulate_grad_batches={divisor}`): clip once per step, "
+    "in `configure_gradient_clipping` or `on_before_optimizer_step`, or set `gradient_clip_val`"
+)
+
+
+def _lightning_after_backward(model: FileModel) -> Iterator[RawFinding]:
+    """Clipping in a LightningModule's ``on_after_backward`` while this file's Trainer
+    accumulates (``accumulate_grad_batches`` other than 1)."""
+    count = lightning_accumulation(model)
+    if count is None or count.strip() in {"1", "None"}:
+        return
+    for _, clip in after_backward_clips(model):
+        yield RawFinding(
+            node=clip.anchor,
+            message=LIGHTNING_MESSAGE,
+            evidence={"clip": label(clip.anchor), "clip_line": clip.anchor, "divisor": count},
+        )

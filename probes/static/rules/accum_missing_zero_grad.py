@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -10,7 +11,7 @@ import libcst as cst
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import automatic_optimization, is_lightning_module
 from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
-from gradient_doctor.probes.static.names import method_name
+from gradient_doctor.probes.static.names import code_of, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
@@ -29,7 +30,10 @@ class AccumMissingZeroGrad(Rule):
         "the accumulation update `{step}` on line {step_line} never zeroes the gradients: "
         "they keep growing across updates; call `{optimizer}.zero_grad()` after the step"
     )
-    what = "Finds accumulation loops whose update steps but never calls `zero_grad()`."
+    what = (
+        "Finds accumulation loops whose update steps but never calls `zero_grad()`, and loops "
+        "or one-update methods that zero one network but step another network's optimizer."
+    )
     why = (
         "`backward()` adds into `.grad`. With no `zero_grad()` after the update, the next window "
         "starts from the old sum, so every update uses all gradients since the start: the "
@@ -99,6 +103,22 @@ for it in range(iters):
 """,
             8,
         ),
+        Invalid(
+            """
+import torch
+class Pair:
+    def __init__(self, gen, disc):
+        self.gen, self.disc = gen, disc
+    def update(self, real, noise):
+        fake = self.gen(noise)
+        (self.disc(fake.detach()).mean() - self.disc(real).mean()).backward()
+        self.disc.optimizer.step()
+        self.gen.zero_grad()
+        (-self.disc(fake).mean()).backward()
+        self.gen.optimizer.step()
+""",
+            9,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -135,9 +155,8 @@ for it in range(iters):
         for unit in model.units:
             if unit.accumulation is not None:
                 continue
-            if unit.micro is None and not _manual_training_step(model, unit):
-                continue
-            for finding in _plain_loop(model, unit):
+            per_call = unit.micro is None and not _manual_training_step(model, unit)
+            for finding in _plain_loop(model, unit, per_call=per_call):
                 if id(finding.node) not in reported:
                     reported.add(id(finding.node))
                     yield finding
@@ -160,8 +179,12 @@ OTHER_OPTIMIZER_MESSAGE = (
 )
 
 
-def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
-    """A loop that steps on every iteration and never zeroes (or zeroes another optimizer)."""
+def _plain_loop(model: FileModel, unit: Unit, *, per_call: bool = False) -> Iterator[RawFinding]:
+    """A loop that steps on every iteration and never zeroes (or zeroes another optimizer).
+
+    ``per_call``: the unit is a function with no loop (``GAN.step(batch)``, one iteration
+    per call): only the "zeroes another optimizer" case is judged, and only when nothing else
+    in the file zeroes the stepped optimizer (a caller might)."""
     steps = [
         s
         for s in unit.steps
@@ -176,6 +199,10 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
     if not steps or not unit.backwards or any(_step_zeroes(model, s) for s in steps):
         return
     zeros = unit.of_kind("zero_grad")
+    if per_call:
+        if zeros:
+            yield from _other_optimizer(model, unit, steps, zeros, per_call=True)
+        return
     if not zeros:
         before = _zeroed_before_the_loop(model, unit) if unit.micro is not None else None
         if before is None:
@@ -206,13 +233,34 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
             },
         )
         return
+    yield from _other_optimizer(model, unit, steps, zeros)
+
+
+def _other_optimizer(
+    model: FileModel, unit: Unit, steps: list[Event], zeros: list[Event], *, per_call: bool = False
+) -> Iterator[RawFinding]:
+    """Steps of an optimizer that none of the unit's ``zero_grad`` calls can reach."""
     receivers = {z.receiver for z in zeros}
-    if any(r is None or model.kind_of(r) != "optimizer" for r in receivers):
-        return  # `model.zero_grad()` / `p.grad = None` may cover every optimizer
+    if any(r is None for r in receivers):
+        return  # `p.grad = None` / a helper may cover every optimizer
+    if any(_variable_item(r) for r in receivers if r is not None):
+        return  # `optimizers[name].zero_grad()` in a loop may zero every item
+    modules = {r for r in receivers if r is not None and model.kind_of(r) != "optimizer"}
+    zeroed_anywhere = {
+        e.receiver for e in model.direct_events() if e.kind == "zero_grad" and e.receiver
+    }
     for step in steps:
         stepped = optimizer_of(step)
-        if stepped is None or stepped in receivers:
+        if stepped is None or stepped in receivers or _variable_item(stepped):
             continue
+        if any(_may_hold(model, module, stepped, steps) for module in modules):
+            continue  # `model.zero_grad()` may cover this optimizer's parameters
+        if per_call and any(
+            r == stepped or _may_hold(model, r, stepped, steps)
+            for r in zeroed_anywhere
+            if r is not None and r not in receivers
+        ):
+            continue  # zeroed elsewhere in the file: a caller may zero it before each call
         zero = zeros[0]
         node = step.call
         yield RawFinding(
@@ -226,6 +274,49 @@ def _plain_loop(model: FileModel, unit: Unit) -> Iterator[RawFinding]:
                 "zero_line": zero.anchor,
             },
         )
+
+
+def _variable_item(text: str) -> bool:
+    """``opts[i]``: an item of a container picked by a variable (which one is unknown);
+    ``opts["disc"]`` / ``opts[0]`` name one item."""
+    found = re.findall(r"\[([^\[\]]*)\]", text)
+    return any(not re.fullmatch(r"\s*(-?\d+|'[^']*'|\"[^\"]*\")\s*", item) for item in found)
+
+
+def _may_hold(model: FileModel, module: str, optimizer: str, steps: list[Event]) -> bool:
+    """Whether ``module.zero_grad()`` may zero the parameters that ``optimizer`` steps.
+
+    It may not only in the two-networks shape: ``module`` is exactly what another optimizer
+    stepped here holds (``self.gen`` for ``self.gen.optimizer``, ``gen`` for
+    ``Adam(gen.parameters())``), and ``optimizer`` holds something unrelated
+    (``self.disc.optimizer``, ``Adam(disc.parameters())``).
+    """
+    siblings = [optimizer_of(s) for s in steps]
+    if not any(o and o != optimizer and _holds(model, o) == {module} for o in siblings):
+        return True
+    held = _holds(model, optimizer)
+    return held is None or any(_related(h, module) for h in held)
+
+
+def _holds(model: FileModel, optimizer: str) -> set[str] | None:
+    """The objects whose parameters ``optimizer`` steps, when the code says (None: unknown)."""
+    owner, dot, _ = optimizer.rpartition(".")
+    if dot and owner != "self":
+        return {owner}  # `self.disc.optimizer`: the optimizer its network built for itself
+    built = model.constructors.get(optimizer)
+    if built is None or not built.args:
+        return None
+    held = {
+        code_of(call.func.value)
+        for call in calls_in(built.args[0].value)
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "parameters"
+    }
+    return held or None
+
+
+def _related(a: str, b: str) -> bool:
+    """One dotted path is the other or contains it (``self.gan`` and ``self.gan.disc``)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def _zeroed_before_the_loop(model: FileModel, unit: Unit) -> Event | None:

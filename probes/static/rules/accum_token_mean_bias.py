@@ -112,10 +112,10 @@ for it in range(iters):
             for name, values in func.assigns.items():
                 if any(isinstance(v, cst.Call) and _token_mean(v) for v in values):
                     criteria.add(name)
-        for unit, acc, _ in units:
+        for unit, acc, steps in units:
             if unit.of_kind("grad_div"):
                 continue  # the gradients are rescaled by hand (by a token count, often)
-            for backward in micro_step_backwards(unit):
+            for backward in [*micro_step_backwards(unit), *_hand_gated_engine(unit, steps)]:
                 found = _derivation(model, backward.func, backward.loss, criteria)
                 if found is None:
                     finding = self._divided_token_mean(model, unit, acc, backward)
@@ -169,6 +169,26 @@ HELPER_MESSAGE = (
     "micro-batch's token count (`{source}`{place}): micro-batches with fewer real tokens weigh "
     "as much as full ones; sum the token losses and divide by the step's total token count"
 )
+
+
+def _hand_gated_engine(unit: Unit, steps: list[Event]) -> list[Event]:
+    """DeepSpeed ``engine.backward`` calls of a unit whose engine ``step()`` the script gates
+    by its own accumulation counter (``if (i + 1) % N == 0: engine.step()``).
+
+    The engine then runs with ``gradient_accumulation_steps=1`` (with a larger count it would
+    step only every N gated calls), so the script's own division is the accumulation scaling,
+    exactly as for a plain ``loss.backward()``.
+    """
+    acc = unit.accumulation
+    if acc is None or acc.style == "accelerate":
+        return []
+    if not any(s.framework == "deepspeed" for s in steps):
+        return []
+    return [
+        b
+        for b in unit.backwards
+        if b.framework == "deepspeed" and b.inside(unit.micro) and not unit.gated(b)
+    ]
 
 
 def _hints_tokens(node: cst.CSTNode) -> bool:

@@ -7,13 +7,14 @@ from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed
-from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.model import Event, FileModel, Unit
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     following,
     label,
     optimizer_of,
+    placement,
     placements,
     update_anchor,
 )
@@ -127,7 +128,13 @@ for it in range(iters):
                         message = ACCELERATE_MESSAGE
                 zero_at, step_at = placements(zero, steps[-1])
                 patch = None
-                if zero_at.standalone and single_optimizer and not zeroes_model:
+                paired = _backward_in_same_helper(unit, zero)
+                if paired is not None:
+                    # `forward_backward()` zeroes and then backpropagates: the call of the
+                    # helper cannot move, the zero_grad inside it must (no patch: the fix
+                    # moves a statement out of one function into another).
+                    zero_at = placement(zero, paired)
+                elif zero_at.standalone and single_optimizer and not zeroes_model:
                     if gated_zero:
                         patch = Patch(remove=[zero_at.stmt])
                     else:
@@ -159,3 +166,17 @@ ACCELERATE_MESSAGE = (
     "backward: on the micro-batch where Accelerate steps (line {step_line}) it wipes the "
     "gradients the previous `{divisor}` micro-batches accumulated, so only the last one is used"
 )
+
+
+def _backward_in_same_helper(unit: Unit, zero: Event) -> Event | None:
+    """A backward that runs after ``zero`` inside the same helper call (``zero`` is inlined
+    from a helper that also backpropagates), or None."""
+    if not zero.chain:
+        return None
+    depth = len(zero.chain)
+    for backward in unit.backwards:
+        if backward.order < zero.order or len(backward.chain) < depth:
+            continue
+        if all(a is b for a, b in zip(zero.chain, backward.chain[:depth], strict=True)):
+            return backward
+    return None

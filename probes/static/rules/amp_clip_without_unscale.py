@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import Event, FileModel, Unit
+from gradient_doctor.probes.static.frameworks import after_backward_clips, lightning_fp16_mixed
+from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
+from gradient_doctor.probes.static.names import code_of, dotted_name, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     between,
@@ -17,11 +20,13 @@ from gradient_doctor.probes.static.ruletools import (
     guarded_code,
     label,
     movable,
+    names_in,
     optimizer_of,
     path_guard,
     placement,
     previous,
 )
+from gradient_doctor.probes.static.traverse import calls_in, walk
 
 
 class AmpClipWithoutUnscale(Rule):
@@ -31,7 +36,11 @@ class AmpClipWithoutUnscale(Rule):
         "`{clip}` on line {clip_line} clips the gradients scaled by `{scaler}` (backward on line "
         "{backward_line}) without `{scaler}.unscale_({optimizer})` first"
     )
-    what = "Finds clipping of GradScaler-scaled gradients with no `scaler.unscale_()` before it."
+    what = (
+        "Finds clipping of GradScaler-scaled gradients with no `scaler.unscale_()` before it, "
+        "including gradient hooks (`p.register_hook`) that clamp during a scaled backward and "
+        "Lightning's `on_after_backward` under fp16 mixed precision."
+    )
     why = (
         "After `scaler.scale(loss).backward()` the gradients are multiplied by the loss scale "
         "(65,536 at the start). Their norm is far above `max_norm`, so every step is clipped to "
@@ -129,9 +138,33 @@ class Trainer:
 """,
             15,
         ),
+        Invalid(
+            """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for p in model.parameters():
+    p.register_hook(lambda g: g.clamp(-1.0, 1.0))
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+""",
+            5,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        yield from _hook_clipping(model)
+        if lightning_fp16_mixed(model):
+            for _, clip in after_backward_clips(model):
+                yield RawFinding(
+                    node=clip.anchor,
+                    message=LIGHTNING_MESSAGE,
+                    evidence={"clip": label(clip.anchor), "clip_line": clip.anchor},
+                )
         for unit in model.units:
             for clip in clipping(unit):
                 if clip.framework in {"accelerator", "fabric", "lightning"}:
@@ -214,11 +247,106 @@ class Trainer:
     ) -> Patch | None:
         if not movable(clip_stmt) or not model.owns(step.anchor_stmt):
             return None
+        if _per_optimizer_loop(step, clip_stmt, optimizer):
+            return None  # `for o in opts: scaler.step(o)`: one unscale_ per optimizer is needed
         guard = path_guard(model, step.anchor_stmt, clip_stmt)
         if guard is None:
             return None
         code = guarded_code(f"{scaler}.unscale_({optimizer})", guard)
         return Patch().insert_before(clip_stmt, code)
+
+
+def _per_optimizer_loop(step: Event, clip_stmt: cst.CSTNode, optimizer: str) -> bool:
+    """The stepped optimizer is the variable of a ``for`` loop around the step but not around
+    the clip (``for o in optimizers: scaler.step(o)``): before the clip, that name is unbound
+    or holds only the last optimizer of an earlier loop."""
+    used = set(re.findall(r"[A-Za-z_]\w*", optimizer))
+    for frame in step.frames:
+        loop = frame.node
+        if frame.kind != "loop" or not isinstance(loop, cst.For):
+            continue
+        if not names_in(loop.target) & used:
+            continue
+        if not any(node is clip_stmt for node in walk(loop)):
+            return True
+    return False
+
+
+LIGHTNING_MESSAGE = (
+    "`{clip}` on line {clip_line} clips in `on_after_backward`, which Lightning calls before it "
+    "unscales the fp16 gradients (precision 16-mixed): it clips scaled values; clip in "
+    "`configure_gradient_clipping` or `on_before_optimizer_step`, or set `gradient_clip_val`"
+)
+
+HOOK_MESSAGE = (
+    "`{call}` on line {line} clamps each gradient in a backward hook (`register_hook`), but "
+    "the gradients are scaled by `{scaler}` (line {scaled_line}) while backward runs: the "
+    "hook clips scaled values; clip after `{scaler}.unscale_(optimizer)` instead"
+)
+
+# Tensor hooks run inside backward, on the gradient as autograd produces it (scaled by the
+# GradScaler); the post-accumulate hook sees the parameter once its `.grad` is summed.
+GRAD_HOOKS = frozenset({"register_hook", "register_post_accumulate_grad_hook"})
+CLAMP_WORDS = re.compile(r"clamp|clip", re.IGNORECASE)
+
+
+def _hook_clipping(model: FileModel) -> Iterator[RawFinding]:
+    """A gradient hook that clamps gradients (``p.register_hook(lambda g: g.clamp(-c, c))``),
+    registered here or by a helper called here (one level, any file of the project), in a
+    class or script whose backward goes through a GradScaler."""
+    # A scaled backward, or a `scaler.step` (it steps scaled gradients, whoever scaled them).
+    scaled = [
+        e
+        for e in model.direct_events()
+        if e.scaler and (e.kind == "backward" or e.kind == "scaler_step")
+    ]
+    scaled.sort(key=lambda e: e.kind != "backward")
+    if not scaled:
+        return
+    for call, _, func in model.all_calls:
+        if not _registers_clamping_hook(model, call, func):
+            target = model.function_for_call(call, func)
+            if target is None or target is func:
+                continue
+            owner = target.model or model
+            if not any(
+                _registers_clamping_hook(owner, inner, target)
+                for inner in calls_in(target.node)
+                if isinstance(inner, cst.Call)
+            ):
+                continue
+        # The scaler of the same class (or, outside classes, of the script's functions):
+        # another class's scaler may train something else.
+        same_scope = [b for b in scaled if b.func.class_name == func.class_name]
+        if not same_scope:
+            continue
+        evidence = same_scope[0]
+        yield RawFinding(
+            node=call,
+            message=HOOK_MESSAGE,
+            evidence={
+                "call": label(call),
+                "line": call,
+                "scaler": evidence.scaler,
+                "scaled_line": evidence.call,
+            },
+        )
+
+
+def _registers_clamping_hook(model: FileModel, call: cst.Call, func: FuncInfo) -> bool:
+    """``x.register_hook(fn)`` where ``fn`` (a lambda, or a function of the file) clamps."""
+    if method_name(call) not in GRAD_HOOKS or not call.args:
+        return False
+    hook = call.args[0].value
+    body: cst.CSTNode | None = None
+    if isinstance(hook, cst.Lambda):
+        body = hook.body
+    elif isinstance(hook, cst.Name | cst.Attribute):
+        target = model.function_for_call(cst.Call(func=hook), func)
+        body = target.node if target is not None else None
+    if body is None or "scale" in code_of(body):
+        return False  # a hook that reads the loss scale (`scaler.get_scale()`) may allow for it
+    return any(CLAMP_WORDS.search(dotted_name(inner.func) or "") for inner in calls_in(body))
 
 
 HELPER_MESSAGE = (
