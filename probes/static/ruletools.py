@@ -96,6 +96,13 @@ def accumulating_units(
             steps = [s for s in unit.steps if unit.gated(s)]
             if not steps:
                 continue
+            if unit.backwards and all(
+                unit.gated(b) and not unit.in_micro_step(b) for b in unit.backwards
+            ):
+                # Every backward runs with the step, under its condition (a step on every
+                # N-th batch, the others forward-only): no gradient accumulates, so nothing
+                # else in the loop runs "per micro-batch".
+                continue
             if skip_deepspeed and any(s.framework == "deepspeed" for s in steps):
                 continue
             yield AccumulatingUnit(unit, accumulation, steps)

@@ -131,6 +131,11 @@ for it in range(iters):
                 continue
             if any(f.tag in {"no_sync", "sync_helper"} for b in unit.backwards for f in b.frames):
                 continue  # some micro-steps already skip the all-reduce
+            if _mentions_no_sync(unit.root.node):
+                # `ctx = model.no_sync()` on one branch, `nullcontext()` on the other, and only
+                # the forward under `with ctx:` (DDP decides in the forward): no_sync is used,
+                # and where it is placed is ddp-no-sync-misplaced's question, not this rule's.
+                continue
             backwards = [
                 b
                 for b in unit.backwards
@@ -196,6 +201,14 @@ for it in range(iters):
         return Patch().insert_before(
             first, f"{wrapped[0]}.require_backward_grad_sync = ({condition})"
         )
+
+
+def _mentions_no_sync(node: cst.CSTNode) -> bool:
+    """Whether the function uses ``no_sync`` / ``no_backward_sync`` anywhere."""
+    return any(
+        isinstance(item, cst.Attribute) and item.attr.value in {"no_sync", "no_backward_sync"}
+        for item in walk(node)
+    )
 
 
 def _wrapped_kinds(model: FileModel) -> dict[str, str]:
