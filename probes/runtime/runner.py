@@ -221,7 +221,9 @@ async def complete_probe_async(
                 # The supervisor has stopped every process below it; the pipes close with them.
                 await anyio.to_thread.run_sync(started.finish_output)
                 group.cancel_scope.cancel()
-        except anyio.get_cancelled_exc_class():
+        except BaseException:
+            # Cancelled (or failed here): stop the script and everything it started, in a
+            # worker thread, so that the event loop is not blocked for the grace period.
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(started.stop)
             raise

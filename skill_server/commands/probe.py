@@ -31,6 +31,8 @@ never written to. Its stdout/stderr are kept out of the report (only a traceback
 under a supervisor: signals it sends its parent are ignored, processes it leaves behind
 (daemons, double forks) are stopped at the end, and the gradient-doctor token variables are
 removed from its environment (everything else, e.g. CUDA_VISIBLE_DEVICES, HF_HOME, stays).
+torch keeps the thread count it would have in a plain run (the probe measures the script as it
+runs); on a busy machine, OMP_NUM_THREADS=1 in the environment steadies both alike.
 
 exit status:
   0  the probe measured the run (status ok or stopped) and no finding is at or above
