@@ -1,24 +1,31 @@
 """Wall and CPU time of ``gradient-doctor probe`` against a plain run of the same script.
 
-The plain baseline runs SCRIPT unmodified in the same interpreter and ends the process after N
-optimizer steps (one global step post-hook calls ``os._exit``: the point where the probe stops
-the script). The probe is the CLI as a user runs it (``python -m gradient_doctor.skill_server
-probe SCRIPT --steps N --format json``): its start-up, the supervisor, the child's interpreter,
-the hooked run, the diagnosis and the JSON report. Rounds are interleaved (plain, probe, parts)
-and summarised by medians, so machine noise hits both alike; CPU time (user + system of the
-whole process tree) is printed beside wall time because wall time on a shared machine also
-counts waiting.
+The plain baseline runs SCRIPT unmodified (same interpreter, folder, arguments) and ends the
+process after N optimizer steps (one global step post-hook calls ``os._exit``: the point where
+the probe stops the script). The probe is the CLI as a user runs it (``python -m
+gradient_doctor.skill_server probe SCRIPT --steps N --format json -- ARGS``): its start-up, the
+supervisor, the child's interpreter, the hooked run, the diagnosis and the JSON report. Rounds
+are interleaved (plain, probe, [before]) and summarised by medians, so machine noise hits every
+variant alike; CPU time (user + system of the whole process tree) is printed beside wall time
+because wall time on a shared machine also counts waiting.
 
-The parts, measured in the same rounds, say where the extra time goes:
-- ``launch imports``: a process that imports what the CLI imports before it starts the script
-  (the command line, the probe's runner and result models, the threshold profile);
-- ``child alone``: the probe's child package running the script for N steps without the
-  parent (interpreter start, torch import, the hooks, the run), against ``plain``.
+Where the time goes, from the same runs (clock times each process writes to a marks file):
+
+- plain: ``start-up`` (interpreter, torch and the script's imports until the script's first
+  line) and ``script`` (from there to the N-th step);
+- probe: ``launch`` (the tool's start until the supervisor is started), ``child start-up``
+  (supervisor, the script's interpreter, torch, the hooks), ``script`` (the hooked run, as the
+  child measures it), ``after`` (the supervisor's end, the diagnosis, the report and the exit).
 
     python benchmarks/probe_wall_time.py [SCRIPT] [--steps 30] [--rounds 5] [--threads 1]
+        [--python PYTHON] [--cwd DIR] [--before SITE] [-- SCRIPT_ARGS...]
 
+``--python``: the interpreter of the plain run and of the probed script (default: this one; the
+probe itself always runs in this one). ``--before SITE``: also time the probe of another
+gradient-doctor installation, a folder put first on ``PYTHONPATH`` (e.g. ``pip install
+--no-deps --target SITE`` of an older commit): before/after ratios from the same rounds.
 ``--threads`` sets ``OMP_NUM_THREADS`` for every variant (default 1: on a small shared machine
-two threads per run mostly measure the neighbours).
+two threads per run mostly measure the neighbours; 0 leaves it unset).
 
 Bytecode matters: an installed package ships compiled modules, a checkout under
 ``PYTHONDONTWRITEBYTECODE=1`` compiles gradient-doctor's modules on every run (about 0.3 s of
@@ -31,7 +38,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -41,9 +47,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SCRIPT = REPO / "tests" / "fixtures" / "runtime" / "healthy_transformer.py"
+MARKS_ENV = "GD_BENCH_MARKS"
 
 PLAIN = """
-import os, runpy, sys
+import os, runpy, sys, time
 import torch.optim.optimizer as optimizer_module
 limit, script, *args = int(sys.argv[1]), sys.argv[2], *sys.argv[3:]
 done = [0]
@@ -55,89 +62,133 @@ def count(*_):
 optimizer_module.register_optimizer_step_post_hook(count)
 sys.argv = [script, *args]
 sys.path[0] = os.path.dirname(os.path.abspath(script))
+with open(os.environ["GD_BENCH_MARKS"], "a") as marks:
+    marks.write(f"script {time.time()}\\n")
 runpy.run_path(script, run_name="__main__")
 """
 
-LAUNCH_IMPORTS = """
-from gradient_doctor.skill_server import cli
-from gradient_doctor.skill_server.commands import probe
-from gradient_doctor.probes.runtime import run_probe
-from gradient_doctor.probes.runtime.diagnose import resolve_profile
-resolve_profile(None, warm=False)
+# The probe's CLI, with one mark: the clock time at which it starts the supervisor.
+PROBE = """
+import os, runpy, subprocess, sys, time
+original = subprocess.Popen.__init__
+def marked(self, *args, **kwargs):
+    with open(os.environ["GD_BENCH_MARKS"], "a") as marks:
+        marks.write(f"launch {time.time()}\\n")
+    original(self, *args, **kwargs)
+subprocess.Popen.__init__ = marked
+sys.argv[0] = "gradient-doctor"
+runpy.run_module("gradient_doctor.skill_server", run_name="__main__", alter_sys=True)
 """
 
 
-def timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU seconds (user + system of the process tree) of one command."""
+def timed(
+    command: list[str], cwd: Path, env: dict[str, str], marks: Path
+) -> tuple[float, float, dict[str, float], str]:
+    """Wall and CPU seconds (user + system of the process tree) of one command, the marks it
+    wrote (seconds after its start) and its stdout."""
+    marks.write_text("")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    subprocess.run(command, cwd=cwd, env=env, capture_output=True, check=False)
+    clock, started = time.time(), time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, check=False, text=True)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return wall, cpu
+    found: dict[str, float] = {}
+    for line in marks.read_text().splitlines():
+        name, value = line.split()
+        found.setdefault(name, float(value) - clock)
+    if done.returncode not in (0, 1):
+        sys.stderr.write(f"{command[:3]} exited {done.returncode}: {done.stderr[-2000:]}\n")
+    return wall, cpu, found, done.stdout
+
+
+def _parts(name: str, wall: float, marks: dict[str, float], stdout: str) -> dict[str, float]:
+    """The phases of one run (see the module docstring), seconds."""
+    if name == "plain":
+        start_up = marks.get("script", float("nan"))
+        return {"start-up": start_up, "script": wall - start_up}
+    try:
+        result = json.loads(stdout)
+        watched, script = float(result["wall_s"]), float(result["script_s"])
+    except (ValueError, KeyError, TypeError):
+        watched = script = float("nan")
+    launch = marks.get("launch", float("nan"))
+    return {
+        "launch": launch,
+        "child start-up": watched - script,
+        "script": script,
+        "after": wall - launch - watched,
+    }
 
 
 def main() -> None:
+    words = sys.argv[1:]
+    script_args: list[str] = []
+    if "--" in words:
+        cut = words.index("--")
+        words, script_args = words[:cut], words[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("script", nargs="?", default=str(DEFAULT_SCRIPT))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS (default 1)")
-    args = parser.parse_args()
-    base_env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    parser.add_argument("--python", default=sys.executable, help="the script's interpreter")
+    parser.add_argument("--cwd", default=None, help="the script's folder (default: its own)")
+    parser.add_argument("--before", default=None, metavar="SITE", help="an older installation")
+    args = parser.parse_args(words)
     script = Path(args.script).resolve()
-    python = sys.executable
+    cwd = Path(args.cwd).resolve() if args.cwd else script.parent
     steps = str(args.steps)
-
-    from gradient_doctor.probes.runtime.runner import stage_child
-
-    staged = Path(tempfile.mkdtemp(prefix="gd-wall-"))
-    stage_child(staged)
-    channel = staged / "channel.jsonl"
-    child_env = {
-        **base_env,
-        "PYTHONPATH": str(staged),
-        "GRADIENT_DOCTOR_CHANNEL": str(channel),
-        "GRADIENT_DOCTOR_PROBE": json.dumps({"steps": args.steps, "sample_every": 10}),
-    }
-    probe = [python, "-m", "gradient_doctor.skill_server", "probe", str(script)]
-    options = ["--steps", steps, "--format", "json", "--fail-on", "never", "--python", python]
+    marks = Path(tempfile.mkstemp(prefix="gd-wall-marks-")[1])
+    base_env = {**os.environ, MARKS_ENV: str(marks)}
+    if args.threads > 0:
+        base_env["OMP_NUM_THREADS"] = str(args.threads)
+    probe_options = ["--steps", steps, "--format", "json", "--fail-on", "never"]
+    probe_options += ["--python", args.python, "--cwd", str(cwd)]
+    probe = [sys.executable, "-c", PROBE, "probe", str(script), *probe_options, "--"]
     commands = {
-        "plain": ([python, "-c", PLAIN, steps, str(script)], base_env),
-        "probe": ([*probe, *options], base_env),
-        "launch imports": ([python, "-c", LAUNCH_IMPORTS], base_env),
-        "child alone": ([python, "-m", "_gradient_doctor_probe", str(script)], child_env),
+        "plain": ([args.python, "-c", PLAIN, steps, str(script), *script_args], base_env),
+        "probe": ([*probe, *script_args], base_env),
     }
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    if args.before:
+        path = os.pathsep.join(p for p in (args.before, base_env.get("PYTHONPATH")) if p)
+        commands["before"] = ([*probe, *script_args], {**base_env, "PYTHONPATH": path})
+    results: dict[str, list[tuple[float, float, dict[str, float]]]] = {n: [] for n in commands}
+    load = os.getloadavg()[0]
     try:
         for round_index in range(args.rounds + 1):  # round 0 warms the caches
             for name, (command, env) in commands.items():
-                channel.write_text("")
-                measured = timed(command, script.parent, env)
+                wall, cpu, found, stdout = timed(command, cwd, env, marks)
                 if round_index:
-                    results[name].append(measured)
+                    results[name].append((wall, cpu, _parts(name, wall, found, stdout)))
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
+        marks.unlink(missing_ok=True)
+    load = (load + os.getloadavg()[0]) / 2
 
     def median(name: str, index: int) -> float:
-        return statistics.median(value[index] for value in results[name])
+        return statistics.median(float(value[index]) for value in results[name])  # type: ignore[arg-type]
 
-    print(f"{script.name}, {args.steps} steps, {args.rounds} rounds (medians)")
+    def part(name: str, key: str) -> float:
+        return statistics.median(value[2][key] for value in results[name])
+
+    print(
+        f"{script.name} {' '.join(script_args)}".strip()
+        + f", {args.steps} steps, {args.rounds} rounds (medians), load {load:.1f} on "
+        f"{os.cpu_count()} cores"
+    )
     for name in commands:
-        print(f"  {name:15} wall {median(name, 0):6.2f} s   cpu {median(name, 1):6.2f} s")
+        breakdown = ", ".join(f"{key} {part(name, key):.2f}" for key in results[name][0][2])
+        print(
+            f"  {name:7} wall {median(name, 0):6.2f} s   cpu {median(name, 1):6.2f} s   "
+            f"({breakdown})"
+        )
     plain_wall, plain_cpu = median("plain", 0), median("plain", 1)
-    print(
-        f"probe / plain: wall {median('probe', 0) / plain_wall:.3f}x, "
-        f"cpu {median('probe', 1) / plain_cpu:.3f}x"
-    )
-    print(
-        f"extra CPU: {median('probe', 1) - plain_cpu:+.2f} s = launch imports "
-        f"{median('launch imports', 1):.2f} s + hooks in the child "
-        f"{median('child alone', 1) - plain_cpu:+.2f} s + the rest (supervisor, knowledge "
-        f"loaded during the run, diagnosis, report) "
-        f"{median('probe', 1) - median('child alone', 1) - median('launch imports', 1):+.2f} s"
-    )
+    for name in commands:
+        if name != "plain":
+            print(
+                f"{name} / plain: wall {median(name, 0) / plain_wall:.3f}x, "
+                f"cpu {median(name, 1) / plain_cpu:.3f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,3 @@
-import sys
+from gradient_doctor.skill_server.cli import entry
 
-from gradient_doctor.skill_server.cli import main
-
-sys.exit(main())
+entry()

@@ -14,15 +14,15 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gradient_doctor.probes.runtime.launch import Launch
+    from gradient_doctor.probes.runtime.launch import Launch, ProbeInputError
     from gradient_doctor.probes.runtime.result import ProbeResult, StepRecord
-    from gradient_doctor.probes.runtime.runner import ProbeInputError, run_probe, run_probe_async
+    from gradient_doctor.probes.runtime.runner import run_probe, run_probe_async
 
 _HOMES = {
     "Launch": "launch",
     "ProbeResult": "result",
     "StepRecord": "result",
-    "ProbeInputError": "runner",
+    "ProbeInputError": "launch",
     "run_probe": "runner",
     "run_probe_async": "runner",
 }

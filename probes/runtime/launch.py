@@ -1,12 +1,60 @@
-"""How the probed script's process is launched: a small value shared by the CLI and the server.
+"""How the probed script's process is launched: checks, staging and the supervisor's start.
 
-Standard library only, so that building the server (which stores one) imports nothing heavy.
+Standard library only, on purpose: the CLI starts the run with this module alone and imports
+the rest of the tool (pydantic models, the knowledge base, the diagnosis) while the script's
+interpreter starts and imports torch, instead of before it. Building the server (which stores
+a :class:`Launch`) imports nothing heavy either. The runner (``probes.runtime.runner``) watches
+the :class:`StartedRun` this module returns and diagnoses it.
+
+The process tree (``probes.runtime.supervisor`` says why each piece is there)::
+
+    caller ── supervisor ── shim ── child: INTERPRETER -m _gradient_doctor_probe SCRIPT ARGS...
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
+
+from gradient_doctor.probes.runtime import interpreter as interpreters
+from gradient_doctor.probes.runtime.child import STAGED_PACKAGE
+from gradient_doctor.probes.runtime.child.channel import CHANNEL_ENV, SETTINGS_ENV
+from gradient_doctor.probes.runtime.child.rankenv import LAUNCHER_GD
+
+DEVICES = ("auto", "cpu", "cuda")
+TERM_GRACE_S = 1.0
+KILL_WAIT_S = 0.8
+OUTPUT_TAIL_BYTES = 16_384
+MAX_SCRIPT_BYTES = 10_000_000
+#: Ranks ``--nproc`` may start on one machine.
+MAX_NPROC = 64
+#: The smallest ``max_memory`` accepted: below it no Python interpreter starts.
+MIN_MEMORY_BYTES = 64 * 2**20
+#: Environment variables never passed to the script: the server's bearer token.
+SECRET_ENV = frozenset({"GRADIENT_DOCTOR_TOKEN"})
+#: How long the supervisor may take to stop everything after ``stop`` (its grace + sweeps).
+SUPERVISOR_STOP_S = TERM_GRACE_S + 3.0
+#: How often a drain thread looks whether the run is over while its pipe is silent.
+_DRAIN_POLL_S = 0.25
+
+#: The child package's folder; a module attribute so that tests can stage another copy.
+CHILD_SOURCE = Path(__file__).resolve().parent / "child"
+#: The supervisor's file: run by path (``python -I -S FILE``), so never imported here.
+SUPERVISOR_FILE = Path(__file__).resolve().parent / "supervisor.py"
 
 
 @dataclass(frozen=True)
@@ -25,3 +73,341 @@ class Launch:
     venv_boundary: Path | None = None
     max_memory: int | None = None
     scrub_env: frozenset[str] = field(default_factory=frozenset)
+
+
+class ProbeInputError(ValueError):
+    """The probe's input is unusable (missing script, bad option): one line, no traceback."""
+
+
+def check_script(script: str | os.PathLike[str]) -> Path:
+    """The script's absolute path, or :class:`ProbeInputError` when it is missing, not a
+    file, unreadable, binary or too large."""
+    path = Path(script).expanduser()
+    if not path.exists():
+        raise ProbeInputError(f"no such script: {path}")
+    if not path.is_file():
+        raise ProbeInputError(f"not a file: {path}")
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(8192)
+    except OSError as exc:
+        raise ProbeInputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if b"\x00" in head:
+        raise ProbeInputError(f"{path} is a binary file, not a Python script")
+    if path.stat().st_size > MAX_SCRIPT_BYTES:
+        raise ProbeInputError(f"{path} is larger than {MAX_SCRIPT_BYTES // 1_000_000} MB")
+    return path.resolve()
+
+
+def check_options(
+    steps: int,
+    timeout_s: float,
+    device: str,
+    sample_every: int,
+    nproc: int | None = None,
+    max_memory: int | None = None,
+) -> None:
+    """:class:`ProbeInputError` for an option out of range."""
+    if steps < 1:
+        raise ProbeInputError(f"steps must be at least 1 (got {steps})")
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ProbeInputError(f"timeout must be a positive number of seconds (got {timeout_s})")
+    if device not in DEVICES:
+        raise ProbeInputError(f"device must be one of {', '.join(DEVICES)} (got {device!r})")
+    if sample_every < 1:
+        raise ProbeInputError(f"sample_every must be at least 1 (got {sample_every})")
+    if nproc is not None and not 1 <= nproc <= MAX_NPROC:
+        raise ProbeInputError(f"nproc must be between 1 and {MAX_NPROC} (got {nproc})")
+    if max_memory is not None and max_memory < MIN_MEMORY_BYTES:
+        raise ProbeInputError(
+            f"max_memory must be at least {MIN_MEMORY_BYTES // 2**20} MiB (got {max_memory} bytes)"
+        )
+
+
+def stage_child(folder: Path) -> Path:
+    """Copy the child package into ``folder/STAGED_PACKAGE``; returns the folder to put on
+    ``PYTHONPATH``. Only these few stdlib-and-torch modules enter the user's interpreter.
+
+    The bytecode compiled at install time comes along: the sources keep their modification
+    times (``copy2``), so a child interpreter of the same version loads the cached bytecode
+    instead of compiling some 3,000 lines on every run (about 0.1 s); another version ignores
+    it (its tag differs) and compiles, as it would anyway. (Copying costs under a millisecond:
+    a cache shared between runs would save little and could be altered between them.)"""
+    target = folder / STAGED_PACKAGE
+    target.mkdir()
+    source = CHILD_SOURCE
+    for module in source.glob("*.py"):
+        shutil.copy2(module, target / module.name)
+    cached = [
+        compiled
+        for compiled in (source / "__pycache__").glob("*.pyc")
+        if (source / f"{compiled.name.split('.', 1)[0]}.py").is_file()
+    ]
+    if cached:
+        (target / "__pycache__").mkdir()
+        for compiled in cached:
+            shutil.copy2(compiled, target / "__pycache__" / compiled.name)
+    return folder
+
+
+class OutputTail:
+    """The last bytes of a stream the script writes (which may be megabytes), drained by a
+    thread of its own from the moment the process starts: a pipe nobody reads fills up and
+    blocks the script."""
+
+    def __init__(self, stream: IO[bytes] | None, closing: threading.Event) -> None:
+        self.data = bytearray()
+        self._stream = stream
+        self._closing = closing
+        self._thread = threading.Thread(target=self._drain, name="gd-drain", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        stream = self._stream
+        if stream is None:
+            return
+        descriptor = stream.fileno()
+        try:
+            while True:
+                # A process that escaped the supervisor may keep the pipe open: once the run
+                # is over, a silent pipe ends the drain instead of blocking forever.
+                ready, _, _ = select.select([descriptor], [], [], _DRAIN_POLL_S)
+                if not ready:
+                    if self._closing.is_set():
+                        return
+                    continue
+                chunk = os.read(descriptor, 65_536)
+                if not chunk:
+                    return
+                self.data += chunk
+                if len(self.data) > 2 * OUTPUT_TAIL_BYTES:
+                    del self.data[: len(self.data) - OUTPUT_TAIL_BYTES]
+        except (OSError, ValueError):
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                stream.close()
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the end of the stream."""
+        self._thread.join(timeout)
+
+    def text(self) -> str:
+        return bytes(self.data[-OUTPUT_TAIL_BYTES:]).decode("utf-8", "replace")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+@dataclass
+class StartedRun:
+    """A probe run whose supervisor has been started: what the runner needs to watch it.
+
+    ``folder`` is the run's private temporary folder (channel, reports, the staged child);
+    :meth:`close` removes it. ``started`` is the ``time.perf_counter()`` just before launch.
+    """
+
+    process: subprocess.Popen[bytes]
+    folder: Path
+    channel: Path
+    report: Path
+    script: Path
+    args: list[str]
+    workdir: Path
+    interpreter: interpreters.Interpreter
+    scrubbed: list[str]
+    steps: int
+    timeout_s: float
+    sample_every: int
+    max_memory: int | None
+    nproc: int | None
+    patched: bool
+    started: float
+    stdout: OutputTail
+    stderr: OutputTail
+    closing: threading.Event
+    closed: bool = False
+
+    def child_pid(self) -> int | None:
+        """The script process's pid, as the shim recorded it (for the last-resort group kill)."""
+        pid = _read_json(self.folder / f"{self.report.name}.parent").get("child_pid")
+        return int(pid) if isinstance(pid, int) else None
+
+    def wait_exit(self) -> int:
+        """Block until the supervisor exits; its exit status."""
+        return self.process.wait()
+
+    def stop(self) -> None:
+        """Ask the supervisor to stop the run (SIGTERM to the script's tree, a grace, SIGKILL)
+        and wait for it; SIGKILL it and the script's group only if it does not answer in time.
+        Blocks up to :data:`SUPERVISOR_STOP_S` + :data:`KILL_WAIT_S` seconds."""
+        process = self.process
+        if process.poll() is None and process.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                process.stdin.write(b"stop\n")
+                process.stdin.flush()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(SUPERVISOR_STOP_S)
+        if process.poll() is None:
+            child_pid = self.child_pid()
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            if child_pid is not None:
+                _signal_group(child_pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(KILL_WAIT_S)
+
+    def finish_output(self, timeout: float = 0.5) -> None:
+        """After the supervisor exited: let the drains read what is left (every process below
+        it has stopped, so the pipes close with them), then end them."""
+        deadline = time.perf_counter() + timeout
+        for tail in (self.stdout, self.stderr):
+            tail.join(max(0.0, deadline - time.perf_counter()))
+        self.closing.set()
+
+    def close(self) -> None:
+        """Stop the run if it still runs, end the lifeline and remove the run's folder
+        (idempotent). Nothing is left behind."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.process.poll() is None:
+            self.stop()
+        self.closing.set()
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.process.stdin.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _child_environment(
+    chosen: interpreters.Interpreter, scrub_env: Collection[str]
+) -> tuple[dict[str, str], list[str]]:
+    """The caller's environment for the script: secrets removed, the environment activated."""
+    secret = SECRET_ENV | {name for name in scrub_env if name}
+    env = {k: v for k, v in os.environ.items() if k not in secret}
+    removed = sorted(k for k in os.environ if k in secret)
+    return interpreters.activation(chosen, env), removed
+
+
+def start_probe(
+    script: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    steps: int = 30,
+    timeout_s: float = 120.0,
+    device: str = "auto",
+    sample_every: int = 10,
+    cwd: str | os.PathLike[str] | None = None,
+    nproc: int | None = None,
+    launch: Launch | None = None,
+    seed: int | None = None,
+    source: str | None = None,
+    threads: int | None = None,
+) -> StartedRun:
+    """Check the input, stage the child package and start the supervisor (which starts the
+    script); returns at once. The options are those of ``runner.run_probe_async``. Raises
+    :class:`ProbeInputError` for unusable input (missing, binary or oversized script, option
+    out of range, missing working folder, unusable ``--python``). The caller owns the result:
+    it watches it (``runner.complete_probe_async``) or closes it (:meth:`StartedRun.close`).
+    """
+    path = check_script(script)
+    launch = launch or Launch()
+    max_memory = launch.max_memory
+    check_options(steps, timeout_s, device, sample_every, nproc, max_memory)
+    workdir = Path(cwd).expanduser().absolute() if cwd is not None else path.parent
+    if not workdir.is_dir():
+        raise ProbeInputError(f"working directory does not exist: {workdir}")
+    try:
+        chosen = interpreters.choose(path, launch.python, boundary=launch.venv_boundary)
+    except interpreters.InterpreterError as exc:
+        raise ProbeInputError(str(exc)) from None
+
+    tmp = Path(tempfile.mkdtemp(prefix="gradient-doctor-probe-"))
+    try:
+        channel = tmp / "channel.jsonl"
+        channel.touch()
+        report_path = tmp / "supervisor.json"
+        env, scrubbed = _child_environment(chosen, launch.scrub_env)
+        env[CHANNEL_ENV] = str(channel)
+        settings: dict[str, Any] = {"steps": steps, "sample_every": sample_every, "device": device}
+        if max_memory is not None:
+            settings["max_memory"] = max_memory
+        if seed is not None:
+            settings["seed"] = int(seed)
+        if threads is not None:
+            settings["threads"] = max(1, int(threads))
+        if source is not None:
+            patched = tmp / "patched_source.py"
+            patched.write_text(source, encoding="utf-8")
+            settings["source_file"] = str(patched)
+        if device == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        staged = stage_child(tmp)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(staged), env.get("PYTHONPATH", "")) if p
+        )
+        command = [chosen.path, "-m", STAGED_PACKAGE, str(path), *map(str, args)]
+        if nproc is not None and nproc > 1:
+            # Distributed runs only: the ranks module brings the result models with it.
+            from gradient_doctor.probes.runtime.ranks import torchrun_command
+
+            settings.update(launcher=LAUNCHER_GD, timeout_s=timeout_s)
+            env.setdefault("OMP_NUM_THREADS", "1")
+            command = torchrun_command(chosen.path, nproc, command[2:])
+        env[SETTINGS_ENV] = json.dumps(settings)
+        supervision = {
+            "command": command,
+            "cwd": str(workdir),
+            "max_memory": max_memory,
+            "report": str(report_path),
+            "run_folder": str(tmp),
+            "caller_pid": os.getpid(),
+            "grace_s": TERM_GRACE_S,
+        }
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(SUPERVISOR_FILE), json.dumps(supervision)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=str(tmp),
+            env=env,
+            start_new_session=True,
+        )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    closing = threading.Event()
+    return StartedRun(
+        process=process,
+        folder=tmp,
+        channel=channel,
+        report=report_path,
+        script=path,
+        args=[str(a) for a in args],
+        workdir=workdir,
+        interpreter=chosen,
+        scrubbed=scrubbed,
+        steps=steps,
+        timeout_s=timeout_s,
+        sample_every=sample_every,
+        max_memory=max_memory,
+        nproc=nproc,
+        patched=source is not None,
+        started=started,
+        stdout=OutputTail(process.stdout, closing),
+        stderr=OutputTail(process.stderr, closing),
+        closing=closing,
+    )

@@ -8,42 +8,42 @@ The child runs in the user's interpreter (``probes.runtime.interpreter``: ``--py
 project's virtualenv, ``$VIRTUAL_ENV``, ``$CONDA_PREFIX``, the tool's own), with only the child
 package (``probes.runtime.child``, copied into the run's temporary folder) added to its path,
 in the script's folder (or ``cwd``), with the caller's secrets removed from its environment and
-an optional address-space cap. Measurements come back over the side channel
-(``probes.runtime.child.channel``); stdout and stderr are drained and only their tails kept.
-The diagnosis (``probes.runtime.diagnose``) runs here, in the parent.
+an optional address-space cap. ``probes.runtime.launch`` (standard library only) checks the
+input and starts it; this module watches the run: measurements come back over the side channel
+(``probes.runtime.child.channel``), stdout and stderr are drained and only their tails kept, and
+the diagnosis (``probes.runtime.diagnose``) runs here, in the parent.
+
+The CLI starts the run first and imports this module while the script's interpreter starts
+(:func:`complete_probe`); the server and the library call :func:`run_probe_async`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
-import math
 import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import ByteReceiveStream, Process
 
-from gradient_doctor.probes.runtime import child as child_package
-from gradient_doctor.probes.runtime import interpreter as interpreters
-from gradient_doctor.probes.runtime import supervisor as supervisor_module
+from gradient_doctor.knowledge.models import ThresholdProfile
 from gradient_doctor.probes.runtime.child import STAGED_PACKAGE
-from gradient_doctor.probes.runtime.child.channel import CHANNEL_ENV, SETTINGS_ENV, ChannelReader
-from gradient_doctor.probes.runtime.child.rankenv import LAUNCHER_GD
+from gradient_doctor.probes.runtime.child.channel import ChannelReader
 from gradient_doctor.probes.runtime.diagnose import build_result, resolve_profile
-from gradient_doctor.probes.runtime.launch import Launch
-from gradient_doctor.probes.runtime.ranks import RankCollector, torchrun_command
+from gradient_doctor.probes.runtime.launch import (
+    Launch,
+    ProbeInputError,
+    StartedRun,
+    check_options,
+    check_script,
+    start_probe,
+)
+from gradient_doctor.probes.runtime.ranks import RankCollector
 from gradient_doctor.probes.runtime.result import (
     ChildSummary,
     InterpreterInfo,
@@ -54,129 +54,18 @@ from gradient_doctor.probes.runtime.result import (
 )
 from gradient_doctor.probes.runtime.signals.base import warm_knowledge
 
+__all__ = [
+    "ProbeInputError",
+    "complete_probe",
+    "complete_probe_async",
+    "run_probe",
+    "run_probe_async",
+]
+
 ProgressCallback = Callable[[int, int], Awaitable[None] | None]
 
-DEVICES = ("auto", "cpu", "cuda")
+#: How often the channel is read while the script runs.
 POLL_S = 0.05
-TERM_GRACE_S = 1.0
-KILL_WAIT_S = 0.8
-OUTPUT_TAIL_BYTES = 16_384
-MAX_SCRIPT_BYTES = 10_000_000
-#: Ranks ``--nproc`` may start on one machine.
-MAX_NPROC = 64
-#: The smallest ``max_memory`` accepted: below it no Python interpreter starts.
-MIN_MEMORY_BYTES = 64 * 2**20
-#: Environment variables never passed to the script: the server's bearer token.
-SECRET_ENV = frozenset({"GRADIENT_DOCTOR_TOKEN"})
-#: How long the supervisor may take to stop everything after ``stop`` (its grace + sweeps).
-SUPERVISOR_STOP_S = TERM_GRACE_S + 3.0
-
-
-class ProbeInputError(ValueError):
-    """The probe's input is unusable (missing script, bad option): one line, no traceback."""
-
-
-def _check_script(script: str | os.PathLike[str]) -> Path:
-    path = Path(script).expanduser()
-    if not path.exists():
-        raise ProbeInputError(f"no such script: {path}")
-    if not path.is_file():
-        raise ProbeInputError(f"not a file: {path}")
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(8192)
-    except OSError as exc:
-        raise ProbeInputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if b"\x00" in head:
-        raise ProbeInputError(f"{path} is a binary file, not a Python script")
-    if path.stat().st_size > MAX_SCRIPT_BYTES:
-        raise ProbeInputError(f"{path} is larger than {MAX_SCRIPT_BYTES // 1_000_000} MB")
-    return path.resolve()
-
-
-def _check_options(steps: int, timeout_s: float, device: str, sample_every: int) -> None:
-    if steps < 1:
-        raise ProbeInputError(f"steps must be at least 1 (got {steps})")
-    if not (timeout_s > 0 and math.isfinite(timeout_s)):
-        raise ProbeInputError(f"timeout must be a positive number of seconds (got {timeout_s})")
-    if device not in DEVICES:
-        raise ProbeInputError(f"device must be one of {', '.join(DEVICES)} (got {device!r})")
-    if sample_every < 1:
-        raise ProbeInputError(f"sample_every must be at least 1 (got {sample_every})")
-
-
-def stage_child(folder: Path) -> Path:
-    """Copy the child package into ``folder/STAGED_PACKAGE``; returns the folder to put on
-    ``PYTHONPATH``. Only these few stdlib-and-torch modules enter the user's interpreter.
-
-    The bytecode compiled at install time comes along: the sources keep their modification
-    times (``copy2``), so a child interpreter of the same version loads the cached bytecode
-    instead of compiling some 3,000 lines on every run (about 0.1 s); another version ignores
-    it (its tag differs) and compiles, as it would anyway."""
-    target = folder / STAGED_PACKAGE
-    target.mkdir()
-    source = Path(child_package.__file__).parent
-    for module in source.glob("*.py"):
-        shutil.copy2(module, target / module.name)
-    cached = [
-        compiled
-        for compiled in (source / "__pycache__").glob("*.pyc")
-        if (source / f"{compiled.name.split('.', 1)[0]}.py").is_file()
-    ]
-    if cached:
-        (target / "__pycache__").mkdir()
-        for compiled in cached:
-            shutil.copy2(compiled, target / "__pycache__" / compiled.name)
-    return folder
-
-
-class _Tail:
-    """Keeps the last bytes of a stream the script writes (which may be megabytes)."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def add(self, chunk: bytes) -> None:
-        self.data += chunk
-        if len(self.data) > 2 * OUTPUT_TAIL_BYTES:
-            del self.data[: len(self.data) - OUTPUT_TAIL_BYTES]
-
-    def text(self) -> str:
-        return bytes(self.data[-OUTPUT_TAIL_BYTES:]).decode("utf-8", "replace")
-
-
-async def _drain(stream: ByteReceiveStream | None, tail: _Tail, done: anyio.Event) -> None:
-    try:
-        if stream is None:
-            return
-        async for chunk in stream:
-            tail.add(chunk)
-    except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-        return
-    finally:
-        done.set()
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-async def _stop_supervisor(process: Process, child_pid: int | None) -> None:
-    """Ask the supervisor to stop the run (SIGTERM to the script's tree, a grace, SIGKILL) and
-    wait for it; SIGKILL it and the script's group only if it does not answer in time."""
-    if process.returncode is None and process.stdin is not None:
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            await process.stdin.send(b"stop\n")
-    with anyio.move_on_after(SUPERVISOR_STOP_S):
-        await process.wait()
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        if child_pid is not None:
-            _signal_group(child_pid, signal.SIGKILL)
-        with anyio.move_on_after(KILL_WAIT_S):
-            await process.wait()
 
 
 async def _notify(on_progress: ProgressCallback | None, done: int, total: int) -> None:
@@ -187,27 +76,16 @@ async def _notify(on_progress: ProgressCallback | None, done: int, total: int) -
         await outcome
 
 
-def _child_environment(
-    chosen: interpreters.Interpreter, scrub_env: Collection[str]
-) -> tuple[dict[str, str], list[str]]:
-    """The caller's environment for the script: secrets removed, the environment activated."""
-    secret = SECRET_ENV | {name for name in scrub_env if name}
-    env = {k: v for k, v in os.environ.items() if k not in secret}
-    removed = sorted(k for k in os.environ if k in secret)
-    return interpreters.activation(chosen, env), removed
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
-
-
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
+
+
+def _profile(profile: str | None) -> ThresholdProfile:
+    try:
+        return resolve_profile(profile, warm=False)
+    except KeyError as exc:
+        raise ProbeInputError(str(exc.args[0]) if exc.args else str(exc)) from None
 
 
 async def run_probe_async(
@@ -250,75 +128,51 @@ async def run_probe_async(
     (``ProbeResult.seeding``). ``threads`` lowers torch's intra-op thread count (two runs that
     overlap on few cores).
     """
-    path = _check_script(script)
-    _check_options(steps, timeout_s, device, sample_every)
     launch = launch or Launch()
-    max_memory = launch.max_memory
-    if nproc is not None and not 1 <= nproc <= MAX_NPROC:
-        raise ProbeInputError(f"nproc must be between 1 and {MAX_NPROC} (got {nproc})")
-    if max_memory is not None and max_memory < MIN_MEMORY_BYTES:
-        raise ProbeInputError(
-            f"max_memory must be at least {MIN_MEMORY_BYTES // 2**20} MiB (got {max_memory} bytes)"
-        )
-    try:
-        threshold_profile = resolve_profile(profile, warm=False)
-    except KeyError as exc:
-        raise ProbeInputError(str(exc.args[0]) if exc.args else str(exc)) from None
-    workdir = Path(cwd).expanduser().absolute() if cwd is not None else path.parent
-    if not workdir.is_dir():
-        raise ProbeInputError(f"working directory does not exist: {workdir}")
-    try:
-        chosen = interpreters.choose(path, launch.python, boundary=launch.venv_boundary)
-    except interpreters.InterpreterError as exc:
-        raise ProbeInputError(str(exc)) from None
+    # The cheap checks first, in the order the launcher makes them, then the profile.
+    check_script(script)
+    check_options(steps, timeout_s, device, sample_every, nproc, launch.max_memory)
+    threshold_profile = _profile(profile)
+    started = start_probe(
+        script,
+        args,
+        steps=steps,
+        timeout_s=timeout_s,
+        device=device,
+        sample_every=sample_every,
+        cwd=cwd,
+        nproc=nproc,
+        launch=launch,
+        seed=seed,
+        source=source,
+        threads=threads,
+    )
+    return await complete_probe_async(started, profile=threshold_profile, on_progress=on_progress)
 
-    tmp = Path(tempfile.mkdtemp(prefix="gradient-doctor-probe-"))
-    channel = tmp / "channel.jsonl"
-    channel.touch()
-    report_path = tmp / "supervisor.json"
-    env, scrubbed = _child_environment(chosen, launch.scrub_env)
-    env[CHANNEL_ENV] = str(channel)
-    settings: dict[str, Any] = {"steps": steps, "sample_every": sample_every, "device": device}
-    if max_memory is not None:
-        settings["max_memory"] = max_memory
-    if seed is not None:
-        settings["seed"] = int(seed)
-    if threads is not None:
-        settings["threads"] = max(1, int(threads))
-    if source is not None:
-        patched = tmp / "patched_source.py"
-        patched.write_text(source, encoding="utf-8")
-        settings["source_file"] = str(patched)
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    staged = stage_child(tmp)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(staged), env.get("PYTHONPATH", "")) if p)
-    command = [chosen.path, "-m", STAGED_PACKAGE, str(path), *map(str, args)]
-    ranks = RankCollector(channel, nproc)
-    if nproc is not None and nproc > 1:
-        settings.update(launcher=LAUNCHER_GD, timeout_s=timeout_s)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        command = torchrun_command(chosen.path, nproc, command[2:])
-    env[SETTINGS_ENV] = json.dumps(settings)
-    supervision = {
-        "command": command,
-        "cwd": str(workdir),
-        "max_memory": max_memory,
-        "report": str(report_path),
-        "run_folder": str(tmp),
-        "caller_pid": os.getpid(),
-        "grace_s": TERM_GRACE_S,
-    }
 
-    reader = ChannelReader(channel)
+async def complete_probe_async(
+    started: StartedRun,
+    *,
+    profile: str | ThresholdProfile | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> ProbeResult:
+    """Watch a run :func:`~probes.runtime.launch.start_probe` started until it ends (or times
+    out, or the awaiting task is cancelled: then it is stopped), diagnose it, and remove its
+    folder. Raises :class:`ProbeInputError` as :func:`run_probe_async` does (an unknown
+    ``profile`` stops the run first)."""
+    try:
+        threshold_profile = profile if isinstance(profile, ThresholdProfile) else _profile(profile)
+    except BaseException:
+        started.close()
+        raise
+    steps = started.steps
+    ranks = RankCollector(started.channel, started.nproc)
+    reader = ChannelReader(started.channel)
     records: list[StepRecord] = []
     summary: ChildSummary | None = None
     seeding: SeedingInfo | None = None
     hello: dict[str, Any] | None = None
-    out_tail, err_tail = _Tail(), _Tail()
     timed_out = False
-    started = time.perf_counter()
     report: dict[str, Any] = {}
 
     def absorb(messages: list[dict[str, Any]]) -> int:
@@ -341,29 +195,18 @@ async def run_probe_async(
         return newest
 
     try:
-        process = await anyio.open_process(
-            [sys.executable, "-I", "-S", supervisor_module.__file__, json.dumps(supervision)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=str(tmp),
-            env=env,
-            start_new_session=True,
-        )
         warm_knowledge()  # while the child starts its interpreter and imports torch
         try:
             async with anyio.create_task_group() as group:
-                drained = (anyio.Event(), anyio.Event())
-                group.start_soon(_drain, process.stdout, out_tail, drained[0])
-                group.start_soon(_drain, process.stderr, err_tail, drained[1])
                 exited = anyio.Event()
 
                 async def wait_exit() -> None:
-                    await process.wait()
+                    # A worker thread waits on the process: no polling, no delay at its exit.
+                    await anyio.to_thread.run_sync(started.wait_exit, abandon_on_cancel=True)
                     exited.set()
 
                 group.start_soon(wait_exit)
-                deadline = started + timeout_s
+                deadline = started.started + started.timeout_s
                 while not exited.is_set():
                     with anyio.move_on_after(POLL_S):
                         await exited.wait()
@@ -372,30 +215,33 @@ async def run_probe_async(
                         await _notify(on_progress, min(done, steps), steps)
                     if time.perf_counter() > deadline and not exited.is_set():
                         timed_out = True
-                        await _stop_supervisor(process, _child_pid(tmp))
+                        await anyio.to_thread.run_sync(started.stop)
                         break
                 ranks.stop()  # torchrun's ranks live in sessions of their own
                 # The supervisor has stopped every process below it; the pipes close with them.
-                with anyio.move_on_after(0.5):
-                    for event in drained:
-                        await event.wait()
+                await anyio.to_thread.run_sync(started.finish_output)
                 group.cancel_scope.cancel()
-        except anyio.get_cancelled_exc_class():
+        except BaseException:
+            # Cancelled (or failed here): stop the script and everything it started, in a
+            # worker thread, so that the event loop is not blocked for the grace period.
             with anyio.CancelScope(shield=True):
-                await _stop_supervisor(process, _child_pid(tmp))
+                await anyio.to_thread.run_sync(started.stop)
             raise
         absorb(reader.read_new())
-        report = _read_json(report_path)
+        report = _read_report(started)
     finally:
         ranks.finish()
-        shutil.rmtree(tmp, ignore_errors=True)
+        started.close()
 
-    wall_s = time.perf_counter() - started
+    wall_s = time.perf_counter() - started.started
+    chosen = started.interpreter
+    max_memory = started.max_memory
+    err_tail = started.stderr.text()
     where = f"{chosen.path} ({chosen.reason})"
     if report.get("exec_error"):
         raise ProbeInputError(f"cannot run the interpreter {where}: {report['exec_error']}")
     if hello is None and not timed_out:
-        why = _last_line(err_tail.text()) or _exit_text(report.get("returncode"))
+        why = _last_line(err_tail) or _exit_text(report.get("returncode"))
         raise ProbeInputError(
             f"the interpreter {where} did not start the probe ({why}); is it Python 3.10 or newer?"
         )
@@ -407,20 +253,20 @@ async def run_probe_async(
     if summary is None:
         summary = _summary_without_report(
             timed_out,
-            timeout_s,
+            started.timeout_s,
             report.get("returncode"),
             len(records),
-            err_tail.text(),
+            err_tail,
             parent_killed=parent_killed,
             max_memory=max_memory,
         )
     elif timed_out:
         summary = summary.model_copy(update={"status": "timeout"})
     result = build_result(
-        script=str(path),
-        args=[str(a) for a in args],
+        script=str(started.script),
+        args=started.args,
         steps_requested=steps,
-        sample_every=sample_every,
+        sample_every=started.sample_every,
         records=ranks.records(records),
         summary=summary,
         profile=threshold_profile,
@@ -435,9 +281,9 @@ async def run_probe_async(
                 python_version=str(hello.get("python")) if hello else None,
             ),
             "isolation": IsolationInfo(
-                working_dir=str(workdir),
+                working_dir=str(started.workdir),
                 max_memory=max_memory,
-                scrubbed_env=scrubbed,
+                scrubbed_env=started.scrubbed,
                 parent_signals=[
                     f"{s.get('signal')}"
                     + (f" from pid {s['from_pid']}" if s.get("from_pid") else "")
@@ -448,16 +294,19 @@ async def run_probe_async(
                 left_behind=[str(n) for n in report.get("left_behind", [])],
             ),
             "seeding": seeding,
-            "patched": source is not None,
+            "patched": started.patched,
         }
     )
     return ranks.apply(result, summary)
 
 
-def _child_pid(run_folder: Path) -> int | None:
-    """The script process's pid, as the shim recorded it (for the last-resort group kill)."""
-    pid = _read_json(run_folder / "supervisor.json.parent").get("child_pid")
-    return int(pid) if isinstance(pid, int) else None
+def _read_report(started: StartedRun) -> dict[str, Any]:
+    """What the supervisor wrote about the run (empty when it wrote nothing)."""
+    try:
+        loaded = json.loads(started.report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
 
 
 def _exit_text(return_code: int | None) -> str:
@@ -552,3 +401,8 @@ def run_probe(
 ) -> ProbeResult:
     """Synchronous :func:`run_probe_async` (runs its own event loop); same keyword options."""
     return anyio.run(partial(run_probe_async, script, args, **options))
+
+
+def complete_probe(started: StartedRun, **options: Any) -> ProbeResult:
+    """Synchronous :func:`complete_probe_async` (runs its own event loop); same options."""
+    return anyio.run(partial(complete_probe_async, started, **options))

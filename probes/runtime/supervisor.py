@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import json
 import os
 import resource
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -64,8 +62,10 @@ def _prctl() -> Any:
             return ctypes.CDLL(name, use_errno=True).prctl
         except (OSError, AttributeError):
             continue
+    from ctypes.util import find_library  # rarely needed; its imports delay the script's start
+
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
+        return ctypes.CDLL(find_library("c"), use_errno=True).prctl
     except (OSError, AttributeError, TypeError):
         return None
 
@@ -357,6 +357,8 @@ def main() -> int:
         left_behind = [names[p] for p in stopped if p in names]
     if stop.get("reason") == "caller-gone":
         # Nobody will read the report: leave nothing behind either.
+        import shutil  # only here: the imports at the top delay the script's start
+
         shutil.rmtree(config["run_folder"], ignore_errors=True)
         return 0
     shim_report = _read_shim_report(config)

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gradient_doctor.knowledge.findings import severity_at_least
 from gradient_doctor.skill_server.cli import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -32,6 +31,8 @@ never written to. Its stdout/stderr are kept out of the report (only a traceback
 under a supervisor: signals it sends its parent are ignored, processes it leaves behind
 (daemons, double forks) are stopped at the end, and the gradient-doctor token variables are
 removed from its environment (everything else, e.g. CUDA_VISIBLE_DEVICES, HF_HOME, stays).
+torch keeps the thread count it would have in a plain run (the probe measures the script as it
+runs); on a busy machine, OMP_NUM_THREADS=1 in the environment steadies both alike.
 
 exit status:
   0  the probe measured the run (status ok or stopped) and no finding is at or above
@@ -95,23 +96,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the probe and print the report; see the exit status in the command's help."""
-    from gradient_doctor.probes.runtime import ProbeInputError, run_probe
+    """Run the probe and print the report; see the exit status in the command's help.
+
+    Start-up order matters for the wall time: the script is launched with the standard
+    library alone (``probes.runtime.launch``), and the runner, its models, the knowledge base
+    and the diagnosis are imported while the script's interpreter starts and imports torch."""
+    from gradient_doctor.probes.runtime.launch import ProbeInputError, start_probe
 
     plots_dir = plots_folder(args.plots)
     try:
-        result = run_probe(
+        if args.profile is not None:
+            _check_profile(args.profile)  # before anything runs: an unknown name is exit 2
+        started = start_probe(
             args.script,
             args.script_args,
             steps=args.steps,
             timeout_s=args.timeout,
             device=args.device,
             sample_every=args.sample_every,
-            profile=args.profile,
             nproc=args.nproc,
             cwd=args.cwd,
             launch=launch_of(args),
         )
+        try:
+            from gradient_doctor.probes.runtime.runner import complete_probe
+
+            result = complete_probe(started, profile=args.profile)
+        finally:
+            started.close()  # idempotent: stops the run only if something above failed
     except ProbeInputError as exc:
         raise UsageError(str(exc)) from None
     if args.format == "json":
@@ -124,11 +136,23 @@ def run(args: argparse.Namespace) -> int:
         _write_plots(result, plots_dir)
     if not result.ok:
         return EXIT_FINDINGS
+    from gradient_doctor.knowledge.findings import severity_at_least
+
     if args.fail_on != "never" and any(
         severity_at_least(f.severity, args.fail_on) for f in result.findings
     ):
         return EXIT_FINDINGS
     return EXIT_OK
+
+
+def _check_profile(name: str) -> None:
+    """A usage error for an unknown ``--profile`` (loads the knowledge base's profiles)."""
+    from gradient_doctor.probes.runtime.diagnose import resolve_profile
+
+    try:
+        resolve_profile(name, warm=False)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0]) if exc.args else str(exc)) from None
 
 
 def _write_plots(result: Any, folder: Path) -> None:

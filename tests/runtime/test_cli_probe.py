@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +178,30 @@ def test_help_states_the_rule() -> None:
         assert "Options may come before or after SCRIPT" in text
         assert "The script runs in its own folder" in text and "--cwd" in text
         assert "--python" in text and "--max-memory" in text
+
+
+def test_the_script_starts_before_the_report_stack_is_imported() -> None:
+    """Start-up order (issue 11, wall time): the CLI launches the script's supervisor with the
+    standard library alone, and imports pydantic, the knowledge base and the diagnosis while
+    the script's interpreter starts. Its report still comes out whole (the process ends
+    without the interpreter's teardown, after flushing)."""
+    code = (
+        "import runpy, subprocess, sys\n"
+        "original = subprocess.Popen.__init__\n"
+        "def marked(self, *args, **kwargs):\n"
+        "    heavy = ('pydantic', 'yaml', 'jinja2', 'anyio', 'gradient_doctor.knowledge')\n"
+        "    loaded = sorted(m for m in sys.modules if m.startswith(heavy))\n"
+        "    sys.stderr.write(f'LOADED AT LAUNCH: {loaded}\\n')\n"
+        "    original(self, *args, **kwargs)\n"
+        "subprocess.Popen.__init__ = marked\n"
+        "runpy.run_module('gradient_doctor.skill_server', run_name='__main__')\n"
+    )
+    script = str(fixture("healthy_mlp"))
+    words = ["probe", script, "--steps", "3", "--format", "json"]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *words], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "LOADED AT LAUNCH: []" in done.stderr.splitlines()[0], done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    assert data["status"] == "stopped" and data["steps"] == 3

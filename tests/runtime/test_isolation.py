@@ -284,3 +284,30 @@ def test_supervisor_shim_absorbs_signals_with_and_without_sigtimedwait(
     assert seen["returncode"] == 0 and seen["shim"] == {"exit_code": 0}
     assert [s["signal"] for s in seen["signals"]] == ["SIGTERM"]
     assert (seen["signals"][0]["from_pid"] is not None) == has_sigtimedwait
+
+
+def test_a_started_run_closed_before_it_is_watched_leaves_nothing(tmp_path: Path) -> None:
+    """The CLI starts the run before it imports the runner: if anything fails in between
+    (an import, Ctrl-C), closing the started run stops the script and everything it started,
+    and removes the run's folder."""
+    from gradient_doctor.probes.runtime.launch import start_probe
+
+    pid_file = tmp_path / "pids"
+    started = start_probe(fixture("writes_pid_then_hangs"), [str(pid_file)], timeout_s=120)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (pid_file.exists() and pid_file.read_text().strip()):
+            time.sleep(0.05)
+        child, grandchild = (int(p) for p in pid_file.read_text().split())
+        assert not _gone(child) and not _gone(grandchild)
+    finally:
+        closing_at = time.perf_counter()
+        started.close()
+    assert time.perf_counter() - closing_at < 2.5
+    assert started.process.poll() is not None
+    deadline = time.time() + 1.0
+    while time.time() < deadline and not (_gone(child) and _gone(grandchild)):
+        time.sleep(0.05)
+    assert _gone(child) and _gone(grandchild)
+    assert not started.folder.exists()
+    started.close()  # idempotent

@@ -10,17 +10,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from gradient_doctor.probes.runtime import runner, supervisor
+from gradient_doctor.probes.runtime import launch, supervisor
 from gradient_doctor.probes.runtime.child import STAGED_PACKAGE
 
 
 def _installed_copy(tmp_path: Path) -> Path:
     """A copy of the child package as pip installs it: sources plus compiled bytecode."""
-    source = Path(runner.child_package.__file__).parent
+    source = launch.CHILD_SOURCE
     installed = tmp_path / "site" / "child"
     installed.mkdir(parents=True)
     for module in source.glob("*.py"):
@@ -33,11 +32,10 @@ def test_staged_child_loads_the_installed_bytecode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     installed = _installed_copy(tmp_path)
-    fake = SimpleNamespace(__file__=str(installed / "__init__.py"))
-    monkeypatch.setattr(runner, "child_package", fake)
+    monkeypatch.setattr(launch, "CHILD_SOURCE", installed)
     run_folder = tmp_path / "run"
     run_folder.mkdir()
-    staged = runner.stage_child(run_folder)
+    staged = launch.stage_child(run_folder)
     package = staged / STAGED_PACKAGE
     assert sorted(p.name for p in package.glob("*.py")) == sorted(
         p.name for p in installed.glob("*.py")
@@ -59,11 +57,9 @@ def test_staging_without_bytecode_copies_the_sources(
 ) -> None:
     installed = _installed_copy(tmp_path)
     shutil.rmtree(installed / "__pycache__")
-    monkeypatch.setattr(
-        runner, "child_package", SimpleNamespace(__file__=str(installed / "__init__.py"))
-    )
+    monkeypatch.setattr(launch, "CHILD_SOURCE", installed)
     (tmp_path / "run").mkdir()
-    package = runner.stage_child(tmp_path / "run") / STAGED_PACKAGE
+    package = launch.stage_child(tmp_path / "run") / STAGED_PACKAGE
     assert (package / "__main__.py").is_file()
     assert not (package / "__pycache__").exists()
 
