@@ -926,6 +926,17 @@ class Matcher:
     def _cite(self, limit: _Limit) -> str:
         return f"profile {self.profile.name}, from {limit.seed}"
 
+    def _spike_hits(self, reason: str, peak: float) -> list[CodeHit]:
+        """Gradient-norm spikes, and exploding gradients as a weaker second when a spike
+        passes the exploding threshold."""
+        hits = [CodeHit("grad-norm-spikes", 1.0, reason)]
+        limit = self.profile.exploding_warning.value
+        if peak > limit:
+            hits.append(
+                CodeHit("exploding-gradients", 0.6, f"a spike reaches {fmt(peak)} > {fmt(limit)}")
+            )
+        return hits
+
     def _number_evidence(
         self,
         quantities: Sequence[Quantity],
@@ -1442,25 +1453,12 @@ class Matcher:
             spikes = _isolated_spikes(values, factor)
             if spikes:
                 median = _median(v for i, v in enumerate(values) if i not in spikes)
-                peak = max(values[i] for i in spikes)
-                hits = [
-                    CodeHit(
-                        "grad-norm-spikes",
-                        1.0,
-                        f"grad norm {shown}: {len(spikes)} isolated value(s) above "
-                        f"{fmt(factor)}× the median {fmt(median)} (spike factor, "
-                        f"{self._cite(p.spike_factor)})",
-                    )
-                ]
-                if peak > p.exploding_warning.value:
-                    hits.append(
-                        CodeHit(
-                            "exploding-gradients",
-                            0.6,
-                            f"a spike reaches {fmt(peak)} > {fmt(p.exploding_warning.value)}",
-                        )
-                    )
-                return hits
+                return self._spike_hits(
+                    f"grad norm {shown}: {len(spikes)} isolated value(s) above "
+                    f"{fmt(factor)}× the median {fmt(median)} (spike factor, "
+                    f"{self._cite(p.spike_factor)})",
+                    max(values[i] for i in spikes),
+                )
         first, last = values[0], values[-1]
         if n >= 3 and min(first, last) > 0 and max(first, last) < factor * min(first, last):
             # "sits at 0.6-1.1, step 3412 hit 94 and step 7730 210, then back to 0.9": a usual
@@ -1469,25 +1467,12 @@ class Matcher:
             level = max(first, last)
             inside = values[1:-1]
             if all(v > factor * level for v in inside):
-                peak = max(inside)
-                hits = [
-                    CodeHit(
-                        "grad-norm-spikes",
-                        1.0,
-                        f"grad norm {shown}: {len(inside)} reading(s) above {fmt(factor)}× its "
-                        f"usual level {fmt(level)}, then back to it (spike factor, "
-                        f"{self._cite(p.spike_factor)})",
-                    )
-                ]
-                if peak > p.exploding_warning.value:
-                    hits.append(
-                        CodeHit(
-                            "exploding-gradients",
-                            0.6,
-                            f"a spike reaches {fmt(peak)} > {fmt(p.exploding_warning.value)}",
-                        )
-                    )
-                return hits
+                return self._spike_hits(
+                    f"grad norm {shown}: {len(inside)} reading(s) above {fmt(factor)}× its "
+                    f"usual level {fmt(level)}, then back to it (spike factor, "
+                    f"{self._cite(p.spike_factor)})",
+                    max(inside),
+                )
         correlation = rank_correlation(values)
         if n >= 3 and first > 0 and last / first > 10 and correlation >= 0.8:
             hits = [
