@@ -24,6 +24,7 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -150,6 +151,135 @@ async def run_probe_async(
     return await complete_probe_async(started, profile=threshold_profile, on_progress=on_progress)
 
 
+class _Watch:
+    """The parent's view of one run: the channel's messages and the timeout while it goes on,
+    the result once it has ended. Shared by the two watchers, :func:`complete_probe_async`
+    (an event loop: the server, the library) and :func:`complete_probe` (none: the CLI, which
+    then never imports asyncio)."""
+
+    def __init__(self, started: StartedRun, profile: str | ThresholdProfile | None) -> None:
+        try:
+            self.profile = profile if isinstance(profile, ThresholdProfile) else _profile(profile)
+        except BaseException:
+            started.close()
+            raise
+        self.started = started
+        self.ranks = RankCollector(started.channel, started.nproc)
+        self.reader = ChannelReader(started.channel)
+        self.records: list[StepRecord] = []
+        self.summary: ChildSummary | None = None
+        self.seeding: SeedingInfo | None = None
+        self.hello: dict[str, Any] | None = None
+        self.timed_out = False
+        self.deadline = started.started + started.timeout_s
+
+    def absorb(self) -> int:
+        """Take the channel's new messages; the newest step reported done (0: none)."""
+        newest = 0
+        for message in self.reader.read_new():
+            kind = message.pop("kind", None)
+            if kind == "step":
+                self.records.append(StepRecord.model_validate(message))
+            elif kind == "progress":
+                newest = max(newest, int(message.get("step", 0)))
+            elif kind == "summary":
+                self.summary = ChildSummary.model_validate(message)
+            elif kind == "hello":
+                self.hello = self.hello or message
+            elif kind == "seeding":
+                self.seeding = SeedingInfo.model_validate(message)
+            else:
+                self.ranks.add(kind, message)
+        return newest
+
+    def overdue(self) -> bool:
+        """Whether the run has gone past its timeout."""
+        return time.perf_counter() > self.deadline
+
+    def ended(self) -> dict[str, Any]:
+        """After the supervisor exited: the last messages; its report."""
+        self.absorb()
+        return _read_report(self.started)
+
+    def close(self) -> None:
+        """Read the other ranks' files, stop stragglers, remove the run's folder (always)."""
+        try:
+            self.ranks.finish()
+        finally:
+            self.started.close()
+
+    def result(self, report: dict[str, Any]) -> ProbeResult:
+        """The diagnosed result of the ended run (see :func:`run_probe_async` for the errors)."""
+        started = self.started
+        wall_s = time.perf_counter() - started.started
+        chosen = started.interpreter
+        max_memory = started.max_memory
+        err_tail = started.stderr.text()
+        hello, ranks = self.hello, self.ranks
+        where = f"{chosen.path} ({chosen.reason})"
+        if report.get("exec_error"):
+            raise ProbeInputError(f"cannot run the interpreter {where}: {report['exec_error']}")
+        if hello is None and not self.timed_out:
+            why = _last_line(err_tail) or _exit_text(report.get("returncode"))
+            raise ProbeInputError(
+                f"the interpreter {where} did not start the probe ({why}); "
+                "is it Python 3.10 or newer?"
+            )
+        summary = ranks.summary(self.summary)
+        if summary is not None and summary.input_error:
+            raise ProbeInputError(summary.message or "the probe's input was not usable")
+        # The shim dies by a signal when the script kills it, or when a stop had to SIGKILL it.
+        parent_killed = None if report.get("stopped") else report.get("shim", {}).get("signal")
+        if summary is None:
+            summary = _summary_without_report(
+                self.timed_out,
+                started.timeout_s,
+                report.get("returncode"),
+                len(self.records),
+                err_tail,
+                parent_killed=parent_killed,
+                max_memory=max_memory,
+            )
+        elif self.timed_out:
+            summary = summary.model_copy(update={"status": "timeout"})
+        result = build_result(
+            script=str(started.script),
+            args=started.args,
+            steps_requested=started.steps,
+            sample_every=started.sample_every,
+            records=ranks.records(self.records),
+            summary=summary,
+            profile=self.profile,
+            wall_s=wall_s,
+        )
+        result = result.model_copy(
+            update={
+                "interpreter": InterpreterInfo(
+                    path=chosen.path,
+                    source=chosen.source,
+                    reason=chosen.reason,
+                    python_version=str(hello.get("python")) if hello else None,
+                ),
+                "isolation": IsolationInfo(
+                    working_dir=str(started.workdir),
+                    max_memory=max_memory,
+                    scrubbed_env=started.scrubbed,
+                    parent_signals=[
+                        f"{s.get('signal')}"
+                        + (f" from pid {s['from_pid']}" if s.get("from_pid") else "")
+                        + " (ignored)"
+                        for s in report.get("signals", [])
+                    ],
+                    parent_killed=parent_killed,
+                    left_behind=[str(n) for n in report.get("left_behind", [])],
+                ),
+                "seeding": self.seeding,
+                "patched": started.patched,
+            }
+        )
+        return ranks.apply(result, summary)
+
+
 async def complete_probe_async(
     started: StartedRun,
     *,
@@ -160,40 +290,8 @@ async def complete_probe_async(
     out, or the awaiting task is cancelled: then it is stopped), diagnose it, and remove its
     folder. Raises :class:`ProbeInputError` as :func:`run_probe_async` does (an unknown
     ``profile`` stops the run first)."""
-    try:
-        threshold_profile = profile if isinstance(profile, ThresholdProfile) else _profile(profile)
-    except BaseException:
-        started.close()
-        raise
+    watch = _Watch(started, profile)
     steps = started.steps
-    ranks = RankCollector(started.channel, started.nproc)
-    reader = ChannelReader(started.channel)
-    records: list[StepRecord] = []
-    summary: ChildSummary | None = None
-    seeding: SeedingInfo | None = None
-    hello: dict[str, Any] | None = None
-    timed_out = False
-    report: dict[str, Any] = {}
-
-    def absorb(messages: list[dict[str, Any]]) -> int:
-        nonlocal summary, hello, seeding
-        newest = 0
-        for message in messages:
-            kind = message.pop("kind", None)
-            if kind == "step":
-                records.append(StepRecord.model_validate(message))
-            elif kind == "progress":
-                newest = max(newest, int(message.get("step", 0)))
-            elif kind == "summary":
-                summary = ChildSummary.model_validate(message)
-            elif kind == "hello":
-                hello = hello or message
-            elif kind == "seeding":
-                seeding = SeedingInfo.model_validate(message)
-            else:
-                ranks.add(kind, message)
-        return newest
-
     try:
         warm_knowledge()  # while the child starts its interpreter and imports torch
         try:
@@ -206,18 +304,17 @@ async def complete_probe_async(
                     exited.set()
 
                 group.start_soon(wait_exit)
-                deadline = started.started + started.timeout_s
                 while not exited.is_set():
                     with anyio.move_on_after(POLL_S):
                         await exited.wait()
-                    done = absorb(reader.read_new())
+                    done = watch.absorb()
                     if done:
                         await _notify(on_progress, min(done, steps), steps)
-                    if time.perf_counter() > deadline and not exited.is_set():
-                        timed_out = True
+                    if watch.overdue() and not exited.is_set():
+                        watch.timed_out = True
                         await anyio.to_thread.run_sync(started.stop)
                         break
-                ranks.stop()  # torchrun's ranks live in sessions of their own
+                watch.ranks.stop()  # torchrun's ranks live in sessions of their own
                 # The supervisor has stopped every process below it; the pipes close with them.
                 await anyio.to_thread.run_sync(started.finish_output)
                 group.cancel_scope.cancel()
@@ -227,77 +324,51 @@ async def complete_probe_async(
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(started.stop)
             raise
-        absorb(reader.read_new())
-        report = _read_report(started)
+        report = watch.ended()
     finally:
-        ranks.finish()
-        started.close()
+        watch.close()
+    return watch.result(report)
 
-    wall_s = time.perf_counter() - started.started
-    chosen = started.interpreter
-    max_memory = started.max_memory
-    err_tail = started.stderr.text()
-    where = f"{chosen.path} ({chosen.reason})"
-    if report.get("exec_error"):
-        raise ProbeInputError(f"cannot run the interpreter {where}: {report['exec_error']}")
-    if hello is None and not timed_out:
-        why = _last_line(err_tail) or _exit_text(report.get("returncode"))
-        raise ProbeInputError(
-            f"the interpreter {where} did not start the probe ({why}); is it Python 3.10 or newer?"
-        )
-    summary = ranks.summary(summary)
-    if summary is not None and summary.input_error:
-        raise ProbeInputError(summary.message or "the probe's input was not usable")
-    # The shim dies by a signal when the script kills it, or when a stop had to SIGKILL it.
-    parent_killed = None if report.get("stopped") else report.get("shim", {}).get("signal")
-    if summary is None:
-        summary = _summary_without_report(
-            timed_out,
-            started.timeout_s,
-            report.get("returncode"),
-            len(records),
-            err_tail,
-            parent_killed=parent_killed,
-            max_memory=max_memory,
-        )
-    elif timed_out:
-        summary = summary.model_copy(update={"status": "timeout"})
-    result = build_result(
-        script=str(started.script),
-        args=started.args,
-        steps_requested=steps,
-        sample_every=started.sample_every,
-        records=ranks.records(records),
-        summary=summary,
-        profile=threshold_profile,
-        wall_s=wall_s,
-    )
-    result = result.model_copy(
-        update={
-            "interpreter": InterpreterInfo(
-                path=chosen.path,
-                source=chosen.source,
-                reason=chosen.reason,
-                python_version=str(hello.get("python")) if hello else None,
-            ),
-            "isolation": IsolationInfo(
-                working_dir=str(started.workdir),
-                max_memory=max_memory,
-                scrubbed_env=started.scrubbed,
-                parent_signals=[
-                    f"{s.get('signal')}"
-                    + (f" from pid {s['from_pid']}" if s.get("from_pid") else "")
-                    + " (ignored)"
-                    for s in report.get("signals", [])
-                ],
-                parent_killed=parent_killed,
-                left_behind=[str(n) for n in report.get("left_behind", [])],
-            ),
-            "seeding": seeding,
-            "patched": started.patched,
-        }
-    )
-    return ranks.apply(result, summary)
+
+def complete_probe(
+    started: StartedRun,
+    *,
+    profile: str | ThresholdProfile | None = None,
+    on_progress: Callable[[int, int], object] | None = None,
+) -> ProbeResult:
+    """:func:`complete_probe_async` without an event loop (the CLI: asyncio, its import and its
+    worker threads cost some 30 ms of CPU that a command line does not need). A thread waits
+    on the process; Ctrl-C or any failure stops the run before it propagates."""
+    watch = _Watch(started, profile)
+    steps = started.steps
+    try:
+        warm_knowledge()  # while the child starts its interpreter and imports torch
+        try:
+            exited = threading.Event()
+
+            def wait_exit() -> None:
+                started.wait_exit()
+                exited.set()
+
+            threading.Thread(target=wait_exit, name="gd-wait", daemon=True).start()
+            while not exited.is_set():
+                exited.wait(POLL_S)
+                done = watch.absorb()
+                if done and on_progress is not None:
+                    on_progress(min(done, steps), steps)
+                if watch.overdue() and not exited.is_set():
+                    watch.timed_out = True
+                    started.stop()
+                    break
+            watch.ranks.stop()  # torchrun's ranks live in sessions of their own
+            started.finish_output()
+        except BaseException:
+            started.stop()
+            raise
+        report = watch.ended()
+    finally:
+        watch.close()
+    return watch.result(report)
 
 
 def _read_report(started: StartedRun) -> dict[str, Any]:
@@ -401,8 +472,3 @@ def run_probe(
 ) -> ProbeResult:
     """Synchronous :func:`run_probe_async` (runs its own event loop); same keyword options."""
     return anyio.run(partial(run_probe_async, script, args, **options))
-
-
-def complete_probe(started: StartedRun, **options: Any) -> ProbeResult:
-    """Synchronous :func:`complete_probe_async` (runs its own event loop); same options."""
-    return anyio.run(partial(complete_probe_async, started, **options))

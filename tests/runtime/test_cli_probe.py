@@ -205,3 +205,28 @@ def test_the_script_starts_before_the_report_stack_is_imported() -> None:
     assert "LOADED AT LAUNCH: []" in done.stderr.splitlines()[0], done.stderr[-2000:]
     data = json.loads(done.stdout)
     assert data["status"] == "stopped" and data["steps"] == 3
+
+
+def test_timeout_stops_the_script_and_its_children(tmp_path: Path) -> None:
+    """The CLI watches the run without an event loop: its timeout still stops the script and
+    every process it started, and the report says so."""
+    pid_file = tmp_path / "pids"
+    done = run_cli(
+        "probe",
+        str(fixture("writes_pid_then_hangs")),
+        "--timeout",
+        "6",
+        "--format",
+        "json",
+        "--",
+        str(pid_file),
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    assert data["status"] == "timeout", data["message"]
+    for pid in (int(p) for p in pid_file.read_text().split()):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        except OSError:
+            continue  # gone
+        assert state == "Z", f"process {pid} still runs"
