@@ -196,6 +196,29 @@ class OutputTail:
         return bytes(self.data[-OUTPUT_TAIL_BYTES:]).decode("utf-8", "replace")
 
 
+#: How much lower than its caller's the priority of the tool's own preparation is (nice steps).
+PREPARATION_NICE = 10
+
+
+def lower_thread_priority(steps: int = PREPARATION_NICE) -> bool:
+    """Lower the calling thread's scheduling priority by ``steps`` nice levels; True if done.
+
+    Linux only, where a nice value belongs to one thread (and the threads it starts later),
+    not to the process: the caller's other threads (the output drains, the watcher) keep theirs.
+    Elsewhere ``setpriority`` would slow the whole process, so nothing is done. The kernel caps
+    the value at 19; an unprivileged process can never raise it back, which is why only a
+    short-lived preparation thread calls this."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        thread = threading.get_native_id()
+        current = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, current + steps))
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         loaded = json.loads(path.read_text(encoding="utf-8"))
