@@ -208,7 +208,7 @@ ONCE_MESSAGE = (
     "start; call `{optimizer}.zero_grad()` in the loop"
 )
 NEVER_MESSAGE = (
-    "`{step}` on line {step_line} steps in the loop, but nothing in this file zeroes "
+    "`{step}` on line {step_line} steps after every backward, but nothing in this file zeroes "
     "the gradients: every update adds up all gradients since the start; call "
     "`{optimizer}.zero_grad()` once per iteration"
 )
@@ -330,21 +330,6 @@ def _plain_loop(model: FileModel, unit: Unit, *, per_call: bool = False) -> Iter
     if any(_step_zeroes(model, s) for s in optimizer_steps):
         return
     zeros = unit.of_kind("zero_grad")
-    if not per_call and not zeros and unit.micro is not None and not _zeroes_somewhere(model):
-        # Nothing zeroes at all: whatever gates the step (`if torch.isfinite(norm):`, an
-        # accumulation condition the analyser does not read), every update after the first
-        # adds up all gradients since the start.
-        step = optimizer_steps[0]
-        yield RawFinding(
-            node=step.call,
-            message=NEVER_MESSAGE,
-            evidence={
-                "step": label(step.call),
-                "step_line": step.call,
-                "optimizer": optimizer_of(step) or "optimizer",
-            },
-        )
-        return
     steps = [s for s in optimizer_steps if _every_iteration(unit, s)]
     if not steps:
         return
@@ -536,6 +521,17 @@ def _every_iteration(unit: Unit, step: Event) -> bool:
         if frame.kind != "if" or not isinstance(frame.node, cst.If):
             continue
         test = frame.node.test
-        if calls_in(test) or names_in(test) & (varying | {"step", "i", "it", "batch_idx"}):
+        if names_in(test) & (varying | {"step", "i", "it", "batch_idx"}):
+            return False
+        if any(not _finiteness_check(call) for call in calls_in(test)):
             return False
     return True
+
+
+FINITENESS_CHECKS = frozenset({"isfinite", "isnan", "isinf", "all", "any", "item"})
+"""Calls of a skip-on-overflow guard (``if torch.isfinite(norm):``): the step still runs on
+every iteration with finite gradients, so the gate is no accumulation window."""
+
+
+def _finiteness_check(call: cst.Call) -> bool:
+    return (method_name(call) or code_of(call.func).rsplit(".", 1)[-1]) in FINITENESS_CHECKS
