@@ -49,6 +49,38 @@ EventKind = Literal[
 ]
 STEP_KINDS = frozenset({"step", "scaler_step"})
 
+DEEPSPEED_ENGINE_METHODS = frozenset(
+    {"set_gradient_accumulation_boundary", "is_gradient_accumulation_boundary"}
+)
+"""Methods only a DeepSpeed engine has (``deepspeed/runtime/engine.py``)."""
+
+
+def _deepspeed_engine(
+    model: FileModel, recv: cst.BaseExpression, frames: tuple[Frame, ...]
+) -> bool:
+    """``recv.backward(loss)`` is a DeepSpeed engine's backward (which divides the loss by the
+    engine's accumulation count): the file calls an engine-only method on ``recv``, or the call
+    runs only when a flag named for DeepSpeed is on (``if args.deepspeed: model.backward(loss)``,
+    the ``else`` of ``if not self.use_deepspeed:``). A tensor's ``backward`` takes a gradient,
+    not a loss, and has no reason to sit under such a flag."""
+    if code_of(recv) in model.deepspeed_engines:
+        return True
+    for frame in frames:
+        if frame.kind != "if" or not isinstance(frame.node, cst.If):
+            continue
+        test = frame.node.test
+        negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+        if negated:
+            assert isinstance(test, cst.UnaryOperation)
+            test = test.expression
+        flag = dotted_name(test)
+        if flag is None or "deepspeed" not in flag.rsplit(".", 1)[-1].lower():
+            continue
+        if frame.branch == (1 if negated else 0):
+            return True
+    return False
+
+
 CLIP_NORM_NAMES = frozenset({"clip_grad_norm_", "clip_grad_norm", "clip_grads_with_norm_"})
 CLIP_VALUE_NAMES = frozenset({"clip_grad_value_"})
 OPTIMIZER_CLASSES = frozenset(
@@ -590,6 +622,15 @@ class FileModel:
             if self.kind_of(text) == "scheduler":
                 self.kinds[text] = "optimizer"
         self._propagate_parameter_kinds()
+        self.deepspeed_engines = {
+            code_of(call.func.value)
+            for call, _, _ in self.all_calls
+            if isinstance(call.func, cst.Attribute)
+            and call.func.attr.value in DEEPSPEED_ENGINE_METHODS
+        }
+        """Objects the code calls DeepSpeed-engine-only methods on
+        (``model.set_gradient_accumulation_boundary(False)``): DeepSpeed engines, whatever
+        their name and wherever they were built."""
         for func in [module_info, *self.functions]:
             _EventWalker(self, func).walk()
 
@@ -2060,6 +2101,8 @@ class _EventWalker:
                 return
         kind = model.kind_of(recv)
         loss_arg = call_arg(call, 0, "loss")
+        if kind is None and loss_arg is not None and _deepspeed_engine(model, recv, frames):
+            kind = "deepspeed"
         if kind in {"accelerator", "deepspeed"}:
             self._add(Event("backward", call, stmt, func, frames, loss=loss_arg, framework=kind))
             return

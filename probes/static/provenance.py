@@ -95,6 +95,9 @@ class Scaling:
     token mean), wherever it is written: in the loop, or in a helper of another file."""
     token_mean_in: FuncInfo | None = None
     """The function that holds ``token_mean``."""
+    divided_path: Scaling | None = None
+    """For ``unknown`` because only some paths divide: the scaling of a path that divides by
+    the accumulation count (a rule judged per path may still read it)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,9 @@ def _either(parts: list[Scaling]) -> Scaling:
     else:
         unknown = next((p for p in parts if p.verdict == "unknown"), None)
         result = unknown or Scaling("unknown", reason="the loss is divided by N on some paths only")
+        divided = next((p for p in parts if p.verdict == "accumulation"), None)
+        if divided is not None and divided.node is not None:
+            result = replace(result, divided_path=divided)
     # A token mean on every path (each branch of a loss helper normalises the same way).
     result = replace(result, token_mean=None, token_mean_in=None)
     return _with_token_mean(result, parts, every=True)

@@ -198,6 +198,12 @@ class Lit(L.LightningModule):
     def _scaling(self, model: FileModel, unit: Unit, backward: Event) -> Scaling | None:
         micro = unit.micro.node if unit.micro is not None else None
         scaling = loss_scaling(model, backward, unit.accumulation, unit.root, micro)
+        if scaling.verdict == "unknown" and scaling.divided_path is not None:
+            # Only some paths divide (`if last_stage: out = loss / N`): the path that does
+            # divides twice, unless which path runs depends on the framework itself.
+            divided = scaling.divided_path
+            if divided.node is not None and _path_is_framework_free(model, divided.node):
+                scaling = divided
         if scaling.verdict != "accumulation" or scaling.node is None:
             return None
         if scaling.divisor == "num_items_in_batch":
@@ -340,6 +346,23 @@ def _from_deepspeed_config(model: FileModel, divisor: str) -> bool:
         ):
             return True
     return False
+
+
+FRAMEWORK_FLAG_WORDS = ("deepspeed", "accelerat", "lightning", "fabric", "trainer", "engine")
+
+
+def _path_is_framework_free(model: FileModel, division: cst.CSTNode) -> bool:
+    """The division is in this file and no ``if`` around it tests a framework flag
+    (``if not args.deepspeed: loss = loss / N`` divides only where DeepSpeed does not)."""
+    around = model.ancestors(division)
+    if not around:
+        return False
+    for node in around:
+        if isinstance(node, cst.If | cst.IfExp):
+            test = code_of(node.test).lower()
+            if any(word in test for word in FRAMEWORK_FLAG_WORDS):
+                return False
+    return True
 
 
 def _divisor_text(scaling: Scaling) -> str:

@@ -10,7 +10,7 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import automatic_optimization, is_lightning_module
-from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
+from gradient_doctor.probes.static.model import Accumulation, Event, FileModel, FuncInfo, Unit
 from gradient_doctor.probes.static.names import code_of, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
@@ -79,6 +79,23 @@ for it in range(iters):
         (model(next(data)) / N).backward()
     optimizer.step()
 """,
+        """
+for step, batch in enumerate(loader, 1):
+    if step % accum == 1 or accum == 1:
+        optimizer.zero_grad()
+    (model(batch) / accum).backward()
+    if step % accum == 0:
+        optimizer.step()
+""",
+        """
+assert accum > 1
+for step, batch in enumerate(loader, 1):
+    if step % accum == 1:
+        optimizer.zero_grad()
+    (model(batch) / accum).backward()
+    if step % accum == 0:
+        optimizer.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -119,12 +136,35 @@ class Pair:
 """,
             9,
         ),
+        Invalid(
+            """
+import torch
+def fit(net, opt, loader, max_norm):
+    for x, y in loader:
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        norm = torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+        if torch.isfinite(norm):
+            opt.step()
+""",
+            8,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         reported: set[int] = set()
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
-            if unit.of_kind("zero_grad") or any(_step_zeroes(model, s) for s in steps):
+            if any(_step_zeroes(model, s) for s in steps):
+                continue
+            zeros = unit.of_kind("zero_grad")
+            if zeros:
+                gate = _never_when_one(zeros, acc)
+                if (
+                    gate is not None
+                    and id(steps[0].call) not in reported
+                    and not _count_is_checked(unit.root.node, acc.divisor_text)
+                ):
+                    reported.add(id(steps[0].call))
+                    yield _never_when_one_finding(steps[0], gate, acc)
                 continue
             step = steps[0]
             reported.add(id(step.call))
@@ -179,13 +219,103 @@ OTHER_OPTIMIZER_MESSAGE = (
 )
 
 
+NEVER_WHEN_ONE_MESSAGE = (
+    "`{step}` on line {step_line} steps every `{divisor}` micro-batches, but the only "
+    "`zero_grad()` runs under `{gate}` (line {gate_line}), which never holds when `{divisor}` "
+    "is 1 (no accumulation): then the gradients are never zeroed and every update adds up all "
+    "gradients since the start; zero on the update instead (or add `or {divisor} == 1`)"
+)
+
+
+def _never_when_one(zeros: list[Event], acc: Accumulation) -> cst.If | None:
+    """The ``if`` that gates every ``zero_grad`` of the unit on ``k % N == r`` with ``N`` the
+    accumulation count and ``r`` a literal >= 1: with ``N == 1``, the natural "no
+    accumulation" setting, ``k % 1`` is always 0 and the gradients are never zeroed.
+
+    Only the body of such an ``if`` counts (a ``zero_grad`` in its ``else``, or one with no
+    gate, runs); a test that also says ``or N == 1`` is not matched."""
+    if acc.divisor is None or isinstance(acc.divisor, cst.Integer):
+        return None  # a literal N >= 2 is never 1
+    divisor = code_of(acc.divisor)
+    found: cst.If | None = None
+    for zero in zeros:
+        gate = next(
+            (
+                f.node
+                for f in zero.frames
+                if f.kind == "if"
+                and f.branch == 0
+                and isinstance(f.node, cst.If)
+                and _residue_gate(f.node.test, divisor)
+            ),
+            None,
+        )
+        if gate is None:
+            return None
+        found = found or gate
+    return found
+
+
+def _residue_gate(test: cst.BaseExpression, divisor: str) -> bool:
+    """``k % N == r`` (or ``r == k % N``), alone or in an ``and``, with ``r`` an integer >= 1."""
+    if isinstance(test, cst.BooleanOperation):
+        if isinstance(test.operator, cst.And):
+            return _residue_gate(test.left, divisor) or _residue_gate(test.right, divisor)
+        return False
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    if not isinstance(target.operator, cst.Equal):
+        return False
+    for modulo, residue in ((test.left, target.comparator), (target.comparator, test.left)):
+        if (
+            isinstance(modulo, cst.BinaryOperation)
+            and isinstance(modulo.operator, cst.Modulo)
+            and code_of(modulo.right) == divisor
+            and isinstance(residue, cst.Integer)
+            and residue.evaluated_value >= 1
+        ):
+            return True
+    return False
+
+
+def _count_is_checked(scope: cst.CSTNode, divisor: str) -> bool:
+    """The function compares the accumulation count itself (``if N > 1:``, ``assert N >= 2``):
+    it may never be 1 there, so the residue gate may be right."""
+    from gradient_doctor.probes.static.traverse import walk
+
+    for node in walk(scope):
+        if isinstance(node, cst.Comparison):
+            sides = [node.left, *(c.comparator for c in node.comparisons)]
+            if any(code_of(side) == divisor for side in sides):
+                return True
+    return False
+
+
+def _never_when_one_finding(step: Event, gate: cst.If, acc: Accumulation) -> RawFinding:
+    return RawFinding(
+        node=step.call,
+        message=NEVER_WHEN_ONE_MESSAGE,
+        evidence={
+            "step": label(step.call),
+            "step_line": step.call,
+            "divisor": acc.divisor_text,
+            "gate": code_of(gate.test),
+            "gate_line": gate,
+        },
+        # Wrong only for a configuration with N == 1, a value the code accepts but may never be
+        # given: a latent bug, not a certain one.
+        severity="warning",
+    )
+
+
 def _plain_loop(model: FileModel, unit: Unit, *, per_call: bool = False) -> Iterator[RawFinding]:
     """A loop that steps on every iteration and never zeroes (or zeroes another optimizer).
 
     ``per_call``: the unit is a function with no loop (``GAN.step(batch)``, one iteration
     per call): only the "zeroes another optimizer" case is judged, and only when nothing else
     in the file zeroes the stepped optimizer (a caller might)."""
-    steps = [
+    optimizer_steps = [
         s
         for s in unit.steps
         if s.receiver
@@ -194,11 +324,15 @@ def _plain_loop(model: FileModel, unit: Unit, *, per_call: bool = False) -> Iter
         and isinstance(s.call, cst.Call)
         and not s.call.args  # `opt.step(closure)` (LBFGS) zeroes in the closure
         and model.kind_of(s.receiver) == "optimizer"
-        and _every_iteration(unit, s)
     ]
-    if not steps or not unit.backwards or any(_step_zeroes(model, s) for s in steps):
+    if not optimizer_steps or not unit.backwards:
+        return
+    if any(_step_zeroes(model, s) for s in optimizer_steps):
         return
     zeros = unit.of_kind("zero_grad")
+    steps = [s for s in optimizer_steps if _every_iteration(unit, s)]
+    if not steps:
+        return
     if per_call:
         if zeros:
             yield from _other_optimizer(model, unit, steps, zeros, per_call=True)
@@ -387,6 +521,17 @@ def _every_iteration(unit: Unit, step: Event) -> bool:
         if frame.kind != "if" or not isinstance(frame.node, cst.If):
             continue
         test = frame.node.test
-        if calls_in(test) or names_in(test) & (varying | {"step", "i", "it", "batch_idx"}):
+        if names_in(test) & (varying | {"step", "i", "it", "batch_idx"}):
+            return False
+        if any(not _finiteness_check(call) for call in calls_in(test)):
             return False
     return True
+
+
+FINITENESS_CHECKS = frozenset({"isfinite", "isnan", "isinf", "all", "any", "item"})
+"""Calls of a skip-on-overflow guard (``if torch.isfinite(norm):``): the step still runs on
+every iteration with finite gradients, so the gate is no accumulation window."""
+
+
+def _finiteness_check(call: cst.Call) -> bool:
+    return (method_name(call) or code_of(call.func).rsplit(".", 1)[-1]) in FINITENESS_CHECKS

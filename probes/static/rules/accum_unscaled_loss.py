@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -31,6 +32,14 @@ OTHERS_MESSAGE = (
     "a division by the accumulation count): the accumulated gradients are `{divisor}` times "
     "too large"
 )
+
+
+SAMPLE_SUM = re.compile(
+    r"\*=?\s*(?:\w+\.)*(?:world_size|batch_size|bs|n_gpus?|num_gpus|num_samples|n_samples)\b"
+    r"|\b(?:world_size|batch_size|bs)\s*\*",
+    re.I,
+)
+"""A multiplication of the loss by a sample count: a sum-over-samples loss."""
 
 
 class AccumUnscaledLoss(Rule):
@@ -173,6 +182,12 @@ class Trainer:
                 micro = unit.micro.node if unit.micro is not None else None
                 scaling = loss_scaling(model, backward, acc, unit.root, micro)
                 if scaling.verdict != "none":
+                    continue
+                if any(SAMPLE_SUM.search(other) for other in scaling.others):
+                    # `loss *= world_size` / `loss * batch_size`: the loss is a sum over
+                    # samples (DDP's average undone), so summing micro-batches without a
+                    # division is the same convention: the window's gradient is the sum over
+                    # all its samples, as one big batch would give.
                     continue
                 loss = backward.loss
                 assert loss is not None

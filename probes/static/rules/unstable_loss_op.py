@@ -89,6 +89,35 @@ def gaussian_nll_loss(mean, target, var, eps=1e-6):
         var.clamp_(min=eps)
     return 0.5 * (torch.log(var) + (mean - target) ** 2 / var)
 """,
+        """
+import torch
+from torch.distributions import Categorical
+def rollout(policy, env, buffer):
+    probs = policy(env.observe())
+    action = Categorical(probs).sample()
+    buffer.append((env.act(action.item()), probs[action]))
+def reinforce_update(buffer, optimizer, gamma):
+    ret = 0.0
+    optimizer.zero_grad()
+    for reward, p_taken in reversed(buffer):
+        ret = reward + gamma * ret
+        loss = -torch.log(p_taken) * ret
+        loss.backward()
+    optimizer.step()
+""",
+        """
+import torch
+from torch.distributions import Categorical
+def act(net, obs):
+    return Categorical(net.policy(obs)).sample().item()
+def update(net, optimizer, obs, actions, advantage):
+    pi = net.policy(obs)
+    pi_taken = pi.gather(1, actions[:, None]).squeeze(1)
+    loss = -(torch.log(pi_taken) * advantage.detach()).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -109,11 +138,25 @@ for x, y in loader:
 """,
             (5, 5),
         ),
+        Invalid(
+            """
+import torch
+from torch.distributions import Categorical
+def act(net, obs):
+    return Categorical(net.policy(obs)).sample().item()
+def update(net, optimizer, obs, advantage):
+    pi = net.policy(obs)
+    entropy_loss = (pi * torch.log(pi)).sum(1).mean()
+    entropy_loss.backward()
+""",
+            8,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         loss_functions = _loss_functions(model)
         clamped = _clamped_names(model)
+        sampled = _sampled_actions(model)
         for call, stmt, func in model.all_calls:
             if method_name(call) not in UNSTABLE and _called_name(call) not in UNSTABLE:
                 continue
@@ -124,6 +167,8 @@ for x, y in loader:
                 continue
             target, hazard = found
             if _safe_name(target, func, clamped) or _safe(model, func, stmt, target):
+                continue
+            if hazard.startswith("log") and _sampled_action_probability(func, target, sampled):
                 continue
             yield self._finding(
                 call, target, _clamped, hazard, "clamp the input (or use log_softmax)"
@@ -198,6 +243,139 @@ def _in_loss(func: FuncInfo, stmt: cst.CSTNode, loss_functions: set[int]) -> boo
     if name == "forward" and func.class_name is not None and "loss" in func.class_name.lower():
         return True
     return _assigns_loss(stmt)
+
+
+SAMPLERS = frozenset({"Categorical", "OneHotCategorical"})
+"""Distributions whose ``.sample()`` draws an action with the probabilities it was given."""
+ACTION_WORDS = ("action", "act")
+
+
+class SampledActions:
+    """How a policy-gradient file draws its actions: the names holding a drawn action, and
+    the selections ``P[a]`` / ``P.gather(d, a)`` of a drawn action that it stores."""
+
+    def __init__(self) -> None:
+        self.draws = False
+        self.names: set[str] = set()
+        self.stored_selection = False
+
+    def __bool__(self) -> bool:
+        return self.draws
+
+
+def _sampled_actions(model: FileModel) -> SampledActions:
+    """Actions drawn from the policy's own distribution (``a = Categorical(p).sample()``,
+    ``a = torch.multinomial(p, 1)``) anywhere in the file.
+
+    The probability of an action drawn this way is never 0, and is below 1e-30 (where
+    ``1 / p``, the gradient of ``log``, overflows float32) with probability below 1e-30:
+    ``log`` of it is finite."""
+    found = SampledActions()
+    distributions: set[str] = set()
+    for call, _, func in model.all_calls:
+        if _called_name(call) in SAMPLERS:
+            distributions |= {
+                name for name, values in func.assigns.items() if any(v is call for v in values)
+            }
+    for call, _, func in model.all_calls:
+        name = _called_name(call)
+        drawn = name == "multinomial" or (
+            name == "sample"
+            and isinstance(call.func, cst.Attribute)
+            and (
+                code_of(call.func.value) in distributions
+                or (
+                    isinstance(call.func.value, cst.Call)
+                    and _called_name(call.func.value) in SAMPLERS
+                )
+            )
+        )
+        if not drawn:
+            continue
+        found.draws = True
+        for variable, values in func.assigns.items():
+            if any(any(c is call for c in _value_calls(v)) for v in values):
+                found.names.add(variable)
+    if found.names:
+        for call, _, _ in model.all_calls:
+            for arg in call.args:
+                if any(_selects_drawn(node, found.names) for node in walk(arg.value)):
+                    found.stored_selection = True
+    return found
+
+
+def _value_calls(value: cst.BaseExpression) -> list[cst.Call]:
+    """``m.sample()`` for ``a = m.sample()``, ``a = m.sample().item()``, ``a = m.sample()[0]``."""
+    return [node for node in walk(value) if isinstance(node, cst.Call)]
+
+
+def _selects_drawn(node: cst.CSTNode, drawn: set[str]) -> bool:
+    """``P[a]`` / ``P.gather(d, a)`` with ``a`` a drawn action."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        index = node.slice[0].slice
+        return isinstance(index, cst.Index) and code_of(index.value) in drawn
+    if isinstance(node, cst.Call) and method_name(node) == "gather" and len(node.args) == 2:
+        return code_of(node.args[1].value) in drawn
+    return False
+
+
+def _action_index(node: cst.BaseExpression, drawn: set[str]) -> bool:
+    """An index that holds actions: a drawn one, or the batch of stored actions of a
+    policy-gradient file (``a``, ``a_vec``, ``actions``)."""
+    text = code_of(_strip(node))
+    base = text.split("[", 1)[0].split(".", 1)[0]
+    lowered = base.lower()
+    return (
+        base in drawn
+        or lowered == "a"
+        or lowered.startswith("a_")
+        or any(lowered.startswith(word) or lowered.endswith(word) for word in ACTION_WORDS)
+    )
+
+
+def _selected_action(node: cst.BaseExpression, drawn: set[str]) -> bool:
+    """``P[a]`` / ``P.gather(d, a)``: the probability of one action, not the whole
+    distribution (``log(P)`` of a full softmax stays a hazard: an action the policy never
+    picks can underflow to exactly 0)."""
+    node = _strip(node)
+    while isinstance(node, cst.Call) and method_name(node) in {"squeeze", "reshape", "view"}:
+        assert isinstance(node.func, cst.Attribute)
+        node = _strip(node.func.value)
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        index = node.slice[0].slice
+        return isinstance(index, cst.Index) and _action_index(index.value, drawn)
+    if isinstance(node, cst.Call) and method_name(node) == "gather" and len(node.args) == 2:
+        return _action_index(node.args[1].value, drawn)
+    return False
+
+
+def _sampled_action_probability(
+    func: FuncInfo, target: cst.BaseExpression, sampled: SampledActions
+) -> bool:
+    """``log`` of the probability of the action a policy-gradient file drew from that policy
+    (the score-function estimator): ``log(pi.gather(1, a))``, ``log(prob[a])``, a name
+    assigned only such a selection, or a loop variable over stored transitions in a file
+    that stores exactly such a selection (``put_data((r, prob[a]))``)."""
+    if not sampled:
+        return False
+    if _selected_action(target, sampled.names):
+        return True
+    target = _strip(target)
+    if not isinstance(target, cst.Name):
+        return False
+    values = func.assigns.get(target.value, [])
+    if values:
+        return all(_selected_action(v, sampled.names) for v in values)
+    return sampled.stored_selection and target.value in _loop_targets(func)
+
+
+def _loop_targets(func: FuncInfo) -> set[str]:
+    """Names bound by the ``for`` loops of the function (``for r, prob in self.data:``)."""
+    names: set[str] = set()
+    for node in walk(func.node):
+        if isinstance(node, cst.For):
+            names |= {n.value for n in walk(node.target) if isinstance(n, cst.Name)}
+    return names
 
 
 def _clamped_names(model: FileModel) -> set[tuple[int, str]]:
