@@ -557,6 +557,9 @@ class CodeSplit(NamedTuple):
     prose: str  #: the sentences, a line that starts with a call and goes on in words included
     code: str  #: the code parts, in the order they appear
     words: str  #: the sentences with every piece of code cut out
+    #: Every piece of code was named inside a sentence (inline `spans` among words): the
+    #: writer chose which calls to mention, so a call left out is only unsaid.
+    told: bool = False
 
 
 def split_code(text: str) -> CodeSplit:
@@ -570,13 +573,16 @@ def split_code(text: str) -> CodeSplit:
     code: list[str] = []
     prose: list[str] = []
     words: list[str] = []
+    whole = [False]
     position = 0
     for fence in _FENCED.finditer(text):
-        _split_prose(text[position : fence.start()], code, prose, words)
+        _split_prose(text[position : fence.start()], code, prose, words, whole)
         code.append(fence.group(1))
+        whole[0] = True
         position = fence.end()
-    _split_prose(text[position:], code, prose, words)
-    return CodeSplit("\n".join(prose), "\n".join(p for p in code if p.strip()), "\n".join(words))
+    _split_prose(text[position:], code, prose, words, whole)
+    joined = "\n".join(p for p in code if p.strip())
+    return CodeSplit("\n".join(prose), joined, "\n".join(words), told=bool(joined) and not whole[0])
 
 
 def extract_code(text: str) -> str:
@@ -615,20 +621,32 @@ def _indented_blocks(lines: list[str]) -> set[int]:
     return taken
 
 
-def _split_prose(text: str, code: list[str], prose: list[str], words: list[str]) -> None:
+def _split_prose(
+    text: str,
+    code: list[str],
+    prose: list[str],
+    words: list[str],
+    whole: list[bool] | None = None,
+) -> None:
+    """Sort the lines of ``text`` into code, prose and words; ``whole[0]`` is set when a line
+    of code stands on its own (not named inside a sentence)."""
     lines = text.splitlines()
     block = _indented_blocks(lines)
+    if whole is None:
+        whole = [False]
     for number, line in enumerate(lines):
         if not line.strip():
             continue
         if number in block:
             code.append(line)
+            whole[0] = True
             continue
         spans = _INLINE.findall(line)
         bare = _INLINE.sub(lambda m: m.group(1), line) if spans else line
         outside = _INLINE.sub(" ", line)
         if spans and not outside.strip(" \t:,.;-"):
             code.append(bare)
+            whole[0] = True
         elif spans:
             code.extend(spans)
             # The rules read the sentence with its calls in place ("`clip_grad_norm_(...)` comes
@@ -638,6 +656,7 @@ def _split_prose(text: str, code: list[str], prose: list[str], words: list[str])
         elif _CODE_LINE.match(line) and not _PROSE_START.match(line) and not _header_prose(line):
             code_part, rest = _prose_tail(line)
             code.append(code_part)
+            whole[0] = True
             if rest:
                 # The sentence is about the call at its start: the rules read them together.
                 prose.append(line)
@@ -650,6 +669,8 @@ def _split_prose(text: str, code: list[str], prose: list[str], words: list[str])
         elif ";" in line and len(line) <= _MAX_LINE_CHARS and _CALL.search(line):
             statements = _statements_in_prose(line)
             code.extend(statements)
+            # "acc loop -> loss.backward() ; if ...: opt.step()": a loop written out inline.
+            whole[0] = whole[0] or bool(statements)
             prose.append(line)
             remainder = line
             for statement in statements:
@@ -921,15 +942,40 @@ def static_hits(source: str) -> list[CodeHit]:
     return hits
 
 
-def code_hits(code: str, prose: str = "") -> list[CodeHit]:
+#: Findings about a call the code does not show: a loop that never zeroes, a loss never
+#: divided, no norm measured, no update for the last micro-batches.
+_ABSENCE_FINDINGS = frozenset(
+    {
+        "accum-missing-zero-grad",
+        "accum-unscaled-loss",
+        "no-grad-monitoring",
+        "accum-leftover-batches",
+    }
+)
+#: How sure such a finding is when the calls were only named in sentences ("`scheduler.step()`
+#: sits after `loss.backward()`, outside the `if` where `optimizer.step()` is").
+_TOLD_ABSENCE_STRENGTH = 0.3
+
+
+def code_hits(code: str, prose: str = "", *, told: bool = False) -> list[CodeHit]:
     """Evidence from pasted code: the static analyser on the repaired fragment, and the light
     order rules for what it does not report (fragments too broken to parse, or too partial
     for its rules). Where the analyser reports an entry, its severity sets the strength, so
-    the most serious mistake in a fragment comes first."""
+    the most serious mistake in a fragment comes first.
+
+    ``told``: the calls were named inside sentences, not pasted (see :class:`CodeSplit`); a
+    call they leave out is one the writer did not mention, so findings about what is missing
+    stay weak."""
     source = fragment_source(code)
     best = {hit.entry_id: hit for hit in (static_hits(source) if source is not None else [])}
     for hit in analyse(source if source is not None else code, prose):
         best.setdefault(hit.entry_id, hit)
+    if told:
+        for entry_id in best.keys() & _ABSENCE_FINDINGS:
+            hit = best[entry_id]
+            best[entry_id] = CodeHit(
+                entry_id, min(hit.strength, _TOLD_ABSENCE_STRENGTH), hit.reason, hit.advice_id
+            )
     if best.keys() & _MISPLACED_CLIP:
         # A clip in the wrong place does nothing: whether it would also have clipped scaled or
         # per-micro-batch gradients is moot until it moves.

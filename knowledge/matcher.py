@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from gradient_doctor.knowledge._code import (
     CodeHit,
     code_hits,
+    fragment_source,
     prose_hits,
     split_code,
     without_code,
@@ -304,6 +305,53 @@ _NORMAL_QUESTION = re.compile(
     r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything)",
     re.IGNORECASE,
 )
+#: The text hands over code to be checked ("anything wrong in here?", "double-check the order
+#: of the calls", "is this step right?") rather than telling what went wrong with it.
+_REVIEW_REQUEST = re.compile(
+    r"\b(?:double[-\s]?check\w*|sanity[-\s]?check\w*|check\s+(?:over\s+)?(?:the|my|this|our|their|"
+    r"it|if|whether)|review\w*|proof[-\s]?read|look\s+(?:it\s+)?over|(?:anything|something)\s+"
+    r"(?:\w+\s+)?(?:wrong|off|missing|amiss)|(?:is|are)\s+(?:this|that|it|these|my|the)\b[^.?\n]{0,40}"
+    r"\b(?:right|correct|ok(?:ay)?|fine)\b|(?:look|looks|seem|seems)\s+(?:right|correct|ok(?:ay)?|"
+    r"fine|off|wrong)|worried|not\s+sure\s+(?:if|whether|about)|did\s+(?:i|we|they)\s+get|"
+    r"(?:got|get)\s+(?:the\s+)?\w+(?:\s+\w+)?\s+(?:wrong|right)|order\s+of\s+(?:the\s+)?calls|"
+    r"before\s+(?:i|we|they)\s+(?:launch|start|run|kick|submit))",
+    re.IGNORECASE,
+)
+#: Words of something having gone wrong in a run: then the code is read for its cause, and a
+#: clean fragment is not a clean run.
+_RUN_PROBLEM = re.compile(
+    r"\b(?:nan\w*|inf|infinite|non-?finite|overflow\w*|diverg\w*|explod\w*|blow\w*|blew|spik\w*|"
+    r"stuck|plateau\w*|stall\w*|flat|not\s+learn\w*|doesn't\s+learn|barely|slow\w*|worse|oom|"
+    r"out\s+of\s+memory|crash\w*|error\w*|exception|traceback|identical|zero|jump\w*|"
+    r"oscillat\w*|fluctuat\w*|unstable|instabilit\w*|noisy|rising|rises|rose|climb\w*|"
+    r"increas\w*|drops?\s+to|dropped|collaps\w*|skipp\w*|tiny|huge|vanish\w*|dead|"
+    r"degrad\w*|regress\w*|hang\w*|deadlock\w*|mismatch\w*|differ\w*)\b|\b0\.0\b",
+    re.IGNORECASE,
+)
+#: A fragment with both of these is a training step the analyser can judge as a whole.
+_BACKWARD_CALL = re.compile(r"\.backward\s*\(|\bbackward\s*\(")
+_STEP_CALL = re.compile(r"\.step\s*\(")
+#: A static finding about what a whole script lacks, which a pasted step rarely shows (the
+#: norm is logged elsewhere). The leftover micro-batches are in the loop shown: they count.
+_WHOLE_SCRIPT_NOTES = frozenset({"no-grad-monitoring"})
+#: Red flags about the order or placement of calls in one step: the analyser finds each of
+#: them in a whole step that has it, so a whole step it reads without one does not have it.
+_ORDER_RED_FLAGS = frozenset(
+    {
+        "clip-after-step",
+        "clip-before-backward",
+        "amp-clip-without-unscale",
+        "amp-step-bypasses-scaler",
+        "amp-double-unscale",
+        "accum-clip-every-microstep",
+        "accum-zero-grad-every-microstep",
+        "accum-scheduler-per-microbatch",
+        "monitor-after-zero-grad",
+        "ddp-no-sync-misplaced",
+    }
+)
+#: Word score kept by an order red flag the analyser did not find in a whole step it read.
+_NOT_IN_CODE_PRIOR = 0.6
 #: "the loss curve looks textbook": the run is said to go well.
 _LOOKS_GOOD = re.compile(
     r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
@@ -1754,6 +1802,53 @@ class Matcher:
             scores[best] = top_claim + 0.5
             reasons.setdefault(best, []).append(why)
 
+    def _put_code_red_flag_first(
+        self, scores: dict[str, float], reasons: dict[str, list[str]], found: set[str]
+    ) -> None:
+        """A serious mistake the analyser finds in the pasted code ranks above everything else.
+
+        The text around a pasted loop tells what the user saw ("loss still spikes", "NaN at
+        step 4k", "grad norm reads 0"); a critical or warning red flag in the code is the cause
+        of what they saw, and its entry carries the fix. The symptom, the whole-script notes
+        (no monitoring, leftover batches) and the claims its words resemble come after it.
+        """
+        serious = [
+            f
+            for f in found
+            if f in scores
+            and self.cards[f].kind == "red-flag"
+            and _SEVERITY_RANK.get(self.cards[f].severity or "info", 0) >= 1
+        ]
+        if not serious:
+            return
+        best = max(serious, key=lambda f: scores[f])
+        others = max((v for k, v in scores.items() if k not in serious), default=None)
+        if others is not None and scores[best] <= others:
+            scores[best] = others + 0.5
+            reasons.setdefault(best, []).append(
+                "a mistake in the code shown: the likely cause of what the text describes"
+            )
+
+    def _put_clean_step_first(
+        self, scores: dict[str, float], reasons: dict[str, list[str]]
+    ) -> None:
+        """A training step the analyser reads whole and finds nothing wrong with is healthy.
+
+        Someone pasting a correct AMP step ("scale, backward, unscale_, clip, step, update")
+        and asking for a check shares every word with the AMP red flags and claims; what the
+        analyser found (nothing) is the answer, and ``healthy`` says why.
+        """
+        if "healthy" not in self.cards:
+            return
+        top = max(scores.values(), default=0.0)
+        if scores.get("healthy", 0.0) <= top:
+            scores["healthy"] = top + 0.5
+        reasons.setdefault("healthy", []).insert(
+            0,
+            "code: the static analyser reads the step shown (backward, clip, step) and finds no "
+            "mistake in its calls or their order; the text asks for a check, not about a failure",
+        )
+
     # -- scope ---------------------------------------------------------------------------------
 
     def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
@@ -1780,7 +1875,7 @@ class Matcher:
             weights, terms, garbage = {}, [], True
         else:
             garbage = False
-        prose_text, text_code, prose_words = split_code(text)
+        prose_text, text_code, prose_words, told = split_code(text)
         prose_repaired = _apply_fixes(prose_text, fixes) if text_code else repaired_text
         if text_code:
             self._soften_code_terms(weights, prose_words, text_code)
@@ -1798,7 +1893,9 @@ class Matcher:
         code_text = "\n".join(part for part in (code, text_code) if part)
         code_detected = bool(code_text.strip())
         # Code findings first: among the reasons of one entry, they are the surest.
-        code_evidence = code_hits(code_text, prose_text) if code_detected else []
+        code_evidence = (
+            code_hits(code_text, prose_text, told=told and not code) if code_detected else []
+        )
         described = list(code_evidence)
         # Sentence rules read the prose: pasted code is the analyser's (no evidence twice).
         described.extend(prose_hits(prose_repaired))
@@ -1922,6 +2019,28 @@ class Matcher:
         self._put_severe_first(scores, found_in_code)
         if not assertive:
             self._put_code_findings_first(scores, reasons, found_in_code)
+            self._put_code_red_flag_first(scores, reasons, found_in_code)
+        whole_step = (
+            code_detected
+            and not (told and not code)
+            and bool(_BACKWARD_CALL.search(code_text) and _STEP_CALL.search(code_text))
+            and fragment_source(code_text) is not None
+        )
+        if whole_step:
+            # The analyser read a whole step: an order mistake it did not find is not in the
+            # code, however many of its words the text shares ("worried about the unscale
+            # placement" over a loop that unscales in the right place).
+            reported = {h.entry_id for h in code_evidence}
+            for entry_id in _ORDER_RED_FLAGS - reported:
+                if entry_id in scores:
+                    scores[entry_id] *= _NOT_IN_CODE_PRIOR
+        if (
+            whole_step
+            and not evidence_beyond(evidence, _WHOLE_SCRIPT_NOTES)
+            and _REVIEW_REQUEST.search(prose_words if text_code else text)
+            and not _RUN_PROBLEM.search(prose_words if text_code else text)
+        ):
+            self._put_clean_step_first(scores, reasons)
             if first_person:
                 # Someone telling what their own loop does ("we clip ..., unscale_ is not
                 # called") reports a mistake, not a claim: the sentence rule's red flag ranks
@@ -1990,6 +2109,11 @@ class Matcher:
             series={item.name: list(item.values) for item in series},
             code_detected=code_detected,
         )
+
+
+def evidence_beyond(hits: Iterable[CodeHit], notes: frozenset[str]) -> bool:
+    """Whether any rule fired on an entry outside ``notes``."""
+    return any(h.entry_id not in notes for h in hits)
 
 
 #: "I walk over the parameters, divide each .grad ...": the clause after the comma goes on

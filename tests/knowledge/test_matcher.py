@@ -1055,3 +1055,77 @@ def test_code_split_reads_keyword_sentences_as_prose() -> None:
     assert split_code("with accum=4 my loss is divided twice and the norm looks tiny").code == ""
     assert split_code("for batch in loader").code == "for batch in loader"
     assert split_code("if step % 4 == 0:").code == "if step % 4 == 0:"
+
+
+# -- pasted code against the words around it (matcher5 round) ------------------------------
+
+_CLIP_AFTER_STEP_METHOD = """
+def fit_batch(self, inputs, labels):
+    self.optim.zero_grad()
+    out = self.network(inputs)
+    self.lossf(out, labels).backward()
+    self.optim.step()
+    clip_grad_norm_(self.network.parameters(), 5.0)
+"""
+_CLEAN_FP16_STEP = """
+optim.zero_grad(set_to_none=True)
+with torch.autocast("cuda", dtype=torch.float16):
+    out = network(inputs)
+    loss = lossf(out, labels)
+grad_scaler.scale(loss).backward()
+grad_scaler.unscale_(optim)
+clip_grad_norm_(network.parameters(), 0.8)
+grad_scaler.step(optim)
+grad_scaler.update()
+"""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "global norm values 1.1, 0.9, 85, 1.0, 0.8: huge spikes although we clip",
+        "grad norm climbs 2, 40, 900, 2e4 over the first steps and then loss is nan, clip is on",
+    ],
+)
+def test_a_serious_code_mistake_outranks_the_symptom_told(text: str) -> None:
+    result = match(text, code=_CLIP_AFTER_STEP_METHOD)
+    assert _top_ids(result) == ["clip-after-step"], [(m.id, m.score) for m in result.matches[:3]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "can someone review my fp16 step before the big run?",
+        "is the order in this mixed precision step correct?",
+        "not sure if I placed unscale_ in the right spot, please sanity check",
+    ],
+)
+def test_a_clean_step_handed_over_for_a_check_is_healthy(text: str) -> None:
+    result = match(text, code=_CLEAN_FP16_STEP)
+    assert _top_ids(result) == ["healthy"], [(m.id, m.score) for m in result.matches[:3]]
+    assert "finds no mistake" in result.matches[0].reasons[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "please check this fp16 step, the loss goes nan after 3k steps",
+        "review this: grad norm is huge and the scale keeps dropping",
+    ],
+)
+def test_a_clean_step_next_to_a_failure_is_not_called_healthy(text: str) -> None:
+    assert _top_ids(match(text, code=_CLEAN_FP16_STEP)) != ["healthy"]
+
+
+def test_calls_named_in_sentences_do_not_prove_what_is_missing() -> None:
+    told = split_code("they call `loss.backward()` and then `optimizer.step()` in the loop")
+    assert told.told
+    assert not split_code("```\nloss.backward()\noptimizer.step()\n```").told
+    text = (
+        "`sched.step()` comes right after `loss.backward()`, outside "
+        "`if (k + 1) % accum == 0:` under which `opt.step()` is called; the schedule ends early"
+    )
+    result = match(text, top_k=10)
+    assert _top_ids(result) == ["accum-scheduler-per-microbatch"]
+    weak = {m.id: m.score for m in result.matches}
+    assert weak.get("accum-missing-zero-grad", 0.0) < weak["accum-scheduler-per-microbatch"] / 2
