@@ -130,6 +130,8 @@ _NAMED_BONUS = 4.0
 _RATIONALIZATION_PRIOR = 1.3
 #: Word score kept by an entry whose premise the text lacks (see ``_PREMISES``).
 _UNSUPPORTED_PRIOR = 0.6
+#: Further share kept by a rationalization whose premise the text lacks.
+_UNSUPPORTED_CLAIM_PRIOR = 0.75
 #: Word score kept by a loss-movement symptom when the text has no word of movement.
 _NO_MOVEMENT_PRIOR = 0.5
 _SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -138,6 +140,20 @@ _SYMPTOM_PRIOR = 1.15
 _RED_FLAG_CODE_PRIOR = 1.2
 _RED_FLAG_ADVICE_PRIOR = 0.85
 _SYMPTOM_CLAIM_PRIOR = 0.85
+#: Share of a rationalization's word score on the claim part of the text (see ``_CLAIM_START``)
+#: added to its score: the claim, not the report before it, says which belief is held.
+_CLAIM_PART_WEIGHT = 0.6
+#: Where a belief or a plan starts in a text that first tells what happened ("loss went nan at
+#: step 900. I'll suggest swapping to SGD", "NaN at epoch 7, so there must be bad rows").
+_CLAIM_START = re.compile(
+    r"(?:^|[\s,;:.!?(-])(?:so(?!\s+(?:far|much|many|that|long|the|it|is|was)\b)|therefore|hence|"
+    r"thus|clearly|obviously|surely|probably|must\s+be|i'll|i\s+will|i'd|i\s+would|i'm\s+"
+    r"going\s+to|we'll|we\s+will|we're\s+going\s+to|let's|(?:my|the|our)\s+plan|"
+    r"(?:i|we)\s+(?:think|bet|guess|suspect|believe)|suggest\w*|recommend\w*|which\s+means|"
+    r"that\s+means|(?:i|we)\s+(?:took|take|removed?|dropped?|turned)\s+(?:out|off)|"
+    r"(?:i'm|we're)\s+(?:leaving|keeping|writing|going|moving|switching|dropping|removing))\b",
+    re.IGNORECASE,
+)
 _MAX_TEXT = 20_000
 _GARBAGE_MIN_TERMS = 20
 _GARBAGE_KNOWN_FRACTION = 0.3
@@ -230,7 +246,8 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "checkpointing-breaks-clipping": r"checkpoint|recomput",
         "lightning-needs-manual-clipping": r"lightning|\bpl\.|trainer",
         "ddp-handles-everything": r"ddp|distributed|data[\s-]parallel|gpus|ranks?\b|sync",
-        "paper-did-not-clip": r"paper|authors?|repo|publication|reference|official|original",
+        "paper-did-not-clip": r"paper|authors?|repo|publication|reference|official|original|"
+        r"reproduc|recipe",
         "paper-does-not-mention-clipping": r"paper|authors?|publication|article|mention",
         "transformers-are-unstable": r"transformer|attention|llm|gpt|bert|t5|language\s+model|"
         r"\bvit\b",
@@ -1919,9 +1936,25 @@ class Matcher:
         else:
             word_share = 1.0
         moves = bool(_MOVEMENT.search(prose_words if text_code else text))
+        claim_lexical: dict[str, _Lexical] = {}
+        ruled_claim = any(
+            h.entry_id in self.cards and self.cards[h.entry_id].kind == "rationalization"
+            for h in evidence
+        )
+        if assertive and lexical and not ruled_claim:
+            # (A sentence rule that already names the claim is surer than the words.)
+            start = _CLAIM_START.search(prose_words if text_code else text)
+            if start is not None and start.start() > 0:
+                claim_weights, claim_terms, *_ = self._query_terms(
+                    (prose_words if text_code else text)[start.start() :]
+                )
+                claim_lexical = self._lexical(claim_weights, claim_terms)
         premise_met: dict[re.Pattern[str], bool] = {}
         for entry_id, lex in lexical.items():
             score = lex.score * word_share
+            claim = claim_lexical.get(entry_id)
+            if claim is not None and self.cards[entry_id].kind == "rationalization":
+                score += _CLAIM_PART_WEIGHT * claim.score * word_share
             if entry_id in _MOVEMENT_SYMPTOMS and not moves:
                 score *= _NO_MOVEMENT_PRIOR
             premise = _PREMISES.get(entry_id) or _PREMISES.get(entry_id.split("-")[0] + "-")
@@ -1931,8 +1964,11 @@ class Matcher:
             if premise is not None and not premise_met[premise]:
                 # An entry about a technique the text never mentions ("my first conv layers
                 # don't learn" is not about sigmoid stacks, "don't need warmup" not about
-                # batch norm).
+                # batch norm). A belief about a technique the text never names is not held:
+                # its claim words ("the two interfere") fit the technique the text does name.
                 score *= _UNSUPPORTED_PRIOR
+                if self.cards[entry_id].kind == "rationalization":
+                    score *= _UNSUPPORTED_CLAIM_PRIOR
             kind = self.cards[entry_id].kind
             if kind == "rationalization" and assertive:
                 score *= _RATIONALIZATION_PRIOR
@@ -1941,8 +1977,13 @@ class Matcher:
                 score *= _RATIONALIZATION_REPORT_PRIOR
             elif kind == "symptom" and reporting and not assertive:
                 score *= _SYMPTOM_PRIOR
-            elif kind == "symptom" and assertive and not asking:
-                # A claim about the cause is answered by the rationalization, not the symptom.
+            elif (
+                (kind == "symptom" or (kind == "signal" and claim_lexical))
+                and assertive
+                and not asking
+            ):
+                # A claim about the cause is answered by the rationalization, not the symptom
+                # (nor the signal the report before a stated belief names).
                 score *= _SYMPTOM_CLAIM_PRIOR
             elif kind == "red-flag" and code_detected:
                 score *= _RED_FLAG_CODE_PRIOR

@@ -1129,3 +1129,38 @@ def test_calls_named_in_sentences_do_not_prove_what_is_missing() -> None:
     assert _top_ids(result) == ["accum-scheduler-per-microbatch"]
     weak = {m.id: m.score for m in result.matches}
     assert weak.get("accum-missing-zero-grad", 0.0) < weak["accum-scheduler-per-microbatch"] / 2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "the loss became nan at step 2k; I'm going to recommend they move off Adam to SGD, "
+            "Adam is the problem",
+            "switch-optimizer",
+        ),
+        (
+            "grad norm blew up to 3e5 at step 700, so we'll replace AdamW by SGD because "
+            "adaptive optimizers are unstable",
+            "switch-optimizer",
+        ),
+        (
+            "NaN loss in epoch 4, which means the dataset has broken records, I'll clean it first",
+            "nan-means-bad-data",
+        ),
+        (
+            "We enabled activation checkpointing for memory, so we removed gradient clipping "
+            "since the two conflict",
+            "checkpointing-breaks-clipping",
+        ),
+        (
+            "the reference implementation we're reproducing never clipped, so we leave clipping "
+            "off despite a few spikes",
+            "paper-did-not-clip",
+        ),
+    ],
+)
+def test_a_belief_after_a_report_is_the_claim_answered(text: str, expected: str) -> None:
+    """What happened comes first, then what someone believes or plans: the belief decides."""
+    result = match(text)
+    assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches[:3]]
