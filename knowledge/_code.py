@@ -1314,6 +1314,24 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the loss jumps, then comes back",
         ),
         (
+            # Whether to clip at all, asked ("do I actually need clip_grad_norm_ here?", "is
+            # clipping even necessary for me?", "would a clip be worth adding?").
+            r"\b(?:do|does|would|will|should|must)\s+(?:i|we|you|it|they|one|(?:a|my|our|the|this)"
+            r"(?:\s+[\w-]+){1,3})\s+(?:\w+\s+)?(?:actually\s+|really\s+|even\s+|ever\s+|still\s+|"
+            r"also\s+)?(?:need|require|want|bother|benefit)\b[^.;\n?]{0,40}\bclip"
+            r"|\b(?:is|are)\s+(?:gradient\s+|grad\s+|norm\s+)?clip\w*(?:\s+\w+){0,2}\s+(?:even\s+|"
+            r"really\s+|actually\s+|ever\s+|strictly\s+|still\s+)?(?:necessary|needed|required|"
+            r"worth\s+it|worthwhile|useful|a\s+must)\b"
+            r"|\bclip\w*\b[^.;\n?]{0,30}\b(?:be\s+)?worth\s+(?:adding|it|using|having|turning\s+on)\b"
+            r"|\b(?:worth|any\s+point\s+in|point\s+of)\s+(?:adding|using|having|turning\s+on|"
+            r"enabling)\s+(?:a\s+|any\s+|gradient\s+|grad\s+)?clip"
+            r"|\bshould\s+(?:i|we)\s+(?:even\s+|really\s+)?(?:bother\s+(?:with|adding|using)|add|use|"
+            r"enable|turn\s+on|be\s+using|be\s+clipping)\b[^.;\n?]{0,25}\bclip",
+            "is-clipping-needed",
+            0.8,
+            "text: asks whether clipping is needed at all",
+        ),
+        (
             # Needing clipping taken as proof of a bug, or a fix offered instead of clipping.
             r"\b(?:need\w*|requir\w*|rely\w*\s+on|using)\s+(?:gradient\s+)?clip\w*\s+(?:at\s+all\s+)?"
             r"(?:means|is\s+a\s+sign|shows|signals|indicates|implies|proves)\b[^.;\n]{0,40}\b(?:wrong|"
@@ -1574,6 +1592,7 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "nonfinite-inputs": ("nan", "inf", "finite"),
     "paper-does-not-mention-clipping": ("clip",),
     "clipping-is-a-hack": ("clip",),
+    "is-clipping-needed": ("clip",),
     "loss-spikes": ("loss", "perplexity", "ppl"),
     "clipping-did-not-fix-nan": ("clip",),
     "checkpointing-breaks-clipping": ("checkpoint",),

@@ -1164,3 +1164,23 @@ def test_a_belief_after_a_report_is_the_claim_answered(text: str, expected: str)
     """What happened comes first, then what someone believes or plans: the belief decides."""
     result = match(text)
     assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches[:3]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my LSTM tagger is totally stable at norm ~1. do we even need gradient clipping for it?",
+        "GAN discriminator trains fine with norms of 0.5-3. is clipping really necessary here?",
+        "would clip_grad_norm_ be worth having on a small ViT that never spikes?",
+        "loss is smooth and the grad norm sits at 2. should I bother with clipping at all?",
+    ],
+)
+def test_whether_to_clip_is_the_clipping_question(text: str) -> None:
+    result = match(text)
+    assert _top_ids(result) == ["is-clipping-needed"], [(m.id, m.score) for m in result.matches]
+
+
+def test_ordinary_words_are_not_typos() -> None:
+    result = match("the grad norm is ~2 throughout and the loss never stalls, scalar loss")
+    notes = [r for m in result.matches for r in m.reasons if r.startswith("typo:")]
+    assert not notes, notes
