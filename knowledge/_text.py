@@ -316,14 +316,13 @@ def damerau_levenshtein(a: str, b: str, limit: int) -> int:
 #: Ordinary English words one or two edits away from a word of the entries ("throughout" and
 #: "throughput", "stall" and "small", "scalar" and "scaler"): a user writing them meant them.
 #: Found by running the corrector over common words and the evaluation texts.
-REAL_WORDS: frozenset[str] = frozenset(
-    """
+_REAL_WORDS_TEXT = """
     agent agents aided based blank brown calms cheek clone coats codes coder crush death device
     devices draft drafts fever files grass latter liner lines lasts maxed mates modes newer
     older paint pasted pasts plane sages sated scalar scalars score shared smell stale stall
     stick stock taken thorough throughout tough trail valve white wrote
-    """.split()
-)
+"""
+REAL_WORDS: frozenset[str] = frozenset(_REAL_WORDS_TEXT.split())
 
 
 class TypoCorrector:
