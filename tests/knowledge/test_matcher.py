@@ -1184,3 +1184,44 @@ def test_ordinary_words_are_not_typos() -> None:
     result = match("the grad norm is ~2 throughout and the loss never stalls, scalar loss")
     notes = [r for m in result.matches for r in m.reasons if r.startswith("typo:")]
     assert not notes, notes
+
+
+@pytest.mark.parametrize(
+    ("text", "share"),
+    [
+        ("it 20 | loss 1.2 | zero_grad_params 90/120", 0.75),
+        ("zero_grad_frac=0.4 loss=2.2", 0.4),
+        ("frac_zero_grads: 55%", 0.55),
+    ],
+)
+def test_zero_gradient_log_keys_are_read(text: str, share: float) -> None:
+    found = [q.value for q in read_quantities(text) if q.name == "zero_grad_fraction"]
+    assert found == [pytest.approx(share)]
+
+
+def test_a_bare_zero_gradient_count_gives_no_share() -> None:
+    assert not [
+        q for q in read_quantities("zero_grad_params 148") if q.name == "zero_grad_fraction"
+    ]
+
+
+def test_other_log_keys_end_a_series() -> None:
+    fairseq = (
+        "| epoch 001 | loss 9.81 | nll_loss 9.7 | ppl 832 | wps 21034 | gnorm 1.2 | lr 0.0005\n"
+        "| epoch 002 | loss 8.10 | nll_loss 8.0 | ppl 256 | wps 21100 | gnorm 3.9 | lr 0.0005\n"
+    )
+    read = {s.name: s.values for s in read_series(fairseq)}
+    assert read == {"loss": (9.81, 8.1), "perplexity": (832.0, 256.0), "grad_norm": (1.2, 3.9)}
+    logged = (
+        "step=1 loss=2.3 gnorm=0.5 zero_grad_frac=0.7\nstep=2 loss=2.3 gnorm=0.4 zero_grad_frac=0.7"
+    )
+    assert {s.name: s.values for s in read_series(logged)}["grad_norm"] == (0.5, 0.4)
+
+
+def test_a_zero_gradient_log_key_names_zero_gradients() -> None:
+    text = (
+        "segmentation net won't train:\n"
+        "ep 1 loss 0.912 grad_norm 0.004 zero_grad_params 301/340\n"
+        "ep 2 loss 0.912 grad_norm 0.004 zero_grad_params 301/340\n"
+    )
+    assert _top_ids(match(text)) == ["zero-gradients"]
