@@ -259,6 +259,12 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "accum-scale-depends-on-batch": r"accum|micro[-\s]?batch|divisor|scal",
         "smaller-model-for-memory": r"memory|oom|\bfit|vram|gpu|smaller|checkpoint|variant",
         "need-bigger-gpus": r"gpu|memory|vram|card|a100|h100|hardware|oom|\bfit",
+        # A loss that stays put needs the loss (or the training, a metric) in the text: "the
+        # norm is flat after step 200" is about the norm.
+        "plateau": r"loss|ppl|perplexity|acc|metric|learn|train|improv|progress|score|\bf1\b|bleu|"
+        r"converg|model|stuck|plateau|stall|epoch|\bval|eval",
+        "loss-stuck": r"loss|ppl|perplexity|acc|metric|learn|train|improv|progress|score|\bf1\b|"
+        r"bleu|converg|model|stuck|plateau|stall|epoch|\bval|eval",
         # Whether to clip is a question about clipping.
         "is-clipping-needed": r"clip",
         # Trends of the gradient norm need the gradients or their norm in the text (a loss
