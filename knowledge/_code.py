@@ -1074,7 +1074,15 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         (
             r"\b(?:without|not|never|forg[eo]t\w*\s+to|no)\s+(?:divid\w*|scal\w*|normali[sz]\w*|"
             r"averag\w*)\s+(?:the\s+|my\s+)?(?:raw\s+)?loss|\braw\s+loss\b|\bloss\b[^.;\n]{0,20}"
-            r"\b(?:not|never)\s+(?:divided|scaled|normali[sz]ed)",
+            r"\b(?:not|never)\s+(?:divided|scaled|normali[sz]ed)"
+            # "no division of the loss anywhere", "nothing is averaged", "sum the losses of 8
+            # micro-batches and backprop the total"
+            r"|\bno\s+(?:division|divid\w*|scaling|averaging|normali[sz]ation|mean)\s+(?:of\s+|on\s+)?"
+            r"(?:the\s+|my\s+|their\s+)?loss"
+            r"|\b(?:nothing|none\s+of\s+(?:it|them))\s+(?:is\s+|gets\s+|was\s+)?(?:averaged|divided|"
+            r"normali[sz]ed|scaled)"
+            r"|\bsum\w*\s+(?:up\s+)?(?:the\s+|all\s+)?loss\w*\b[^.;\n]{0,50}\b(?:backprop\w*|"
+            r"backward|call\s+backward)\b[^.;\n]{0,20}\b(?:total|sum)\b",
             "accum-unscaled-loss",
             0.6,
             "text: with accumulation, the loss is not divided by the number of micro-batches",
@@ -1427,6 +1435,17 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r".*?(?:zero_grad\w*(?:\(\))?|\b(?:clear|zero|reset|wipe)\w*\s+(?:the\s+|all\s+|my\s+)?"
             r"grad\w*)[^.;\n]{0,60}\b(?:every|each|first\s+(?:line|thing|statement|call)|top\s+of|"
             r"start\s+of|beginning\s+of)\b",
+            "accum-zero-grad-every-microstep",
+            0.5,
+            "text: gradients are cleared on every batch while the optimizer steps only every N",
+        ),
+        (
+            # "each batch starts with optimizer.zero_grad(), and the update happens only when
+            # step % 4 == 0": the clearing told first, the gate after.
+            r"^(?=.*(?:\bonly\b|\bonce\s+(?:per|every|in)\b|\bevery\s+\d+|%\s*\w+\s*==\s*0))"
+            r".*?\b(?:each|every)\s+(?:single\s+)?(?:micro[-\s]?)?(?:batch|iteration|step|loop|"
+            r"forward)\w*\s+(?:starts|begins|opens)\s+with\s+(?:an?\s+|the\s+)?(?:\w+\.)?(?:zero_grad|"
+            r"clear\w*|reset\w*|zero\w*)",
             "accum-zero-grad-every-microstep",
             0.5,
             "text: gradients are cleared on every batch while the optimizer steps only every N",

@@ -1225,3 +1225,27 @@ def test_a_zero_gradient_log_key_names_zero_gradients() -> None:
         "ep 2 loss 0.912 grad_norm 0.004 zero_grad_params 301/340\n"
     )
     assert _top_ids(match(text)) == ["zero-gradients"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "with 6 accumulation steps we add up the six losses and call backward on the total; "
+            "the lr behaves like it is six times too high",
+            "accum-unscaled-loss",
+        ),
+        (
+            "accumulating over 4 micro-batches, there's no division of the loss by 4 anywhere",
+            "accum-unscaled-loss",
+        ),
+        (
+            "every iteration begins with opt.zero_grad(), yet the optimizer steps only once per "
+            "8 iterations",
+            "accum-zero-grad-every-microstep",
+        ),
+    ],
+)
+def test_accumulation_told_in_words(text: str, expected: str) -> None:
+    result = match(text)
+    assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches[:3]]
