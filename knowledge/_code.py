@@ -649,6 +649,12 @@ def _split_prose(
             whole[0] = True
         elif spans:
             code.extend(spans)
+            # "my loop: `loss.backward(); if ...: opt.step()`": a span holding several
+            # statements is the loop pasted, not a call named in a sentence.
+            # (A bare header, "outside the `if step % 4 == 0:` block", is still named.)
+            whole[0] = whole[0] or any(
+                ";" in span or (_HEADER.match(span) and _INLINE_BODY.search(span)) for span in spans
+            )
             # The rules read the sentence with its calls in place ("`clip_grad_norm_(...)` comes
             # before the forward"); the word score reads only the words around them.
             prose.append(bare)
@@ -682,6 +688,8 @@ def _split_prose(
 
 
 _HEADER = re.compile(r"^\s*(?:for|if|elif|else|with|while|try|except)\b")
+#: A header with its body on the same line: "if i % 4 == 0: opt.step()".
+_INLINE_BODY = re.compile(r":\s*\S")
 _PLAIN_WORD = re.compile(r"(?<![\w.(\[=])[A-Za-z']{2,}(?![\w.(\[=])")
 #: Plain words from which a line reads as a sentence, not a statement.
 _WORDY_LINE = 7
