@@ -1898,7 +1898,7 @@ class Matcher:
             weights, terms, garbage = {}, [], True
         else:
             garbage = False
-        prose_text, text_code, prose_words, told = split_code(text)
+        prose_text, text_code, prose_words, code_told = split_code(text)
         prose_repaired = _apply_fixes(prose_text, fixes) if text_code else repaired_text
         if text_code:
             self._soften_code_terms(weights, prose_words, text_code)
@@ -1917,7 +1917,7 @@ class Matcher:
         code_detected = bool(code_text.strip())
         # Code findings first: among the reasons of one entry, they are the surest.
         code_evidence = (
-            code_hits(code_text, prose_text, told=told and not code) if code_detected else []
+            code_hits(code_text, prose_text, told=code_told and not code) if code_detected else []
         )
         described = list(code_evidence)
         # Sentence rules read the prose: pasted code is the analyser's (no evidence twice).
@@ -2067,27 +2067,6 @@ class Matcher:
         if not assertive:
             self._put_code_findings_first(scores, reasons, found_in_code)
             self._put_code_red_flag_first(scores, reasons, found_in_code)
-        whole_step = (
-            code_detected
-            and not (told and not code)
-            and bool(_BACKWARD_CALL.search(code_text) and _STEP_CALL.search(code_text))
-            and fragment_source(code_text) is not None
-        )
-        if whole_step:
-            # The analyser read a whole step: an order mistake it did not find is not in the
-            # code, however many of its words the text shares ("worried about the unscale
-            # placement" over a loop that unscales in the right place).
-            reported = {h.entry_id for h in code_evidence}
-            for entry_id in _ORDER_RED_FLAGS - reported:
-                if entry_id in scores:
-                    scores[entry_id] *= _NOT_IN_CODE_PRIOR
-        if (
-            whole_step
-            and not evidence_beyond(evidence, _WHOLE_SCRIPT_NOTES)
-            and _REVIEW_REQUEST.search(prose_words if text_code else text)
-            and not _RUN_PROBLEM.search(prose_words if text_code else text)
-        ):
-            self._put_clean_step_first(scores, reasons)
             if first_person:
                 # Someone telling what their own loop does ("we clip ..., unscale_ is not
                 # called") reports a mistake, not a claim: the sentence rule's red flag ranks
@@ -2106,6 +2085,27 @@ class Matcher:
                     unless=[h.entry_id for h in evidence],
                     why="described in the text as what the loop does",
                 )
+        whole_step = (
+            code_detected
+            and not (code_told and not code)
+            and bool(_BACKWARD_CALL.search(code_text) and _STEP_CALL.search(code_text))
+            and fragment_source(code_text) is not None
+        )
+        if whole_step:
+            # The analyser read a whole step: an order mistake it did not find is not in the
+            # code, however many of its words the text shares ("worried about the unscale
+            # placement" over a loop that unscales in the right place).
+            reported = {h.entry_id for h in code_evidence}
+            for entry_id in _ORDER_RED_FLAGS - reported:
+                if entry_id in scores:
+                    scores[entry_id] *= _NOT_IN_CODE_PRIOR
+        if (
+            whole_step
+            and not evidence_beyond(evidence, _WHOLE_SCRIPT_NOTES)
+            and _REVIEW_REQUEST.search(prose_words if text_code else text)
+            and not _RUN_PROBLEM.search(prose_words if text_code else text)
+        ):
+            self._put_clean_step_first(scores, reasons)
 
         out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
