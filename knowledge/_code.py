@@ -557,6 +557,9 @@ class CodeSplit(NamedTuple):
     prose: str  #: the sentences, a line that starts with a call and goes on in words included
     code: str  #: the code parts, in the order they appear
     words: str  #: the sentences with every piece of code cut out
+    #: Every piece of code was named inside a sentence (inline `spans` among words): the
+    #: writer chose which calls to mention, so a call left out is only unsaid.
+    told: bool = False
 
 
 def split_code(text: str) -> CodeSplit:
@@ -570,13 +573,16 @@ def split_code(text: str) -> CodeSplit:
     code: list[str] = []
     prose: list[str] = []
     words: list[str] = []
+    whole = [False]
     position = 0
     for fence in _FENCED.finditer(text):
-        _split_prose(text[position : fence.start()], code, prose, words)
+        _split_prose(text[position : fence.start()], code, prose, words, whole)
         code.append(fence.group(1))
+        whole[0] = True
         position = fence.end()
-    _split_prose(text[position:], code, prose, words)
-    return CodeSplit("\n".join(prose), "\n".join(p for p in code if p.strip()), "\n".join(words))
+    _split_prose(text[position:], code, prose, words, whole)
+    joined = "\n".join(p for p in code if p.strip())
+    return CodeSplit("\n".join(prose), joined, "\n".join(words), told=bool(joined) and not whole[0])
 
 
 def extract_code(text: str) -> str:
@@ -615,22 +621,40 @@ def _indented_blocks(lines: list[str]) -> set[int]:
     return taken
 
 
-def _split_prose(text: str, code: list[str], prose: list[str], words: list[str]) -> None:
+def _split_prose(
+    text: str,
+    code: list[str],
+    prose: list[str],
+    words: list[str],
+    whole: list[bool] | None = None,
+) -> None:
+    """Sort the lines of ``text`` into code, prose and words; ``whole[0]`` is set when a line
+    of code stands on its own (not named inside a sentence)."""
     lines = text.splitlines()
     block = _indented_blocks(lines)
+    if whole is None:
+        whole = [False]
     for number, line in enumerate(lines):
         if not line.strip():
             continue
         if number in block:
             code.append(line)
+            whole[0] = True
             continue
         spans = _INLINE.findall(line)
         bare = _INLINE.sub(lambda m: m.group(1), line) if spans else line
         outside = _INLINE.sub(" ", line)
         if spans and not outside.strip(" \t:,.;-"):
             code.append(bare)
+            whole[0] = True
         elif spans:
             code.extend(spans)
+            # "my loop: `loss.backward(); if ...: opt.step()`": a span holding several
+            # statements is the loop pasted, not a call named in a sentence.
+            # (A bare header, "outside the `if step % 4 == 0:` block", is still named.)
+            whole[0] = whole[0] or any(
+                ";" in span or (_HEADER.match(span) and _INLINE_BODY.search(span)) for span in spans
+            )
             # The rules read the sentence with its calls in place ("`clip_grad_norm_(...)` comes
             # before the forward"); the word score reads only the words around them.
             prose.append(bare)
@@ -638,6 +662,7 @@ def _split_prose(text: str, code: list[str], prose: list[str], words: list[str])
         elif _CODE_LINE.match(line) and not _PROSE_START.match(line) and not _header_prose(line):
             code_part, rest = _prose_tail(line)
             code.append(code_part)
+            whole[0] = True
             if rest:
                 # The sentence is about the call at its start: the rules read them together.
                 prose.append(line)
@@ -650,6 +675,8 @@ def _split_prose(text: str, code: list[str], prose: list[str], words: list[str])
         elif ";" in line and len(line) <= _MAX_LINE_CHARS and _CALL.search(line):
             statements = _statements_in_prose(line)
             code.extend(statements)
+            # "acc loop -> loss.backward() ; if ...: opt.step()": a loop written out inline.
+            whole[0] = whole[0] or bool(statements)
             prose.append(line)
             remainder = line
             for statement in statements:
@@ -661,6 +688,8 @@ def _split_prose(text: str, code: list[str], prose: list[str], words: list[str])
 
 
 _HEADER = re.compile(r"^\s*(?:for|if|elif|else|with|while|try|except)\b")
+#: A header with its body on the same line: "if i % 4 == 0: opt.step()".
+_INLINE_BODY = re.compile(r":\s*\S")
 _PLAIN_WORD = re.compile(r"(?<![\w.(\[=])[A-Za-z']{2,}(?![\w.(\[=])")
 #: Plain words from which a line reads as a sentence, not a statement.
 _WORDY_LINE = 7
@@ -921,15 +950,40 @@ def static_hits(source: str) -> list[CodeHit]:
     return hits
 
 
-def code_hits(code: str, prose: str = "") -> list[CodeHit]:
+#: Findings about a call the code does not show: a loop that never zeroes, a loss never
+#: divided, no norm measured, no update for the last micro-batches.
+_ABSENCE_FINDINGS = frozenset(
+    {
+        "accum-missing-zero-grad",
+        "accum-unscaled-loss",
+        "no-grad-monitoring",
+        "accum-leftover-batches",
+    }
+)
+#: How sure such a finding is when the calls were only named in sentences ("`scheduler.step()`
+#: sits after `loss.backward()`, outside the `if` where `optimizer.step()` is").
+_TOLD_ABSENCE_STRENGTH = 0.3
+
+
+def code_hits(code: str, prose: str = "", *, told: bool = False) -> list[CodeHit]:
     """Evidence from pasted code: the static analyser on the repaired fragment, and the light
     order rules for what it does not report (fragments too broken to parse, or too partial
     for its rules). Where the analyser reports an entry, its severity sets the strength, so
-    the most serious mistake in a fragment comes first."""
+    the most serious mistake in a fragment comes first.
+
+    ``told``: the calls were named inside sentences, not pasted (see :class:`CodeSplit`); a
+    call they leave out is one the writer did not mention, so findings about what is missing
+    stay weak."""
     source = fragment_source(code)
     best = {hit.entry_id: hit for hit in (static_hits(source) if source is not None else [])}
     for hit in analyse(source if source is not None else code, prose):
         best.setdefault(hit.entry_id, hit)
+    if told:
+        for entry_id in best.keys() & _ABSENCE_FINDINGS:
+            hit = best[entry_id]
+            best[entry_id] = CodeHit(
+                entry_id, min(hit.strength, _TOLD_ABSENCE_STRENGTH), hit.reason, hit.advice_id
+            )
     if best.keys() & _MISPLACED_CLIP:
         # A clip in the wrong place does nothing: whether it would also have clipped scaled or
         # per-micro-batch gradients is moot until it moves.
@@ -1028,7 +1082,15 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         (
             r"\b(?:without|not|never|forg[eo]t\w*\s+to|no)\s+(?:divid\w*|scal\w*|normali[sz]\w*|"
             r"averag\w*)\s+(?:the\s+|my\s+)?(?:raw\s+)?loss|\braw\s+loss\b|\bloss\b[^.;\n]{0,20}"
-            r"\b(?:not|never)\s+(?:divided|scaled|normali[sz]ed)",
+            r"\b(?:not|never)\s+(?:divided|scaled|normali[sz]ed)"
+            # "no division of the loss anywhere", "nothing is averaged", "sum the losses of 8
+            # micro-batches and backprop the total"
+            r"|\bno\s+(?:division|divid\w*|scaling|averaging|normali[sz]ation|mean)\s+(?:of\s+|on\s+)?"
+            r"(?:the\s+|my\s+|their\s+)?loss"
+            r"|\b(?:nothing|none\s+of\s+(?:it|them))\s+(?:is\s+|gets\s+|was\s+)?(?:averaged|divided|"
+            r"normali[sz]ed|scaled)"
+            r"|\bsum\w*\s+(?:up\s+)?(?:the\s+|all\s+)?loss\w*\b[^.;\n]{0,50}\b(?:backprop\w*|"
+            r"backward|call\s+backward)\b[^.;\n]{0,20}\b(?:total|sum)\b",
             "accum-unscaled-loss",
             0.6,
             "text: with accumulation, the loss is not divided by the number of micro-batches",
@@ -1268,6 +1330,24 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the loss jumps, then comes back",
         ),
         (
+            # Whether to clip at all, asked ("do I actually need clip_grad_norm_ here?", "is
+            # clipping even necessary for me?", "would a clip be worth adding?").
+            r"\b(?:do|does|would|will|should|must)\s+(?:i|we|you|it|they|one|(?:a|my|our|the|this)"
+            r"(?:\s+[\w-]+){1,3})\s+(?:\w+\s+)?(?:actually\s+|really\s+|even\s+|ever\s+|still\s+|"
+            r"also\s+)?(?:need|require|want|bother|benefit)\b[^.;\n?]{0,40}\bclip"
+            r"|\b(?:is|are)\s+(?:gradient\s+|grad\s+|norm\s+)?clip\w*(?:\s+\w+){0,2}\s+(?:even\s+|"
+            r"really\s+|actually\s+|ever\s+|strictly\s+|still\s+)?(?:necessary|needed|required|"
+            r"worth\s+it|worthwhile|useful|a\s+must)\b"
+            r"|\bclip\w*\b[^.;\n?]{0,30}\b(?:be\s+)?worth\s+(?:adding|it|using|having|turning\s+on)\b"
+            r"|\b(?:worth|any\s+point\s+in|point\s+of)\s+(?:adding|using|having|turning\s+on|"
+            r"enabling)\s+(?:a\s+|any\s+|gradient\s+|grad\s+)?clip"
+            r"|\bshould\s+(?:i|we)\s+(?:even\s+|really\s+)?(?:bother\s+(?:with|adding|using)|add|use|"
+            r"enable|turn\s+on|be\s+using|be\s+clipping)\b[^.;\n?]{0,25}\bclip",
+            "is-clipping-needed",
+            0.8,
+            "text: asks whether clipping is needed at all",
+        ),
+        (
             # Needing clipping taken as proof of a bug, or a fix offered instead of clipping.
             r"\b(?:need\w*|requir\w*|rely\w*\s+on|using)\s+(?:gradient\s+)?clip\w*\s+(?:at\s+all\s+)?"
             r"(?:means|is\s+a\s+sign|shows|signals|indicates|implies|proves)\b[^.;\n]{0,40}\b(?:wrong|"
@@ -1363,6 +1443,17 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r".*?(?:zero_grad\w*(?:\(\))?|\b(?:clear|zero|reset|wipe)\w*\s+(?:the\s+|all\s+|my\s+)?"
             r"grad\w*)[^.;\n]{0,60}\b(?:every|each|first\s+(?:line|thing|statement|call)|top\s+of|"
             r"start\s+of|beginning\s+of)\b",
+            "accum-zero-grad-every-microstep",
+            0.5,
+            "text: gradients are cleared on every batch while the optimizer steps only every N",
+        ),
+        (
+            # "each batch starts with optimizer.zero_grad(), and the update happens only when
+            # step % 4 == 0": the clearing told first, the gate after.
+            r"^(?=.*(?:\bonly\b|\bonce\s+(?:per|every|in)\b|\bevery\s+\d+|%\s*\w+\s*==\s*0))"
+            r".*?\b(?:each|every)\s+(?:single\s+)?(?:micro[-\s]?)?(?:batch|iteration|step|loop|"
+            r"forward)\w*\s+(?:starts|begins|opens)\s+with\s+(?:an?\s+|the\s+)?(?:\w+\.)?(?:zero_grad|"
+            r"clear\w*|reset\w*|zero\w*)",
             "accum-zero-grad-every-microstep",
             0.5,
             "text: gradients are cleared on every batch while the optimizer steps only every N",
@@ -1528,6 +1619,7 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "nonfinite-inputs": ("nan", "inf", "finite"),
     "paper-does-not-mention-clipping": ("clip",),
     "clipping-is-a-hack": ("clip",),
+    "is-clipping-needed": ("clip",),
     "loss-spikes": ("loss", "perplexity", "ppl"),
     "clipping-did-not-fix-nan": ("clip",),
     "checkpointing-breaks-clipping": ("checkpoint",),

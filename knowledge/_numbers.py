@@ -140,6 +140,15 @@ _PERCENT_BEFORE = _Lazy(
     ("%", "percent", "per cent", "pct"),
     re.IGNORECASE,
 )
+#: A logged key for the share of parameters whose gradient is zero, with its value:
+#: "zero_grad_params 148/212", "zero_grad_frac=0.68", "frac_zero_grads: 71%".
+_ZERO_GRAD_KEY = _Lazy(
+    r"(?<![\w.])(?:(?:frac(?:tion)?|share|pct|percent|ratio|num|n)[_-]?)?zero[_-]?grad(?:ient)?s?"
+    r"(?:[_-](?:params?|parameters?|frac(?:tion)?|ratio|share|pct|percent|count|tensors?))?"
+    r"\s*[:=]?\s*(?P<num>\d+(?:\.\d+)?)(?:\s*/\s*(?P<den>\d+)|\s*(?P<pct>%))?(?![\w.(])",
+    ("zero_grad", "zero-grad", "zerograd", "zero_gradient"),
+    re.IGNORECASE,
+)
 _PERCENT_AFTER = _Lazy(
     r"\b(?P<what>dead|zeros?|inactive)\b(?P<subject>[a-z_\- ]{0,30}?)[:=]?\s*"
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)",
@@ -312,6 +321,12 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
             value = parse_number(m.group("num"))
             if value is not None:
                 found.append((m.start(), Quantity(name, value / 100.0, m.group(0).strip(), True)))
+    for m in _ZERO_GRAD_KEY.finditer(text, lowered):
+        share = _zero_grad_share(m)
+        if share is not None:
+            found.append(
+                (m.start(), Quantity("zero_grad_fraction", share, m.group(0).strip(), True))
+            )
     for m in _NORM_CEILING.finditer(text, lowered):
         add(m.start(), "grad_norm_ceiling", m.group("num") or m.group("num2"), m.group(0))
     for m in _MAX_NORM.finditer(text, lowered):
@@ -323,6 +338,20 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
     for m in _LAYER_RATIO.finditer(text, lowered):
         add(m.start(), "layer_ratio", m.group("num"), m.group(0))
     return found
+
+
+def _zero_grad_share(m: re.Match[str]) -> float | None:
+    """The share (0-1) a zero-gradient key gives: a count over a total, a percentage, or a
+    fraction; a bare count (``zero_grad_params 148``) gives none, its total unknown."""
+    value = parse_number(m.group("num"))
+    if value is None:
+        return None
+    if m.group("den"):
+        total = parse_number(m.group("den"))
+        return value / total if total and value <= total else None
+    if m.group("pct"):
+        return value / 100.0 if value <= 100 else None
+    return value if "." in m.group("num") and value <= 1.0 else None
 
 
 def fmt(value: float) -> str:
@@ -381,6 +410,20 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"max_norm|clip\w*|scale|grad/param|ratio|dead|zeros?|weights?|params?|"
             r"parameters?|memory|time|throughput|vocab\w*|classes|num_\w+|hidden[_ ]size|d_model|"
             r"seq(?:uence)?[_ ]len\w*|context[_ ]len\w*|dims?|dimensions?|width|depth)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    # Any other key of a log line ends the stretch too, or its numbers would join the quantity
+    # before it: "zero_grad_params 148/212", "nll_loss 9.7", "tokens_per_sec=10234", "| wps
+    # 21034 |", "'epoch': 0.3". Listed last: a key that is a subject above (train_loss,
+    # grad_norm) is read as that subject.
+    (
+        "",
+        re.compile(
+            r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b"
+            r"|\b(?![\w/.-]*(?:loss|norm|ppl|perplexity))[a-z][\w/.-]*(?=\s*=)"
+            r"|(?<=['\"])(?![\w/.-]*(?:loss|norm|ppl|perplexity))[a-z][\w/.-]*(?=['\"]\s*:)"
+            r"|(?<=\|\s)(?![\w/.-]*(?:loss|norm|ppl|perplexity))[a-z][\w/.-]*(?=\s+[-+\d.])",
             re.IGNORECASE,
         ),
     ),

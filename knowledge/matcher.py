@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from gradient_doctor.knowledge._code import (
     CodeHit,
     code_hits,
+    fragment_source,
     prose_hits,
     split_code,
     without_code,
@@ -129,6 +130,8 @@ _NAMED_BONUS = 4.0
 _RATIONALIZATION_PRIOR = 1.3
 #: Word score kept by an entry whose premise the text lacks (see ``_PREMISES``).
 _UNSUPPORTED_PRIOR = 0.6
+#: Further share kept by a rationalization whose premise the text lacks.
+_UNSUPPORTED_CLAIM_PRIOR = 0.75
 #: Word score kept by a loss-movement symptom when the text has no word of movement.
 _NO_MOVEMENT_PRIOR = 0.5
 _SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -137,6 +140,20 @@ _SYMPTOM_PRIOR = 1.15
 _RED_FLAG_CODE_PRIOR = 1.2
 _RED_FLAG_ADVICE_PRIOR = 0.85
 _SYMPTOM_CLAIM_PRIOR = 0.85
+#: Share of a rationalization's word score on the claim part of the text (see ``_CLAIM_START``)
+#: added to its score: the claim, not the report before it, says which belief is held.
+_CLAIM_PART_WEIGHT = 0.6
+#: Where a belief or a plan starts in a text that first tells what happened ("loss went nan at
+#: step 900. I'll suggest swapping to SGD", "NaN at epoch 7, so there must be bad rows").
+_CLAIM_START = re.compile(
+    r"(?:^|[\s,;:.!?(-])(?:so(?!\s+(?:far|much|many|that|long|the|it|is|was)\b)|therefore|hence|"
+    r"thus|clearly|obviously|surely|probably|must\s+be|i'll|i\s+will|i'd|i\s+would|i'm\s+"
+    r"going\s+to|we'll|we\s+will|we're\s+going\s+to|let's|(?:my|the|our)\s+plan|"
+    r"(?:i|we)\s+(?:think|bet|guess|suspect|believe)|suggest\w*|recommend\w*|which\s+means|"
+    r"that\s+means|(?:i|we)\s+(?:took|take|removed?|dropped?|turned)\s+(?:out|off)|"
+    r"(?:i'm|we're)\s+(?:leaving|keeping|writing|going|moving|switching|dropping|removing))\b",
+    re.IGNORECASE,
+)
 _MAX_TEXT = 20_000
 _GARBAGE_MIN_TERMS = 20
 _GARBAGE_KNOWN_FRACTION = 0.3
@@ -229,7 +246,8 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "checkpointing-breaks-clipping": r"checkpoint|recomput",
         "lightning-needs-manual-clipping": r"lightning|\bpl\.|trainer",
         "ddp-handles-everything": r"ddp|distributed|data[\s-]parallel|gpus|ranks?\b|sync",
-        "paper-did-not-clip": r"paper|authors?|repo|publication|reference|official|original",
+        "paper-did-not-clip": r"paper|authors?|repo|publication|reference|official|original|"
+        r"reproduc|recipe",
         "paper-does-not-mention-clipping": r"paper|authors?|publication|article|mention",
         "transformers-are-unstable": r"transformer|attention|llm|gpt|bert|t5|language\s+model|"
         r"\bvit\b",
@@ -241,6 +259,12 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "accum-scale-depends-on-batch": r"accum|micro[-\s]?batch|divisor|scal",
         "smaller-model-for-memory": r"memory|oom|\bfit|vram|gpu|smaller|checkpoint|variant",
         "need-bigger-gpus": r"gpu|memory|vram|card|a100|h100|hardware|oom|\bfit",
+        # A loss that stays put needs the loss (or the training, a metric) in the text: "the
+        # norm is flat after step 200" is about the norm.
+        "plateau": r"loss|ppl|perplexity|acc|metric|learn|train|improv|progress|score|\bf1\b|bleu|"
+        r"converg|model|stuck|plateau|stall|epoch|\bval|eval",
+        "loss-stuck": r"loss|ppl|perplexity|acc|metric|learn|train|improv|progress|score|\bf1\b|"
+        r"bleu|converg|model|stuck|plateau|stall|epoch|\bval|eval",
         # Whether to clip is a question about clipping.
         "is-clipping-needed": r"clip",
         # Trends of the gradient norm need the gradients or their norm in the text (a loss
@@ -304,6 +328,53 @@ _NORMAL_QUESTION = re.compile(
     r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything)",
     re.IGNORECASE,
 )
+#: The text hands over code to be checked ("anything wrong in here?", "double-check the order
+#: of the calls", "is this step right?") rather than telling what went wrong with it.
+_REVIEW_REQUEST = re.compile(
+    r"\b(?:double[-\s]?check\w*|sanity[-\s]?check\w*|check\s+(?:over\s+)?(?:the|my|this|our|their|"
+    r"it|if|whether)|review\w*|proof[-\s]?read|look\s+(?:it\s+)?over|(?:anything|something)\s+"
+    r"(?:\w+\s+)?(?:wrong|off|missing|amiss)|(?:is|are)\s+(?:this|that|it|these|my|the)\b[^.?\n]{0,40}"
+    r"\b(?:right|correct|ok(?:ay)?|fine)\b|(?:look|looks|seem|seems)\s+(?:right|correct|ok(?:ay)?|"
+    r"fine|off|wrong)|worried|not\s+sure\s+(?:if|whether|about)|did\s+(?:i|we|they)\s+get|"
+    r"(?:got|get)\s+(?:the\s+)?\w+(?:\s+\w+)?\s+(?:wrong|right)|order\s+of\s+(?:the\s+)?calls|"
+    r"before\s+(?:i|we|they)\s+(?:launch|start|run|kick|submit))",
+    re.IGNORECASE,
+)
+#: Words of something having gone wrong in a run: then the code is read for its cause, and a
+#: clean fragment is not a clean run.
+_RUN_PROBLEM = re.compile(
+    r"\b(?:nan\w*|inf|infinite|non-?finite|overflow\w*|diverg\w*|explod\w*|blow\w*|blew|spik\w*|"
+    r"stuck|plateau\w*|stall\w*|flat|not\s+learn\w*|doesn't\s+learn|barely|slow\w*|worse|oom|"
+    r"out\s+of\s+memory|crash\w*|error\w*|exception|traceback|identical|zero|jump\w*|"
+    r"oscillat\w*|fluctuat\w*|unstable|instabilit\w*|noisy|rising|rises|rose|climb\w*|"
+    r"increas\w*|drops?\s+to|dropped|collaps\w*|skipp\w*|tiny|huge|vanish\w*|dead|"
+    r"degrad\w*|regress\w*|hang\w*|deadlock\w*|mismatch\w*|differ\w*)\b|\b0\.0\b",
+    re.IGNORECASE,
+)
+#: A fragment with both of these is a training step the analyser can judge as a whole.
+_BACKWARD_CALL = re.compile(r"\.backward\s*\(|\bbackward\s*\(")
+_STEP_CALL = re.compile(r"\.step\s*\(")
+#: A static finding about what a whole script lacks, which a pasted step rarely shows (the
+#: norm is logged elsewhere). The leftover micro-batches are in the loop shown: they count.
+_WHOLE_SCRIPT_NOTES = frozenset({"no-grad-monitoring"})
+#: Red flags about the order or placement of calls in one step: the analyser finds each of
+#: them in a whole step that has it, so a whole step it reads without one does not have it.
+_ORDER_RED_FLAGS = frozenset(
+    {
+        "clip-after-step",
+        "clip-before-backward",
+        "amp-clip-without-unscale",
+        "amp-step-bypasses-scaler",
+        "amp-double-unscale",
+        "accum-clip-every-microstep",
+        "accum-zero-grad-every-microstep",
+        "accum-scheduler-per-microbatch",
+        "monitor-after-zero-grad",
+        "ddp-no-sync-misplaced",
+    }
+)
+#: Word score kept by an order red flag the analyser did not find in a whole step it read.
+_NOT_IN_CODE_PRIOR = 0.6
 #: "the loss curve looks textbook": the run is said to go well.
 _LOOKS_GOOD = re.compile(
     r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
@@ -1754,6 +1825,53 @@ class Matcher:
             scores[best] = top_claim + 0.5
             reasons.setdefault(best, []).append(why)
 
+    def _put_code_red_flag_first(
+        self, scores: dict[str, float], reasons: dict[str, list[str]], found: set[str]
+    ) -> None:
+        """A serious mistake the analyser finds in the pasted code ranks above everything else.
+
+        The text around a pasted loop tells what the user saw ("loss still spikes", "NaN at
+        step 4k", "grad norm reads 0"); a critical or warning red flag in the code is the cause
+        of what they saw, and its entry carries the fix. The symptom, the whole-script notes
+        (no monitoring, leftover batches) and the claims its words resemble come after it.
+        """
+        serious = [
+            f
+            for f in found
+            if f in scores
+            and self.cards[f].kind == "red-flag"
+            and _SEVERITY_RANK.get(self.cards[f].severity or "info", 0) >= 1
+        ]
+        if not serious:
+            return
+        best = max(serious, key=lambda f: scores[f])
+        others = max((v for k, v in scores.items() if k not in serious), default=None)
+        if others is not None and scores[best] <= others:
+            scores[best] = others + 0.5
+            reasons.setdefault(best, []).append(
+                "a mistake in the code shown: the likely cause of what the text describes"
+            )
+
+    def _put_clean_step_first(
+        self, scores: dict[str, float], reasons: dict[str, list[str]]
+    ) -> None:
+        """A training step the analyser reads whole and finds nothing wrong with is healthy.
+
+        Someone pasting a correct AMP step ("scale, backward, unscale_, clip, step, update")
+        and asking for a check shares every word with the AMP red flags and claims; what the
+        analyser found (nothing) is the answer, and ``healthy`` says why.
+        """
+        if "healthy" not in self.cards:
+            return
+        top = max(scores.values(), default=0.0)
+        if scores.get("healthy", 0.0) <= top:
+            scores["healthy"] = top + 0.5
+        reasons.setdefault("healthy", []).insert(
+            0,
+            "code: the static analyser reads the step shown (backward, clip, step) and finds no "
+            "mistake in its calls or their order; the text asks for a check, not about a failure",
+        )
+
     # -- scope ---------------------------------------------------------------------------------
 
     def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
@@ -1780,7 +1898,7 @@ class Matcher:
             weights, terms, garbage = {}, [], True
         else:
             garbage = False
-        prose_text, text_code, prose_words = split_code(text)
+        prose_text, text_code, prose_words, code_told = split_code(text)
         prose_repaired = _apply_fixes(prose_text, fixes) if text_code else repaired_text
         if text_code:
             self._soften_code_terms(weights, prose_words, text_code)
@@ -1798,7 +1916,9 @@ class Matcher:
         code_text = "\n".join(part for part in (code, text_code) if part)
         code_detected = bool(code_text.strip())
         # Code findings first: among the reasons of one entry, they are the surest.
-        code_evidence = code_hits(code_text, prose_text) if code_detected else []
+        code_evidence = (
+            code_hits(code_text, prose_text, told=code_told and not code) if code_detected else []
+        )
         described = list(code_evidence)
         # Sentence rules read the prose: pasted code is the analyser's (no evidence twice).
         described.extend(prose_hits(prose_repaired))
@@ -1822,9 +1942,25 @@ class Matcher:
         else:
             word_share = 1.0
         moves = bool(_MOVEMENT.search(prose_words if text_code else text))
+        claim_lexical: dict[str, _Lexical] = {}
+        ruled_claim = any(
+            h.entry_id in self.cards and self.cards[h.entry_id].kind == "rationalization"
+            for h in evidence
+        )
+        if assertive and lexical and not ruled_claim:
+            # (A sentence rule that already names the claim is surer than the words.)
+            start = _CLAIM_START.search(prose_words if text_code else text)
+            if start is not None and start.start() > 0:
+                claim_weights, claim_terms, *_ = self._query_terms(
+                    (prose_words if text_code else text)[start.start() :]
+                )
+                claim_lexical = self._lexical(claim_weights, claim_terms)
         premise_met: dict[re.Pattern[str], bool] = {}
         for entry_id, lex in lexical.items():
             score = lex.score * word_share
+            claim = claim_lexical.get(entry_id)
+            if claim is not None and self.cards[entry_id].kind == "rationalization":
+                score += _CLAIM_PART_WEIGHT * claim.score * word_share
             if entry_id in _MOVEMENT_SYMPTOMS and not moves:
                 score *= _NO_MOVEMENT_PRIOR
             premise = _PREMISES.get(entry_id) or _PREMISES.get(entry_id.split("-")[0] + "-")
@@ -1834,8 +1970,11 @@ class Matcher:
             if premise is not None and not premise_met[premise]:
                 # An entry about a technique the text never mentions ("my first conv layers
                 # don't learn" is not about sigmoid stacks, "don't need warmup" not about
-                # batch norm).
+                # batch norm). A belief about a technique the text never names is not held:
+                # its claim words ("the two interfere") fit the technique the text does name.
                 score *= _UNSUPPORTED_PRIOR
+                if self.cards[entry_id].kind == "rationalization":
+                    score *= _UNSUPPORTED_CLAIM_PRIOR
             kind = self.cards[entry_id].kind
             if kind == "rationalization" and assertive:
                 score *= _RATIONALIZATION_PRIOR
@@ -1844,8 +1983,13 @@ class Matcher:
                 score *= _RATIONALIZATION_REPORT_PRIOR
             elif kind == "symptom" and reporting and not assertive:
                 score *= _SYMPTOM_PRIOR
-            elif kind == "symptom" and assertive and not asking:
-                # A claim about the cause is answered by the rationalization, not the symptom.
+            elif (
+                (kind == "symptom" or (kind == "signal" and claim_lexical))
+                and assertive
+                and not asking
+            ):
+                # A claim about the cause is answered by the rationalization, not the symptom
+                # (nor the signal the report before a stated belief names).
                 score *= _SYMPTOM_CLAIM_PRIOR
             elif kind == "red-flag" and code_detected:
                 score *= _RED_FLAG_CODE_PRIOR
@@ -1922,6 +2066,7 @@ class Matcher:
         self._put_severe_first(scores, found_in_code)
         if not assertive:
             self._put_code_findings_first(scores, reasons, found_in_code)
+            self._put_code_red_flag_first(scores, reasons, found_in_code)
             if first_person:
                 # Someone telling what their own loop does ("we clip ..., unscale_ is not
                 # called") reports a mistake, not a claim: the sentence rule's red flag ranks
@@ -1940,6 +2085,27 @@ class Matcher:
                     unless=[h.entry_id for h in evidence],
                     why="described in the text as what the loop does",
                 )
+        whole_step = (
+            code_detected
+            and not (code_told and not code)
+            and bool(_BACKWARD_CALL.search(code_text) and _STEP_CALL.search(code_text))
+            and fragment_source(code_text) is not None
+        )
+        if whole_step:
+            # The analyser read a whole step: an order mistake it did not find is not in the
+            # code, however many of its words the text shares ("worried about the unscale
+            # placement" over a loop that unscales in the right place).
+            reported = {h.entry_id for h in code_evidence}
+            for entry_id in _ORDER_RED_FLAGS - reported:
+                if entry_id in scores:
+                    scores[entry_id] *= _NOT_IN_CODE_PRIOR
+        if (
+            whole_step
+            and not evidence_beyond(evidence, _WHOLE_SCRIPT_NOTES)
+            and _REVIEW_REQUEST.search(prose_words if text_code else text)
+            and not _RUN_PROBLEM.search(prose_words if text_code else text)
+        ):
+            self._put_clean_step_first(scores, reasons)
 
         out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
@@ -1990,6 +2156,11 @@ class Matcher:
             series={item.name: list(item.values) for item in series},
             code_detected=code_detected,
         )
+
+
+def evidence_beyond(hits: Iterable[CodeHit], notes: frozenset[str]) -> bool:
+    """Whether any rule fired on an entry outside ``notes``."""
+    return any(h.entry_id not in notes for h in hits)
 
 
 #: "I walk over the parameters, divide each .grad ...": the clause after the comma goes on

@@ -1055,3 +1055,197 @@ def test_code_split_reads_keyword_sentences_as_prose() -> None:
     assert split_code("with accum=4 my loss is divided twice and the norm looks tiny").code == ""
     assert split_code("for batch in loader").code == "for batch in loader"
     assert split_code("if step % 4 == 0:").code == "if step % 4 == 0:"
+
+
+# -- pasted code against the words around it (matcher5 round) ------------------------------
+
+_CLIP_AFTER_STEP_METHOD = """
+def fit_batch(self, inputs, labels):
+    self.optim.zero_grad()
+    out = self.network(inputs)
+    self.lossf(out, labels).backward()
+    self.optim.step()
+    clip_grad_norm_(self.network.parameters(), 5.0)
+"""
+_CLEAN_FP16_STEP = """
+optim.zero_grad(set_to_none=True)
+with torch.autocast("cuda", dtype=torch.float16):
+    out = network(inputs)
+    loss = lossf(out, labels)
+grad_scaler.scale(loss).backward()
+grad_scaler.unscale_(optim)
+clip_grad_norm_(network.parameters(), 0.8)
+grad_scaler.step(optim)
+grad_scaler.update()
+"""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "global norm values 1.1, 0.9, 85, 1.0, 0.8: huge spikes although we clip",
+        "grad norm climbs 2, 40, 900, 2e4 over the first steps and then loss is nan, clip is on",
+    ],
+)
+def test_a_serious_code_mistake_outranks_the_symptom_told(text: str) -> None:
+    result = match(text, code=_CLIP_AFTER_STEP_METHOD)
+    assert _top_ids(result) == ["clip-after-step"], [(m.id, m.score) for m in result.matches[:3]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "can someone review my fp16 step before the big run?",
+        "is the order in this mixed precision step correct?",
+        "not sure if I placed unscale_ in the right spot, please sanity check",
+    ],
+)
+def test_a_clean_step_handed_over_for_a_check_is_healthy(text: str) -> None:
+    result = match(text, code=_CLEAN_FP16_STEP)
+    assert _top_ids(result) == ["healthy"], [(m.id, m.score) for m in result.matches[:3]]
+    assert "finds no mistake" in result.matches[0].reasons[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "please check this fp16 step, the loss goes nan after 3k steps",
+        "review this: grad norm is huge and the scale keeps dropping",
+    ],
+)
+def test_a_clean_step_next_to_a_failure_is_not_called_healthy(text: str) -> None:
+    assert _top_ids(match(text, code=_CLEAN_FP16_STEP)) != ["healthy"]
+
+
+def test_calls_named_in_sentences_do_not_prove_what_is_missing() -> None:
+    told = split_code("they call `loss.backward()` and then `optimizer.step()` in the loop")
+    assert told.told
+    assert not split_code("```\nloss.backward()\noptimizer.step()\n```").told
+    text = (
+        "`sched.step()` comes right after `loss.backward()`, outside "
+        "`if (k + 1) % accum == 0:` under which `opt.step()` is called; the schedule ends early"
+    )
+    result = match(text, top_k=10)
+    assert _top_ids(result) == ["accum-scheduler-per-microbatch"]
+    weak = {m.id: m.score for m in result.matches}
+    assert weak.get("accum-missing-zero-grad", 0.0) < weak["accum-scheduler-per-microbatch"] / 2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "the loss became nan at step 2k; I'm going to recommend they move off Adam to SGD, "
+            "Adam is the problem",
+            "switch-optimizer",
+        ),
+        (
+            "grad norm blew up to 3e5 at step 700, so we'll replace AdamW by SGD because "
+            "adaptive optimizers are unstable",
+            "switch-optimizer",
+        ),
+        (
+            "NaN loss in epoch 4, which means the dataset has broken records, I'll clean it first",
+            "nan-means-bad-data",
+        ),
+        (
+            "We enabled activation checkpointing for memory, so we removed gradient clipping "
+            "since the two conflict",
+            "checkpointing-breaks-clipping",
+        ),
+        (
+            "the reference implementation we're reproducing never clipped, so we leave clipping "
+            "off despite a few spikes",
+            "paper-did-not-clip",
+        ),
+    ],
+)
+def test_a_belief_after_a_report_is_the_claim_answered(text: str, expected: str) -> None:
+    """What happened comes first, then what someone believes or plans: the belief decides."""
+    result = match(text)
+    assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches[:3]]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my LSTM tagger is totally stable at norm ~1. do we even need gradient clipping for it?",
+        "GAN discriminator trains fine with norms of 0.5-3. is clipping really necessary here?",
+        "would clip_grad_norm_ be worth having on a small ViT that never spikes?",
+        "loss is smooth and the grad norm sits at 2. should I bother with clipping at all?",
+    ],
+)
+def test_whether_to_clip_is_the_clipping_question(text: str) -> None:
+    result = match(text)
+    assert _top_ids(result) == ["is-clipping-needed"], [(m.id, m.score) for m in result.matches]
+
+
+def test_ordinary_words_are_not_typos() -> None:
+    result = match("the grad norm is ~2 throughout and the loss never stalls, scalar loss")
+    notes = [r for m in result.matches for r in m.reasons if r.startswith("typo:")]
+    assert not notes, notes
+
+
+@pytest.mark.parametrize(
+    ("text", "share"),
+    [
+        ("it 20 | loss 1.2 | zero_grad_params 90/120", 0.75),
+        ("zero_grad_frac=0.4 loss=2.2", 0.4),
+        ("frac_zero_grads: 55%", 0.55),
+    ],
+)
+def test_zero_gradient_log_keys_are_read(text: str, share: float) -> None:
+    found = [q.value for q in read_quantities(text) if q.name == "zero_grad_fraction"]
+    assert found == [pytest.approx(share)]
+
+
+def test_a_bare_zero_gradient_count_gives_no_share() -> None:
+    assert not [
+        q for q in read_quantities("zero_grad_params 148") if q.name == "zero_grad_fraction"
+    ]
+
+
+def test_other_log_keys_end_a_series() -> None:
+    fairseq = (
+        "| epoch 001 | loss 9.81 | nll_loss 9.7 | ppl 832 | wps 21034 | gnorm 1.2 | lr 0.0005\n"
+        "| epoch 002 | loss 8.10 | nll_loss 8.0 | ppl 256 | wps 21100 | gnorm 3.9 | lr 0.0005\n"
+    )
+    read = {s.name: s.values for s in read_series(fairseq)}
+    assert read == {"loss": (9.81, 8.1), "perplexity": (832.0, 256.0), "grad_norm": (1.2, 3.9)}
+    logged = (
+        "step=1 loss=2.3 gnorm=0.5 zero_grad_frac=0.7\nstep=2 loss=2.3 gnorm=0.4 zero_grad_frac=0.7"
+    )
+    assert {s.name: s.values for s in read_series(logged)}["grad_norm"] == (0.5, 0.4)
+
+
+def test_a_zero_gradient_log_key_names_zero_gradients() -> None:
+    text = (
+        "segmentation net won't train:\n"
+        "ep 1 loss 0.912 grad_norm 0.004 zero_grad_params 301/340\n"
+        "ep 2 loss 0.912 grad_norm 0.004 zero_grad_params 301/340\n"
+    )
+    assert _top_ids(match(text)) == ["zero-gradients"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "with 6 accumulation steps we add up the six losses and call backward on the total; "
+            "the lr behaves like it is six times too high",
+            "accum-unscaled-loss",
+        ),
+        (
+            "accumulating over 4 micro-batches, there's no division of the loss by 4 anywhere",
+            "accum-unscaled-loss",
+        ),
+        (
+            "every iteration begins with opt.zero_grad(), yet the optimizer steps only once per "
+            "8 iterations",
+            "accum-zero-grad-every-microstep",
+        ),
+    ],
+)
+def test_accumulation_told_in_words(text: str, expected: str) -> None:
+    result = match(text)
+    assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches[:3]]
