@@ -646,8 +646,11 @@ class _Reader:
             assigned = site.value if isinstance(site, cst.Assign) else None
             if assigned is None:
                 return "unknown"
-            inside = self.micro is not None and any(
-                p is self.micro for p in (func.model.ancestors(site) if func.model else [])
+            # Inside the micro-step loop, or in a helper it calls (a loss function that counts
+            # the real tokens of its own batch): either way a count per micro-batch.
+            inside = self.micro is not None and (
+                any(p is self.micro for p in (func.model.ancestors(site) if func.model else []))
+                or self._per_micro_batch(site, context)
             )
             verdict = self.divisor(assigned, context, depth + 1)
             # A token count made before the micro-batches run: the window's token count.
