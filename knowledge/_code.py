@@ -1036,6 +1036,43 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             0.5,
             "text: says the position of the clip call does not matter",
         ),
+        # -- where a NaN was localised, as told by the check that found it (matcher6) -------
+        (
+            # "[gradcheck] non-finite grad: encoder.layers.5.attn.in_proj_weight (nan)": a
+            # hook's line naming a parameter whose gradient is not finite.
+            r"\bnon-?finite\s+grad(?:ient)?s?\s*(?:for|in|of|on|at)?\s*[:(`'\"]?\s*[a-z_][\w.]*\.\w"
+            r"|\bnan\w*\s+(?:shows?\s+up|appears?|first\s+appears?|turns?\s+up)\s+in\s+(?:the\s+)?"
+            r"grad(?:ient)?s?\b",
+            "nan-gradients",
+            0.6,
+            "text: a check found the gradients non-finite",
+        ),
+        (
+            # "assert torch.isfinite(loss) ... fires at step 4410": the loss was checked before
+            # backward and is already non-finite.
+            r"\bisfinite\s*\(\s*(?:the\s+)?loss\w*\s*\)[^\n]{0,120}?\b(?:fires|fired|trips|"
+            r"tripped|fails|failed|triggers|triggered|raises|raised|goes\s+off|went\s+off)\b",
+            "nan-loss-before-backward",
+            0.9,
+            "text: a finiteness check on the loss, before backward(), fails",
+        ),
+        (
+            # "batch['pixel_values'].isnan().sum() = 3072": the check on the inputs found some.
+            r"\b(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|features?|data|samples?|"
+            r"targets?|labels?|y|yb)\b[^\s`]{0,30}\.is(?:nan|inf)\(\)(?:\.(?:sum|any)\(\))+`?"
+            r"\s*(?:=|==|is|returns?|gives?|->|:)\s*(?:[1-9]|true)",
+            "nonfinite-inputs",
+            0.7,
+            "text: a non-finite check on the model's inputs counted NaN/Inf values",
+        ),
+        (
+            # "torch.isnan(p).any() is True for ~40 tensors" on the loaded weights.
+            r"\bis(?:nan|inf)\s*\(\s*(?:p|params?|parameters?|w|weights?|tensors?|v)\s*\)"
+            r"(?:\.any\(\))?`?\s*(?:is|=|==|returns?|gives?|->|:)\s*true",
+            "nan-parameters",
+            0.7,
+            "text: a NaN check on the weights themselves is true",
+        ),
         (
             r"\b(?:divid\w*|averag\w*|scal\w*|rescal\w*|normali[sz]\w*)\s+(?:each\s+|the\s+|all\s+)?"
             r"(?:accumulated\s+|parameter\S*\s+)?\.?(?:grad\w*|p\.grad)[^.;\n]{0,50}\b(?:instead\s+of|"
@@ -1532,6 +1569,17 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             0.6,
             "text: the gradient norm is a multiple of the weight norm",
         ),
+        # -- proposals that are the rationalization itself (matcher6) --------------------------
+        (
+            # "so im just gonna crank it to 0.01": a max_norm below 0.1 as the plan.
+            r"^(?=.*(?:clip|norm)).*?\b(?:crank|drop|lower|set|cut|reduc|tighten|bring|turn|decreas|"
+            r"dial|take)\w*\s+"
+            r"(?:it|that|this|the\s+(?:clip\w*|max[_\s]norm|threshold|limit)|max_(?:grad_)?norm)"
+            r"\s+(?:all\s+the\s+way\s+)?(?:down\s+)?to\s+(?:0?\.0\d*|\d(?:\.\d+)?e-\d+)\b",
+            "clip-harder",
+            0.9,
+            "text: plans to tighten the clip threshold below 0.1",
+        ),
     )
 )
 
@@ -1569,6 +1617,10 @@ def segments(text: str) -> list[str]:
 _SUPERSEDED_BY: dict[str, set[str]] = {"many-zero-activations": {"dead-neurons"}}
 #: Rules that stay silent when the same sentence also says the order does not matter.
 _ORDER_RULES = frozenset({"clip-after-step", "clip-before-backward"})
+#: Rules that read the result of a check the user ran: what they found, not what they claim.
+_MEASURED_CHECKS = frozenset(
+    {"text: a non-finite check on the model's inputs counted NaN/Inf values"}
+)
 #: Red flag → the rationalization that recommends it (credited when the text is advice).
 ADVICE_FOR: dict[str, str] = {
     "nonfinite-inputs": "nan-means-bad-data",
@@ -1605,7 +1657,7 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "accum-missing-zero-grad": ("zero",),
     "monitor-after-zero-grad": ("zero",),
     "no-grad-monitoring": ("grad", "loss"),
-    "nan-loss-before-backward": ("backward",),
+    "nan-loss-before-backward": ("backward", "isfinite"),
     "ddp-accum-without-no-sync": ("sync", "reduc", "communicat"),
     "many-zero-activations": ("0", "zero", "dead"),
     "value-clipping": ("clip", "clamp"),
@@ -1625,6 +1677,8 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "checkpointing-breaks-clipping": ("checkpoint",),
     "amp-diverges": ("fp16", "float16", "bf16", "amp", "autocast", "mixed", "half"),
     "lower-lr-for-nan": ("nan",),
+    "clip-harder": ("clip", "norm"),
+    "nan-parameters": ("isnan", "isinf"),
     "dead-neurons": ("dead", "never", "zero"),
     "grad-param-ratio": ("times", "x", "×"),
     "accum-scheduler-per-microbatch": ("sched",),
@@ -1700,7 +1754,9 @@ def prose_hits(text: str) -> list[CodeHit]:
                 continue
             if entry_id == "clip-anywhere" and not _order_free(piece):
                 continue
-            hits.append(CodeHit(entry_id, strength, reason, ADVICE_FOR.get(entry_id)))
+            # A check's result is a measurement, never advice to blame the data.
+            advice = None if reason in _MEASURED_CHECKS else ADVICE_FOR.get(entry_id)
+            hits.append(CodeHit(entry_id, strength, reason, advice))
             break
     found = {h.entry_id for h in hits}
     return [h for h in hits if not (_SUPERSEDED_BY.get(h.entry_id, set()) & found)]

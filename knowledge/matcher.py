@@ -273,8 +273,10 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         # A non-finite loss needs a non-finite value (or a blow-up) in the text.
         "loss-nan": r"nan|\binf|non-?finite|not\s+finite|undefined|overflow|diverg|explod|blow|"
         r"blew|isfinite|isnan|isinf",
-        # Clipping that did not stop a NaN needs the NaN (or a blow-up) in the text.
-        "clipping-did-not-fix-nan": r"nan|\binf|non-?finite|diverg|explod|blow|blew",
+        # Clipping that did not stop a NaN needs the NaN (or a blow-up) and clipping in the
+        # text: a NaN hunt that never mentions a clip is not about the clip's failure.
+        "clipping-did-not-fix-nan": r"^(?=[\s\S]*clip)[\s\S]*(?:nan|\binf|non-?finite|diverg|"
+        r"explod|blow|blew)",
     }.items()
 }
 _STILL_LEARNING = re.compile(
@@ -485,6 +487,23 @@ _LOSS_FINITE = re.compile(
     r"(?:still\s+)?(?:perfectly\s+)?(?:finite|fine|ok|okay|normal|not\s+nan)\b|\bfinite\s+loss",
     re.IGNORECASE,
 )
+#: A stage of the NaN tree the text says it checked and found clean ("the weights themselves
+#: are still finite", "the batch has no NaN/Inf"): the NaN did not start there.
+_CLEARED_STAGE: dict[str, re.Pattern[str]] = {
+    "nan-parameters": re.compile(
+        r"\b(?:weights?|params?|parameters)\b(?:\s+themselves)?[^.;\n]{0,30}?\b(?:are|were|is|"
+        r"was|stay\w*|remain\w*|still|all|look\w*)\s+(?:(?:all|still|perfectly)\s+)*"
+        r"(?:finite|clean|fine|ok(?:ay)?|normal)\b",
+        re.IGNORECASE,
+    ),
+    "nonfinite-inputs": re.compile(
+        r"\b(?:inputs?|batch|x\s*/\s*y|tensors?|data|images?|samples?|features?)\b"
+        r"(?![^.;\n]{0,40}\bother\b)[^.;\n]{0,40}?(?:\b(?:has|have|had|contain\w*|with)\s+no\s+"
+        r"(?:nan|inf|non-?finite)|\b(?:is|are|was|were|look\w*)\s+(?:all\s+)?(?:clean|finite)\b|"
+        r"\bnothing\s+(?:weird|wrong|odd|strange|unusual))",
+        re.IGNORECASE,
+    ),
+}
 _SAME_AGAIN = re.compile(r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE)
 
 
@@ -1922,6 +1941,11 @@ class Matcher:
         described = list(code_evidence)
         # Sentence rules read the prose: pasted code is the analyser's (no evidence twice).
         described.extend(prose_hits(prose_repaired))
+        cleared = {e for e, pattern in _CLEARED_STAGE.items() if pattern.search(text)}
+        if cleared:
+            # A stage checked and found clean: a rule that read it as non-finite misread the
+            # negation ("the batch has no NaN/Inf").
+            described = [h for h in described if h.entry_id not in cleared or h.strength >= 0.7]
         evidence.extend(described)
 
         # A question is someone asking about their own case, never a claim being made.
@@ -2023,6 +2047,9 @@ class Matcher:
             for entry_id in ("loss-nan", "nan-loss-before-backward"):
                 if entry_id in scores:
                     scores[entry_id] *= 0.5
+        for entry_id in cleared & scores.keys():
+            # The text checked that stage and found it finite: the NaN began elsewhere.
+            scores[entry_id] *= 0.4
         if OUT_OF_SCOPE_ID in scores and any(
             h.strength >= 0.9 and h.entry_id != OUT_OF_SCOPE_ID for h in evidence
         ):
