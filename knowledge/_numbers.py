@@ -508,7 +508,7 @@ def _scope_values(scope: str) -> list[tuple[float, tuple[float, float] | None]]:
             marker_end >= 0
             and whole
             and _LIST_JOIN.fullmatch(scope[marker_end : m.start()]) is not None
-            and float(raw) > marker_value
+            and (parse_number(raw) or 0.0) > marker_value
         )
         # Steps and counts are whole numbers: "every 1k steps: 0.4, 0.8" lists values.
         marker = whole and _MARKER_BEFORE.search(before[-24:]) is not None

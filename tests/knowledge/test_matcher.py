@@ -770,6 +770,72 @@ def test_match_never_raises_on_arbitrary_text(text: str, code: str | None) -> No
     assert all(m.score > 0 for m in result.matches)
 
 
+_LOG_WORDS = [
+    "loss",
+    "grad norm",
+    "grad_norm",
+    "step",
+    "steps",
+    "at steps",
+    "lr",
+    "scale",
+    "every",
+    "epoch",
+    "went",
+    "to",
+    "and",
+    ",",
+    ":",
+    "=",
+    "|",
+    "(",
+    ")",
+    "->",
+    "at",
+    "norm of",
+    "layer1.weight",
+]
+_LOG_NUMBERS = [
+    "7,840",
+    "1,200",
+    "12,000.5",
+    "3e-4",
+    "1E+03",
+    "2k",
+    "1.5M",
+    "nan",
+    "-inf",
+    "inf",
+    "10^-3",
+    "2x10^5",
+    "0.0",
+    "42",
+    "-0.7",
+    "1,2",
+    "100%",
+    "3.",
+    ".5",
+]
+
+
+@given(
+    words=st.lists(
+        st.one_of(st.sampled_from(_LOG_WORDS), st.sampled_from(_LOG_NUMBERS)), max_size=40
+    )
+)
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_match_never_raises_on_log_shaped_text(words: list[str]) -> None:
+    # Arbitrary unicode rarely forms a number series; log-shaped text with thousands separators,
+    # suffixes and exponents exercises the series reader's marker and list logic.
+    result = match(" ".join(words), top_k=3)
+    assert len(result.matches) <= 3
+
+
+def test_a_step_list_with_thousands_separators_is_read_without_error() -> None:
+    result = match("grad norm at steps 1,200, 7,840 and 12,000 went 0.9, 4.1, 55", top_k=3)
+    assert len(result.matches) <= 3
+
+
 def test_matcher_is_built_once() -> None:
     assert get_matcher() is get_matcher()
 
