@@ -22,9 +22,7 @@ from gradient_doctor.probes.static.ruletools import shorten
 from gradient_doctor.probes.static.traverse import walk
 
 EPSILON = "1e-8"
-GUARDS = frozenset(
-    {"clamp", "clamp_min", "clip", "clamp_", "maximum", "max", "log1p", "abs", "softplus"}
-)
+GUARDS = frozenset({"clamp", "clamp_min", "clip", "clamp_", "maximum", "max", "log1p", "softplus"})
 REDUCTIONS = frozenset({"sum", "norm", "std", "var", "sqrt", "mean", "abs", "amax"})
 """Denominators that can reach 0 (``exp`` cannot: it is positive)."""
 POSITIVE = frozenset({"exp", "softplus", "sigmoid_positive"})
@@ -119,6 +117,73 @@ def update(net, optimizer, obs, actions, advantage):
     loss.backward()
     optimizer.step()
 """,
+        """
+import torch
+from torch import nn
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.mu = nn.Linear(16, 4)
+        self.log_sigma = nn.Linear(16, 4)
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        log_sigma = self.log_sigma(h).clamp(-5, 10)
+        sigma = torch.exp(log_sigma)
+        return self.mu(h), sigma
+class Trainer:
+    def __init__(self):
+        self.encoder = Encoder().to("cpu")
+    def train_step(self, x):
+        mu, sigma = self.encoder(x)
+        kl_loss = 0.5 * (mu.pow(2) + sigma.pow(2) - torch.log(sigma.pow(2)) - 1).mean()
+        kl_loss.backward()
+""",
+        """
+import torch
+def gradient_penalty_loss(critic, real, fake):
+    alpha = torch.rand(real.size(0), 1, 1, 1)
+    mixed = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+    scores = critic(mixed)
+    grads = torch.autograd.grad(scores.sum(), mixed, create_graph=True)[0]
+    grads = grads.reshape(grads.size(0), -1)
+    grad_norm = torch.sqrt(torch.sum(grads ** 2, dim=1))
+    return ((grad_norm - 1) ** 2).mean()
+""",
+        """
+import torch
+def binary_focal_loss(p, y, gamma=2.0, eps=1e-6):
+    p_t = torch.where(y == 1, p, 1 - p)
+    return (-(1 - p_t) ** gamma * torch.log(p_t.clamp_min(eps))).mean()
+""",
+        """
+import torch
+def soft_iou(pred, target):
+    inter = (pred * target).sum()
+    union = pred.sum() + target.sum() - inter
+    return 1 - inter / (union + 1e-6)
+""",
+        """
+import torch
+def box_gap_loss(corners):
+    dx = corners[..., 1, 0] - corners[..., 0, 0]
+    dy = corners[..., 1, 1] - corners[..., 0, 1]
+    return torch.sqrt(dx.square() + dy.square() + 1e-8).mean()
+""",
+        """
+import torch
+class BandLoss(torch.nn.Module):
+    def forward(self, spec, sigma):
+        scale = (sigma ** 2 + 1) ** 0.5
+        energy = (torch.matmul(self.bands, spec.abs() ** 2) + 1e-8) ** 0.5
+        return (energy / scale).mean()
+""",
+        """
+import torch
+class MaskedL1Loss(torch.nn.Module):
+    def forward(self, pred, gt, mask):
+        return ((pred - gt).abs() * mask).sum() / mask.sum().clamp(min=1)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -151,6 +216,48 @@ def update(net, optimizer, obs, advantage):
     entropy_loss.backward()
 """,
             8,
+        ),
+        Invalid(
+            """
+import torch
+def binary_focal_loss(p, y, gamma=2.0):
+    p_t = torch.where(y == 1, p, 1 - p)
+    return (-(1 - p_t) ** gamma * torch.log(p_t)).mean()
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
+class BandLoss(torch.nn.Module):
+    def forward(self, spec, target_spec):
+        energy = torch.matmul(self.bands, spec.abs() ** 2) ** 0.5
+        target_energy = torch.matmul(self.bands, target_spec.abs() ** 2).pow(0.5)
+        return (energy - target_energy).abs().mean()
+""",
+            (5, 6),
+        ),
+        Invalid(
+            """
+import torch
+def box_gap_loss(corners, eps=1e-8):
+    dx = corners[..., 1, 0] - corners[..., 0, 0]
+    dy = corners[..., 1, 1] - corners[..., 0, 1]
+    gap = torch.sqrt(dx.square() + dy.square()) + eps
+    return (1.0 / gap).mean()
+""",
+            6,
+        ),
+        Invalid(
+            """
+import torch
+def soft_iou(pred, target):
+    inter = (pred * target).sum()
+    union = pred.sum() + target.sum() - inter
+    iou = inter / union
+    return 1 - iou
+""",
+            6,
         ),
     ]
 
@@ -200,16 +307,22 @@ def update(net, optimizer, obs, advantage):
             )
         for division, stmt, func in model.divisions:
             right = division.right
-            if not _in_loss(func, stmt, loss_functions) or _guarded(right):
+            if _guarded(right):
                 continue
-            denominator = _denominator(func, right)
+            if _in_loss(func, stmt, loss_functions) and _has_reduction(right):
+                denominator: cst.BaseExpression | None = right
+            elif _overlap_loss(model, func, division):
+                # A ratio taken from 1: its denominator may be a local name (`union`).
+                denominator = _denominator(func, right)
+            else:
+                continue
             if (
                 denominator is None
                 or _safe(model, func, stmt, right)
                 or positivity.positive(right, func)
             ):
                 continue
-            if _counts_tokens(denominator):
+            if _counts_tokens(right) or _counts_tokens(denominator):
                 if denominator is right and _sums_mask(right):
                     yield self._selected_count_finding(division, right)
                 continue
@@ -550,6 +663,42 @@ def _counts_tokens(node: cst.BaseExpression) -> bool:
         isinstance(n, cst.Comparison)
         and any(isinstance(c.operator, cst.NotEqual | cst.Equal) for c in n.comparisons)
         for n in walk(node)
+    )
+
+
+def _overlap_loss(model: FileModel, func: FuncInfo, division: cst.BinaryOperation) -> bool:
+    """``1 - inter / union``: a ratio of reductions taken from 1, the shape of the IoU, Dice
+    and Tversky losses (``iou = inter / union`` and ``1 - iou`` later in the function too).
+    The ratio is trained on even where no variable is named ``loss``."""
+    if _denominator(func, division.right) is None:
+        return False
+    ratio: cst.CSTNode = division
+    for parent in model.ancestors(division):
+        if (
+            isinstance(parent, cst.BinaryOperation)
+            and isinstance(parent.operator, cst.Subtract)
+            and number_value(parent.left) == 1
+            and parent.right is ratio
+        ):
+            return True
+        if not isinstance(parent, cst.BaseExpression) or isinstance(parent, cst.Call):
+            break
+        ratio = parent
+    names = {
+        name
+        for name, values in func.assigns.items()
+        if any(v is division or v is ratio for v in values)
+    }
+    if not names:
+        return False
+    root = func.node
+    return any(
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Subtract)
+        and number_value(node.left) == 1
+        and isinstance(node.right, cst.Name)
+        and node.right.value in names
+        for node in walk(root, prune=_nested_scope_under(root))
     )
 
 
