@@ -759,20 +759,33 @@ def _fractional_powers(
     statement and function."""
     for func in [model.module_info, *model.functions]:
         whole = _function_in_loss(func, loss_functions)
-        for node in walk(func.node, prune=_nested_scope_under(func.node)):
-            if not isinstance(node, cst.BinaryOperation) or not isinstance(
-                node.operator, cst.Power
-            ):
-                continue
-            found = exponent_of(node)
-            if found is None or not 0 < found[1] < 1 or not _tensor_valued(node.left):
-                continue
-            if _guarded(node.left):
-                continue
-            stmt = _statement_of(model, node)
-            if stmt is None or not (whole or _assigns_loss(stmt)):
-                continue
-            yield node, stmt, func
+        # Only loss code is read: a whole loss function, or the values assigned to `*loss*`
+        # names elsewhere (walking every function would cost a second pass over the file).
+        if whole:
+            roots: list[cst.CSTNode] = [func.node]
+        else:
+            roots = [
+                site.value
+                for name, sites in func.assign_sites.items()
+                if "loss" in name.lower()
+                for site in sites
+                if isinstance(site, cst.Assign)
+            ]
+        for root in roots:
+            for node in walk(root, prune=_nested_scope_under(root)):
+                if not isinstance(node, cst.BinaryOperation) or not isinstance(
+                    node.operator, cst.Power
+                ):
+                    continue
+                found = exponent_of(node)
+                if found is None or not 0 < found[1] < 1 or not _tensor_valued(node.left):
+                    continue
+                if _guarded(node.left):
+                    continue
+                stmt = _statement_of(model, node)
+                if stmt is None or not (whole or _assigns_loss(stmt)):
+                    continue
+                yield node, stmt, func
 
 
 def _nested_scope_under(root: cst.CSTNode) -> Callable[[cst.CSTNode], bool]:
