@@ -1,4 +1,7 @@
-"""unstable-loss-op: ``log`` / ``sqrt`` / division of unbounded values in a custom loss."""
+"""unstable-loss-op: ``log`` / ``sqrt`` / division of values that can reach 0 in a custom loss.
+
+Whether a value can reach 0 is read from its provenance
+(:mod:`gradient_doctor.probes.static.positivity`)."""
 
 from __future__ import annotations
 
@@ -38,8 +41,12 @@ class UnstableLossOp(Rule):
         "and clipping cannot repair it; {remedy}"
     )
     what = (
-        "Finds `log`, `sqrt` or a division by a computed tensor inside a custom loss, with no "
-        "epsilon, clamp or numerically stable built-in."
+        "Finds `log`, `sqrt` (or a root written as a power, `x ** 0.5`) or a division by a "
+        "computed tensor inside a custom loss, with no epsilon, clamp or numerically stable "
+        "built-in, where the value's provenance lets it reach 0 (see `positivity`: `exp`, "
+        "`softplus`, a positive clamp or `+ eps` cannot; a probability, `1 - p`, a sum or a "
+        "union can). An epsilon added after the root does not count. A division by a mask's "
+        "count is reported as info: only the data decides whether a mask can be empty."
     )
     why = (
         "`log(0)` is -inf, the gradient of `sqrt` at 0 is infinite, and dividing by a sum or "
