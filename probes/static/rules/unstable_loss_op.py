@@ -1,4 +1,7 @@
-"""unstable-loss-op: ``log`` / ``sqrt`` / division of unbounded values in a custom loss."""
+"""unstable-loss-op: ``log`` / ``sqrt`` / division of values that can reach 0 in a custom loss.
+
+Whether a value can reach 0 is read from its provenance
+(:mod:`gradient_doctor.probes.static.positivity`)."""
 
 from __future__ import annotations
 
@@ -17,13 +20,12 @@ from gradient_doctor.probes.static.names import (
     parenthesize,
 )
 from gradient_doctor.probes.static.patches import Patch
+from gradient_doctor.probes.static.positivity import Positivity, exponent_of, offset_name
 from gradient_doctor.probes.static.ruletools import shorten
 from gradient_doctor.probes.static.traverse import walk
 
 EPSILON = "1e-8"
-GUARDS = frozenset(
-    {"clamp", "clamp_min", "clip", "clamp_", "maximum", "max", "log1p", "abs", "softplus"}
-)
+GUARDS = frozenset({"clamp", "clamp_min", "clip", "clamp_", "maximum", "max", "log1p", "softplus"})
 REDUCTIONS = frozenset({"sum", "norm", "std", "var", "sqrt", "mean", "abs", "amax"})
 """Denominators that can reach 0 (``exp`` cannot: it is positive)."""
 POSITIVE = frozenset({"exp", "softplus", "sigmoid_positive"})
@@ -39,8 +41,12 @@ class UnstableLossOp(Rule):
         "and clipping cannot repair it; {remedy}"
     )
     what = (
-        "Finds `log`, `sqrt` or a division by a computed tensor inside a custom loss, with no "
-        "epsilon, clamp or numerically stable built-in."
+        "Finds `log`, `sqrt` (or a root written as a power, `x ** 0.5`) or a division by a "
+        "computed tensor inside a custom loss, with no epsilon, clamp or numerically stable "
+        "built-in, where the value's provenance lets it reach 0 (see `positivity`: `exp`, "
+        "`softplus`, a positive clamp or `+ eps` cannot; a probability, `1 - p`, a sum or a "
+        "union can). An epsilon added after the root does not count. A division by a mask's "
+        "count is reported as info: only the data decides whether a mask can be empty."
     )
     why = (
         "`log(0)` is -inf, the gradient of `sqrt` at 0 is infinite, and dividing by a sum or "
@@ -118,6 +124,73 @@ def update(net, optimizer, obs, actions, advantage):
     loss.backward()
     optimizer.step()
 """,
+        """
+import torch
+from torch import nn
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.mu = nn.Linear(16, 4)
+        self.log_sigma = nn.Linear(16, 4)
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        log_sigma = self.log_sigma(h).clamp(-5, 10)
+        sigma = torch.exp(log_sigma)
+        return self.mu(h), sigma
+class Trainer:
+    def __init__(self):
+        self.encoder = Encoder().to("cpu")
+    def train_step(self, x):
+        mu, sigma = self.encoder(x)
+        kl_loss = 0.5 * (mu.pow(2) + sigma.pow(2) - torch.log(sigma.pow(2)) - 1).mean()
+        kl_loss.backward()
+""",
+        """
+import torch
+def gradient_penalty_loss(critic, real, fake):
+    alpha = torch.rand(real.size(0), 1, 1, 1)
+    mixed = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+    scores = critic(mixed)
+    grads = torch.autograd.grad(scores.sum(), mixed, create_graph=True)[0]
+    grads = grads.reshape(grads.size(0), -1)
+    grad_norm = torch.sqrt(torch.sum(grads ** 2, dim=1))
+    return ((grad_norm - 1) ** 2).mean()
+""",
+        """
+import torch
+def binary_focal_loss(p, y, gamma=2.0, eps=1e-6):
+    p_t = torch.where(y == 1, p, 1 - p)
+    return (-(1 - p_t) ** gamma * torch.log(p_t.clamp_min(eps))).mean()
+""",
+        """
+import torch
+def soft_iou(pred, target):
+    inter = (pred * target).sum()
+    union = pred.sum() + target.sum() - inter
+    return 1 - inter / (union + 1e-6)
+""",
+        """
+import torch
+def box_gap_loss(corners):
+    dx = corners[..., 1, 0] - corners[..., 0, 0]
+    dy = corners[..., 1, 1] - corners[..., 0, 1]
+    return torch.sqrt(dx.square() + dy.square() + 1e-8).mean()
+""",
+        """
+import torch
+class BandLoss(torch.nn.Module):
+    def forward(self, spec, sigma):
+        scale = (sigma ** 2 + 1) ** 0.5
+        energy = (torch.matmul(self.bands, spec.abs() ** 2) + 1e-8) ** 0.5
+        return (energy / scale).mean()
+""",
+        """
+import torch
+class MaskedL1Loss(torch.nn.Module):
+    def forward(self, pred, gt, mask):
+        return ((pred - gt).abs() * mask).sum() / mask.sum().clamp(min=1)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -151,44 +224,150 @@ def update(net, optimizer, obs, advantage):
 """,
             8,
         ),
+        Invalid(
+            """
+import torch
+def binary_focal_loss(p, y, gamma=2.0):
+    p_t = torch.where(y == 1, p, 1 - p)
+    return (-(1 - p_t) ** gamma * torch.log(p_t)).mean()
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
+class BandLoss(torch.nn.Module):
+    def forward(self, spec, target_spec):
+        energy = torch.matmul(self.bands, spec.abs() ** 2) ** 0.5
+        target_energy = torch.matmul(self.bands, target_spec.abs() ** 2).pow(0.5)
+        return (energy - target_energy).abs().mean()
+""",
+            (5, 6),
+        ),
+        Invalid(
+            """
+import torch
+def box_gap_loss(corners, eps=1e-8):
+    dx = corners[..., 1, 0] - corners[..., 0, 0]
+    dy = corners[..., 1, 1] - corners[..., 0, 1]
+    gap = torch.sqrt(dx.square() + dy.square()) + eps
+    return (1.0 / gap).mean()
+""",
+            6,
+        ),
+        Invalid(
+            """
+import torch
+def soft_iou(pred, target):
+    inter = (pred * target).sum()
+    union = pred.sum() + target.sum() - inter
+    iou = inter / union
+    return 1 - iou
+""",
+            6,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         loss_functions = _loss_functions(model)
         clamped = _clamped_names(model)
         sampled = _sampled_actions(model)
+        positivity = Positivity(model)
         for call, stmt, func in model.all_calls:
-            if method_name(call) not in UNSTABLE and _called_name(call) not in UNSTABLE:
+            name = _called_name(call)
+            if method_name(call) not in UNSTABLE and name not in UNSTABLE and name != "pow":
                 continue
             if not _in_loss(func, stmt, loss_functions):
                 continue
-            found = _unstable_call(call)
+            found = _unstable_call(call) if name != "pow" else _fractional_power(call)
             if found is None:
                 continue
             target, hazard = found
-            if _safe_name(target, func, clamped) or _safe(model, func, stmt, target):
+            outside = _epsilon_outside(model, call) if not hazard.startswith("log") else None
+            if (
+                _safe_name(target, func, clamped)
+                or positivity.positive(target, func)
+                or positivity.gradient_norm(target, func)
+                or (outside is None and _safe(model, func, stmt, target))
+            ):
                 continue
             if hazard.startswith("log") and _sampled_action_probability(func, target, sampled):
                 continue
+            remedy = (
+                f"the epsilon is added after it (`{shorten(code_of(outside))}`), where it "
+                "cannot keep the gradient finite: clamp the input instead"
+                if outside is not None
+                else "clamp the input (or use log_softmax)"
+            )
+            yield self._finding(call, target, _clamped, hazard, remedy)
+        for power, stmt, func in _fractional_powers(model, loss_functions):
+            base = power.left
+            if (
+                _safe_name(base, func, clamped)
+                or _safe(model, func, stmt, base)
+                or positivity.positive(base, func)
+                or positivity.gradient_norm(base, func)
+            ):
+                continue
             yield self._finding(
-                call, target, _clamped, hazard, "clamp the input (or use log_softmax)"
+                power, base, _clamped, "an infinite gradient at 0", "clamp the input"
             )
         for division, stmt, func in model.divisions:
             right = division.right
+            if _guarded(right):
+                continue
+            if _in_loss(func, stmt, loss_functions) and _has_reduction(right):
+                denominator: cst.BaseExpression | None = right
+            elif _overlap_loss(model, func, division):
+                # A ratio taken from 1: its denominator may be a local name (`union`).
+                denominator = _denominator(func, right)
+            else:
+                continue
             if (
-                _in_loss(func, stmt, loss_functions)
-                and _has_reduction(right)
-                and not _counts_tokens(right)
-                and not _guarded(right)
-                and not _safe(model, func, stmt, right)
+                denominator is None
+                or _safe(model, func, stmt, right)
+                or positivity.positive(right, func)
             ):
-                yield self._finding(
-                    division,
-                    right,
-                    _plus_epsilon,
-                    "a division by zero",
-                    "add an epsilon to the denominator",
-                )
+                continue
+            if _counts_tokens(right) or _counts_tokens(denominator):
+                if denominator is right and _sums_mask(right):
+                    yield self._selected_count_finding(division, right)
+                continue
+            yield self._finding(
+                division,
+                right,
+                _plus_epsilon,
+                "a division by zero",
+                "add an epsilon to the denominator",
+            )
+
+    def _selected_count_finding(
+        self, division: cst.BinaryOperation, right: cst.BaseExpression
+    ) -> RawFinding:
+        """A division by a count of selected elements (``mask.sum()``, ``(y != pad).sum()``):
+        0 when a batch (or a sample) selects nothing. Correct code divides the same way when
+        its data never gives an empty selection, which the analyser cannot see: info, with a
+        guard that changes nothing where the count is at least 1."""
+        return RawFinding(
+            node=division,
+            message=(
+                "`{expression}` on line {line} divides by a count of selected elements "
+                "(`{denominator}`): if a batch or sample can select none, this is 0/0 = NaN; "
+                "the analyser cannot tell from the code whether your data can give an empty "
+                "selection. For a 0/1 mask, `.clamp(min=1)` on the count changes only that case"
+            ),
+            evidence={
+                "expression": shorten(code_of(division)),
+                "line": division,
+                "denominator": shorten(code_of(right)),
+            },
+            patch=Patch().replace_node(right, _at_least_one),
+            fix_description="Clamp the count to at least 1.",
+            # A mask may hold fractional weights whose sum lies in (0, 1), where the clamp
+            # would change the mean: not marked safe.
+            fix_safe=False,
+            severity="info",
+        )
 
     def _finding(
         self,
@@ -237,12 +416,15 @@ def _in_loss(func: FuncInfo, stmt: cst.CSTNode, loss_functions: set[int]) -> boo
     """Code inside a loss: a function named like one (``*loss*``, ``*entropy*``...) or whose
     result is assigned to a loss, ``forward`` of a ``*Loss`` class, or the value assigned to a
     variable named ``*loss*``."""
+    return _function_in_loss(func, loss_functions) or _assigns_loss(stmt)
+
+
+def _function_in_loss(func: FuncInfo, loss_functions: set[int]) -> bool:
+    """The whole function computes a loss (see :func:`_in_loss`)."""
     name = func.name.lower()
     if any(word in name for word in LOSS_WORDS) or id(func) in loss_functions:
         return True
-    if name == "forward" and func.class_name is not None and "loss" in func.class_name.lower():
-        return True
-    return _assigns_loss(stmt)
+    return name == "forward" and func.class_name is not None and "loss" in func.class_name.lower()
 
 
 SAMPLERS = frozenset({"Categorical", "OneHotCategorical"})
@@ -420,14 +602,15 @@ def _unstable_call(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
 
 
 def _guarded(node: cst.CSTNode) -> bool:
-    """True when ``node`` clamps its value or adds a constant (an epsilon) to it."""
+    """True when ``node`` clamps its value or adds a constant (an epsilon) to it.
+
+    Only an addition keeps a value off 0: ``1 - p`` of a probability ``p`` reaches 0 at
+    ``p = 1`` (the focal loss's ``p_t``), so a subtraction of a constant guards nothing."""
     for current in walk(node):
         if isinstance(current, cst.Call):
             if _called_name(current) in GUARDS:
                 return True
-        elif isinstance(current, cst.BinaryOperation) and isinstance(
-            current.operator, cst.Add | cst.Subtract
-        ):
+        elif isinstance(current, cst.BinaryOperation) and isinstance(current.operator, cst.Add):
             for side in (current.left, current.right):
                 if isinstance(side, cst.Float | cst.Integer):
                     return True
@@ -451,8 +634,7 @@ def _safe(model: FileModel, func: FuncInfo, stmt: cst.CSTNode, target: cst.BaseE
 
 def _offset_name(name: str) -> bool:
     """A name for a small positive constant added to keep a value off 0."""
-    lowered = name.lower()
-    return any(word in lowered for word in ("eps", "offset", "smooth", "tiny", "floor"))
+    return offset_name(name)
 
 
 def _selected_positive(func: FuncInfo, node: cst.BaseExpression) -> bool:
@@ -489,6 +671,184 @@ def _counts_tokens(node: cst.BaseExpression) -> bool:
         and any(isinstance(c.operator, cst.NotEqual | cst.Equal) for c in n.comparisons)
         for n in walk(node)
     )
+
+
+def _overlap_loss(model: FileModel, func: FuncInfo, division: cst.BinaryOperation) -> bool:
+    """``1 - inter / union``: a ratio of reductions taken from 1, the shape of the IoU, Dice
+    and Tversky losses (``iou = inter / union`` and ``1 - iou`` later in the function too).
+    The ratio is trained on even where no variable is named ``loss``."""
+    if _denominator(func, division.right) is None:
+        return False
+    ratio: cst.CSTNode = division
+    for parent in model.ancestors(division):
+        if (
+            isinstance(parent, cst.BinaryOperation)
+            and isinstance(parent.operator, cst.Subtract)
+            and number_value(parent.left) == 1
+            and parent.right is ratio
+        ):
+            return True
+        if not isinstance(parent, cst.BaseExpression) or isinstance(parent, cst.Call):
+            break
+        ratio = parent
+    names = {
+        name
+        for name, values in func.assigns.items()
+        if any(v is division or v is ratio for v in values)
+    }
+    if not names:
+        return False
+    root = func.node
+    return any(
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Subtract)
+        and number_value(node.left) == 1
+        and isinstance(node.right, cst.Name)
+        and node.right.value in names
+        for node in walk(root, prune=_nested_scope_under(root))
+    )
+
+
+def _sums_mask(node: cst.BaseExpression) -> bool:
+    """``mask.sum(...)`` / ``torch.sum(masks[i])``: the count of what a mask tensor selects,
+    written in the denominator itself. A count computed elsewhere (``n_tokens``) or from a
+    label test (``(labels != -100).sum()``) is the token count of a language-model loss, which
+    the accumulation rules reason about; it stays silent here."""
+    stripped = _strip(node)
+    if not isinstance(stripped, cst.Call) or _called_name(stripped) != "sum":
+        return False
+    if any(isinstance(n, cst.Comparison) for n in walk(stripped)):
+        return False
+    return any(
+        isinstance(n, cst.Name | cst.Attribute)
+        and "mask" in (n.value if isinstance(n, cst.Name) else n.attr.value).lower()
+        for n in walk(stripped)
+    )
+
+
+def _denominator(func: FuncInfo, node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """What the denominator is computed from, when that is a tensor reduction that can reach
+    0: the expression itself, or the one value assigned to a local name
+    (``union = a.sum() + b.sum() - inter``; ``inter / union``)."""
+    if _has_reduction(node):
+        return node
+    stripped = _strip(node)
+    if isinstance(stripped, cst.Name):
+        values = func.assigns.get(stripped.value, [])
+        sites = func.assign_sites.get(stripped.value, [])
+        if (
+            len(values) == 1
+            and len(sites) == 1
+            and isinstance(sites[0], cst.Assign)
+            and len(sites[0].targets) == 1
+            and isinstance(sites[0].targets[0].target, cst.Name)
+            and _has_reduction(values[0])
+            and not _guarded(values[0])
+        ):
+            return values[0]
+    return None
+
+
+def _fractional_power(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
+    """(the base, the hazard) for ``x.pow(0.5)`` / ``torch.pow(x, 1/3)``: a root written as a
+    power, whose gradient at 0 is infinite."""
+    found = exponent_of(call)
+    if found is None or not 0 < found[1] < 1 or not _tensor_valued(found[0]):
+        return None
+    base, _ = found
+    return None if _guarded(base) else (base, "an infinite gradient at 0")
+
+
+def _fractional_powers(
+    model: FileModel, loss_functions: set[int]
+) -> Iterator[tuple[cst.BinaryOperation, cst.CSTNode, FuncInfo]]:
+    """``x ** 0.5`` (any literal exponent in (0, 1)) of a tensor in loss code, with its
+    statement and function."""
+    for func in [model.module_info, *model.functions]:
+        whole = _function_in_loss(func, loss_functions)
+        # Only loss code is read: a whole loss function, or the values assigned to `*loss*`
+        # names elsewhere (walking every function would cost a second pass over the file).
+        if whole:
+            roots: list[cst.CSTNode] = [func.node]
+        else:
+            roots = [
+                site.value
+                for name, sites in func.assign_sites.items()
+                if "loss" in name.lower()
+                for site in sites
+                if isinstance(site, cst.Assign)
+            ]
+        for root in roots:
+            for node in walk(root, prune=_nested_scope_under(root)):
+                if not isinstance(node, cst.BinaryOperation) or not isinstance(
+                    node.operator, cst.Power
+                ):
+                    continue
+                found = exponent_of(node)
+                if found is None or not 0 < found[1] < 1 or not _tensor_valued(node.left):
+                    continue
+                if _guarded(node.left):
+                    continue
+                stmt = _statement_of(model, node)
+                if stmt is None or not (whole or _assigns_loss(stmt)):
+                    continue
+                yield node, stmt, func
+
+
+def _nested_scope_under(root: cst.CSTNode) -> Callable[[cst.CSTNode], bool]:
+    """Prunes the functions and classes defined inside ``root`` (they have their own model)."""
+
+    def nested(node: cst.CSTNode) -> bool:
+        return node is not root and isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Lambda)
+
+    return nested
+
+
+def _statement_of(model: FileModel, node: cst.CSTNode) -> cst.CSTNode | None:
+    for parent in model.ancestors(node):
+        if isinstance(parent, cst.SimpleStatementLine | cst.BaseCompoundStatement):
+            return parent
+    return None
+
+
+def _tensor_valued(node: cst.BaseExpression) -> bool:
+    """A tensor computed by calls (``torch.matmul(...)``, ``x.sum()``), or a plain name: not
+    a Python number built from sizes, lengths and literals (``d.size(-1) ** 0.5``)."""
+    calls = [n for n in walk(node) if isinstance(n, cst.Call)]
+    if any(_called_name(c) in SCALAR_CALLS for c in calls):
+        return False
+    if any(isinstance(n, cst.Attribute) and n.attr.value in SCALAR_ATTRIBUTES for n in walk(node)):
+        return False
+    if calls:
+        return True
+    return isinstance(_strip(node), cst.Name | cst.Attribute | cst.Subscript)
+
+
+def _small_offset(node: cst.BaseExpression) -> bool:
+    """``1e-8`` or an epsilon-named constant."""
+    if isinstance(node, cst.Float):
+        return True
+    if isinstance(node, cst.Name):
+        return offset_name(node.value)
+    return isinstance(node, cst.Attribute) and offset_name(node.attr.value)
+
+
+SCALAR_CALLS = frozenset({"size", "len", "int", "float", "numel", "dim", "item", "max", "min"})
+SCALAR_ATTRIBUTES = frozenset({"shape", "ndim"})
+
+
+def _epsilon_outside(model: FileModel, call: cst.Call) -> cst.BinaryOperation | None:
+    """``sqrt(x) + eps``: the epsilon is added to the root's result, where it keeps a
+    division finite but not the root's gradient at 0 (the author expected ``x`` to reach 0)."""
+    for parent in model.ancestors(call):
+        if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Add):
+            for mine, other in ((parent.left, parent.right), (parent.right, parent.left)):
+                if mine is call and _small_offset(other):
+                    return parent
+            return None
+        if not isinstance(parent, cst.BaseExpression) or isinstance(parent, cst.Call):
+            return None
+    return None
 
 
 def _positive(node: cst.BaseExpression) -> bool:
@@ -605,6 +965,24 @@ def _plus_epsilon(node: cst.CSTNode) -> cst.CSTNode:
         right=cst.Float(EPSILON),
         lpar=[cst.LeftParen()],
         rpar=[cst.RightParen()],
+    )
+
+
+def _at_least_one(node: cst.CSTNode) -> cst.CSTNode:
+    assert isinstance(node, cst.BaseExpression)
+    inner = node.with_changes(lpar=[], rpar=[]) if node.lpar else node
+    return cst.Call(
+        func=cst.Attribute(value=parenthesize(inner), attr=cst.Name("clamp")),
+        args=[
+            cst.Arg(
+                cst.Integer("1"),
+                keyword=cst.Name("min"),
+                equal=cst.AssignEqual(
+                    whitespace_before=cst.SimpleWhitespace(""),
+                    whitespace_after=cst.SimpleWhitespace(""),
+                ),
+            )
+        ],
     )
 
 

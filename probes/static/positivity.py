@@ -1,0 +1,398 @@
+"""Whether a value in a loss can reach 0: its provenance decides.
+
+``log``, ``sqrt`` (or a power below 1) and a division are hazards only when their input can
+be exactly 0 (or negative). Whether it can is read from how the value is built:
+
+* strictly positive by construction: ``exp(...)``, ``softplus(...)``, a clamp with a positive
+  minimum, a non-negative value plus a positive constant or an epsilon, a product, quotient or
+  power of positive values, a reduction of positive values, and any of these reached through
+  local names, casts, reshapes, indexing, or the tuple a module's ``forward`` returns
+  (``recon, mean, std = self.vae(x)`` with ``std = torch.exp(log_std)`` in ``VAE.forward``);
+* the squared norm of a gradient returned by ``torch.autograd.grad`` (the gradient penalty of
+  WGAN-GP and its relatives): it is 0 only where the critic's gradient is exactly 0 at every
+  input element, which does not happen in practice, and the canonical formulation takes its
+  square root as written;
+* everything else can reach 0 as far as the analyser can tell: sums of masks and indicators,
+  counts of selected elements, unions and areas, probabilities from ``softmax``/``sigmoid``
+  (which underflow to exactly 0 in float32), ``1 - p``.
+
+Only reads the file's model; follows at most :data:`MAX_DEPTH` definitions.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key
+from gradient_doctor.probes.static.names import dotted_name, method_name, number_value
+
+MAX_DEPTH = 6
+
+POSITIVE_CALLS = frozenset({"exp", "softplus"})
+"""Functions whose value is strictly positive whatever their input."""
+NON_NEGATIVE_CALLS = frozenset(
+    {"abs", "square", "relu", "sigmoid", "softmax", "norm", "exp", "softplus", "sqrt"}
+)
+"""Functions whose value is at least 0 (but can be exactly 0)."""
+CLAMPS = frozenset({"clamp", "clip", "clamp_min", "clamp_"})
+SAME_VALUE_METHODS = frozenset(
+    {
+        "float",
+        "double",
+        "half",
+        "to",
+        "type_as",
+        "contiguous",
+        "view",
+        "reshape",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "detach",
+        "clone",
+        "expand",
+        "expand_as",
+        "view_as",
+        "permute",
+        "transpose",
+        "repeat",
+    }
+)
+"""Methods that keep every element's value (casts, reshapes, copies)."""
+REDUCTIONS_OF_ELEMENTS = frozenset({"sum", "mean", "prod", "amax", "amin", "max", "min"})
+"""Reductions whose result is positive when every element is."""
+OFFSET_WORDS = ("eps", "epsilon", "offset", "smooth", "tiny", "floor")
+
+
+def offset_name(name: str) -> bool:
+    """A name for a small positive constant added to keep a value off 0."""
+    lowered = name.lower()
+    return any(word in lowered for word in OFFSET_WORDS)
+
+
+def called_name(call: cst.Call) -> str:
+    """The last part of the called name: ``clamp`` for ``x.clamp(...)`` or ``torch.clamp(...)``."""
+    return method_name(call) or (dotted_name(call.func) or "").rsplit(".", 1)[-1]
+
+
+class Positivity:
+    """Answers "is this value strictly positive by construction?" for one file."""
+
+    def __init__(self, model: FileModel) -> None:
+        self.model = model
+
+    # -- the public questions -----------------------------------------------------------------
+    def positive(self, node: cst.BaseExpression, func: FuncInfo) -> bool:
+        """``node`` (read in ``func``) is strictly positive by how it is built."""
+        return self._positive(node, func, 0, frozenset())
+
+    def gradient_norm(self, node: cst.BaseExpression, func: FuncInfo) -> bool:
+        """``sum(g ** 2)`` / ``(g ** 2).sum(dim)`` / ``g.pow(2).sum()`` of a gradient ``g``
+        returned by ``torch.autograd.grad``: the squared norm of a gradient penalty."""
+        node = self._same_value(node)
+        if not isinstance(node, cst.Call) or called_name(node) not in {"sum", "mean"}:
+            return False
+        inner = _subject(node)
+        if inner is None:
+            return False
+        squared = self._squared_base(inner)
+        return squared is not None and self._autograd_gradient(squared, func, 0, frozenset())
+
+    # -- positivity ---------------------------------------------------------------------------
+    def _positive(
+        self, node: cst.BaseExpression, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        if depth > MAX_DEPTH:
+            return False
+        node = self._same_value(node)
+        value = number_value(node)
+        if value is not None:
+            return value > 0
+        if isinstance(node, cst.Name | cst.Attribute) and offset_name(_last_part(node)):
+            return True
+        if isinstance(node, cst.Name):
+            return self._name_positive(node.value, func, depth, seen)
+        if isinstance(node, cst.Subscript):
+            return self._positive(node.value, func, depth + 1, seen)
+        if isinstance(node, cst.BinaryOperation):
+            return self._operation_positive(node, func, depth, seen)
+        if isinstance(node, cst.Call):
+            return self._call_positive(node, func, depth, seen)
+        return False
+
+    def _operation_positive(
+        self, node: cst.BinaryOperation, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        left, right = node.left, node.right
+        if isinstance(node.operator, cst.Add):
+            return (
+                self._positive(left, func, depth + 1, seen)
+                and self._non_negative(right, func, depth + 1, seen)
+            ) or (
+                self._positive(right, func, depth + 1, seen)
+                and self._non_negative(left, func, depth + 1, seen)
+            )
+        if isinstance(node.operator, cst.Multiply | cst.Divide):
+            return self._positive(left, func, depth + 1, seen) and self._positive(
+                right, func, depth + 1, seen
+            )
+        if isinstance(node.operator, cst.Power):
+            return self._positive(left, func, depth + 1, seen)
+        return False
+
+    def _call_positive(
+        self, call: cst.Call, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        name = called_name(call)
+        if name in POSITIVE_CALLS:
+            return True
+        if name in CLAMPS:
+            return _positive_bound(_clamp_minimum(call))
+        subject = _subject(call)
+        if subject is None:
+            return False
+        if name in {"pow", "square", "sqrt"} or name in REDUCTIONS_OF_ELEMENTS:
+            return self._positive(subject, func, depth + 1, seen)
+        return False
+
+    def _name_positive(self, name: str, func: FuncInfo, depth: int, seen: frozenset[str]) -> bool:
+        if name in seen:
+            return True  # `x = x.view(...)`: the earlier definition decides
+        values = func.assigns.get(name, [])
+        if not values:
+            return False
+        seen = seen | {name}
+        sites = func.assign_sites.get(name, [])
+        for value in values:
+            index = _unpacked_index(name, value, sites)
+            if index is not None:
+                if not self._returned_positive(value, index, func, depth + 1):
+                    return False
+            elif not self._positive(value, func, depth + 1, seen):
+                return False
+        return True
+
+    def _returned_positive(
+        self, value: cst.BaseExpression, index: int, func: FuncInfo, depth: int
+    ) -> bool:
+        """Element ``index`` of what the called function or module returns is positive in
+        every ``return`` of it."""
+        if not isinstance(value, cst.Call) or depth > MAX_DEPTH:
+            return False
+        callee = self._callee(value, func)
+        if callee is None or not callee.returns:
+            return False
+        for returned in callee.returns:
+            if not isinstance(returned, cst.Tuple) or index >= len(returned.elements):
+                return False
+            element = returned.elements[index]
+            if isinstance(element, cst.StarredElement):
+                return False
+            if not self._positive(element.value, callee, depth + 1, frozenset()):
+                return False
+        return True
+
+    def _callee(self, call: cst.Call, func: FuncInfo) -> FuncInfo | None:
+        """The function a call runs: a local function or method, or ``forward`` of the module
+        the called object was built as (``self.vae = VAE(...)``; ``self.vae(x)``)."""
+        target = self.model.function_for_call(call, func)
+        if target is not None:
+            return target
+        text = dotted_name(call.func)
+        if text is None:
+            return None
+        if isinstance(call.func, cst.Name):
+            built = func.assigns.get(text, []) or self.model.module_info.assigns.get(text, [])
+        else:
+            built = self.model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+        constructors = [self._same_value(v) for v in built]  # `VAE(...).to(device)`
+        classes = {
+            dotted_name(v.func)
+            for v in constructors
+            if isinstance(v, cst.Call) and dotted_name(v.func)
+        }
+        if len(classes) != 1:
+            return None
+        (class_name,) = classes
+        if class_name is None or class_name not in self.model.class_nodes:
+            return None
+        return self.model.method_of(class_name, "forward")
+
+    # -- non-negativity -----------------------------------------------------------------------
+    def _non_negative(
+        self, node: cst.BaseExpression, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        if depth > MAX_DEPTH:
+            return False
+        node = self._same_value(node)
+        if self._positive(node, func, depth + 1, seen):
+            return True
+        value = number_value(node)
+        if value is not None:
+            return value >= 0
+        if self._squared_base(node) is not None:
+            return True
+        if isinstance(node, cst.Call):
+            name = called_name(node)
+            if name in NON_NEGATIVE_CALLS:
+                return True
+            if name in CLAMPS:
+                minimum = _clamp_minimum(node)
+                return minimum is not None and (number_value(minimum) or -1) >= 0
+            subject = _subject(node)
+            if subject is not None and name in REDUCTIONS_OF_ELEMENTS:
+                return self._non_negative(subject, func, depth + 1, seen)
+        if isinstance(node, cst.BinaryOperation) and isinstance(
+            node.operator, cst.Add | cst.Multiply
+        ):
+            return self._non_negative(node.left, func, depth + 1, seen) and self._non_negative(
+                node.right, func, depth + 1, seen
+            )
+        if isinstance(node, cst.Name) and node.value not in seen:
+            values = func.assigns.get(node.value, [])
+            return bool(values) and all(
+                self._non_negative(v, func, depth + 1, seen | {node.value}) for v in values
+            )
+        return False
+
+    # -- gradients ------------------------------------------------------------------------------
+    def _autograd_gradient(
+        self, node: cst.BaseExpression, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        """``node`` holds a gradient from ``torch.autograd.grad(...)`` (reshaped or indexed)."""
+        if depth > MAX_DEPTH:
+            return False
+        node = self._same_value(node)
+        while isinstance(node, cst.Subscript):
+            node = self._same_value(node.value)
+        if isinstance(node, cst.Call):
+            return (dotted_name(node.func) or "").endswith("autograd.grad")
+        if isinstance(node, cst.Name):
+            if node.value in seen:
+                return True
+            values = func.assigns.get(node.value, [])
+            return bool(values) and all(
+                self._autograd_gradient(v, func, depth + 1, seen | {node.value}) for v in values
+            )
+        return False
+
+    @staticmethod
+    def _squared_base(node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """``x`` for ``x ** 2``, ``x.pow(2)``, ``torch.pow(x, 2)``, ``x.square()``."""
+        node = Positivity._same_value(node)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power):
+            return node.left if number_value(node.right) == 2 else None
+        if isinstance(node, cst.Call):
+            name = called_name(node)
+            subject = _subject(node)
+            if name == "square":
+                return subject
+            if name == "pow" and subject is not None:
+                exponent = _exponent(node)
+                return subject if exponent is not None and number_value(exponent) == 2 else None
+        return None
+
+    @staticmethod
+    def _same_value(node: cst.BaseExpression) -> cst.BaseExpression:
+        """``x`` for ``x.float()``, ``x.view(...)`` and friends (every element keeps its
+        value)."""
+        while (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in SAME_VALUE_METHODS
+        ):
+            node = node.func.value
+        return node
+
+
+def _positive_bound(bound: cst.BaseExpression | None) -> bool:
+    """A lower bound above 0: a positive literal or an epsilon-named constant."""
+    if bound is None:
+        return False
+    value = number_value(bound)
+    if value is not None:
+        return value > 0
+    return isinstance(bound, cst.Name | cst.Attribute) and offset_name(_last_part(bound))
+
+
+def _last_part(node: cst.Name | cst.Attribute) -> str:
+    return node.value if isinstance(node, cst.Name) else node.attr.value
+
+
+def _subject(call: cst.Call) -> cst.BaseExpression | None:
+    """The tensor a call works on: ``x`` in ``x.sum()`` and in ``torch.sum(x)``."""
+    if isinstance(call.func, cst.Attribute):
+        owner = dotted_name(call.func.value)
+        if owner in {"torch", "th", "F", "torch.nn.functional", "nn.functional"}:
+            return call.args[0].value if call.args and call.args[0].keyword is None else None
+        return call.func.value
+    return call.args[0].value if call.args and call.args[0].keyword is None else None
+
+
+def _exponent(call: cst.Call) -> cst.BaseExpression | None:
+    """The exponent of ``x.pow(e)`` / ``torch.pow(x, e)``."""
+    positional = [a.value for a in call.args if a.keyword is None]
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "exponent":
+            return arg.value
+    owner = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
+    if owner in {"torch", "th"} or isinstance(call.func, cst.Name):
+        return positional[1] if len(positional) > 1 else None
+    return positional[0] if positional else None
+
+
+def exponent_of(node: cst.BaseExpression) -> tuple[cst.BaseExpression, float] | None:
+    """(base, exponent) for ``x ** e`` / ``x.pow(e)`` / ``torch.pow(x, e)`` with a literal
+    exponent."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power):
+        value = _literal_exponent(node.right)
+        return None if value is None else (node.left, value)
+    if isinstance(node, cst.Call) and called_name(node) == "pow":
+        subject = _subject(node)
+        exponent = _exponent(node)
+        if subject is None or exponent is None:
+            return None
+        value = _literal_exponent(exponent)
+        return None if value is None else (subject, value)
+    return None
+
+
+def _literal_exponent(node: cst.BaseExpression) -> float | None:
+    """``0.5``, ``(1 / 2)``, ``1/3``: a literal exponent."""
+    value = number_value(node)
+    if value is not None:
+        return value
+    if (
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Divide)
+        and (numerator := number_value(node.left)) is not None
+        and (denominator := number_value(node.right))
+    ):
+        return numerator / denominator
+    return None
+
+
+def _clamp_minimum(call: cst.Call) -> cst.BaseExpression | None:
+    """The lower bound of ``x.clamp(min=c)``, ``x.clamp(c, hi)``, ``torch.clamp(x, c)``,
+    ``x.clamp_min(c)``."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "min":
+            return arg.value
+    positional = [a.value for a in call.args if a.keyword is None]
+    owner = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
+    skip = 1 if owner in {"torch", "th"} or isinstance(call.func, cst.Name) else 0
+    return positional[skip] if len(positional) > skip else None
+
+
+def _unpacked_index(name: str, value: cst.BaseExpression, sites: list[cst.CSTNode]) -> int | None:
+    """The position of ``name`` in the tuple target that received ``value`` (``a, b = f()``),
+    or None for a plain assignment."""
+    for site in sites:
+        if not isinstance(site, cst.Assign) or site.value is not value:
+            continue
+        for target in site.targets:
+            if isinstance(target.target, cst.Tuple | cst.List):
+                for index, element in enumerate(target.target.elements):
+                    if isinstance(element.value, cst.Name) and element.value.value == name:
+                        return index
+    return None

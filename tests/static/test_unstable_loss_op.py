@@ -1,0 +1,150 @@
+"""unstable-loss-op: value provenance (can this reach 0?) and the masked-mean advisory.
+
+The rule's own valid/invalid examples run in ``test_rules_generated.py``; these tests pin the
+positivity reasoning on its own and the info finding for a division by a mask's count, whose
+severity differs from the rule's."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from gradient_doctor.probes.static import lint_source
+from gradient_doctor.probes.static.model import FileModel, FuncInfo
+from gradient_doctor.probes.static.positivity import Positivity, exponent_of
+
+
+def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
+    model = FileModel(cst.parse_module(textwrap.dedent(code)))
+    (func,) = [f for f in model.functions if f.name == name]
+    return Positivity(model), func
+
+
+@pytest.mark.parametrize(
+    ("expression", "positive"),
+    [
+        ("torch.exp(x)", True),
+        ("x.exp()", True),
+        ("F.softplus(x) + 1e-4", True),
+        ("torch.sigmoid(x) + eps", True),
+        ("x.abs() + 1e-8", True),
+        ("x.clamp(min=1e-6)", True),
+        ("x.clamp_min(1)", True),
+        ("torch.clamp(x, 1e-6, 1.0)", True),
+        ("torch.exp(x).pow(2)", True),
+        ("torch.exp(a) * torch.exp(b)", True),
+        ("torch.exp(x).float().view(-1)[0]", True),
+        ("torch.sigmoid(x)", False),
+        ("torch.softmax(x, -1)", False),
+        ("x.clamp(min=0)", False),
+        ("x.clamp(max=1)", False),
+        ("1 - torch.exp(x)", False),
+        ("mask.sum()", False),
+        ("x - 1e-8", False),
+        ("torch.exp(a) - torch.exp(b)", False),
+    ],
+)
+def test_positive_by_construction(expression: str, positive: bool) -> None:
+    checker, func = _function(f"def f(x, a, b, mask, eps):\n    y = {expression}\n", "f")
+    (value,) = func.assigns["y"]
+    assert checker.positive(value, func) is positive
+
+
+def test_positive_through_names_and_a_modules_returned_tuple() -> None:
+    checker, func = _function(
+        """
+        import torch
+        class Head(torch.nn.Module):
+            def forward(self, x):
+                log_scale = self.proj(x).clamp(-4, 15)
+                scale = torch.exp(log_scale)
+                return self.mean(x), scale, log_scale
+        class Agent:
+            def __init__(self):
+                self.head = Head().to("cpu")
+            def update(self, x):
+                mean, scale, log_scale = self.head(x)
+                variance = scale.pow(2)
+                return variance, log_scale
+        """,
+        "update",
+    )
+    assert checker.positive(cst.Name("variance"), func)
+    assert checker.positive(cst.Name("scale"), func)
+    # The third element is a clamped log: it can be 0 or negative.
+    assert not checker.positive(cst.Name("log_scale"), func)
+    assert not checker.positive(cst.Name("mean"), func)
+
+
+def test_gradient_norm_of_autograd_grad_only() -> None:
+    checker, func = _function(
+        """
+        import torch
+        def penalty(critic, x, w):
+            g = torch.autograd.grad(critic(x).sum(), x, create_graph=True)[0]
+            g = g.view(g.size(0), -1)
+            a = torch.sum(g ** 2, dim=1)
+            b = g.pow(2).sum(1)
+            c = torch.sum(w ** 2, dim=1)
+            return a, b, c
+        """,
+        "penalty",
+    )
+    values = {name: func.assigns[name][0] for name in ("a", "b", "c")}
+    assert checker.gradient_norm(values["a"], func)
+    assert checker.gradient_norm(values["b"], func)
+    assert not checker.gradient_norm(values["c"], func)
+
+
+@pytest.mark.parametrize(
+    ("expression", "exponent"),
+    [("x ** 0.5", 0.5), ("x.pow(0.5)", 0.5), ("torch.pow(x, 1 / 3)", 1 / 3), ("x ** 2", 2.0)],
+)
+def test_exponent_of_literal_powers(expression: str, exponent: float) -> None:
+    found = exponent_of(cst.parse_expression(expression))
+    assert found is not None
+    assert found[1] == pytest.approx(exponent)
+
+
+MASKED_MEAN = """\
+import torch
+class MaskedL1Loss(torch.nn.Module):
+    def forward(self, pred, gt, mask):
+        return ((pred - gt).abs() * mask).sum() / mask.sum()
+"""
+
+
+def test_division_by_a_mask_count_is_an_info_with_an_unsafe_clamp() -> None:
+    report = lint_source(MASKED_MEAN, "masked.py", select=["unstable-loss-op"])
+    (finding,) = report.findings
+    assert (finding.id, finding.line, finding.severity) == ("unstable-loss-op", 4, "info")
+    assert "cannot tell" in finding.message
+    assert finding.fix is not None
+    assert finding.fix.safe is False  # a soft mask's sum can lie in (0, 1)
+    assert "mask.sum().clamp(min=1)" in (finding.fix.diff or "")
+
+
+def test_a_guarded_mask_count_or_a_token_count_stays_silent() -> None:
+    guarded = MASKED_MEAN.replace("mask.sum()\n", "mask.sum().clamp(min=1)\n")
+    tokens = MASKED_MEAN.replace(
+        "/ mask.sum()", "/ (gt != -100).sum()"
+    )  # a language-model token count: the accumulation rules' concern
+    for code in (guarded, tokens):
+        report = lint_source(code, "masked.py", select=["unstable-loss-op"])
+        assert report.findings == []
+
+
+def test_epsilon_outside_the_root_is_named_in_the_message() -> None:
+    code = """\
+import torch
+def distance_loss(a, b, eps=1e-8):
+    d = torch.sqrt(((a - b) ** 2).sum(-1)) + eps
+    return (1 / d).mean()
+"""
+    report = lint_source(code, "dist.py", select=["unstable-loss-op"])
+    (finding,) = report.findings
+    assert finding.line == 3
+    assert finding.severity == "warning"
+    assert "added after it" in finding.message
