@@ -598,7 +598,19 @@ def without_code(text: str) -> str:
     if "`" not in text and "(" not in text:
         return text
     text = _INLINE.sub(" ", _FENCED.sub("\n", text))
-    return "\n".join(line for line in text.splitlines() if not (_CALL.search(line) and "=" in line))
+    kept: list[str] = []
+    for line in text.splitlines():
+        if not (_CALL.search(line) and "=" in line):
+            kept.append(line)
+        elif _wordy(line):
+            # A sentence with a formula in it ("sat at ln(1000)=6.9 for 3 epochs, grad norms
+            # ..."): the sentence's numbers stay, the call's arguments go.
+            kept.append(_CALL_WITH_ARGS.sub(" ", line))
+    return "\n".join(kept)
+
+
+#: A call with its arguments, as written inside a sentence.
+_CALL_WITH_ARGS = re.compile(r"[\w.]+\s*\([^()\n]*\)")
 
 
 def _indented_blocks(lines: list[str]) -> set[int]:

@@ -6,6 +6,7 @@ tables); comparing the numbers with thresholds is the matcher's job.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterator
@@ -376,9 +377,11 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "layer_norms",
         re.compile(
-            r"\b(?:per[-_ ]?layer|layer[-_ ]?wise|layer[-_ ]?by[-_ ]?layer)\s+(?:grad(?:ient)?s?"
-            r"[_ \-]?)?norms?\b|\b(?:grad(?:ient)?s?[_ \-]?)?norms?\s+(?:per|by|for\s+each|"
-            r"of\s+each|across(?:\s+the)?|in\s+each)\s+layers?\b",
+            r"\b(?:per[-_ ]?(?:layer|module|block|tensor)|layer[-_ ]?wise|layer[-_ ]?by[-_ ]?layer)"
+            r"\s+(?:grad(?:ient)?s?[_ \-]?)?norms?\b"
+            r"|\b(?:grad(?:ient)?s?[_ \-]?)?norms?\s+(?:per|by|"
+            r"for\s+(?:each|every)|of\s+(?:each|every)|across(?:\s+the)?|in\s+each)\s+"
+            r"(?:layers?|depth|modules?|blocks?|stages?)\b",
             re.IGNORECASE,
         ),
     ),
@@ -455,7 +458,7 @@ _MARKER_BEFORE = re.compile(
 _MARKER_AFTER = re.compile(
     r"^\s*(?:%|x\b|×|times\b|steps?\b|iters?\b|iterations?\b|updates\b|epochs?\b|k\b|layers?\b|"
     r"gpus?\b|nodes?\b|samples?\b|tokens?\b|batches\b|bits?\b|[gm]i?b\b|hours?\b|minutes?\b|"
-    r"seconds?\b|s\b|ms\b|params?\b|heads?\b|dims?\b|d\b|-?layer)",
+    r"seconds?\b|s\b|ms\b|params?\b|heads?\b|dims?\b|d\b|-?layer|classes\b|categories\b|labels\b)",
     re.IGNORECASE,
 )
 _SERIES_SENTENCE = re.compile(r"(?<=[.;!?])\s+|\n|(?<=\})\s*(?:\.\.\.|…)?\s*(?=\{)")
@@ -491,9 +494,15 @@ def _subject_mentions(sentence: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-def _scope_values(scope: str) -> list[tuple[float, tuple[float, float] | None]]:
-    """The values in the text after a subject: steps, counts and percentages left out."""
-    numbers = list(_SERIES_NUMBER.finditer(scope))
+def _scope_values(
+    scope: str, limit: int | None = None
+) -> list[tuple[float, tuple[float, float] | None]]:
+    """The values in the text after a subject: steps, counts and percentages left out.
+
+    Only numbers starting before ``limit`` (where the next subject begins) are read, but the
+    words after them are seen: "10 classes" is a count even though "classes" ends the scope.
+    """
+    numbers = [m for m in _SERIES_NUMBER.finditer(scope) if limit is None or m.start() < limit]
     out: list[tuple[float, tuple[float, float] | None]] = []
     skip = -1
     marker_end, marker_value = -1, 0.0
@@ -565,13 +574,16 @@ def read_series(text: str) -> list[Series]:
     if "\n" in text and ("|" in text or "," in text or "\t" in text):
         for name, column in _table_columns(text).items():
             values.setdefault(name, []).extend(column)
+    if "\n" in text:
+        for name, column in aligned_columns(text).items():
+            values.setdefault(name, []).extend(column)
     for sentence in _SERIES_SENTENCE.split(text):
         mentions = _subject_mentions(sentence)
         for index, (_, end, name) in enumerate(mentions):
             if not name:
                 continue
             stop = mentions[index + 1][0] if index + 1 < len(mentions) else len(sentence)
-            for value, span in _scope_values(sentence[end:stop]):
+            for value, span in _scope_values(sentence[end:], stop - end):
                 values.setdefault(name, []).append(value)
                 if span is not None:
                     ranges.setdefault(name, []).append(span)
@@ -652,3 +664,134 @@ def rank_correlation(values: tuple[float, ...] | list[float]) -> float:
     cov = sum((i - mean) * (r - mean) for i, r in enumerate(ranks))
     var = sum((i - mean) ** 2 for i in range(n))
     return cov / var if var else 0.0
+
+
+# -- whitespace-aligned tables and listings ("step 0   10.98", "conv1.weight   0.412") --------
+
+#: A step-like column header or row label: its numbers are positions, not values.
+_STEP_LABEL = re.compile(
+    r"^(?:steps?|iters?|iterations?|it|epochs?|ep|updates?|global_step|batch(?:es)?|bins?|#|n)$",
+    re.IGNORECASE,
+)
+#: The loss scale a GradScaler prints ("scale 65536.0", "loss_scale", "grad_scale").
+_SCALE_LABEL = re.compile(r"^(?:loss[_-]?|grad[_-]?|amp[_-]?)?scale[:=]?$", re.IGNORECASE)
+#: Lines skipped inside a run of rows: an ellipsis standing for the rows left out.
+_ELLIPSIS_ROW = re.compile(r"^\s*(?:\.\.\.|…|\[\.\.\.\])\s*$")
+#: Fewest rows that make a listing (two lines could be a sentence and its number).
+_MIN_ROWS = 3
+
+
+def _row_shape(line: str) -> tuple[list[str], tuple[bool, ...]] | None:
+    """A row's whitespace-separated cells and which are numbers, or None for prose."""
+    cells = line.split()
+    if not 2 <= len(cells) <= 8:
+        return None
+    numeric = tuple(parse_number(cell.rstrip(":,;")) is not None for cell in cells)
+    if not numeric[-1] or sum(not n for n in numeric) > len(cells) // 2 + 1:
+        return None
+    return cells, numeric
+
+
+def _subject_before(lines: list[str], start: int) -> str:
+    """The quantity named by the line(s) right above a listing ("Loss print:", "norm per layer")."""
+    for back in (1, 2):
+        if start - back < 0:
+            break
+        mentions = [name for _, _, name in _subject_mentions(lines[start - back])]
+        named = [name for name in mentions if name]
+        if named:
+            return named[-1]
+        if mentions:
+            return ""
+    return ""
+
+
+def aligned_columns(text: str) -> dict[str, list[float]]:
+    """Series from rows aligned with spaces, as notebooks and loggers print them.
+
+    Three shapes, each needing at least three rows of the same shape:
+
+    * a header of names over rows of numbers (``step loss lr`` / ``40000 2.05 6e-4``): each
+      column whose header names a quantity is a series;
+    * a label and a value per row under a line naming a norm (``conv1.weight   0.412``): the
+      labels are layers, so the values are per-layer norms (``layer_norms``), not a trend;
+    * a step and a value per row (``step 200   6.91``) under a line naming the quantity
+      ("Loss print:"): the values are that quantity over time.
+
+    Rows of labelled pairs (``step 1  loss 6.9  scale 32768``) give the scale column, which
+    the sentence reader treats as a key only (``amp_scale``). Lines with ``|``, ``,`` or tabs
+    are the delimited-table reader's.
+    """
+    lines = text.split("\n")
+    out: dict[str, list[float]] = {}
+    index = 0
+    while index < len(lines):
+        shape = _row_shape(lines[index]) if not re.search(r"[|,\t]", lines[index]) else None
+        if shape is None:
+            index += 1
+            continue
+        start, rows = index, [shape[0]]
+        index += 1
+        while index < len(lines):
+            if _ELLIPSIS_ROW.match(lines[index]):
+                index += 1
+                continue
+            nxt = _row_shape(lines[index]) if not re.search(r"[|,\t]", lines[index]) else None
+            if nxt is None or nxt[1] != shape[1]:
+                break
+            rows.append(nxt[0])
+            index += 1
+        if len(rows) >= _MIN_ROWS:
+            for name, column in _listing_series(lines, start, rows, shape[1]).items():
+                out.setdefault(name, []).extend(column)
+    return out
+
+
+def _listing_series(
+    lines: list[str], start: int, rows: list[list[str]], numeric: tuple[bool, ...]
+) -> dict[str, list[float]]:
+    def column(at: int) -> list[float]:
+        values = [parse_number(row[at].rstrip(":,;")) for row in rows]
+        return [v for v in values if v is not None and math.isfinite(v)]
+
+    header = lines[start - 1].split() if start > 0 else []
+    if all(numeric) and len(header) == len(numeric):
+        names = [
+            "amp_scale" if _SCALE_LABEL.match(cell) else _column_name(cell.rstrip(":"))
+            for cell in header
+        ]
+        if any(names) and not any(parse_number(cell) is not None for cell in header):
+            return {name: column(at) for at, name in enumerate(names) if name}
+    if (
+        not all(numeric)
+        and len(numeric) % 2 == 0
+        and all(numeric[at + 1] and not numeric[at] for at in range(0, len(numeric), 2))
+    ):
+        # Labelled pairs on every row: only the scale, which no sentence rule reads as a series.
+        out: dict[str, list[float]] = {}
+        for at in range(0, len(numeric) - 1, 2):
+            if len({row[at].lower() for row in rows}) == 1 and _SCALE_LABEL.match(rows[0][at]):
+                out["amp_scale"] = column(at + 1)
+        if out or len(numeric) != 2:
+            return out
+    subject = _subject_before(lines, start)
+    if not subject:
+        return {}
+    if len(numeric) == 2 and not numeric[0]:
+        names = [row[0] for row in rows]
+        if any(_STEP_LABEL.match(name) for name in names) or len(set(names)) < len(names):
+            return {}
+        # Different names, one value each: a value per layer.
+        if subject in ("grad_norm", "layer_norms"):
+            return {"layer_norms": column(1)}
+        return {}
+    steps = [parse_number(row[-2]) for row in rows]
+    if (
+        numeric[-2]
+        and all(s is not None and s == int(s) for s in steps)
+        and all(a is not None and b is not None and b > a for a, b in itertools.pairwise(steps))
+        and (len(numeric) == 2 or _STEP_LABEL.match(rows[0][0]))
+    ):
+        # Whole numbers rising row by row before each value: steps, and the values over time.
+        return {subject: column(len(numeric) - 1)}
+    return {}

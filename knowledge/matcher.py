@@ -389,6 +389,8 @@ _LOOKS_GOOD = re.compile(
 #: above both neighbours a single value must jump to be a spike. The seeds give no numbers for
 #: a loss written in a sentence; these are the matcher's reading, not diagnosis thresholds.
 _LOSS_DIVERGING_FACTOR = 3.0
+#: Per-layer norms listed in a monotone order (|Spearman| at least this): a fade through depth.
+_LAYER_ORDER_CORRELATION = 0.9
 #: Words of an unstable run (for a clip that never fires while it is).
 _UNSTABLE = re.compile(
     r"\b(?:diverg\w*|spik\w*|nan|inf|explod\w*|blow\w*|blew|unstable|instabilit\w*|jumps?)\b",
@@ -1322,6 +1324,23 @@ class Matcher:
                 break
         return out
 
+    def _scale_series(self, item: Series) -> list[CodeHit]:
+        """A GradScaler scale printed step by step: halving run after run is overflow skips."""
+        values = item.values
+        if len(values) < 2 or values[0] <= 0:
+            return []
+        falling = all(b <= a for a, b in itertools.pairwise(values))
+        if falling and values[-1] < values[0] / 4:
+            return [
+                CodeHit(
+                    "amp-overflow-skips",
+                    1.0,
+                    f"loss scale {fmt(values[0])} → {fmt(values[-1])} row after row: GradScaler "
+                    "keeps halving it (overflowing steps are skipped)",
+                )
+            ]
+        return []
+
     def _layer_norms(self, item: Series) -> list[CodeHit]:
         """Norms listed layer by layer: their spread, or balanced layers (healthy)."""
         p = self.profile
@@ -1334,6 +1353,23 @@ class Matcher:
             return self._norm_evidence(high, fmt(high), False)
         spread = high / low
         hits = self._layer_spread(spread, fmt(spread))
+        listed = [v for v in item.values if v > 0]
+        if (
+            len(listed) >= 3
+            and not item.ranges
+            and abs(rank_correlation(listed)) >= _LAYER_ORDER_CORRELATION
+        ):
+            # Norms that shrink layer after layer in the order listed (the input's side at one
+            # end): the gradient fades through depth, which the spread only measures.
+            fades = any(h.entry_id == "vanishing-gradients" for h in hits)
+            hits = [
+                CodeHit(h.entry_id, 1.0, h.reason + "; the norms shrink steadily through depth")
+                if h.entry_id == "vanishing-gradients"
+                else CodeHit(h.entry_id, min(h.strength, 0.5), h.reason)
+                if fades
+                else h
+                for h in hits
+            ]
         if hits:
             return hits
         return [
@@ -1512,6 +1548,8 @@ class Matcher:
                 out.extend(hits)
             elif item.name == "layer_norms":
                 out.extend(self._layer_norms(item))
+            elif item.name == "amp_scale":
+                out.extend(self._scale_series(item))
             else:
                 out.extend(self._loss_series(item, progress))
         return out, covered

@@ -462,6 +462,45 @@ def test_thousands_separators_make_one_value() -> None:
     assert result.series == {"grad_norm": [1250.0, 3400.0, 12000.0]}
 
 
+def test_whitespace_aligned_rows_are_read_as_series() -> None:
+    """Notebook and logger output aligned with spaces: a header over numbers, a value per
+    named layer under a line naming the norm, a step and a value under a line naming it."""
+    header = "iter   loss   grad_norm\n10     4.0    2.0\n20     3.1    9.0\n30     2.9    80.0"
+    assert read_series(header) == [
+        Series("loss", (4.0, 3.1, 2.9)),
+        Series("grad_norm", (2.0, 9.0, 80.0)),
+    ]
+    layers = "grad norm of every layer:\n  enc.0.w   1e-9\n  enc.1.w   1e-6\n  dec.w     1e-3\n"
+    assert read_series(layers) == [Series("layer_norms", (1e-9, 1e-6, 1e-3))]
+    steps = "loss printed:\nstep 0    3.5\nstep 100  3.1\n...\nstep 900  9.8\n"
+    assert read_series(steps) == [Series("loss", (3.5, 3.1, 9.8))]
+    scale = "it 0 loss 2.0 scale 1024\nit 1 loss 2.0 scale 512\nit 2 loss 2.0 scale 256"
+    assert Series("amp_scale", (1024.0, 512.0, 256.0)) in read_series(scale)
+    # Rows under a line naming nothing, or labels that repeat, are not read.
+    assert read_series("results:\nfoo 1.0\nbar 2.0\nbaz 3.0") == []
+    assert read_series("grad norm:\nrun 1.0\nrun 2.0\nrun 3.0") == []
+    # "10 classes" is a count even where "classes" ends the loss's stretch of text.
+    assert read_series("loss stays at 2.30 (10 classes)") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "loss flat at chance. grad norm per layer:\nl0  1e-10\nl1  1e-8\nl2  1e-6\nl3  1e-3",
+            "vanishing-gradients",
+        ),
+        ("grad norm per layer:\na  0.3\nb  0.4\nc  25.0\nd  0.35", "layer-norm-spread"),
+        (
+            "fp16 run:\nstep 0 scale 65536\nstep 1 scale 16384\nstep 2 scale 2048",
+            "amp-overflow-skips",
+        ),
+    ],
+)
+def test_aligned_listings_reach_their_entry(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
 def test_series_leave_steps_and_counts_out() -> None:
     text = "grad norm: step 0 0.8, step 1000 2.5, step 2000 9 on 8 GPUs, 30% of the time"
     assert read_series(text) == [Series("grad_norm", (0.8, 2.5, 9.0))]
