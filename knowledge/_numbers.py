@@ -194,6 +194,34 @@ _UPDATE_RATIO = _Lazy(
     ("update", "relative", "w"),
     re.IGNORECASE,
 )
+# The update written as a formula, with its values further on in the sentence(s): the norm of
+# the change of the weights over the norm of the weights, in any notation people log it with:
+# "(w_after - w_before).norm() / w_before.norm()", "||w_new - w_old|| / ||w_old||",
+# "|delta w| / |w|", "(p - p_prev).norm() / p_prev.norm()", "update/weight norm ratio".
+_W_NAME = r"[A-Za-zθ_][\w.]*(?:\(\))?"
+_UPDATE_NOTATION = _Lazy(
+    rf"(?:(?:\|{{1,2}}|\()\s*{_W_NAME}\s*-\s*{_W_NAME}\s*(?:\|{{1,2}}|\)(?:\s*\.\s*norm\(\))?)"
+    r"|\|{1,2}\s*(?:Δ|delta|d)[\s_]?(?:w|θ|theta|p|params?|weights?)\s*\|{1,2}"
+    r"|\b(?:Δ|delta)[\s_]?(?:w|θ|p)(?:\s*\.\s*norm\(\))?)"
+    rf"\s*/\s*(?:\|{{1,2}}\s*{_W_NAME}\s*\|{{1,2}}|{_W_NAME}(?:\s*\.\s*norm\(\))?)"
+    r"|\bupdate(?:[_ ]norms?)?\s*(?:/|-to-|\s+to\s+|\s+over\s+)\s*(?:weight|param(?:eter)?)s?"
+    r"(?:[_ ]norms?)?(?:[_ ]ratios?)?\b",
+    ("/",),
+    re.IGNORECASE,
+)
+#: Where the values of an update formula stop: another quantity's name, or two sentences on.
+_UPDATE_SCOPE_END = re.compile(
+    r"\|{1,2}\s*g(?:rad)?\s*\|{1,2}|\bgrad(?:ient)?s?[_ ]?(?:norms?|/)"
+    r"|(?:[.;!?]\s+[^.;!?]*){2}",
+    re.IGNORECASE,
+)
+#: A learning rate and its value inside that stretch ("with SGD, lr 1e-5: it is ~1e-8").
+_LR_VALUE = re.compile(
+    r"\b(?:lr|learning[_ ]rate)\s*(?:of|is|=|:)?\s*~?\s*[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?",
+    re.IGNORECASE,
+)
+#: Values of a formula read this far after it at most.
+_UPDATE_SCOPE_CHARS = 240
 _LAYER_RATIO = _Lazy(
     r"(?P<num>\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?)\s*(?:x|×|times)\s+"
     r"(?:smaller|larger|bigger|lower|higher)\b",
@@ -334,10 +362,20 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
         add(m.start(), "max_norm", m.group("num"), m.group(0))
     for m in _RATIO.finditer(text, lowered):
         add(m.start(), "grad_param_ratio", m.group("num"), m.group(0))
+    read_at: list[tuple[int, int]] = []
     for m in _UPDATE_RATIO.finditer(text, lowered):
         add(m.start(), "update_ratio", m.group("num"), m.group(0))
+        read_at.append(m.span())
     for m in _LAYER_RATIO.finditer(text, lowered):
         add(m.start(), "layer_ratio", m.group("num"), m.group(0))
+    for m in _UPDATE_NOTATION.finditer(text, lowered):
+        if any(start < m.end() and m.start() < end for start, end in read_at):
+            continue  # written with its value right after it: read above
+        scope = _LR_VALUE.sub(" ", text[m.end() : m.end() + _UPDATE_SCOPE_CHARS])
+        end = _UPDATE_SCOPE_END.search(scope)
+        for value, _ in _scope_values(scope, end.start() if end else None):
+            shown = f"{m.group(0).strip()} … {fmt(value)}"
+            found.append((m.start(), Quantity("update_ratio", value, shown, True)))
     return found
 
 

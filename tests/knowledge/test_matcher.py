@@ -462,6 +462,27 @@ def test_thousands_separators_make_one_value() -> None:
     assert result.series == {"grad_norm": [1250.0, 3400.0, 12000.0]}
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I log (w_after - w_before).norm() / w_before.norm(): the embedding sits at 0.4",
+        "||theta_new - theta_old|| / ||theta_old|| per step is 0.25 on the head",
+        "|delta w| / |w| reads 0.3 on every step for ln_f",
+        "update/param norm ratio with lr 1e-4: around 1e-8 in all layers",
+        "Each step I compute (p - p_prev).norm() / p_prev.norm(). For the stem it is 0.5.",
+    ],
+)
+def test_update_formulas_in_any_notation_are_read(text: str) -> None:
+    values = [q.value for q in read_quantities(text) if q.name == "update_ratio"]
+    assert values and all(v != 1e-4 for v in values), values
+    assert _top_ids(match(text)) == ["update-param-ratio"]
+
+
+def test_an_update_formula_reads_no_other_ratio() -> None:
+    text = "|dw|/|w| is 1e-3 everywhere; |g|/|w| is 0.4 on the head"
+    assert [q.value for q in read_quantities(text) if q.name == "update_ratio"] == [1e-3]
+
+
 def test_whitespace_aligned_rows_are_read_as_series() -> None:
     """Notebook and logger output aligned with spaces: a header over numbers, a value per
     named layer under a line naming the norm, a step and a value under a line naming it."""
