@@ -574,6 +574,31 @@ _DATA_QUESTION = re.compile(
     r"columns|targets)|early[\s-]stopping)\b",
     re.IGNORECASE,
 )
+#: Questions about the training job's plumbing rather than its numbers: saving and resuming
+#: from a checkpoint, the input pipeline's speed or hangs (workers, prefetching, GPU idle).
+_TOOLING_QUESTION = re.compile(
+    r"\b(?:resum\w*|restor\w*|reload\w*)\b[^.?!]{0,80}\b(?:checkpoints?|state[_ ]dicts?|\.pt|\.pth"
+    r"|optimizer\s+state|epoch)\b|\bsav\w*\b[^.?!]{0,40}\bcheckpoints?\b[^.?!]{0,80}\bresum\w*"
+    r"|\b(?:num_workers|persistent_workers|prefetch(?:_factor|\s+factor)?|pin_memory|data\s+loading"
+    r"|input\s+pipeline|gpu\s+utili[sz]ation|nvidia-smi|samples?/s(?:ec)?|it/s|throughput)\b"
+    r"|\b(?:data\s*loader|loader|workers?)\b[^.?!]{0,60}\b(?:hang\w*|freez\w*|deadlock\w*|stall\w*)\b"
+    r"|\b(?:hang\w*|freez\w*|deadlock\w*)\b[^.?!]{0,60}\b(?:data\s*loader|loader|workers?)\b"
+    r"|\b(?:class\s+weights?|weighted\s+(?:cross[\s-]?entropy|loss|sampler)|weightedrandomsampler"
+    r"|over[\s-]?sampl\w*|under[\s-]?sampl\w*|minority\s+class|positive\s+class|rare\s+class)\b",
+    re.IGNORECASE,
+)
+#: What an LR range test is for: the loss blowing up at its high end is how it ends.
+_LR_RANGE_TEST = re.compile(
+    r"\b(?:lr|learning[\s_-]*rate)\s+(?:finder|range\s+test|sweep)|\brange\s+test\b|\blr_find\w*",
+    re.IGNORECASE,
+)
+_TRAINING_QUANTITY = re.compile(r"\b(?:loss(?:es)?|accuracy|grad\w*|norms?)\b", re.IGNORECASE)
+#: In-scope words such a question uses in its own sense: the run's checkpoint file, a loader
+#: "stuck waiting", the range test's loss flat at first and "blowing up" at its top rates.
+_INCIDENTAL_SCOPE: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
+    (_TOOLING_QUESTION, frozenset({"checkpoint", "stuck"})),
+    (_LR_RANGE_TEST, frozenset({"explod", "diverg", "spik", "unst", "nan", "inf", "plateau"})),
+)
 #: Words that put a question inside the gradient domain (normalised by the analyser at load).
 #: Problems and gradient mechanics only: an LR question about "a residual network" stays out.
 IN_SCOPE_WORDS = (
@@ -1931,10 +1956,29 @@ class Matcher:
 
     # -- scope ---------------------------------------------------------------------------------
 
-    def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
-        if any(t in self.in_scope_terms for t in terms):
+    def _in_scope(self, text: str, terms: Iterable[str]) -> bool:
+        """Whether the text uses a gradient-domain word in its gradient sense."""
+        found = {t for t in terms if t in self.in_scope_terms}
+        if not found:
             return False
-        return bool(_LR_QUESTION.search(text) or _DATA_QUESTION.search(text))
+        for pattern, incidental in _INCIDENTAL_SCOPE:
+            if (
+                found & incidental
+                and pattern.search(text)
+                # A loss that is stuck is ours, whatever else the text asks about the loader.
+                and (pattern is _LR_RANGE_TEST or not _TRAINING_QUANTITY.search(text))
+            ):
+                found -= incidental
+        return bool(found)
+
+    def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
+        if self._in_scope(text, terms):
+            return False
+        return bool(
+            _LR_QUESTION.search(text)
+            or _DATA_QUESTION.search(text)
+            or _TOOLING_QUESTION.search(text)
+        )
 
     # -- the public entry point ------------------------------------------------------------
 
@@ -2175,9 +2219,7 @@ class Matcher:
         out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
             best = max(scores, key=lambda k: scores[k])
-            out_of_scope = best == OUT_OF_SCOPE_ID and not any(
-                t in self.in_scope_terms for t in terms
-            )
+            out_of_scope = best == OUT_OF_SCOPE_ID and not self._in_scope(text, terms)
         pointer = None
         if out_of_scope and OUT_OF_SCOPE_ID in self.cards:
             top = max(scores.values(), default=0.0)
@@ -2186,7 +2228,7 @@ class Matcher:
                 0, "a learning-rate-only or data-only question, no gradient terms"
             )
             pointer = self.cards[OUT_OF_SCOPE_ID].pointer
-        elif OUT_OF_SCOPE_ID in scores and any(t in self.in_scope_terms for t in terms):
+        elif OUT_OF_SCOPE_ID in scores and self._in_scope(text, terms):
             # Gradient words present: the question is ours even if it also mentions the LR.
             del scores[OUT_OF_SCOPE_ID]
 

@@ -746,6 +746,27 @@ def test_gradient_words_keep_a_question_in_scope(text: str, expected: str | None
 # -- result shape and robustness -------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "How do I restore the optimizer state when I resume from my checkpoint after a crash?",
+        "The DataLoader hangs at epoch 3 with num_workers=4; everything just sits stuck there.",
+        "GPU utilization is 40% and the input pipeline seems to be the bottleneck, how to fix?",
+        "With 1% positives, should I use class weights or oversample with a sampler?",
+        "My LR range test: flat until 1e-4, then the loss explodes past 1e-2. Which LR do I use?",
+    ],
+)
+def test_plumbing_questions_are_out_of_scope_with_a_pointer(text: str) -> None:
+    result = match(text)
+    assert result.out_of_scope and result.pointer
+    assert _top_ids(result) == ["out-of-scope"]
+
+
+def test_a_stuck_loss_next_to_a_loader_question_stays_in_scope() -> None:
+    result = match("My loss is stuck at 2.3 and data loading is also slow with num_workers=2")
+    assert not result.out_of_scope
+
+
 def test_result_shape() -> None:
     kb = load_knowledge()
     result = match("clipping after optimizer.step() with fp16 and grad accumulation", top_k=7)
