@@ -1039,6 +1039,14 @@ def _clause_bound(pattern: str) -> str:
     return pattern.replace("[^.;\\n]", _CLAUSE)
 
 
+_SCHEDULER_WITH_BACKWARD = (
+    "text: the scheduler steps with every backward() while gradients accumulate"
+)
+#: Rules (by reason) that need the whole text, not only their sentence, to say something.
+_TEXT_REQUIRES: dict[str, re.Pattern[str]] = {
+    _SCHEDULER_WITH_BACKWARD: re.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE),
+}
+
 _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
     (_clause_bound(pattern), entry_id, strength, reason)
     for pattern, entry_id, strength, reason in (
@@ -1070,9 +1078,14 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         ),
         (
             # "batch['pixel_values'].isnan().sum() = 3072": the check on the inputs found some.
-            r"\b(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|features?|data|samples?|"
-            r"targets?|labels?|y|yb)\b[^\s`]{0,30}\.is(?:nan|inf)\(\)(?:\.(?:sum|any)\(\))+`?"
-            r"\s*(?:=|==|is|returns?|gives?|->|:)\s*(?:[1-9]|true)",
+            # Or "torch.isinf(batch['x']).any() -> True", the function form.
+            r"(?:\b(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|features?|data|samples?|"
+            r"targets?|labels?|y|yb)\b[^\s`]{0,30}\.is(?:nan|inf)\(\)(?:\.(?:sum|any)\(\))+"
+            r"|\bis(?:nan|inf)\s*\(\s*(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|"
+            r"features?|data|samples?|targets?|labels?|y|yb)\b[^)\n]{0,30}\)(?:\.(?:sum|any)\(\))+)`?"
+            r"\s*(?:(?:and\s+)?(?:it|that)\s+)?"
+            r"(?:=|==|is|returns?|returned|gives?|gave|->|:|prints?|printed|shows?|showed)\s*"
+            r"(?:[1-9]|true)",
             "nonfinite-inputs",
             0.7,
             "text: a non-finite check on the model's inputs counted NaN/Inf values",
@@ -1281,6 +1294,18 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "unstable-loss-op",
             0.6,
             "text: a log/exp/sqrt or division in the loss with nothing keeping it finite",
+        ),
+        (
+            # "sched.step() is called right after every loss.backward()", "scheduler.step() sits
+            # next to backward() inside the micro-batch loop", in a text about accumulation.
+            r"\b(?:lr[\s_]?)?sched\w*(?:\.step\(\))?[^.;\n]{0,40}\b(?:right\s+|directly\s+)?"
+            r"(?:after|next\s+to|alongside|beside|together\s+with|with)\s+(?:every\s+|each\s+)?"
+            r"(?:the\s+|a\s+)?(?:loss\.)?backward\b"
+            r"|\b(?:lr[\s_]?)?sched\w*(?:\.step\(\))?[^.;\n]{0,40}\b(?:inside|in|within)\s+(?:the\s+)?"
+            r"(?:inner\s+)?micro[-\s]?(?:batch|step)\s+loop",
+            "accum-scheduler-per-microbatch",
+            0.6,
+            _SCHEDULER_WITH_BACKWARD,
         ),
         (
             # "optimizer.step() is inside the if step % 8 branch, scheduler.step() outside it"
@@ -1629,8 +1654,9 @@ def segments(text: str) -> list[str]:
 _SUPERSEDED_BY: dict[str, set[str]] = {"many-zero-activations": {"dead-neurons"}}
 #: Rules that stay silent when the same sentence also says the order does not matter.
 _ORDER_RULES = frozenset({"clip-after-step", "clip-before-backward"})
-#: Rules that read the result of a check the user ran: what they found, not what they claim.
-_MEASURED_CHECKS = frozenset(
+#: Reasons of rules that read the result of a check the user ran: what they found (a
+#: measurement), never advice to blame it.
+MEASURED_CHECKS = frozenset(
     {"text: a non-finite check on the model's inputs counted NaN/Inf values"}
 )
 #: Red flag → the rationalization that recommends it (credited when the text is advice).
@@ -1766,8 +1792,11 @@ def prose_hits(text: str) -> list[CodeHit]:
                 continue
             if entry_id == "clip-anywhere" and not _order_free(piece):
                 continue
+            text_needs = _TEXT_REQUIRES.get(reason)
+            if text_needs is not None and not text_needs.search(text):
+                continue
             # A check's result is a measurement, never advice to blame the data.
-            advice = None if reason in _MEASURED_CHECKS else ADVICE_FOR.get(entry_id)
+            advice = None if reason in MEASURED_CHECKS else ADVICE_FOR.get(entry_id)
             hits.append(CodeHit(entry_id, strength, reason, advice))
             break
     found = {h.entry_id for h in hits}

@@ -99,7 +99,7 @@ _NAN_GRADS = _Lazy(
 )
 _NAN_PARAMS = _Lazy(
     r"\b(?:weights?|param(?:eter)?s?|biases?)\b[^.\n]{0,40}?\b(?:are|is|were|was|became|become|"
-    r"turn(?:ed)?|went|contain|have|has)\b[^.\n]{0,12}?\b(?:nan|inf)\b"
+    r"turn(?:ed)?|went|contain|have|has|holds?|held)\b[^.\n]{0,12}?\b(?:nan|inf)\b"
     r"|\b(?:nan|inf)\s+(?:in\s+(?:the\s+|my\s+)?)?(?:weights?|param(?:eter)?s?)\b"
     r"|\b(?:nan|inf)s?\b[^.;\n]{0,25}?\b(?:in|of)\s+(?:the\s+|my\s+)?(?:\w+\s+)?"
     r"(?:weights?|param(?:eter)?s?)\b",
@@ -224,7 +224,10 @@ _LR_VALUE = re.compile(
 _UPDATE_SCOPE_CHARS = 240
 _LAYER_RATIO = _Lazy(
     r"(?P<num>\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?)\s*(?:x|×|times)\s+"
-    r"(?:smaller|larger|bigger|lower|higher)\b",
+    r"(?:smaller|larger|bigger|lower|higher)\b"
+    # "16x lower than the old run": one run against another, not one layer against another.
+    r"(?!\s+than\s+(?:in\s+|on\s+|with\s+)?(?:the\s+|our\s+|my\s+|a\s+)?(?:old|previous|earlier|"
+    r"baseline|reference|original|before|single|fp32|other)\b)",
     ("x", "×", "times"),
     re.IGNORECASE,
 )

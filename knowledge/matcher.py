@@ -53,6 +53,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from gradient_doctor.knowledge._code import (
+    ADVICE_FOR,
+    MEASURED_CHECKS,
     CodeHit,
     code_hits,
     fragment_source,
@@ -234,6 +236,9 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "ddp-accum-without-no-sync": r"sync|all[-_\s]?reduc|communicat",
         "ddp-no-sync-misplaced": r"sync|all[-_\s]?reduc|communicat",
         "clip-": r"clip",
+        # Lowering the learning rate needs the learning rate in the text ("loss went nan" alone
+        # is the symptom, not the belief that a smaller LR cures it).
+        "lower-lr-for-nan": r"\blr\b|learning[\s_-]*rates?|step[\s_-]?size|\blrs\b|_lr\b|\blr_",
         # Blaming the data needs the data in the text ("the NaN is the learning rate" is not).
         "nan-means-bad-data": r"data|sample|input|batch|record|corrupt|example|label|target|"
         r"image|row|file|token|feature",
@@ -377,6 +382,8 @@ _ORDER_RED_FLAGS = frozenset(
 )
 #: Word score kept by an order red flag the analyser did not find in a whole step it read.
 _NOT_IN_CODE_PRIOR = 0.6
+#: A belief whose subject the text measured and found (a check's result, not a guess).
+_MEASURED_BELIEF_PRIOR = 0.5
 #: "the loss curve looks textbook": the run is said to go well.
 _LOOKS_GOOD = re.compile(
     r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
@@ -2129,6 +2136,12 @@ class Matcher:
             for entry_id in ("loss-nan", "nan-loss-before-backward"):
                 if entry_id in scores:
                     scores[entry_id] *= 0.5
+        for hit in described:
+            belief = ADVICE_FOR.get(hit.entry_id)
+            if hit.reason in MEASURED_CHECKS and belief in scores:
+                # The text reports a check that found it ("isinf(batch).any() -> True"): the
+                # belief that would blame it unchecked is not what is being said.
+                scores[belief] *= _MEASURED_BELIEF_PRIOR
         for entry_id in cleared & scores.keys():
             # The text checked that stage and found it finite: the NaN began elsewhere.
             scores[entry_id] *= 0.4

@@ -767,6 +767,41 @@ def test_a_stuck_loss_next_to_a_loader_question_stays_in_scope() -> None:
     assert not result.out_of_scope
 
 
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        (
+            "I think the data is to blame: loss went nan, so I ran torch.isnan(batch['img']).any()"
+            " and it printed True for that batch.",
+            "nonfinite-inputs",
+        ),
+        (
+            "After the blow-up I loaded the saved weights: the decoder's weight tensors hold inf.",
+            "nan-parameters",
+        ),
+        (
+            "We accumulate 4 micro-batches, and lr_scheduler.step() runs right after each"
+            " backward(); the LR hits its floor at a quarter of the run.",
+            "accum-scheduler-per-microbatch",
+        ),
+    ],
+)
+def test_a_measured_cause_outranks_its_symptom_and_the_belief(text: str, cause: str) -> None:
+    assert _top_ids(match(text)) == [cause]
+
+
+def test_the_scheduler_beside_backward_needs_accumulation() -> None:
+    text = "scheduler.step() is called right after every loss.backward() in my loop."
+    assert "accum-scheduler-per-microbatch" not in {h.entry_id for h in prose_hits(text)}
+
+
+def test_a_run_compared_with_another_is_not_a_layer_ratio() -> None:
+    names = [q.name for q in read_quantities("grad norm is 16x lower than the old run")]
+    assert "layer_ratio" not in names
+    names = [q.name for q in read_quantities("first layer's norm is 500x smaller than the last")]
+    assert "layer_ratio" in names
+
+
 def test_result_shape() -> None:
     kb = load_knowledge()
     result = match("clipping after optimizer.step() with fp16 and grad accumulation", top_k=7)
