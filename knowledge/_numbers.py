@@ -69,6 +69,13 @@ _CLIP_RETURNS = (
     r"clip_grad_norm_?(?:\([^)\n]{0,60}\))?\s+(?:returns?|returned|returning|gives|gave|reports?|"
     r"reported|says|said|outputs?|prints?)"
 )
+#: "I print clip_grad_norm_(model.parameters(), float('inf')) every 100 iters": the value
+#: logged is the total norm, and the numbers after it in the sentence are its values.
+_CLIP_PRINTED = (
+    r"\b(?:print|log|track|monitor|record|plot|watch)\w*\s+(?:the\s+)?(?:(?:value|output|result|"
+    r"return)\s+of\s+)?(?:torch\.nn\.utils\.|nn\.utils\.)?clip_grad_norm_?"
+    r"(?:\((?:[^()\n]|\([^()\n]*\)){0,80}\))?"
+)
 _GRAD_NORM = _Lazy(
     rf"(?:(?:{_CLIP_RETURNS})\s*[:=~≈]?\s*(?:around\s+|about\s+|roughly\s+)?|"
     r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
@@ -430,7 +437,7 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
         "grad_norm",
         re.compile(
             r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
-            rf"norms?)\b|{_CLIP_RETURNS}"
+            rf"norms?)\b|{_CLIP_RETURNS}|{_CLIP_PRINTED}"
             # "per-layer norms 0.01-0.05, total 0.12": a bare "total" with its number.
             r"|\btotal\b(?=\s*[:=~≈]?\s*~?\s*[.\d])",
             re.IGNORECASE,
@@ -499,7 +506,8 @@ _MARKER_BEFORE = re.compile(
 _MARKER_AFTER = re.compile(
     r"^\s*(?:%|x\b|×|times\b|steps?\b|iters?\b|iterations?\b|updates\b|epochs?\b|k\b|layers?\b|"
     r"gpus?\b|nodes?\b|samples?\b|tokens?\b|batches\b|bits?\b|[gm]i?b\b|hours?\b|minutes?\b|"
-    r"seconds?\b|s\b|ms\b|params?\b|heads?\b|dims?\b|d\b|-?layer|classes\b|categories\b|labels\b)",
+    r"seconds?\b|s\b|ms\b|params?\b|heads?\b|dims?\b|d\b|-?layer|classes\b|categories\b|labels\b"
+    r"|points?\b|pts\b|pp\b)",
     re.IGNORECASE,
 )
 _SERIES_SENTENCE = re.compile(r"(?<=[.;!?])\s+|\n|(?<=\})\s*(?:\.\.\.|…)?\s*(?=\{)")

@@ -314,6 +314,19 @@ _SCORE_IMPROVING = re.compile(
 _OTHER_METRIC = re.compile(
     r"\b(?:loss(?:es)?|acc(?:uracy)?|norms?|grad\w*|lr|learning\s+rate)\b", re.IGNORECASE
 )
+#: Two quantities sharing one verb: "loss and val loss both going down", "loss and accuracy".
+_SHARED_VERB = re.compile(
+    r"\s*(?:and|&|,|as\s+well\s+as)\s+(?:the\s+)?(?:(?:train\w*|val\w*|validation|test|eval\w*)"
+    r"[_ ])?(?:loss(?:es)?|acc(?:uracy)?|ppl|perplexity)(?:\s+(?:both|all|each|too))?"
+    r"(?:\s+(?:keep|kept|are|were|is|have\s+been|both))*\s*",
+    re.IGNORECASE,
+)
+#: The held-out set named after the verb: "keep improving on train and val".
+_ON_HELD_OUT = re.compile(
+    r"\s*(?:\w+\s+)?(?:on|for|in)\s+(?:both\s+)?(?:the\s+)?(?:train\w*\s+(?:and|&)\s+)?"
+    r"(?:val(?:idation)?|held[-\s]?out|test|dev|eval)\b",
+    re.IGNORECASE,
+)
 _NEGATED = re.compile(
     r"\b(?:not|never|no\s+longer|stopped|barely|hardly|isn't|doesn't|won't)\b|n't\b"
 )
@@ -332,7 +345,10 @@ _NORMAL_QUESTION = re.compile(
     r"|all\s+(?:good|fine|ok(?:ay)?)\s*\?|balance\s+ok|(?:anything|something)\s+(?:that\s+)?"
     r"looks?\s+(?:off|wrong|weird|strange|odd)|looks?\s+off\s*\?|is\s+(?:that|this|it)\s+(?:too\s+)?"
     r"(?:high|low|big|large|small)\s*\?|(?:any|see\s+any|spot\s+any)\s+(?:red\s+flags?|issues?|"
-    r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything)",
+    r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything"
+    # "Is there anything to fix here?", "Does anything here need fixing?"
+    r"|anything\s+(?:here\s+)?(?:to\s+(?:fix|change)|(?:that\s+)?needs?\s+(?:fixing|changing|to\s+be\s+"
+    r"(?:fixed|changed)|attention))|(?:don't|do\s+not)\s+see\s+what\b)",
     re.IGNORECASE,
 )
 #: The text hands over code to be checked ("anything wrong in here?", "double-check the order
@@ -389,7 +405,10 @@ _LOOKS_GOOD = re.compile(
     r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
     r"(?:textbook|good|great|nice|clean|healthy|normal|fine|as\s+expected)\b"
     r"|\b(?:learns?|learning|trains?|training|converges?|converging|fits?)\s+(?:just\s+)?(?:fine|"
-    r"well|ok(?:ay)?|normally|nicely)\b",
+    r"well|ok(?:ay)?|normally|nicely)\b"
+    # "top-1 tracking the reference curve": the run keeps up with a known-good one.
+    r"|\b(?:track(?:s|ing)?|match(?:es|ing)?|follow(?:s|ing)?|on\s+par\s+with)\s+(?:the\s+|our\s+)?"
+    r"(?:reference|baseline|published|paper's|expected)\s+(?:run|curve|numbers?|results?)\b",
     re.IGNORECASE,
 )
 #: How many times its best value a loss series must end at to be called diverging, and how far
@@ -555,12 +574,16 @@ def _progress(text: str) -> _Progress:
             progress.reasons.append("held-out results follow the training ones")
     for pattern in (_LOSS_IMPROVING, _SCORE_IMPROVING):
         for m in pattern.finditer(text):
-            if _NEGATED.search(m.group("between")) or _OTHER_METRIC.search(m.group("between")):
+            between = m.group("between")
+            if _NEGATED.search(between) or (
+                # "train loss and val loss both going down": two subjects, one verb.
+                _OTHER_METRIC.search(between) and not _SHARED_VERB.fullmatch(between)
+            ):
                 continue
             progress.improving = True
             progress.reasons.append(m.group(0))
             start = max(0, m.start() - 15)
-            if _HELD_OUT.search(text[start : m.end()]):
+            if _HELD_OUT.search(text[start : m.end()]) or _ON_HELD_OUT.match(text, m.end()):
                 progress.held_out_improving = True
     if _STILL_LEARNING.search(text) or _LOOKS_GOOD.search(text):
         progress.improving = True

@@ -802,6 +802,21 @@ def test_a_run_compared_with_another_is_not_a_layer_ratio() -> None:
     assert "layer_ratio" in names
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I print clip_grad_norm_(net.parameters(), 1e9) each epoch: it stays between 0.6 and 1.9."
+        " Train loss and val loss both keep going down. Is there anything to fix here?",
+        "The grad norm wobbles between 0.8 and 2.5 step to step, no NaN, and accuracy keeps"
+        " improving on train and val. Does anything here need fixing?",
+        "grad norm moves between 1 and 3 every step; eval accuracy is tracking the reference run"
+        " within 0.2 points. Anything here to fix?",
+    ],
+)
+def test_a_healthy_run_told_in_shared_clauses_is_healthy(text: str) -> None:
+    assert _top_ids(match(text)) == ["healthy"]
+
+
 def test_result_shape() -> None:
     kb = load_knowledge()
     result = match("clipping after optimizer.step() with fp16 and grad accumulation", top_k=7)
