@@ -1414,7 +1414,8 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r"worth\s+it|worthwhile|useful|a\s+must)\b"
             r"|\bclip\w*\b[^.;\n?]{0,30}\b(?:be\s+)?worth\s+(?:adding|it|using|having|turning\s+on)\b"
             r"|\b(?:worth|any\s+point\s+in|point\s+of)\s+(?:adding|using|having|turning\s+on|"
-            r"enabling)\s+(?:a\s+|any\s+|gradient\s+|grad\s+)?clip"
+            r"enabling|putting|including|inserting|keeping|calling|doing)\s+(?:a\s+|any\s+|gradient\s+|"
+            r"grad\s+|torch\.nn\.utils\.|nn\.utils\.|`)?clip"
             r"|\bshould\s+(?:i|we)\s+(?:even\s+|really\s+)?(?:bother\s+(?:with|adding|using)|add|use|"
             r"enable|turn\s+on|be\s+using|be\s+clipping)\b[^.;\n?]{0,25}\bclip",
             "is-clipping-needed",
@@ -1563,7 +1564,8 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         (
             # "35% of the ReLU units never activate on any input", "dead neurons"
             r"\b(?:neurons?|units?|channels?|filters?|relus?)\b[^.;\n]{0,60}\b(?:never\s+(?:fire|"
-            r"fires|activate|activates|turn\s+on|light\s+up|respond)|(?:are|is|have\s+been|has\s+been|"
+            r"fires|activate|activates|turn\s+on|light\s+up|respond|>\s*0|above\s+(?:0|zero)|"
+            r"positive|non-?zero|(?:become\s+|get\s+)?active)|(?:are|is|have\s+been|has\s+been|"
             r"went|gone|go|became|become)\s+dead|(?:output|produce|give|return|emit)\w*\s+(?:0|zero)"
             r"\w*\s+(?:for|on)\s+(?:every|all|any|each))|\bdead\s+(?:relu\s+)?(?:neurons?|units?|"
             r"channels?|filters?)\b",
@@ -1612,7 +1614,12 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r"^(?=.*(?:clip|norm)).*?\b(?:crank|drop|lower|set|cut|reduc|tighten|bring|turn|decreas|"
             r"dial|take)\w*\s+"
             r"(?:it|that|this|the\s+(?:clip\w*|max[_\s]norm|threshold|limit)|max_(?:grad_)?norm)"
-            r"\s+(?:all\s+the\s+way\s+)?(?:down\s+)?to\s+(?:0?\.0\d*|\d(?:\.\d+)?e-\d+)\b",
+            r"\s+(?:all\s+the\s+way\s+)?(?:down\s+)?to\s+(?:0?\.0\d*|\d(?:\.\d+)?e-\d+)\b"
+            # "Plan is to set max_norm=0.01": the value written as the assignment it will be,
+            # said as a plan ("I set max_norm=0.01 and ..." reports what was done).
+            r"|^(?=.*\b(?:plan\w*|going\s+to|gonna|will|\w+'ll|want\s+to|thinking\s+(?:of|about)|"
+            r"about\s+to|idea\s+is|next)\b).*?\b(?:set|lower|drop|cut|reduc|tighten|decreas)\w*\s+"
+            r"(?:the\s+)?max_(?:grad_)?norm\s*[=:]\s*(?:0?\.0\d*|\d(?:\.\d+)?e-\d+)\b",
             "clip-harder",
             0.9,
             "text: plans to tighten the clip threshold below 0.1",

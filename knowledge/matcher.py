@@ -398,6 +398,10 @@ _ORDER_RED_FLAGS = frozenset(
 )
 #: Word score kept by an order red flag the analyser did not find in a whole step it read.
 _NOT_IN_CODE_PRIOR = 0.6
+#: Entries that answer "should I use <technique>?", with the technique's name.
+_WHETHER_TO_USE = {"is-clipping-needed": "clip"}
+#: A belief about another technique than the one a should-I-use question asks about.
+_OTHER_TECHNIQUE_PRIOR = 0.6
 #: A belief whose subject the text measured and found (a check's result, not a guess).
 _MEASURED_BELIEF_PRIOR = 0.5
 #: "the loss curve looks textbook": the run is said to go well.
@@ -2165,6 +2169,22 @@ class Matcher:
                 # The text reports a check that found it ("isinf(batch).any() -> True"): the
                 # belief that would blame it unchecked is not what is being said.
                 scores[belief] *= _MEASURED_BELIEF_PRIOR
+        asked = {h.entry_id for h in described if h.entry_id in _WHETHER_TO_USE}
+        for entry_id in asked:
+            # "Should I add clipping to my U-Net (BatchNorm, residual blocks)?": the question is
+            # about the technique it asks whether to use; the others it names describe the
+            # model, and a belief about them that no rule found is not what is asked.
+            for other, score in list(scores.items()):
+                premise = _PREMISES.get(other)
+                card = self.cards.get(other)
+                if (
+                    card is not None
+                    and card.kind == "rationalization"
+                    and premise is not None
+                    and not premise.search(_WHETHER_TO_USE[entry_id])
+                    and not any(h.entry_id == other for h in evidence)
+                ):
+                    scores[other] = score * _OTHER_TECHNIQUE_PRIOR
         for entry_id in cleared & scores.keys():
             # The text checked that stage and found it finite: the NaN began elsewhere.
             scores[entry_id] *= 0.4

@@ -817,6 +817,33 @@ def test_a_healthy_run_told_in_shared_clauses_is_healthy(text: str) -> None:
     assert _top_ids(match(text)) == ["healthy"]
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Over the test set, 40% of the hidden units had an output that was never above zero.",
+            "dead-neurons",
+        ),
+        (
+            "Do I need clipping for my DenseNet (batch norm, skip connections, SGD)? It trains ok.",
+            "is-clipping-needed",
+        ),
+        (
+            "Is it worth including clip_grad_norm_ in a small MLP? It trains fine.",
+            "is-clipping-needed",
+        ),
+        ("Loss still jumps; next I'm going to set max_norm=0.005. Any downside?", "clip-harder"),
+    ],
+)
+def test_near_ties_go_to_what_the_text_says(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
+def test_a_max_norm_already_set_is_not_the_plan_to_clip_harder() -> None:
+    hits = {h.entry_id for h in prose_hits("I set max_norm=0.01 and now training crawls.")}
+    assert "clip-harder" not in hits
+
+
 def test_result_shape() -> None:
     kb = load_knowledge()
     result = match("clipping after optimizer.step() with fp16 and grad accumulation", top_k=7)
