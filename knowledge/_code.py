@@ -139,6 +139,7 @@ _UNSCALE_ARG = re.compile(r"unscale_\s*\(\s*([^)]*)\)")
 def _events(lines: list[str]) -> list[Event]:
     events: list[Event] = []
     scope = 0
+    def_indent: int | None = None
     patterns = list(_EVENTS)
     for kind, alias in _CLIP_ALIAS.findall("\n".join(lines)):
         event = "clip_norm" if kind == "norm" else "clip_value"
@@ -147,9 +148,15 @@ def _events(lines: list[str]) -> list[Event]:
         line = raw_line.split("#", 1)[0] if "#" in raw_line else raw_line
         if not line.strip():
             continue
+        indent = len(line) - len(line.lstrip(" \t"))
         if _DEF.match(line):
             scope += 1
-        indent = len(line) - len(line.lstrip(" \t"))
+            def_indent = indent
+        elif def_indent is not None and indent <= def_indent:
+            # Back at the def's own indentation: the helper's body has ended, and the code
+            # after it (the loop that calls it) is a scope of its own.
+            scope += 1
+            def_indent = None
         hits: list[tuple[int, str]] = []
         taken: list[tuple[int, int]] = []
         for kind, pattern in patterns:

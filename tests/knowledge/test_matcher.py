@@ -844,6 +844,22 @@ def test_a_max_norm_already_set_is_not_the_plan_to_clip_harder() -> None:
     assert "clip-harder" not in hits
 
 
+def test_a_helper_defined_above_the_loop_is_not_ordered_against_it() -> None:
+    code = (
+        "def clip_all(m, opt, scaler):\n"
+        "    scaler.unscale_(opt)\n"
+        "    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)\n"
+        "\n"
+        "for x, y in loader:\n"
+        "    opt.zero_grad()\n"
+        "    scaler.scale(loss_fn(m(x), y)).backward()\n"
+        "    clip_all(m, opt, scaler)\n"
+        "    scaler.step(opt)\n"
+        "    scaler.update()\n"
+    )
+    assert "clip-before-backward" not in {h.entry_id for h in code_module.analyse(code)}
+
+
 def test_result_shape() -> None:
     kb = load_knowledge()
     result = match("clipping after optimizer.step() with fp16 and grad accumulation", top_k=7)
