@@ -398,6 +398,8 @@ _ORDER_RED_FLAGS = frozenset(
 )
 #: Word score kept by an order red flag the analyser did not find in a whole step it read.
 _NOT_IN_CODE_PRIOR = 0.6
+#: Least sureness of a code finding that answers a review request on its own.
+_REVIEWED_FINDING = 0.5
 #: Entries that answer "should I use <technique>?", with the technique's name.
 _WHETHER_TO_USE = {"is-clipping-needed": "clip"}
 #: A belief about another technique than the one a should-I-use question asks about.
@@ -2228,6 +2230,22 @@ class Matcher:
             }
         self._put_causes_first(scores, reasons, named)
         found_in_code = {h.entry_id for h in code_evidence if h.strength >= 0.8}
+        told_words = prose_words if text_code else text
+        reviewed = [
+            h
+            for h in code_evidence
+            if h.strength >= _REVIEWED_FINDING
+            and h.entry_id in scores
+            and h.entry_id not in _WHOLE_SCRIPT_NOTES
+        ]
+        if reviewed and _REVIEW_REQUEST.search(told_words) and not _RUN_PROBLEM.search(told_words):
+            # Code handed over for review with nothing said to have gone wrong: what the
+            # analyser found in it is the answer, above symptoms the words only resemble.
+            best = max(reviewed, key=lambda h: (h.strength, scores[h.entry_id])).entry_id
+            top = max(scores.values())
+            if scores[best] < top:
+                scores[best] = top + 0.5
+                reasons.setdefault(best, []).append("found in the code handed over for review")
         self._put_severe_first(scores, found_in_code)
         if not assertive:
             self._put_code_findings_first(scores, reasons, found_in_code)

@@ -860,6 +860,20 @@ def test_a_helper_defined_above_the_loop_is_not_ordered_against_it() -> None:
     assert "clip-before-backward" not in {h.entry_id for h in code_module.analyse(code)}
 
 
+def test_a_finding_in_code_handed_over_for_review_comes_first() -> None:
+    code = (
+        "class Tagger:\n"
+        "    def train_step(self, x, y):\n"
+        "        self.opt.zero_grad()\n"
+        "        out = self.gru(x)\n"
+        "        loss = F.cross_entropy(out, y)\n"
+        "        loss.backward()\n"
+        "        self.opt.step()\n"
+    )
+    text = "Please review our GRU tagger's step before the long run. Would you change anything?"
+    assert _top_ids(match(text, code=code)) == ["no-clip-sequence-model"]
+
+
 def test_result_shape() -> None:
     kb = load_knowledge()
     result = match("clipping after optimizer.step() with fp16 and grad accumulation", top_k=7)
