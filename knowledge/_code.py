@@ -1049,9 +1049,13 @@ def _clause_bound(pattern: str) -> str:
 _SCHEDULER_WITH_BACKWARD = (
     "text: the scheduler steps with every backward() while gradients accumulate"
 )
+_WANTED_BATCH = "text: a batch size is wanted that memory does not hold"
 #: Rules (by reason) that need the whole text, not only their sentence, to say something.
 _TEXT_REQUIRES: dict[str, re.Pattern[str]] = {
     _SCHEDULER_WITH_BACKWARD: re.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE),
+    _WANTED_BATCH: re.compile(
+        r"\boom|out\s+of\s+memory|doesn't\s+fit|does\s+not\s+fit", re.IGNORECASE
+    ),
 }
 
 _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
@@ -1615,6 +1619,17 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             0.6,
             "text: the gradient norm is a multiple of the weight norm",
         ),
+        (
+            # "Paper recipe wants bs 64; anything above 12 OOMs": a batch size wanted (a recipe's,
+            # a target) in a text that says memory runs out.
+            r"\b(?:wants?|wanted|needs?|needed|requires?|required|calls?\s+for|reach|get\s+to|"
+            r"train\s+with)\b[^.;\n]{0,30}\b(?:bs|batch(?:[_\s-]?size)?|batch(?:es)?\s+of)\s*[:=]?\s*"
+            r"\d{2,}\b"
+            r"|\b(?:the\s+)?(?:recipe|paper's|target|original|intended|full)\s+batch(?:[_\s-]?size)?\b",
+            "oom-wants-larger-batch",
+            0.6,
+            _WANTED_BATCH,
+        ),
         # -- proposals that are the rationalization itself (matcher6) --------------------------
         (
             # "so im just gonna crank it to 0.01": a max_norm below 0.1 as the plan.
@@ -1734,6 +1749,7 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "dead-neurons": ("dead", "never", "zero"),
     "grad-param-ratio": ("times", "x", "×"),
     "accum-scheduler-per-microbatch": ("sched",),
+    "oom-wants-larger-batch": ("batch", "bs"),
     "accum-leftover-batches": ("batch", "divisib", "divide"),
     "unstable-loss-op": ("log", "exp", "sqrt", "divi"),
 }

@@ -149,7 +149,8 @@ _CLAIM_PART_WEIGHT = 0.6
 #: step 900. I'll suggest swapping to SGD", "NaN at epoch 7, so there must be bad rows").
 _CLAIM_START = re.compile(
     r"(?:^|[\s,;:.!?(-])(?:so(?!\s+(?:far|much|many|that|long|the|it|is|was)\b)|therefore|hence|"
-    r"thus|clearly|obviously|surely|probably|must\s+be|i'll|i\s+will|i'd|i\s+would|i'm\s+"
+    r"thus|clearly|obviously|surely|probably|must\s+(?:be|contain|have|come|include)|"
+    r"conclusion\s*:|replace|(?:is|are)\s+known\s+to|i'll|i\s+will|i'd|i\s+would|i'm\s+"
     r"going\s+to|we'll|we\s+will|we're\s+going\s+to|let's|(?:my|the|our)\s+plan|"
     r"(?:i|we)\s+(?:think|bet|guess|suspect|believe)|suggest\w*|recommend\w*|which\s+means|"
     r"that\s+means|(?:i|we)\s+(?:took|take|removed?|dropped?|turned)\s+(?:out|off)|"
@@ -161,7 +162,7 @@ _GARBAGE_MIN_TERMS = 20
 _GARBAGE_KNOWN_FRACTION = 0.3
 
 _ASSERTION = re.compile(
-    r"(?:^|[.;:,!?]\s*)(?:just\s+|simply\s+)?(?:use|try|swap|switch|skip|reduce|divide|drop|lower|"
+    r"(?:^|[.;:,!?]\s*)(?:just\s+|simply\s+)?(?:use|try|swap|switch|replace|skip|reduce|divide|drop|lower|"
     r"raise|increase|bump|add|remove|set|avoid|pick|choose|rent|buy|shrink|simplify|rescale|"
     r"scale|cut|go|stick|forget|ignore)\b|"
     r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\bso\s+(?:i|we|you)\b|\btherefore\b|"
@@ -171,7 +172,8 @@ _ASSERTION = re.compile(
     r"i\s+would(?!\s+(?:like|need|want|have\s+to))|"
     r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
     r"doesn't\s+matter|is\s+(?:a|just\s+a)\s+(?:hack|trick)|obviously|clearly|"
-    r"must\s+be|it's\s+because|that's\s+why|probably|i\s+think|i\s+bet|i\s+guess|recommend|"
+    r"must\s+(?:be|contain|have|come|include)|(?:is|are)\s+known\s+to|conclusion\s*:|"
+    r"it's\s+because|that's\s+why|probably|i\s+think|i\s+bet|i\s+guess|recommend|"
     r"suggest|the\s+fix\s+is|the\s+answer\s+is|go\s+with|instead|won't|can't|cannot|isn't|"
     r"doesn't|don't|shouldn't|no\s+point|pointless|overkill|waste|bad\s+idea|incompatible|"
     r"fight\w*\s+each\s+other|interfere\w*|conflict\w*)\b"
@@ -241,7 +243,7 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "lower-lr-for-nan": r"\blr\b|learning[\s_-]*rates?|step[\s_-]?size|\blrs\b|_lr\b|\blr_",
         # Blaming the data needs the data in the text ("the NaN is the learning rate" is not).
         "nan-means-bad-data": r"data|sample|input|batch|record|corrupt|example|label|target|"
-        r"image|row|file|token|feature",
+        r"image|row|file|token|feature|corpus|shard|parquet|jsonl|csv",
         "value-clipping": r"clip",
         "no-clip-sequence-model": r"clip|lstm|gru|rnn|transformer|gpt|bert|t5|llm|seq2seq|"
         r"language\s+model|policy|ppo|attention|sequence",

@@ -874,6 +874,30 @@ def test_a_finding_in_code_handed_over_for_review_comes_first() -> None:
     assert _top_ids(match(text, code=code)) == ["no-clip-sequence-model"]
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Incident notes: loss hit nan at 80k. Conclusion: the shards must contain bad values,"
+            " so we scan them all before anything else.",
+            "nan-means-bad-data",
+        ),
+        (
+            "Grad norm reached 5e4 then nan. Replace AdamW with plain SGD since AdamW is known to"
+            " diverge on this model.",
+            "switch-optimizer",
+        ),
+        (
+            "The reference config trains with batch size 256 but my 16GB card goes out of memory"
+            " above 32. How do I get there without buying GPUs?",
+            "oom-wants-larger-batch",
+        ),
+    ],
+)
+def test_plans_and_conclusions_written_as_notes(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
 def test_result_shape() -> None:
     kb = load_knowledge()
     result = match("clipping after optimizer.step() with fp16 and grad accumulation", top_k=7)
