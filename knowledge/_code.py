@@ -1577,7 +1577,8 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r"\b(?:neurons?|units?|channels?|filters?|relus?)\b[^.;\n]{0,60}\b(?:never\s+(?:fire|"
             r"fires|activate|activates|turn\s+on|light\s+up|respond|>\s*0|above\s+(?:0|zero)|"
             r"positive|non-?zero|(?:become\s+|get\s+)?active)|(?:are|is|have\s+been|has\s+been|"
-            r"went|gone|go|became|become)\s+dead|(?:output|produce|give|return|emit)\w*\s+(?:0|zero)"
+            r"went|gone|go|became|become)\s+dead|(?:output|produce|give|return|emit)\w*\s+"
+            r"(?:exactly\s+|always\s+|only\s+)?(?:0|zero)"
             r"\w*\s+(?:for|on)\s+(?:every|all|any|each))|\bdead\s+(?:relu\s+)?(?:neurons?|units?|"
             r"channels?|filters?)\b",
             "dead-neurons",
@@ -1680,7 +1681,7 @@ def segments(text: str) -> list[str]:
 
 #: A rule's hit dropped when a narrower rule also read the text: units that never fire on
 #: any input are dead neurons, not merely many zero activations at one moment.
-_SUPERSEDED_BY: dict[str, set[str]] = {"many-zero-activations": {"dead-neurons"}}
+SUPERSEDED_BY: dict[str, set[str]] = {"many-zero-activations": {"dead-neurons"}}
 #: Rules that stay silent when the same sentence also says the order does not matter.
 _ORDER_RULES = frozenset({"clip-after-step", "clip-before-backward"})
 #: Reasons of rules that read the result of a check the user ran: what they found (a
@@ -1746,7 +1747,7 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "lower-lr-for-nan": ("nan",),
     "clip-harder": ("clip", "norm"),
     "nan-parameters": ("isnan", "isinf"),
-    "dead-neurons": ("dead", "never", "zero"),
+    "dead-neurons": ("dead", "never", "zero", "output"),
     "grad-param-ratio": ("times", "x", "×"),
     "accum-scheduler-per-microbatch": ("sched",),
     "oom-wants-larger-batch": ("batch", "bs"),
@@ -1830,4 +1831,4 @@ def prose_hits(text: str) -> list[CodeHit]:
             hits.append(CodeHit(entry_id, strength, reason, advice))
             break
     found = {h.entry_id for h in hits}
-    return [h for h in hits if not (_SUPERSEDED_BY.get(h.entry_id, set()) & found)]
+    return [h for h in hits if not (SUPERSEDED_BY.get(h.entry_id, set()) & found)]

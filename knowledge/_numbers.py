@@ -499,7 +499,7 @@ _DASH = re.compile(r"^\s*[-–]\s*$")
 #: A number right after these is a step, an epoch or a count, not a value of the subject.
 _MARKER_BEFORE = re.compile(
     r"(?:\b(?:steps?|iters?|iterations?|updates?|it|epochs?|first|last|every|batch(?:es)?|layers?|"
-    r"ranks?|gpus?|nodes?|top|within|over|past|since|until|till)|@|#)\s*[:=]?\s*$",
+    r"ranks?|gpus?|nodes?|top|within|over|past|since|until|till)|@|#)\s*[:=]?\s*~?\s*$",
     re.IGNORECASE,
 )
 #: ... and so is a number followed by these.
@@ -626,6 +626,9 @@ def read_series(text: str) -> list[Series]:
     if "\n" in text:
         for name, column in aligned_columns(text).items():
             values.setdefault(name, []).extend(column)
+        if "|" in text or ";" in text:
+            for name, column in binned_values(text).items():
+                values.setdefault(name, []).extend(column)
     for sentence in _SERIES_SENTENCE.split(text):
         mentions = _subject_mentions(sentence)
         for index, (_, end, name) in enumerate(mentions):
@@ -741,18 +744,17 @@ def _row_shape(line: str) -> tuple[list[str], tuple[bool, ...]] | None:
     return cells, numeric
 
 
-def _subject_before(lines: list[str], start: int) -> str:
-    """The quantity named by the line(s) right above a listing ("Loss print:", "norm per layer")."""
+def _subjects_before(lines: list[str], start: int) -> list[str]:
+    """The quantities named by the line(s) right above a listing ("Loss print:", "norm per
+    layer"), in order; none when the nearest line naming something names another quantity."""
     for back in (1, 2):
         if start - back < 0:
             break
         mentions = [name for _, _, name in _subject_mentions(lines[start - back])]
         named = [name for name in mentions if name]
-        if named:
-            return named[-1]
-        if mentions:
-            return ""
-    return ""
+        if named or mentions:
+            return named
+    return []
 
 
 def aligned_columns(text: str) -> dict[str, list[float]]:
@@ -796,6 +798,36 @@ def aligned_columns(text: str) -> dict[str, list[float]]:
     return out
 
 
+#: One bin of steps and its value: "0-5k 0.41", "10k–15k: 1.05", "step 200-300 = 6.9".
+_STEP_BIN_CELL = re.compile(
+    r"^\s*(?:(?:steps?|iters?|epochs?)\s*)?\d[\d.,]*[kKmM]?\s*(?:-|–|to)\s*\d[\d.,]*[kKmM]?"
+    r"\s*[:=]?\s+(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*$",
+    re.IGNORECASE,
+)
+
+
+def binned_values(text: str) -> dict[str, list[float]]:
+    """Values given per bin of steps on one line ("0-5k 0.41 | 5-10k 0.63 | 10-15k 1.05"),
+    under a line naming the quantity ("grad_norm, mean per 5k steps:"): a series in bin order."""
+    lines = text.split("\n")
+    out: dict[str, list[float]] = {}
+    for index, line in enumerate(lines):
+        separator = next((sep for sep in ("|", ";") if line.count(sep) >= 2), None)
+        if separator is None:
+            continue
+        cells = [cell for cell in line.strip().strip("|").split(separator) if cell.strip()]
+        found = [_STEP_BIN_CELL.match(cell) for cell in cells]
+        if len(cells) < _MIN_ROWS or not all(found):
+            continue
+        subjects = _subjects_before(lines, index)
+        if subjects:
+            values = [parse_number(m.group("num")) for m in found if m is not None]
+            out.setdefault(subjects[-1], []).extend(
+                v for v in values if v is not None and math.isfinite(v)
+            )
+    return out
+
+
 def _listing_series(
     lines: list[str], start: int, rows: list[list[str]], numeric: tuple[bool, ...]
 ) -> dict[str, list[float]]:
@@ -823,17 +855,19 @@ def _listing_series(
                 out["amp_scale"] = column(at + 1)
         if out or len(numeric) != 2:
             return out
-    subject = _subject_before(lines, start)
-    if not subject:
+    subjects = _subjects_before(lines, start)
+    if not subjects:
         return {}
     if len(numeric) == 2 and not numeric[0]:
         names = [row[0] for row in rows]
         if any(_STEP_LABEL.match(name) for name in names) or len(set(names)) < len(names):
             return {}
-        # Different names, one value each: a value per layer.
-        if subject in ("grad_norm", "layer_norms"):
+        # Different names, one value each, under a line naming the norm (whatever else it
+        # says in passing, "(loss stuck at 2.30)"): a value per layer.
+        if {"grad_norm", "layer_norms"} & set(subjects):
             return {"layer_norms": column(1)}
         return {}
+    subject = subjects[-1]
     steps = [parse_number(row[-2]) for row in rows]
     if (
         numeric[-2]

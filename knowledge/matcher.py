@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from gradient_doctor.knowledge._code import (
     ADVICE_FOR,
     MEASURED_CHECKS,
+    SUPERSEDED_BY,
     CodeHit,
     code_hits,
     fragment_source,
@@ -400,6 +401,8 @@ _ORDER_RED_FLAGS = frozenset(
 )
 #: Word score kept by an order red flag the analyser did not find in a whole step it read.
 _NOT_IN_CODE_PRIOR = 0.6
+#: A broader entry when a rule read the narrower one it contains.
+_SUPERSEDED_PRIOR = 0.6
 #: Least sureness of a code finding that answers a review request on its own.
 _REVIEWED_FINDING = 0.5
 #: Entries that answer "should I use <technique>?", with the technique's name.
@@ -1697,15 +1700,19 @@ class Matcher:
         ):
             # "0.8 at 1k, 1.5 at 5k, 3 at 10k, 6 at 20k": every reading above the one before,
             # several times the first. Still inside the healthy band, but the trend is what
-            # grad-norm-rising describes; weaker than a rise past the probe's 10×.
-            return [
+            # grad-norm-rising describes; weaker than a rise past the probe's 10×. Past the
+            # exploding threshold, the size is the diagnosis, as for the steeper rise above.
+            hits = [
                 CodeHit(
                     "grad-norm-rising",
-                    0.8,
+                    0.7 if last > p.exploding_critical.value else 0.8,
                     f"grad norm {shown}: every value above the last, {fmt(last / first)}× "
                     "overall (a steady climb)",
                 )
             ]
+            if last > p.exploding_warning.value:
+                hits.extend(self._norm_evidence(last, fmt(last), False))
+            return hits
         if n >= 3 and min(values) > p.exploding_warning.value:
             # "1.2e4, 8.9e3, 2.1e4 from the very first steps": every reading far past the
             # exploding threshold, with no trend to read; the size is the finding.
@@ -2173,6 +2180,12 @@ class Matcher:
                 # The text reports a check that found it ("isinf(batch).any() -> True"): the
                 # belief that would blame it unchecked is not what is being said.
                 scores[belief] *= _MEASURED_BELIEF_PRIOR
+        ruled = {h.entry_id for h in described if h.strength >= 0.5}
+        for broad, narrower in SUPERSEDED_BY.items():
+            if broad in scores and ruled & narrower:
+                # A rule read the narrower case ("output 0 for every input": dead units): the
+                # broader entry's shared words do not outrank it.
+                scores[broad] *= _SUPERSEDED_PRIOR
         asked = {h.entry_id for h in described if h.entry_id in _WHETHER_TO_USE}
         for entry_id in asked:
             # "Should I add clipping to my U-Net (BatchNorm, residual blocks)?": the question is

@@ -462,6 +462,35 @@ def test_thousands_separators_make_one_value() -> None:
     assert result.series == {"grad_norm": [1250.0, 3400.0, 12000.0]}
 
 
+def test_values_per_bin_of_steps_are_a_series() -> None:
+    text = "loss, mean per 1k steps:\n0-1k 4.1 | 1k-2k 3.2 | 2k-3k 2.9 | 3k-4k 2.7\n"
+    assert read_series(text) == [Series("loss", (4.1, 3.2, 2.9, 2.7))]
+    # Cells that are not a bin and a value are not read.
+    assert read_series("loss:\na | b | c | d") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "step  loss  grad_norm\n10  2.0  1.5e3\n20  2.1  2.6e3\n30  2.1  4.1e3\n40  2.3  7e3",
+            "exploding-gradients",
+        ),
+        (
+            "grad norm per layer (loss stuck at 4.6 since step ~80):\n  a.w  1e-11\n  b.w  1e-8\n"
+            "  c.w  1e-5\n  d.w  1e-2\n",
+            "vanishing-gradients",
+        ),
+        (
+            "Over an epoch, 60% of the ReLU units in layer 4 output exactly 0 for every input.",
+            "dead-neurons",
+        ),
+    ],
+)
+def test_tables_and_counts_reach_their_entry(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
 @pytest.mark.parametrize(
     "text",
     [
