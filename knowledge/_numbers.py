@@ -513,6 +513,8 @@ _MARKER_AFTER = re.compile(
 _SERIES_SENTENCE = re.compile(r"(?<=[.;!?])\s+|\n|(?<=\})\s*(?:\.\.\.|…)?\s*(?=\{)")
 #: Values below this many are a level, not a series.
 MIN_SERIES = 2
+#: How far past a subject's scope the words after its last number are read ("10 classes").
+_LOOK_PAST = 24
 
 
 @dataclass(frozen=True)
@@ -635,7 +637,8 @@ def read_series(text: str) -> list[Series]:
             if not name:
                 continue
             stop = mentions[index + 1][0] if index + 1 < len(mentions) else len(sentence)
-            for value, span in _scope_values(sentence[end:], stop - end):
+            # A few characters past the scope: the words right after its last number.
+            for value, span in _scope_values(sentence[end : stop + _LOOK_PAST], stop - end):
                 values.setdefault(name, []).append(value)
                 if span is not None:
                     ranges.setdefault(name, []).append(span)
