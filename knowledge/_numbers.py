@@ -50,7 +50,8 @@ _FILLER = (
     # Level words: "the grad norm hovers around 0.05", "is pretty flat at ~0.25".
     r"|\bhover(?:s|ed|ing)?\b|\bsits?\b|\bsat\b|\bstay(?:s|ed)?\b|\bremain(?:s|ed)?\b"
     r"|\bpretty\b|\bfairly\b|\bquite\b|\bflat\b|\bsteady\b|\bstable\b|\bconstant\b|\bnear\b"
-    r"|\bconsistently\b|\busually\b|\btypically\b|\bmostly\b|\bsettles?\b|\bsettled\b)*?"
+    r"|\bconsistently\b|\busually\b|\btypically\b|\bmostly\b|\bsettles?\b|\bsettled\b"
+    r")*?"
 )
 
 _LOSS = _Lazy(
@@ -84,7 +85,7 @@ _GRAD_NORM = _Lazy(
     r"|grad(?:ient)?s?\s+(?:in|of|for|at|to)\s+(?:the\s+|my\s+)?(?:first|early|earliest|last|"
     r"top|bottom|lower|upper|initial|final|input|output)\s+(?:few\s+|\w+\s+)?layers?"
     r"(?=\s+(?:are|is|were|was|stay|sit|hover)\w*\b))\b"
-    rf"{_FILLER}){_NUM}",
+    rf"{_FILLER}(?:already\s+)?){_NUM}",
     ("norm", "grad"),
     re.IGNORECASE,
 )
@@ -132,7 +133,8 @@ _SCALE_BAND = _Lazy(
 # The scale held at one level ("loss scale sits at 65536"), not a fall from one value to another.
 _SCALE_LEVEL = _Lazy(
     r"\b(?:loss[_ ]|grad(?:ient)?[_ ])?scale\b(?:\s+(?:sits?|sat|stays?|stayed|remains?|remained|"
-    r"holds?|held|hover(?:s|ed)?|is|was|steady|stable|constant|flat|fixed|still|always|mostly))+"
+    r"holds?|held|hover(?:s|ed)?|is|was|steady|stable|constant|flat|fixed|still|always|mostly|"
+    r"settles?|settled))+"
     r"(?:\s+(?:at|around|near|about))?\s*[:=~≈]?\s*~?\s*"
     r"(?P<num>(?:10|2)\s*\^\s*\d+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(?![\w.])"
     r"(?!\s*(?:→|->|=>|to\b|down\b|and\s+(?:keeps|falling|dropping)))",
@@ -165,8 +167,9 @@ _PERCENT_AFTER = _Lazy(
 )
 # The most the norm ever reaches: "logged norms never exceed 3", "grad norm stays below 2".
 _NORM_CEILING = _Lazy(
-    r"\b(?:grad(?:ient)?s?[_ ]?)?norms?\b[^.;\d]{0,30}?\b(?:never|don't|do\s+not|doesn't|"
-    r"does\s+not|didn't|did\s+not)\s+(?:exceed|go\s+(?:above|over|past|beyond)|goes\s+(?:above|"
+    r"\b(?:grad(?:ient)?s?[_ ]?)?norms?\b[^.;]{0,40}?\b(?:never|don't|do\s+not|doesn't|"
+    r"does\s+not|didn't|did\s+not)\s+(?:once\s+|ever\s+)?(?:exceed|cross|go\s+(?:above|over|past|"
+    r"beyond)|goes\s+(?:above|"
     r"over)|get\s+"
     r"(?:above|over)|reach|top|pass)\w*\s+(?:about\s+|around\s+|roughly\s+)?~?\s*"
     r"(?P<num>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
@@ -177,7 +180,7 @@ _NORM_CEILING = _Lazy(
     re.IGNORECASE,
 )
 _MAX_NORM = _Lazy(
-    r"\b(?:max_norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
+    r"\b(?:max_(?:grad_)?norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
     rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|to|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
     ("max_norm", "clip"),
     re.IGNORECASE,

@@ -350,6 +350,7 @@ _NORMAL_QUESTION = re.compile(
     r"(?:high|low|big|large|small)\s*\?|(?:any|see\s+any|spot\s+any)\s+(?:red\s+flags?|issues?|"
     r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything"
     # "Is there anything to fix here?", "Does anything here need fixing?"
+    r"|anything\s+(?:i'm|i\s+am|we're|we\s+are)\s+missing"
     r"|anything\s+(?:here\s+)?(?:to\s+(?:fix|change)|(?:that\s+)?needs?\s+(?:fixing|changing|to\s+be\s+"
     r"(?:fixed|changed)|attention))|(?:don't|do\s+not)\s+see\s+what\b)",
     re.IGNORECASE,
@@ -430,7 +431,8 @@ _LOSS_DIVERGING_FACTOR = 3.0
 _LAYER_ORDER_CORRELATION = 0.9
 #: Words of an unstable run (for a clip that never fires while it is).
 _UNSTABLE = re.compile(
-    r"\b(?:diverg\w*|spik\w*|nan|inf|explod\w*|blow\w*|blew|unstable|instabilit\w*|jumps?)\b",
+    r"\b(?:diverg\w*|spik\w*|nan|inf|explod\w*|blow\w*|blew|unstable|instabilit\w*|jump\w*|"
+    r"oscillat\w*)\b",
     re.IGNORECASE,
 )
 #: The text says the large value is an exception ("except at", "every so often").
@@ -634,6 +636,10 @@ _LR_RANGE_TEST = re.compile(
     re.IGNORECASE,
 )
 _TRAINING_QUANTITY = re.compile(r"\b(?:loss(?:es)?|accuracy|grad\w*|norms?)\b", re.IGNORECASE)
+#: Loss readings an LR range test produces by design.
+_RANGE_TEST_READINGS = frozenset(
+    {"loss-diverging", "loss-spikes", "diverges-after-stable-start", "loss-stuck", "plateau"}
+)
 #: In-scope words such a question uses in its own sense: the run's checkpoint file, a loader
 #: "stuck waiting", the range test's loss flat at first and "blowing up" at its top rates.
 _INCIDENTAL_SCOPE: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
@@ -685,8 +691,8 @@ class MatchResult:
     """Ranked matches for one text, plus what was read from it.
 
     * ``matches``: best first.
-    * ``out_of_scope`` / ``pointer``: a learning-rate-only or data-only question, and where to
-      look instead.
+    * ``out_of_scope`` / ``pointer``: a learning-rate-only or data-only question (the data
+      pipeline's speed or hangs and checkpoint resuming included), and where to look instead.
     * ``numbers``: quantities read from the text (loss, grad_norm, dead_fraction, ...); the most
       extreme value when a quantity appears more than once.
     * ``series``: quantities written several times, in order (grad_norm, layer_norms, loss,
@@ -1538,7 +1544,8 @@ class Matcher:
         """max_norm far above the most the norm ever reaches, while the run is unstable."""
         clip = next((q.value for q in quantities if q.name == "max_norm" and q.value > 0), None)
         ceiling = [q.value for q in quantities if q.name == "grad_norm_ceiling"]
-        if clip is None or not ceiling or max(ceiling) >= clip or not _UNSTABLE.search(text):
+        # "never crossed 100" under max_norm 100: a norm at most max_norm is never clipped.
+        if clip is None or not ceiling or max(ceiling) > clip or not _UNSTABLE.search(text):
             return None
         return CodeHit(
             "clip-never-active",
@@ -1713,7 +1720,7 @@ class Matcher:
             if last > p.exploding_warning.value:
                 hits.extend(self._norm_evidence(last, fmt(last), False))
             return hits
-        if n >= 3 and min(values) > p.exploding_warning.value:
+        if n >= 2 and min(values) > p.exploding_warning.value:
             # "1.2e4, 8.9e3, 2.1e4 from the very first steps": every reading far past the
             # exploding threshold, with no trend to read; the size is the finding.
             return self._norm_evidence(_median(values), fmt(_median(values)), False)
@@ -1876,7 +1883,11 @@ class Matcher:
     # -- causes ------------------------------------------------------------------------------
 
     def _put_causes_first(
-        self, scores: dict[str, float], reasons: dict[str, list[str]], named: set[str]
+        self,
+        scores: dict[str, float],
+        reasons: dict[str, list[str]],
+        named: set[str],
+        measured: frozenset[str] | set[str] = frozenset(),
     ) -> None:
         """A red flag the text describes ranks above the symptoms and signals it explains.
 
@@ -1893,8 +1904,9 @@ class Matcher:
                 continue
             effect = max(above, key=lambda e: scores[e])
             scores[cause] = scores[effect] + 1.0
+            how = "measured in the text" if cause in measured else "named"
             reasons.setdefault(cause, []).append(
-                f"named as the cause of what the text describes ({effect})"
+                f"{how} as the cause of what the text describes ({effect})"
             )
 
     def _put_severe_first(self, scores: dict[str, float], flagged: set[str]) -> None:
@@ -2059,6 +2071,11 @@ class Matcher:
         )
         progress = _progress(repaired_text)
         evidence = self._number_evidence(quantities, series, repaired_text, progress)
+        if _LR_RANGE_TEST.search(text):
+            # An LR range test ends when the loss blows up at its top rates, and the numbers it
+            # gives are learning rates: the loss readings are the test working, not a diagnosis.
+            evidence = [h for h in evidence if h.entry_id not in _RANGE_TEST_READINGS]
+        measured_flags = {h.entry_id for h in evidence if h.strength >= 0.9}
         code_text = "\n".join(part for part in (code, text_code) if part)
         code_detected = bool(code_text.strip())
         # Code findings first: among the reasons of one entry, they are the surest.
@@ -2069,6 +2086,9 @@ class Matcher:
         # Sentence rules read the prose: pasted code is the analyser's (no evidence twice).
         described.extend(prose_hits(prose_repaired))
         cleared = {e for e, pattern in _CLEARED_STAGE.items() if pattern.search(text)}
+        # A check that found it beats a word that other samples were clean ("dumped that batch:
+        # isnan().sum() = 3072; every other batch I spot checked is clean").
+        cleared -= {h.entry_id for h in described if h.reason in MEASURED_CHECKS}
         if cleared:
             # A stage checked and found clean: a rule that read it as non-finite misread the
             # negation ("the batch has no NaN/Inf").
@@ -2243,7 +2263,10 @@ class Matcher:
                 and self._id_terms[entry_id] <= prose_terms
                 and self._says_order_words(entry_id, prose_lower)
             }
-        self._put_causes_first(scores, reasons, named)
+        # A red flag the numbers show ("max_grad_norm 100, the norm never crossed 100": the clip
+        # never fires) is measured: it explains the symptom told next to it, like a named cause.
+        measured_causes = (measured_flags & self.effects.keys()) - named
+        self._put_causes_first(scores, reasons, named | measured_causes, measured_causes)
         found_in_code = {h.entry_id for h in code_evidence if h.strength >= 0.8}
         told_words = prose_words if text_code else text
         reviewed = [
@@ -2314,7 +2337,9 @@ class Matcher:
             top = max(scores.values(), default=0.0)
             scores[OUT_OF_SCOPE_ID] = max(scores.get(OUT_OF_SCOPE_ID, 0.0), top + 1.0)
             reasons.setdefault(OUT_OF_SCOPE_ID, []).insert(
-                0, "a learning-rate-only or data-only question, no gradient terms"
+                0,
+                "a learning-rate-only or data-only question (or the job's plumbing: checkpoints, "
+                "loaders), no gradient terms",
             )
             pointer = self.cards[OUT_OF_SCOPE_ID].pointer
         elif OUT_OF_SCOPE_ID in scores and self._in_scope(text, terms):

@@ -927,6 +927,36 @@ def test_plans_and_conclusions_written_as_notes(text: str, expected: str) -> Non
     assert _top_ids(match(text)) == [expected]
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "clip at max_grad_norm=50. the grad norm sits at 5-20 and never once crossed 50 in"
+            " 40k steps, while the loss keeps jumping from 2.0 to 6.1 every few thousand steps",
+            "clip-never-active",
+        ),
+        (
+            "first nan at step 9000; I dumped that batch and `batch['x'].isnan().sum()` = 12."
+            " every other batch I looked at is clean",
+            "nonfinite-inputs",
+        ),
+        (
+            "total gradient norm is already 400-900 at step 1 and reaches ~3,000 on some steps;"
+            " the loss is still finite",
+            "exploding-gradients",
+        ),
+    ],
+)
+def test_a_measured_cause_beats_the_symptom_it_explains(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
+def test_an_lr_range_test_is_out_of_scope_even_with_its_loss_numbers() -> None:
+    text = "LR range test: loss falls from 1e-5 on and blows up past 1e-1. Which max_lr do I take?"
+    result = match(text, code="for x, y in dl:\n    loss = f(m(x), y)\n    loss.backward()\n")
+    assert result.out_of_scope and _top_ids(result) == ["out-of-scope"]
+
+
 def test_result_shape() -> None:
     kb = load_knowledge()
     result = match("clipping after optimizer.step() with fp16 and grad accumulation", top_k=7)
