@@ -1050,9 +1050,11 @@ _SCHEDULER_WITH_BACKWARD = (
     "text: the scheduler steps with every backward() while gradients accumulate"
 )
 _WANTED_BATCH = "text: a batch size is wanted that memory does not hold"
+_LOWER_LR_PLAN = "text: plans to lower the learning rate to cure a NaN"
 #: Rules (by reason) that need the whole text, not only their sentence, to say something.
 _TEXT_REQUIRES: dict[str, re.Pattern[str]] = {
     _SCHEDULER_WITH_BACKWARD: re.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE),
+    _LOWER_LR_PLAN: re.compile(r"\bnan|\binf\b|non-?finite", re.IGNORECASE),
     _WANTED_BATCH: re.compile(
         r"\boom|out\s+of\s+memory|doesn't\s+fit|does\s+not\s+fit", re.IGNORECASE
     ),
@@ -1632,6 +1634,16 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             _WANTED_BATCH,
         ),
         # -- proposals that are the rationalization itself (matcher6) --------------------------
+        (
+            # "My plan is to tell them to cut the learning rate from 3e-4 to 3e-5": lowering the
+            # LR as the plan, in a text about a NaN (the belief that a smaller LR cures it).
+            r"^(?=.*\b(?:plan\w*|going\s+to|gonna|will|\w+'ll|want\s+to|tell\s+(?:them|him|her|the\s+"
+            r"user)\s+to|recommend\w*|suggest\w*|advise\w*)\b).*?\b(?:cut|lower|drop|reduc|decreas|"
+            r"halv|divid)\w*\s+(?:the\s+|their\s+|its\s+)?(?:learning[\s_-]*rate|lr)\b",
+            "lower-lr-for-nan",
+            0.8,
+            _LOWER_LR_PLAN,
+        ),
         (
             # "so im just gonna crank it to 0.01": a max_norm below 0.1 as the plan.
             r"^(?=.*(?:clip|norm)).*?\b(?:crank|drop|lower|set|cut|reduc|tighten|bring|turn|decreas|"

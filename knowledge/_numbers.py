@@ -115,7 +115,9 @@ _NAN_PARAMS = _Lazy(
     re.IGNORECASE,
 )
 _SCALE = _Lazy(
-    rf"\b(?:loss[_ ])?scale\b{_FILLER}{_NUM}\s*(?:→|->|=>|to|down\s+to|drops?\s+to|dropped\s+to|"
+    # "the scale dropped 65536 -> 32768": the verb of the fall before its two values.
+    r"\b(?:loss[_ ])?scale\b(?:\s+(?:dropped|drops|fell|falls|went|goes|moved|changed|halved)"
+    rf"(?:\s+from)?)?{_FILLER}{_NUM}\s*(?:→|->|=>|to|down\s+to|drops?\s+to|dropped\s+to|"
     r"fell\s+to|falls\s+to|falling\s+to|goes\s+to|went\s+to)\s*(?P<num2>(?:10|2)\s*\^\s*[-+−]?\d+"
     r"|[-+]?\d+(?:\.\d*)?(?:[eE][-+−]?\d+)?)",
     ("scale",),

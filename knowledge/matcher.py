@@ -151,7 +151,8 @@ _CLAIM_PART_WEIGHT = 0.6
 _CLAIM_START = re.compile(
     r"(?:^|[\s,;:.!?(-])(?:so(?!\s+(?:far|much|many|that|long|the|it|is|was)\b)|therefore|hence|"
     r"thus|clearly|obviously|surely|probably|must\s+(?:be|contain|have|come|include)|"
-    r"conclusion\s*:|replace|(?:is|are)\s+known\s+to|i'll|i\s+will|i'd|i\s+would|i'm\s+"
+    r"conclusion\s*:|replace|(?:is|are)\s+known\s+to|(?:want|wants|plan|plans|planning|"
+    r"intend\w*)\s+to|i'll|i\s+will|i'd|i\s+would|i'm\s+"
     r"going\s+to|we'll|we\s+will|we're\s+going\s+to|let's|(?:my|the|our)\s+plan|"
     r"(?:i|we)\s+(?:think|bet|guess|suspect|believe)|suggest\w*|recommend\w*|which\s+means|"
     r"that\s+means|(?:i|we)\s+(?:took|take|removed?|dropped?|turned)\s+(?:out|off)|"
@@ -174,6 +175,9 @@ _ASSERTION = re.compile(
     r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
     r"doesn't\s+matter|is\s+(?:a|just\s+a)\s+(?:hack|trick)|obviously|clearly|"
     r"must\s+(?:be|contain|have|come|include)|(?:is|are)\s+known\s+to|conclusion\s*:|"
+    # A plan to act is the belief behind it: "they want to drop it to 0.01".
+    r"(?:want|wants|plan|plans|planning|intend\w*)\s+to\s+(?:drop|set|lower|cut|reduce|raise|"
+    r"increase|switch|swap|replace|remove|turn\s+off|skip|use|bump)|"
     r"it's\s+because|that's\s+why|probably|i\s+think|i\s+bet|i\s+guess|recommend|"
     r"suggest|the\s+fix\s+is|the\s+answer\s+is|go\s+with|instead|won't|can't|cannot|isn't|"
     r"doesn't|don't|shouldn't|no\s+point|pointless|overkill|waste|bad\s+idea|incompatible|"
@@ -418,6 +422,7 @@ _LOOKS_GOOD = re.compile(
     r"(?:textbook|good|great|nice|clean|healthy|normal|fine|as\s+expected)\b"
     r"|\b(?:learns?|learning|trains?|training|converges?|converging|fits?)\s+(?:just\s+)?(?:fine|"
     r"well|ok(?:ay)?|normally|nicely)\b"
+    r"|\b(?:loss|curves?)\s+(?:curves?\s+)?(?:is\s+|are\s+|looks?\s+|stays?\s+)?smooth\b"
     # "top-1 tracking the reference curve": the run keeps up with a known-good one.
     r"|\b(?:track(?:s|ing)?|match(?:es|ing)?|follow(?:s|ing)?|on\s+par\s+with)\s+(?:the\s+|our\s+)?"
     r"(?:reference|baseline|published|paper's|expected)\s+(?:run|curve|numbers?|results?)\b",
@@ -1187,6 +1192,17 @@ class Matcher:
                             "(overflowing steps are skipped)",
                         )
                     )
+                elif start is not None and start > 0 and v >= _AMP_SCALE_STEADY:
+                    # One or two halvings to a scale still in the thousands: GradScaler
+                    # finding its level, as it does in the first steps of any fp16 run.
+                    out.append(
+                        CodeHit(
+                            "healthy",
+                            0.5,
+                            f"loss scale {fmt(start)} → {shown} and no lower than "
+                            f"{fmt(_AMP_SCALE_STEADY)}: GradScaler calibrating, not collapsing",
+                        )
+                    )
             elif q.name == "amp_scale_level":
                 falls = any(x.name == "amp_scale_to" for x in quantities)
                 if v >= _AMP_SCALE_STEADY and not falls:
@@ -1364,6 +1380,12 @@ class Matcher:
         levels = values.get("amp_scale_level", [])
         if levels and min(levels) >= _AMP_SCALE_STEADY and "amp_scale_to" not in values:
             # The entry is a scale that keeps falling: not one said to hold high.
+            out.add("amp-overflow-skips")
+        falls = list(
+            zip(values.get("amp_scale_from", []), values.get("amp_scale_to", []), strict=False)
+        )
+        if falls and all(to >= _AMP_SCALE_STEADY and to >= start / 4 for start, to in falls):
+            # "dropped 65536 -> 32768 in the first steps": one halving, still in the thousands.
             out.add("amp-overflow-skips")
         return out
 

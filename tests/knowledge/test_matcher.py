@@ -957,6 +957,30 @@ def test_an_lr_range_test_is_out_of_scope_even_with_its_loss_numbers() -> None:
     assert result.out_of_scope and _top_ids(result) == ["out-of-scope"]
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Their loss goes NaN in epoch 2. I'm going to suggest they halve the learning rate and"
+            " rerun, that normally does it.",
+            "lower-lr-for-nan",
+        ),
+        (
+            "Loss spikes keep coming with max_norm=0.5, so the team wants to set it to 0.005."
+            " Should I agree?",
+            "clip-harder",
+        ),
+        (
+            "bf16 off, fp16 + GradScaler: the scale dropped 65536 -> 32768 in the first 20 steps"
+            " and has held there for 30k steps. grad norm 0.4-0.9, loss curve smooth.",
+            "healthy",
+        ),
+    ],
+)
+def test_plans_and_calibration_read_as_told(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
 def test_result_shape() -> None:
     kb = load_knowledge()
     result = match("clipping after optimizer.step() with fp16 and grad accumulation", top_k=7)
