@@ -139,6 +139,7 @@ _UNSCALE_ARG = re.compile(r"unscale_\s*\(\s*([^)]*)\)")
 def _events(lines: list[str]) -> list[Event]:
     events: list[Event] = []
     scope = 0
+    def_indent: int | None = None
     patterns = list(_EVENTS)
     for kind, alias in _CLIP_ALIAS.findall("\n".join(lines)):
         event = "clip_norm" if kind == "norm" else "clip_value"
@@ -147,9 +148,15 @@ def _events(lines: list[str]) -> list[Event]:
         line = raw_line.split("#", 1)[0] if "#" in raw_line else raw_line
         if not line.strip():
             continue
+        indent = len(line) - len(line.lstrip(" \t"))
         if _DEF.match(line):
             scope += 1
-        indent = len(line) - len(line.lstrip(" \t"))
+            def_indent = indent
+        elif def_indent is not None and indent <= def_indent:
+            # Back at the def's own indentation: the helper's body has ended, and the code
+            # after it (the loop that calls it) is a scope of its own.
+            scope += 1
+            def_indent = None
         hits: list[tuple[int, str]] = []
         taken: list[tuple[int, int]] = []
         for kind, pattern in patterns:
@@ -598,7 +605,19 @@ def without_code(text: str) -> str:
     if "`" not in text and "(" not in text:
         return text
     text = _INLINE.sub(" ", _FENCED.sub("\n", text))
-    return "\n".join(line for line in text.splitlines() if not (_CALL.search(line) and "=" in line))
+    kept: list[str] = []
+    for line in text.splitlines():
+        if not (_CALL.search(line) and "=" in line):
+            kept.append(line)
+        elif _wordy(line):
+            # A sentence with a formula in it ("sat at ln(1000)=6.9 for 3 epochs, grad norms
+            # ..."): the sentence's numbers stay, the call's arguments go.
+            kept.append(_CALL_WITH_ARGS.sub(" ", line))
+    return "\n".join(kept)
+
+
+#: A call with its arguments, as written inside a sentence.
+_CALL_WITH_ARGS = re.compile(r"[\w.]+\s*\([^()\n]*\)")
 
 
 def _indented_blocks(lines: list[str]) -> set[int]:
@@ -1027,6 +1046,20 @@ def _clause_bound(pattern: str) -> str:
     return pattern.replace("[^.;\\n]", _CLAUSE)
 
 
+_SCHEDULER_WITH_BACKWARD = (
+    "text: the scheduler steps with every backward() while gradients accumulate"
+)
+_WANTED_BATCH = "text: a batch size is wanted that memory does not hold"
+_LOWER_LR_PLAN = "text: plans to lower the learning rate to cure a NaN"
+#: Rules (by reason) that need the whole text, not only their sentence, to say something.
+_TEXT_REQUIRES: dict[str, re.Pattern[str]] = {
+    _SCHEDULER_WITH_BACKWARD: re.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE),
+    _LOWER_LR_PLAN: re.compile(r"\bnan|\binf\b|non-?finite", re.IGNORECASE),
+    _WANTED_BATCH: re.compile(
+        r"\boom|out\s+of\s+memory|doesn't\s+fit|does\s+not\s+fit", re.IGNORECASE
+    ),
+}
+
 _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
     (_clause_bound(pattern), entry_id, strength, reason)
     for pattern, entry_id, strength, reason in (
@@ -1058,9 +1091,14 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         ),
         (
             # "batch['pixel_values'].isnan().sum() = 3072": the check on the inputs found some.
-            r"\b(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|features?|data|samples?|"
-            r"targets?|labels?|y|yb)\b[^\s`]{0,30}\.is(?:nan|inf)\(\)(?:\.(?:sum|any)\(\))+`?"
-            r"\s*(?:=|==|is|returns?|gives?|->|:)\s*(?:[1-9]|true)",
+            # Or "torch.isinf(batch['x']).any() -> True", the function form.
+            r"(?:\b(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|features?|data|samples?|"
+            r"targets?|labels?|y|yb)\b[^\s`]{0,30}\.is(?:nan|inf)\(\)(?:\.(?:sum|any)\(\))+"
+            r"|\bis(?:nan|inf)\s*\(\s*(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|"
+            r"features?|data|samples?|targets?|labels?|y|yb)\b[^)\n]{0,30}\)(?:\.(?:sum|any)\(\))+)`?"
+            r"\s*(?:(?:and\s+)?(?:it|that)\s+)?"
+            r"(?:=|==|is|returns?|returned|gives?|gave|->|:|prints?|printed|shows?|showed)\s*"
+            r"(?:[1-9]|true)",
             "nonfinite-inputs",
             0.7,
             "text: a non-finite check on the model's inputs counted NaN/Inf values",
@@ -1271,6 +1309,18 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: a log/exp/sqrt or division in the loss with nothing keeping it finite",
         ),
         (
+            # "sched.step() is called right after every loss.backward()", "scheduler.step() sits
+            # next to backward() inside the micro-batch loop", in a text about accumulation.
+            r"\b(?:lr[\s_]?)?sched\w*(?:\.step\(\))?[^.;\n]{0,40}\b(?:right\s+|directly\s+)?"
+            r"(?:after|next\s+to|alongside|beside|together\s+with|with)\s+(?:every\s+|each\s+)?"
+            r"(?:the\s+|a\s+)?(?:loss\.)?backward\b"
+            r"|\b(?:lr[\s_]?)?sched\w*(?:\.step\(\))?[^.;\n]{0,40}\b(?:inside|in|within)\s+(?:the\s+)?"
+            r"(?:inner\s+)?micro[-\s]?(?:batch|step)\s+loop",
+            "accum-scheduler-per-microbatch",
+            0.6,
+            _SCHEDULER_WITH_BACKWARD,
+        ),
+        (
             # "optimizer.step() is inside the if step % 8 branch, scheduler.step() outside it"
             r"%[^.;\n]{0,80}\bsched\w*(?:\.step\(\))?[^.;\n]{0,30}\b(?:outside|not\s+inside|out\s+of)\b"
             r"|\bsched\w*(?:\.step\(\))?[^.;\n]{0,30}\b(?:outside|not\s+inside)\s+(?:of\s+)?(?:the\s+)?"
@@ -1377,7 +1427,8 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r"worth\s+it|worthwhile|useful|a\s+must)\b"
             r"|\bclip\w*\b[^.;\n?]{0,30}\b(?:be\s+)?worth\s+(?:adding|it|using|having|turning\s+on)\b"
             r"|\b(?:worth|any\s+point\s+in|point\s+of)\s+(?:adding|using|having|turning\s+on|"
-            r"enabling)\s+(?:a\s+|any\s+|gradient\s+|grad\s+)?clip"
+            r"enabling|putting|including|inserting|keeping|calling|doing)\s+(?:a\s+|any\s+|gradient\s+|"
+            r"grad\s+|torch\.nn\.utils\.|nn\.utils\.|`)?clip"
             r"|\bshould\s+(?:i|we)\s+(?:even\s+|really\s+)?(?:bother\s+(?:with|adding|using)|add|use|"
             r"enable|turn\s+on|be\s+using|be\s+clipping)\b[^.;\n?]{0,25}\bclip",
             "is-clipping-needed",
@@ -1526,8 +1577,10 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         (
             # "35% of the ReLU units never activate on any input", "dead neurons"
             r"\b(?:neurons?|units?|channels?|filters?|relus?)\b[^.;\n]{0,60}\b(?:never\s+(?:fire|"
-            r"fires|activate|activates|turn\s+on|light\s+up|respond)|(?:are|is|have\s+been|has\s+been|"
-            r"went|gone|go|became|become)\s+dead|(?:output|produce|give|return|emit)\w*\s+(?:0|zero)"
+            r"fires|activate|activates|turn\s+on|light\s+up|respond|>\s*0|above\s+(?:0|zero)|"
+            r"positive|non-?zero|(?:become\s+|get\s+)?active)|(?:are|is|have\s+been|has\s+been|"
+            r"went|gone|go|became|become)\s+dead|(?:output|produce|give|return|emit)\w*\s+"
+            r"(?:exactly\s+|always\s+|only\s+)?(?:0|zero)"
             r"\w*\s+(?:for|on)\s+(?:every|all|any|each))|\bdead\s+(?:relu\s+)?(?:neurons?|units?|"
             r"channels?|filters?)\b",
             "dead-neurons",
@@ -1569,13 +1622,39 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             0.6,
             "text: the gradient norm is a multiple of the weight norm",
         ),
+        (
+            # "Paper recipe wants bs 64; anything above 12 OOMs": a batch size wanted (a recipe's,
+            # a target) in a text that says memory runs out.
+            r"\b(?:wants?|wanted|needs?|needed|requires?|required|calls?\s+for|reach|get\s+to|"
+            r"train\s+with)\b[^.;\n]{0,30}\b(?:bs|batch(?:[_\s-]?size)?|batch(?:es)?\s+of)\s*[:=]?\s*"
+            r"\d{2,}\b"
+            r"|\b(?:the\s+)?(?:recipe|paper's|target|original|intended|full)\s+batch(?:[_\s-]?size)?\b",
+            "oom-wants-larger-batch",
+            0.6,
+            _WANTED_BATCH,
+        ),
         # -- proposals that are the rationalization itself (matcher6) --------------------------
+        (
+            # "My plan is to tell them to cut the learning rate from 3e-4 to 3e-5": lowering the
+            # LR as the plan, in a text about a NaN (the belief that a smaller LR cures it).
+            r"^(?=.*\b(?:plan\w*|going\s+to|gonna|will|\w+'ll|want\s+to|tell\s+(?:them|him|her|the\s+"
+            r"user)\s+to|recommend\w*|suggest\w*|advise\w*)\b).*?\b(?:cut|lower|drop|reduc|decreas|"
+            r"halv|divid)\w*\s+(?:the\s+|their\s+|its\s+)?(?:learning[\s_-]*rate|lr)\b",
+            "lower-lr-for-nan",
+            0.8,
+            _LOWER_LR_PLAN,
+        ),
         (
             # "so im just gonna crank it to 0.01": a max_norm below 0.1 as the plan.
             r"^(?=.*(?:clip|norm)).*?\b(?:crank|drop|lower|set|cut|reduc|tighten|bring|turn|decreas|"
             r"dial|take)\w*\s+"
             r"(?:it|that|this|the\s+(?:clip\w*|max[_\s]norm|threshold|limit)|max_(?:grad_)?norm)"
-            r"\s+(?:all\s+the\s+way\s+)?(?:down\s+)?to\s+(?:0?\.0\d*|\d(?:\.\d+)?e-\d+)\b",
+            r"\s+(?:all\s+the\s+way\s+)?(?:down\s+)?to\s+(?:0?\.0\d*|\d(?:\.\d+)?e-\d+)\b"
+            # "Plan is to set max_norm=0.01": the value written as the assignment it will be,
+            # said as a plan ("I set max_norm=0.01 and ..." reports what was done).
+            r"|^(?=.*\b(?:plan\w*|going\s+to|gonna|will|\w+'ll|want\s+to|thinking\s+(?:of|about)|"
+            r"about\s+to|idea\s+is|next)\b).*?\b(?:set|lower|drop|cut|reduc|tighten|decreas)\w*\s+"
+            r"(?:the\s+)?max_(?:grad_)?norm\s*[=:]\s*(?:0?\.0\d*|\d(?:\.\d+)?e-\d+)\b",
             "clip-harder",
             0.9,
             "text: plans to tighten the clip threshold below 0.1",
@@ -1614,11 +1693,12 @@ def segments(text: str) -> list[str]:
 
 #: A rule's hit dropped when a narrower rule also read the text: units that never fire on
 #: any input are dead neurons, not merely many zero activations at one moment.
-_SUPERSEDED_BY: dict[str, set[str]] = {"many-zero-activations": {"dead-neurons"}}
+SUPERSEDED_BY: dict[str, set[str]] = {"many-zero-activations": {"dead-neurons"}}
 #: Rules that stay silent when the same sentence also says the order does not matter.
 _ORDER_RULES = frozenset({"clip-after-step", "clip-before-backward"})
-#: Rules that read the result of a check the user ran: what they found, not what they claim.
-_MEASURED_CHECKS = frozenset(
+#: Reasons of rules that read the result of a check the user ran: what they found (a
+#: measurement), never advice to blame it.
+MEASURED_CHECKS = frozenset(
     {"text: a non-finite check on the model's inputs counted NaN/Inf values"}
 )
 #: Red flag → the rationalization that recommends it (credited when the text is advice).
@@ -1679,9 +1759,10 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
     "lower-lr-for-nan": ("nan",),
     "clip-harder": ("clip", "norm"),
     "nan-parameters": ("isnan", "isinf"),
-    "dead-neurons": ("dead", "never", "zero"),
+    "dead-neurons": ("dead", "never", "zero", "output"),
     "grad-param-ratio": ("times", "x", "×"),
     "accum-scheduler-per-microbatch": ("sched",),
+    "oom-wants-larger-batch": ("batch", "bs"),
     "accum-leftover-batches": ("batch", "divisib", "divide"),
     "unstable-loss-op": ("log", "exp", "sqrt", "divi"),
 }
@@ -1754,9 +1835,12 @@ def prose_hits(text: str) -> list[CodeHit]:
                 continue
             if entry_id == "clip-anywhere" and not _order_free(piece):
                 continue
+            text_needs = _TEXT_REQUIRES.get(reason)
+            if text_needs is not None and not text_needs.search(text):
+                continue
             # A check's result is a measurement, never advice to blame the data.
-            advice = None if reason in _MEASURED_CHECKS else ADVICE_FOR.get(entry_id)
+            advice = None if reason in MEASURED_CHECKS else ADVICE_FOR.get(entry_id)
             hits.append(CodeHit(entry_id, strength, reason, advice))
             break
     found = {h.entry_id for h in hits}
-    return [h for h in hits if not (_SUPERSEDED_BY.get(h.entry_id, set()) & found)]
+    return [h for h in hits if not (SUPERSEDED_BY.get(h.entry_id, set()) & found)]

@@ -6,6 +6,7 @@ tables); comparing the numbers with thresholds is the matcher's job.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterator
@@ -49,7 +50,8 @@ _FILLER = (
     # Level words: "the grad norm hovers around 0.05", "is pretty flat at ~0.25".
     r"|\bhover(?:s|ed|ing)?\b|\bsits?\b|\bsat\b|\bstay(?:s|ed)?\b|\bremain(?:s|ed)?\b"
     r"|\bpretty\b|\bfairly\b|\bquite\b|\bflat\b|\bsteady\b|\bstable\b|\bconstant\b|\bnear\b"
-    r"|\bconsistently\b|\busually\b|\btypically\b|\bmostly\b|\bsettles?\b|\bsettled\b)*?"
+    r"|\bconsistently\b|\busually\b|\btypically\b|\bmostly\b|\bsettles?\b|\bsettled\b"
+    r")*?"
 )
 
 _LOSS = _Lazy(
@@ -68,6 +70,13 @@ _CLIP_RETURNS = (
     r"clip_grad_norm_?(?:\([^)\n]{0,60}\))?\s+(?:returns?|returned|returning|gives|gave|reports?|"
     r"reported|says|said|outputs?|prints?)"
 )
+#: "I print clip_grad_norm_(model.parameters(), float('inf')) every 100 iters": the value
+#: logged is the total norm, and the numbers after it in the sentence are its values.
+_CLIP_PRINTED = (
+    r"\b(?:print|log|track|monitor|record|plot|watch)\w*\s+(?:the\s+)?(?:(?:value|output|result|"
+    r"return)\s+of\s+)?(?:torch\.nn\.utils\.|nn\.utils\.)?clip_grad_norm_?"
+    r"(?:\((?:[^()\n]|\([^()\n]*\)){0,80}\))?"
+)
 _GRAD_NORM = _Lazy(
     rf"(?:(?:{_CLIP_RETURNS})\s*[:=~≈]?\s*(?:around\s+|about\s+|roughly\s+)?|"
     r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
@@ -76,7 +85,7 @@ _GRAD_NORM = _Lazy(
     r"|grad(?:ient)?s?\s+(?:in|of|for|at|to)\s+(?:the\s+|my\s+)?(?:first|early|earliest|last|"
     r"top|bottom|lower|upper|initial|final|input|output)\s+(?:few\s+|\w+\s+)?layers?"
     r"(?=\s+(?:are|is|were|was|stay|sit|hover)\w*\b))\b"
-    rf"{_FILLER}){_NUM}",
+    rf"{_FILLER}(?:already\s+)?){_NUM}",
     ("norm", "grad"),
     re.IGNORECASE,
 )
@@ -98,7 +107,7 @@ _NAN_GRADS = _Lazy(
 )
 _NAN_PARAMS = _Lazy(
     r"\b(?:weights?|param(?:eter)?s?|biases?)\b[^.\n]{0,40}?\b(?:are|is|were|was|became|become|"
-    r"turn(?:ed)?|went|contain|have|has)\b[^.\n]{0,12}?\b(?:nan|inf)\b"
+    r"turn(?:ed)?|went|contain|have|has|holds?|held)\b[^.\n]{0,12}?\b(?:nan|inf)\b"
     r"|\b(?:nan|inf)\s+(?:in\s+(?:the\s+|my\s+)?)?(?:weights?|param(?:eter)?s?)\b"
     r"|\b(?:nan|inf)s?\b[^.;\n]{0,25}?\b(?:in|of)\s+(?:the\s+|my\s+)?(?:\w+\s+)?"
     r"(?:weights?|param(?:eter)?s?)\b",
@@ -106,7 +115,9 @@ _NAN_PARAMS = _Lazy(
     re.IGNORECASE,
 )
 _SCALE = _Lazy(
-    rf"\b(?:loss[_ ])?scale\b{_FILLER}{_NUM}\s*(?:→|->|=>|to|down\s+to|drops?\s+to|dropped\s+to|"
+    # "the scale dropped 65536 -> 32768": the verb of the fall before its two values.
+    r"\b(?:loss[_ ])?scale\b(?:\s+(?:dropped|drops|fell|falls|went|goes|moved|changed|halved)"
+    rf"(?:\s+from)?)?{_FILLER}{_NUM}\s*(?:→|->|=>|to|down\s+to|drops?\s+to|dropped\s+to|"
     r"fell\s+to|falls\s+to|falling\s+to|goes\s+to|went\s+to)\s*(?P<num2>(?:10|2)\s*\^\s*[-+−]?\d+"
     r"|[-+]?\d+(?:\.\d*)?(?:[eE][-+−]?\d+)?)",
     ("scale",),
@@ -124,7 +135,8 @@ _SCALE_BAND = _Lazy(
 # The scale held at one level ("loss scale sits at 65536"), not a fall from one value to another.
 _SCALE_LEVEL = _Lazy(
     r"\b(?:loss[_ ]|grad(?:ient)?[_ ])?scale\b(?:\s+(?:sits?|sat|stays?|stayed|remains?|remained|"
-    r"holds?|held|hover(?:s|ed)?|is|was|steady|stable|constant|flat|fixed|still|always|mostly))+"
+    r"holds?|held|hover(?:s|ed)?|is|was|steady|stable|constant|flat|fixed|still|always|mostly|"
+    r"settles?|settled))+"
     r"(?:\s+(?:at|around|near|about))?\s*[:=~≈]?\s*~?\s*"
     r"(?P<num>(?:10|2)\s*\^\s*\d+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(?![\w.])"
     r"(?!\s*(?:→|->|=>|to\b|down\b|and\s+(?:keeps|falling|dropping)))",
@@ -157,8 +169,9 @@ _PERCENT_AFTER = _Lazy(
 )
 # The most the norm ever reaches: "logged norms never exceed 3", "grad norm stays below 2".
 _NORM_CEILING = _Lazy(
-    r"\b(?:grad(?:ient)?s?[_ ]?)?norms?\b[^.;\d]{0,30}?\b(?:never|don't|do\s+not|doesn't|"
-    r"does\s+not|didn't|did\s+not)\s+(?:exceed|go\s+(?:above|over|past|beyond)|goes\s+(?:above|"
+    r"\b(?:grad(?:ient)?s?[_ ]?)?norms?\b[^.;]{0,40}?\b(?:never|don't|do\s+not|doesn't|"
+    r"does\s+not|didn't|did\s+not)\s+(?:once\s+|ever\s+)?(?:exceed|cross|go\s+(?:above|over|past|"
+    r"beyond)|goes\s+(?:above|"
     r"over)|get\s+"
     r"(?:above|over)|reach|top|pass)\w*\s+(?:about\s+|around\s+|roughly\s+)?~?\s*"
     r"(?P<num>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
@@ -169,7 +182,7 @@ _NORM_CEILING = _Lazy(
     re.IGNORECASE,
 )
 _MAX_NORM = _Lazy(
-    r"\b(?:max_norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
+    r"\b(?:max_(?:grad_)?norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
     rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|to|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
     ("max_norm", "clip"),
     re.IGNORECASE,
@@ -193,9 +206,40 @@ _UPDATE_RATIO = _Lazy(
     ("update", "relative", "w"),
     re.IGNORECASE,
 )
+# The update written as a formula, with its values further on in the sentence(s): the norm of
+# the change of the weights over the norm of the weights, in any notation people log it with:
+# "(w_after - w_before).norm() / w_before.norm()", "||w_new - w_old|| / ||w_old||",
+# "|delta w| / |w|", "(p - p_prev).norm() / p_prev.norm()", "update/weight norm ratio".
+_W_NAME = r"[A-Za-zθ_][\w.]*(?:\(\))?"
+_UPDATE_NOTATION = _Lazy(
+    rf"(?:(?:\|{{1,2}}|\()\s*{_W_NAME}\s*-\s*{_W_NAME}\s*(?:\|{{1,2}}|\)(?:\s*\.\s*norm\(\))?)"
+    r"|\|{1,2}\s*(?:Δ|delta|d)[\s_]?(?:w|θ|theta|p|params?|weights?)\s*\|{1,2}"
+    r"|\b(?:Δ|delta)[\s_]?(?:w|θ|p)(?:\s*\.\s*norm\(\))?)"
+    rf"\s*/\s*(?:\|{{1,2}}\s*{_W_NAME}\s*\|{{1,2}}|{_W_NAME}(?:\s*\.\s*norm\(\))?)"
+    r"|\bupdate(?:[_ ]norms?)?\s*(?:/|-to-|\s+to\s+|\s+over\s+)\s*(?:weight|param(?:eter)?)s?"
+    r"(?:[_ ]norms?)?(?:[_ ]ratios?)?\b",
+    ("/",),
+    re.IGNORECASE,
+)
+#: Where the values of an update formula stop: another quantity's name, or two sentences on.
+_UPDATE_SCOPE_END = re.compile(
+    r"\|{1,2}\s*g(?:rad)?\s*\|{1,2}|\bgrad(?:ient)?s?[_ ]?(?:norms?|/)"
+    r"|(?:[.;!?]\s+[^.;!?]*){2}",
+    re.IGNORECASE,
+)
+#: A learning rate and its value inside that stretch ("with SGD, lr 1e-5: it is ~1e-8").
+_LR_VALUE = re.compile(
+    r"\b(?:lr|learning[_ ]rate)\s*(?:of|is|=|:)?\s*~?\s*[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?",
+    re.IGNORECASE,
+)
+#: Values of a formula read this far after it at most.
+_UPDATE_SCOPE_CHARS = 240
 _LAYER_RATIO = _Lazy(
     r"(?P<num>\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?)\s*(?:x|×|times)\s+"
-    r"(?:smaller|larger|bigger|lower|higher)\b",
+    r"(?:smaller|larger|bigger|lower|higher)\b"
+    # "16x lower than the old run": one run against another, not one layer against another.
+    r"(?!\s+than\s+(?:in\s+|on\s+|with\s+)?(?:the\s+|our\s+|my\s+|a\s+)?(?:old|previous|earlier|"
+    r"baseline|reference|original|before|single|fp32|other)\b)",
     ("x", "×", "times"),
     re.IGNORECASE,
 )
@@ -333,10 +377,20 @@ def _read_piece(text: str) -> list[tuple[int, Quantity]]:
         add(m.start(), "max_norm", m.group("num"), m.group(0))
     for m in _RATIO.finditer(text, lowered):
         add(m.start(), "grad_param_ratio", m.group("num"), m.group(0))
+    read_at: list[tuple[int, int]] = []
     for m in _UPDATE_RATIO.finditer(text, lowered):
         add(m.start(), "update_ratio", m.group("num"), m.group(0))
+        read_at.append(m.span())
     for m in _LAYER_RATIO.finditer(text, lowered):
         add(m.start(), "layer_ratio", m.group("num"), m.group(0))
+    for m in _UPDATE_NOTATION.finditer(text, lowered):
+        if any(start < m.end() and m.start() < end for start, end in read_at):
+            continue  # written with its value right after it: read above
+        scope = _LR_VALUE.sub(" ", text[m.end() : m.end() + _UPDATE_SCOPE_CHARS])
+        end = _UPDATE_SCOPE_END.search(scope)
+        for value, _ in _scope_values(scope, end.start() if end else None):
+            shown = f"{m.group(0).strip()} … {fmt(value)}"
+            found.append((m.start(), Quantity("update_ratio", value, shown, True)))
     return found
 
 
@@ -376,9 +430,11 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "layer_norms",
         re.compile(
-            r"\b(?:per[-_ ]?layer|layer[-_ ]?wise|layer[-_ ]?by[-_ ]?layer)\s+(?:grad(?:ient)?s?"
-            r"[_ \-]?)?norms?\b|\b(?:grad(?:ient)?s?[_ \-]?)?norms?\s+(?:per|by|for\s+each|"
-            r"of\s+each|across(?:\s+the)?|in\s+each)\s+layers?\b",
+            r"\b(?:per[-_ ]?(?:layer|module|block|tensor)|layer[-_ ]?wise|layer[-_ ]?by[-_ ]?layer)"
+            r"\s+(?:grad(?:ient)?s?[_ \-]?)?norms?\b"
+            r"|\b(?:grad(?:ient)?s?[_ \-]?)?norms?\s+(?:per|by|"
+            r"for\s+(?:each|every)|of\s+(?:each|every)|across(?:\s+the)?|in\s+each)\s+"
+            r"(?:layers?|depth|modules?|blocks?|stages?)\b",
             re.IGNORECASE,
         ),
     ),
@@ -386,7 +442,7 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
         "grad_norm",
         re.compile(
             r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
-            rf"norms?)\b|{_CLIP_RETURNS}"
+            rf"norms?)\b|{_CLIP_RETURNS}|{_CLIP_PRINTED}"
             # "per-layer norms 0.01-0.05, total 0.12": a bare "total" with its number.
             r"|\btotal\b(?=\s*[:=~≈]?\s*~?\s*[.\d])",
             re.IGNORECASE,
@@ -448,19 +504,22 @@ _DASH = re.compile(r"^\s*[-–]\s*$")
 #: A number right after these is a step, an epoch or a count, not a value of the subject.
 _MARKER_BEFORE = re.compile(
     r"(?:\b(?:steps?|iters?|iterations?|updates?|it|epochs?|first|last|every|batch(?:es)?|layers?|"
-    r"ranks?|gpus?|nodes?|top|within|over|past|since|until|till)|@|#)\s*[:=]?\s*$",
+    r"ranks?|gpus?|nodes?|top|within|over|past|since|until|till)|@|#)\s*[:=]?\s*~?\s*$",
     re.IGNORECASE,
 )
 #: ... and so is a number followed by these.
 _MARKER_AFTER = re.compile(
     r"^\s*(?:%|x\b|×|times\b|steps?\b|iters?\b|iterations?\b|updates\b|epochs?\b|k\b|layers?\b|"
     r"gpus?\b|nodes?\b|samples?\b|tokens?\b|batches\b|bits?\b|[gm]i?b\b|hours?\b|minutes?\b|"
-    r"seconds?\b|s\b|ms\b|params?\b|heads?\b|dims?\b|d\b|-?layer)",
+    r"seconds?\b|s\b|ms\b|params?\b|heads?\b|dims?\b|d\b|-?layer|classes\b|categories\b|labels\b"
+    r"|points?\b|pts\b|pp\b)",
     re.IGNORECASE,
 )
 _SERIES_SENTENCE = re.compile(r"(?<=[.;!?])\s+|\n|(?<=\})\s*(?:\.\.\.|…)?\s*(?=\{)")
 #: Values below this many are a level, not a series.
 MIN_SERIES = 2
+#: How far past a subject's scope the words after its last number are read ("10 classes").
+_LOOK_PAST = 24
 
 
 @dataclass(frozen=True)
@@ -491,9 +550,15 @@ def _subject_mentions(sentence: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-def _scope_values(scope: str) -> list[tuple[float, tuple[float, float] | None]]:
-    """The values in the text after a subject: steps, counts and percentages left out."""
-    numbers = list(_SERIES_NUMBER.finditer(scope))
+def _scope_values(
+    scope: str, limit: int | None = None
+) -> list[tuple[float, tuple[float, float] | None]]:
+    """The values in the text after a subject: steps, counts and percentages left out.
+
+    Only numbers starting before ``limit`` (where the next subject begins) are read, but the
+    words after them are seen: "10 classes" is a count even though "classes" ends the scope.
+    """
+    numbers = [m for m in _SERIES_NUMBER.finditer(scope) if limit is None or m.start() < limit]
     out: list[tuple[float, tuple[float, float] | None]] = []
     skip = -1
     marker_end, marker_value = -1, 0.0
@@ -565,13 +630,20 @@ def read_series(text: str) -> list[Series]:
     if "\n" in text and ("|" in text or "," in text or "\t" in text):
         for name, column in _table_columns(text).items():
             values.setdefault(name, []).extend(column)
+    if "\n" in text:
+        for name, column in aligned_columns(text).items():
+            values.setdefault(name, []).extend(column)
+        if "|" in text or ";" in text:
+            for name, column in binned_values(text).items():
+                values.setdefault(name, []).extend(column)
     for sentence in _SERIES_SENTENCE.split(text):
         mentions = _subject_mentions(sentence)
         for index, (_, end, name) in enumerate(mentions):
             if not name:
                 continue
             stop = mentions[index + 1][0] if index + 1 < len(mentions) else len(sentence)
-            for value, span in _scope_values(sentence[end:stop]):
+            # A few characters past the scope: the words right after its last number.
+            for value, span in _scope_values(sentence[end : stop + _LOOK_PAST], stop - end):
                 values.setdefault(name, []).append(value)
                 if span is not None:
                     ranges.setdefault(name, []).append(span)
@@ -652,3 +724,165 @@ def rank_correlation(values: tuple[float, ...] | list[float]) -> float:
     cov = sum((i - mean) * (r - mean) for i, r in enumerate(ranks))
     var = sum((i - mean) ** 2 for i in range(n))
     return cov / var if var else 0.0
+
+
+# -- whitespace-aligned tables and listings ("step 0   10.98", "conv1.weight   0.412") --------
+
+#: A step-like column header or row label: its numbers are positions, not values.
+_STEP_LABEL = re.compile(
+    r"^(?:steps?|iters?|iterations?|it|epochs?|ep|updates?|global_step|batch(?:es)?|bins?|#|n)$",
+    re.IGNORECASE,
+)
+#: The loss scale a GradScaler prints ("scale 65536.0", "loss_scale", "grad_scale").
+_SCALE_LABEL = re.compile(r"^(?:loss[_-]?|grad[_-]?|amp[_-]?)?scale[:=]?$", re.IGNORECASE)
+#: Lines skipped inside a run of rows: an ellipsis standing for the rows left out.
+_ELLIPSIS_ROW = re.compile(r"^\s*(?:\.\.\.|…|\[\.\.\.\])\s*$")
+#: Fewest rows that make a listing (two lines could be a sentence and its number).
+_MIN_ROWS = 3
+
+
+def _row_shape(line: str) -> tuple[list[str], tuple[bool, ...]] | None:
+    """A row's whitespace-separated cells and which are numbers, or None for prose."""
+    cells = line.split()
+    if not 2 <= len(cells) <= 8:
+        return None
+    numeric = tuple(parse_number(cell.rstrip(":,;")) is not None for cell in cells)
+    if not numeric[-1] or sum(not n for n in numeric) > len(cells) // 2 + 1:
+        return None
+    return cells, numeric
+
+
+def _subjects_before(lines: list[str], start: int) -> list[str]:
+    """The quantities named by the line(s) right above a listing ("Loss print:", "norm per
+    layer"), in order; none when the nearest line naming something names another quantity."""
+    for back in (1, 2):
+        if start - back < 0:
+            break
+        mentions = [name for _, _, name in _subject_mentions(lines[start - back])]
+        named = [name for name in mentions if name]
+        if named or mentions:
+            return named
+    return []
+
+
+def aligned_columns(text: str) -> dict[str, list[float]]:
+    """Series from rows aligned with spaces, as notebooks and loggers print them.
+
+    Three shapes, each needing at least three rows of the same shape:
+
+    * a header of names over rows of numbers (``step loss lr`` / ``40000 2.05 6e-4``): each
+      column whose header names a quantity is a series;
+    * a label and a value per row under a line naming a norm (``conv1.weight   0.412``): the
+      labels are layers, so the values are per-layer norms (``layer_norms``), not a trend;
+    * a step and a value per row (``step 200   6.91``) under a line naming the quantity
+      ("Loss print:"): the values are that quantity over time.
+
+    Rows of labelled pairs (``step 1  loss 6.9  scale 32768``) give the scale column, which
+    the sentence reader treats as a key only (``amp_scale``). Lines with ``|``, ``,`` or tabs
+    are the delimited-table reader's.
+    """
+    lines = text.split("\n")
+    out: dict[str, list[float]] = {}
+    index = 0
+    while index < len(lines):
+        shape = _row_shape(lines[index]) if not re.search(r"[|,\t]", lines[index]) else None
+        if shape is None:
+            index += 1
+            continue
+        start, rows = index, [shape[0]]
+        index += 1
+        while index < len(lines):
+            if _ELLIPSIS_ROW.match(lines[index]):
+                index += 1
+                continue
+            nxt = _row_shape(lines[index]) if not re.search(r"[|,\t]", lines[index]) else None
+            if nxt is None or nxt[1] != shape[1]:
+                break
+            rows.append(nxt[0])
+            index += 1
+        if len(rows) >= _MIN_ROWS:
+            for name, column in _listing_series(lines, start, rows, shape[1]).items():
+                out.setdefault(name, []).extend(column)
+    return out
+
+
+#: One bin of steps and its value: "0-5k 0.41", "10k–15k: 1.05", "step 200-300 = 6.9".
+_STEP_BIN_CELL = re.compile(
+    r"^\s*(?:(?:steps?|iters?|epochs?)\s*)?\d[\d.,]*[kKmM]?\s*(?:-|–|to)\s*\d[\d.,]*[kKmM]?"
+    r"\s*[:=]?\s+(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*$",
+    re.IGNORECASE,
+)
+
+
+def binned_values(text: str) -> dict[str, list[float]]:
+    """Values given per bin of steps on one line ("0-5k 0.41 | 5-10k 0.63 | 10-15k 1.05"),
+    under a line naming the quantity ("grad_norm, mean per 5k steps:"): a series in bin order."""
+    lines = text.split("\n")
+    out: dict[str, list[float]] = {}
+    for index, line in enumerate(lines):
+        separator = next((sep for sep in ("|", ";") if line.count(sep) >= 2), None)
+        if separator is None:
+            continue
+        cells = [cell for cell in line.strip().strip("|").split(separator) if cell.strip()]
+        found = [_STEP_BIN_CELL.match(cell) for cell in cells]
+        if len(cells) < _MIN_ROWS or not all(found):
+            continue
+        subjects = _subjects_before(lines, index)
+        if subjects:
+            values = [parse_number(m.group("num")) for m in found if m is not None]
+            out.setdefault(subjects[-1], []).extend(
+                v for v in values if v is not None and math.isfinite(v)
+            )
+    return out
+
+
+def _listing_series(
+    lines: list[str], start: int, rows: list[list[str]], numeric: tuple[bool, ...]
+) -> dict[str, list[float]]:
+    def column(at: int) -> list[float]:
+        values = [parse_number(row[at].rstrip(":,;")) for row in rows]
+        return [v for v in values if v is not None and math.isfinite(v)]
+
+    header = lines[start - 1].split() if start > 0 else []
+    if all(numeric) and len(header) == len(numeric):
+        names = [
+            "amp_scale" if _SCALE_LABEL.match(cell) else _column_name(cell.rstrip(":"))
+            for cell in header
+        ]
+        if any(names) and not any(parse_number(cell) is not None for cell in header):
+            return {name: column(at) for at, name in enumerate(names) if name}
+    if (
+        not all(numeric)
+        and len(numeric) % 2 == 0
+        and all(numeric[at + 1] and not numeric[at] for at in range(0, len(numeric), 2))
+    ):
+        # Labelled pairs on every row: only the scale, which no sentence rule reads as a series.
+        out: dict[str, list[float]] = {}
+        for at in range(0, len(numeric) - 1, 2):
+            if len({row[at].lower() for row in rows}) == 1 and _SCALE_LABEL.match(rows[0][at]):
+                out["amp_scale"] = column(at + 1)
+        if out or len(numeric) != 2:
+            return out
+    subjects = _subjects_before(lines, start)
+    if not subjects:
+        return {}
+    if len(numeric) == 2 and not numeric[0]:
+        names = [row[0] for row in rows]
+        if any(_STEP_LABEL.match(name) for name in names) or len(set(names)) < len(names):
+            return {}
+        # Different names, one value each, under a line naming the norm (whatever else it
+        # says in passing, "(loss stuck at 2.30)"): a value per layer.
+        if {"grad_norm", "layer_norms"} & set(subjects):
+            return {"layer_norms": column(1)}
+        return {}
+    subject = subjects[-1]
+    steps = [parse_number(row[-2]) for row in rows]
+    if (
+        numeric[-2]
+        and all(s is not None and s == int(s) for s in steps)
+        and all(a is not None and b is not None and b > a for a, b in itertools.pairwise(steps))
+        and (len(numeric) == 2 or _STEP_LABEL.match(rows[0][0]))
+    ):
+        # Whole numbers rising row by row before each value: steps, and the values over time.
+        return {subject: column(len(numeric) - 1)}
+    return {}

@@ -53,6 +53,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from gradient_doctor.knowledge._code import (
+    ADVICE_FOR,
+    MEASURED_CHECKS,
+    SUPERSEDED_BY,
     CodeHit,
     code_hits,
     fragment_source,
@@ -147,7 +150,9 @@ _CLAIM_PART_WEIGHT = 0.6
 #: step 900. I'll suggest swapping to SGD", "NaN at epoch 7, so there must be bad rows").
 _CLAIM_START = re.compile(
     r"(?:^|[\s,;:.!?(-])(?:so(?!\s+(?:far|much|many|that|long|the|it|is|was)\b)|therefore|hence|"
-    r"thus|clearly|obviously|surely|probably|must\s+be|i'll|i\s+will|i'd|i\s+would|i'm\s+"
+    r"thus|clearly|obviously|surely|probably|must\s+(?:be|contain|have|come|include)|"
+    r"conclusion\s*:|replace|(?:is|are)\s+known\s+to|(?:want|wants|plan|plans|planning|"
+    r"intend\w*)\s+to|i'll|i\s+will|i'd|i\s+would|i'm\s+"
     r"going\s+to|we'll|we\s+will|we're\s+going\s+to|let's|(?:my|the|our)\s+plan|"
     r"(?:i|we)\s+(?:think|bet|guess|suspect|believe)|suggest\w*|recommend\w*|which\s+means|"
     r"that\s+means|(?:i|we)\s+(?:took|take|removed?|dropped?|turned)\s+(?:out|off)|"
@@ -159,7 +164,7 @@ _GARBAGE_MIN_TERMS = 20
 _GARBAGE_KNOWN_FRACTION = 0.3
 
 _ASSERTION = re.compile(
-    r"(?:^|[.;:,!?]\s*)(?:just\s+|simply\s+)?(?:use|try|swap|switch|skip|reduce|divide|drop|lower|"
+    r"(?:^|[.;:,!?]\s*)(?:just\s+|simply\s+)?(?:use|try|swap|switch|replace|skip|reduce|divide|drop|lower|"
     r"raise|increase|bump|add|remove|set|avoid|pick|choose|rent|buy|shrink|simplify|rescale|"
     r"scale|cut|go|stick|forget|ignore)\b|"
     r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\bso\s+(?:i|we|you)\b|\btherefore\b|"
@@ -169,7 +174,11 @@ _ASSERTION = re.compile(
     r"i\s+would(?!\s+(?:like|need|want|have\s+to))|"
     r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
     r"doesn't\s+matter|is\s+(?:a|just\s+a)\s+(?:hack|trick)|obviously|clearly|"
-    r"must\s+be|it's\s+because|that's\s+why|probably|i\s+think|i\s+bet|i\s+guess|recommend|"
+    r"must\s+(?:be|contain|have|come|include)|(?:is|are)\s+known\s+to|conclusion\s*:|"
+    # A plan to act is the belief behind it: "they want to drop it to 0.01".
+    r"(?:want|wants|plan|plans|planning|intend\w*)\s+to\s+(?:drop|set|lower|cut|reduce|raise|"
+    r"increase|switch|swap|replace|remove|turn\s+off|skip|use|bump)|"
+    r"it's\s+because|that's\s+why|probably|i\s+think|i\s+bet|i\s+guess|recommend|"
     r"suggest|the\s+fix\s+is|the\s+answer\s+is|go\s+with|instead|won't|can't|cannot|isn't|"
     r"doesn't|don't|shouldn't|no\s+point|pointless|overkill|waste|bad\s+idea|incompatible|"
     r"fight\w*\s+each\s+other|interfere\w*|conflict\w*)\b"
@@ -234,9 +243,12 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         "ddp-accum-without-no-sync": r"sync|all[-_\s]?reduc|communicat",
         "ddp-no-sync-misplaced": r"sync|all[-_\s]?reduc|communicat",
         "clip-": r"clip",
+        # Lowering the learning rate needs the learning rate in the text ("loss went nan" alone
+        # is the symptom, not the belief that a smaller LR cures it).
+        "lower-lr-for-nan": r"\blr\b|learning[\s_-]*rates?|step[\s_-]?size|\blrs\b|_lr\b|\blr_",
         # Blaming the data needs the data in the text ("the NaN is the learning rate" is not).
         "nan-means-bad-data": r"data|sample|input|batch|record|corrupt|example|label|target|"
-        r"image|row|file|token|feature",
+        r"image|row|file|token|feature|corpus|shard|parquet|jsonl|csv",
         "value-clipping": r"clip",
         "no-clip-sequence-model": r"clip|lstm|gru|rnn|transformer|gpt|bert|t5|llm|seq2seq|"
         r"language\s+model|policy|ppo|attention|sequence",
@@ -309,6 +321,19 @@ _SCORE_IMPROVING = re.compile(
 _OTHER_METRIC = re.compile(
     r"\b(?:loss(?:es)?|acc(?:uracy)?|norms?|grad\w*|lr|learning\s+rate)\b", re.IGNORECASE
 )
+#: Two quantities sharing one verb: "loss and val loss both going down", "loss and accuracy".
+_SHARED_VERB = re.compile(
+    r"\s*(?:and|&|,|as\s+well\s+as)\s+(?:the\s+)?(?:(?:train\w*|val\w*|validation|test|eval\w*)"
+    r"[_ ])?(?:loss(?:es)?|acc(?:uracy)?|ppl|perplexity)(?:\s+(?:both|all|each|too))?"
+    r"(?:\s+(?:keep|kept|are|were|is|have\s+been|both))*\s*",
+    re.IGNORECASE,
+)
+#: The held-out set named after the verb: "keep improving on train and val".
+_ON_HELD_OUT = re.compile(
+    r"\s*(?:\w+\s+)?(?:on|for|in)\s+(?:both\s+)?(?:the\s+)?(?:train\w*\s+(?:and|&)\s+)?"
+    r"(?:val(?:idation)?|held[-\s]?out|test|dev|eval)\b",
+    re.IGNORECASE,
+)
 _NEGATED = re.compile(
     r"\b(?:not|never|no\s+longer|stopped|barely|hardly|isn't|doesn't|won't)\b|n't\b"
 )
@@ -327,7 +352,11 @@ _NORMAL_QUESTION = re.compile(
     r"|all\s+(?:good|fine|ok(?:ay)?)\s*\?|balance\s+ok|(?:anything|something)\s+(?:that\s+)?"
     r"looks?\s+(?:off|wrong|weird|strange|odd)|looks?\s+off\s*\?|is\s+(?:that|this|it)\s+(?:too\s+)?"
     r"(?:high|low|big|large|small)\s*\?|(?:any|see\s+any|spot\s+any)\s+(?:red\s+flags?|issues?|"
-    r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything)",
+    r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything"
+    # "Is there anything to fix here?", "Does anything here need fixing?"
+    r"|anything\s+(?:i'm|i\s+am|we're|we\s+are)\s+missing"
+    r"|anything\s+(?:here\s+)?(?:to\s+(?:fix|change)|(?:that\s+)?needs?\s+(?:fixing|changing|to\s+be\s+"
+    r"(?:fixed|changed)|attention))|(?:don't|do\s+not)\s+see\s+what\b)",
     re.IGNORECASE,
 )
 #: The text hands over code to be checked ("anything wrong in here?", "double-check the order
@@ -377,21 +406,38 @@ _ORDER_RED_FLAGS = frozenset(
 )
 #: Word score kept by an order red flag the analyser did not find in a whole step it read.
 _NOT_IN_CODE_PRIOR = 0.6
+#: A broader entry when a rule read the narrower one it contains.
+_SUPERSEDED_PRIOR = 0.6
+#: Least sureness of a code finding that answers a review request on its own.
+_REVIEWED_FINDING = 0.5
+#: Entries that answer "should I use <technique>?", with the technique's name.
+_WHETHER_TO_USE = {"is-clipping-needed": "clip"}
+#: A belief about another technique than the one a should-I-use question asks about.
+_OTHER_TECHNIQUE_PRIOR = 0.6
+#: A belief whose subject the text measured and found (a check's result, not a guess).
+_MEASURED_BELIEF_PRIOR = 0.5
 #: "the loss curve looks textbook": the run is said to go well.
 _LOOKS_GOOD = re.compile(
     r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
     r"(?:textbook|good|great|nice|clean|healthy|normal|fine|as\s+expected)\b"
     r"|\b(?:learns?|learning|trains?|training|converges?|converging|fits?)\s+(?:just\s+)?(?:fine|"
-    r"well|ok(?:ay)?|normally|nicely)\b",
+    r"well|ok(?:ay)?|normally|nicely)\b"
+    r"|\b(?:loss|curves?)\s+(?:curves?\s+)?(?:is\s+|are\s+|looks?\s+|stays?\s+)?smooth\b"
+    # "top-1 tracking the reference curve": the run keeps up with a known-good one.
+    r"|\b(?:track(?:s|ing)?|match(?:es|ing)?|follow(?:s|ing)?|on\s+par\s+with)\s+(?:the\s+|our\s+)?"
+    r"(?:reference|baseline|published|paper's|expected)\s+(?:run|curve|numbers?|results?)\b",
     re.IGNORECASE,
 )
 #: How many times its best value a loss series must end at to be called diverging, and how far
 #: above both neighbours a single value must jump to be a spike. The seeds give no numbers for
 #: a loss written in a sentence; these are the matcher's reading, not diagnosis thresholds.
 _LOSS_DIVERGING_FACTOR = 3.0
+#: Per-layer norms listed in a monotone order (|Spearman| at least this): a fade through depth.
+_LAYER_ORDER_CORRELATION = 0.9
 #: Words of an unstable run (for a clip that never fires while it is).
 _UNSTABLE = re.compile(
-    r"\b(?:diverg\w*|spik\w*|nan|inf|explod\w*|blow\w*|blew|unstable|instabilit\w*|jumps?)\b",
+    r"\b(?:diverg\w*|spik\w*|nan|inf|explod\w*|blow\w*|blew|unstable|instabilit\w*|jump\w*|"
+    r"oscillat\w*)\b",
     re.IGNORECASE,
 )
 #: The text says the large value is an exception ("except at", "every so often").
@@ -546,12 +592,16 @@ def _progress(text: str) -> _Progress:
             progress.reasons.append("held-out results follow the training ones")
     for pattern in (_LOSS_IMPROVING, _SCORE_IMPROVING):
         for m in pattern.finditer(text):
-            if _NEGATED.search(m.group("between")) or _OTHER_METRIC.search(m.group("between")):
+            between = m.group("between")
+            if _NEGATED.search(between) or (
+                # "train loss and val loss both going down": two subjects, one verb.
+                _OTHER_METRIC.search(between) and not _SHARED_VERB.fullmatch(between)
+            ):
                 continue
             progress.improving = True
             progress.reasons.append(m.group(0))
             start = max(0, m.start() - 15)
-            if _HELD_OUT.search(text[start : m.end()]):
+            if _HELD_OUT.search(text[start : m.end()]) or _ON_HELD_OUT.match(text, m.end()):
                 progress.held_out_improving = True
     if _STILL_LEARNING.search(text) or _LOOKS_GOOD.search(text):
         progress.improving = True
@@ -571,6 +621,35 @@ _DATA_QUESTION = re.compile(
     r"tabular|normali[sz]\w*\s+(?:my\s+|the\s+)?(?:\w+\s+)?(?:features|inputs|data|images|pixels|"
     r"columns|targets)|early[\s-]stopping)\b",
     re.IGNORECASE,
+)
+#: Questions about the training job's plumbing rather than its numbers: saving and resuming
+#: from a checkpoint, the input pipeline's speed or hangs (workers, prefetching, GPU idle).
+_TOOLING_QUESTION = re.compile(
+    r"\b(?:resum\w*|restor\w*|reload\w*)\b[^.?!]{0,80}\b(?:checkpoints?|state[_ ]dicts?|\.pt|\.pth"
+    r"|optimizer\s+state|epoch)\b|\bsav\w*\b[^.?!]{0,40}\bcheckpoints?\b[^.?!]{0,80}\bresum\w*"
+    r"|\b(?:num_workers|persistent_workers|prefetch(?:_factor|\s+factor)?|pin_memory|data\s+loading"
+    r"|input\s+pipeline|gpu\s+utili[sz]ation|nvidia-smi|samples?/s(?:ec)?|it/s|throughput)\b"
+    r"|\b(?:data\s*loader|loader|workers?)\b[^.?!]{0,60}\b(?:hang\w*|freez\w*|deadlock\w*|stall\w*)\b"
+    r"|\b(?:hang\w*|freez\w*|deadlock\w*)\b[^.?!]{0,60}\b(?:data\s*loader|loader|workers?)\b"
+    r"|\b(?:class\s+weights?|weighted\s+(?:cross[\s-]?entropy|loss|sampler)|weightedrandomsampler"
+    r"|over[\s-]?sampl\w*|under[\s-]?sampl\w*|minority\s+class|positive\s+class|rare\s+class)\b",
+    re.IGNORECASE,
+)
+#: What an LR range test is for: the loss blowing up at its high end is how it ends.
+_LR_RANGE_TEST = re.compile(
+    r"\b(?:lr|learning[\s_-]*rate)\s+(?:finder|range\s+test|sweep)|\brange\s+test\b|\blr_find\w*",
+    re.IGNORECASE,
+)
+_TRAINING_QUANTITY = re.compile(r"\b(?:loss(?:es)?|accuracy|grad\w*|norms?)\b", re.IGNORECASE)
+#: Loss readings an LR range test produces by design.
+_RANGE_TEST_READINGS = frozenset(
+    {"loss-diverging", "loss-spikes", "diverges-after-stable-start", "loss-stuck", "plateau"}
+)
+#: In-scope words such a question uses in its own sense: the run's checkpoint file, a loader
+#: "stuck waiting", the range test's loss flat at first and "blowing up" at its top rates.
+_INCIDENTAL_SCOPE: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
+    (_TOOLING_QUESTION, frozenset({"checkpoint", "stuck"})),
+    (_LR_RANGE_TEST, frozenset({"explod", "diverg", "spik", "unst", "nan", "inf", "plateau"})),
 )
 #: Words that put a question inside the gradient domain (normalised by the analyser at load).
 #: Problems and gradient mechanics only: an LR question about "a residual network" stays out.
@@ -617,8 +696,8 @@ class MatchResult:
     """Ranked matches for one text, plus what was read from it.
 
     * ``matches``: best first.
-    * ``out_of_scope`` / ``pointer``: a learning-rate-only or data-only question, and where to
-      look instead.
+    * ``out_of_scope`` / ``pointer``: a learning-rate-only or data-only question (the data
+      pipeline's speed or hangs and checkpoint resuming included), and where to look instead.
     * ``numbers``: quantities read from the text (loss, grad_norm, dead_fraction, ...); the most
       extreme value when a quantity appears more than once.
     * ``series``: quantities written several times, in order (grad_norm, layer_norms, loss,
@@ -1113,6 +1192,17 @@ class Matcher:
                             "(overflowing steps are skipped)",
                         )
                     )
+                elif start is not None and start > 0 and v >= _AMP_SCALE_STEADY:
+                    # One or two halvings to a scale still in the thousands: GradScaler
+                    # finding its level, as it does in the first steps of any fp16 run.
+                    out.append(
+                        CodeHit(
+                            "healthy",
+                            0.5,
+                            f"loss scale {fmt(start)} → {shown} and no lower than "
+                            f"{fmt(_AMP_SCALE_STEADY)}: GradScaler calibrating, not collapsing",
+                        )
+                    )
             elif q.name == "amp_scale_level":
                 falls = any(x.name == "amp_scale_to" for x in quantities)
                 if v >= _AMP_SCALE_STEADY and not falls:
@@ -1291,6 +1381,12 @@ class Matcher:
         if levels and min(levels) >= _AMP_SCALE_STEADY and "amp_scale_to" not in values:
             # The entry is a scale that keeps falling: not one said to hold high.
             out.add("amp-overflow-skips")
+        falls = list(
+            zip(values.get("amp_scale_from", []), values.get("amp_scale_to", []), strict=False)
+        )
+        if falls and all(to >= _AMP_SCALE_STEADY and to >= start / 4 for start, to in falls):
+            # "dropped 65536 -> 32768 in the first steps": one halving, still in the thousands.
+            out.add("amp-overflow-skips")
         return out
 
     def _layer_spread(self, ratio: float, shown: str) -> list[CodeHit]:
@@ -1322,6 +1418,23 @@ class Matcher:
                 break
         return out
 
+    def _scale_series(self, item: Series) -> list[CodeHit]:
+        """A GradScaler scale printed step by step: halving run after run is overflow skips."""
+        values = item.values
+        if len(values) < 2 or values[0] <= 0:
+            return []
+        falling = all(b <= a for a, b in itertools.pairwise(values))
+        if falling and values[-1] < values[0] / 4:
+            return [
+                CodeHit(
+                    "amp-overflow-skips",
+                    1.0,
+                    f"loss scale {fmt(values[0])} → {fmt(values[-1])} row after row: GradScaler "
+                    "keeps halving it (overflowing steps are skipped)",
+                )
+            ]
+        return []
+
     def _layer_norms(self, item: Series) -> list[CodeHit]:
         """Norms listed layer by layer: their spread, or balanced layers (healthy)."""
         p = self.profile
@@ -1334,6 +1447,23 @@ class Matcher:
             return self._norm_evidence(high, fmt(high), False)
         spread = high / low
         hits = self._layer_spread(spread, fmt(spread))
+        listed = [v for v in item.values if v > 0]
+        if (
+            len(listed) >= 3
+            and not item.ranges
+            and abs(rank_correlation(listed)) >= _LAYER_ORDER_CORRELATION
+        ):
+            # Norms that shrink layer after layer in the order listed (the input's side at one
+            # end): the gradient fades through depth, which the spread only measures.
+            fades = any(h.entry_id == "vanishing-gradients" for h in hits)
+            hits = [
+                CodeHit(h.entry_id, 1.0, h.reason + "; the norms shrink steadily through depth")
+                if h.entry_id == "vanishing-gradients"
+                else CodeHit(h.entry_id, min(h.strength, 0.5), h.reason)
+                if fades
+                else h
+                for h in hits
+            ]
         if hits:
             return hits
         return [
@@ -1436,7 +1566,8 @@ class Matcher:
         """max_norm far above the most the norm ever reaches, while the run is unstable."""
         clip = next((q.value for q in quantities if q.name == "max_norm" and q.value > 0), None)
         ceiling = [q.value for q in quantities if q.name == "grad_norm_ceiling"]
-        if clip is None or not ceiling or max(ceiling) >= clip or not _UNSTABLE.search(text):
+        # "never crossed 100" under max_norm 100: a norm at most max_norm is never clipped.
+        if clip is None or not ceiling or max(ceiling) > clip or not _UNSTABLE.search(text):
             return None
         return CodeHit(
             "clip-never-active",
@@ -1512,6 +1643,8 @@ class Matcher:
                 out.extend(hits)
             elif item.name == "layer_norms":
                 out.extend(self._layer_norms(item))
+            elif item.name == "amp_scale":
+                out.extend(self._scale_series(item))
             else:
                 out.extend(self._loss_series(item, progress))
         return out, covered
@@ -1596,16 +1729,20 @@ class Matcher:
         ):
             # "0.8 at 1k, 1.5 at 5k, 3 at 10k, 6 at 20k": every reading above the one before,
             # several times the first. Still inside the healthy band, but the trend is what
-            # grad-norm-rising describes; weaker than a rise past the probe's 10×.
-            return [
+            # grad-norm-rising describes; weaker than a rise past the probe's 10×. Past the
+            # exploding threshold, the size is the diagnosis, as for the steeper rise above.
+            hits = [
                 CodeHit(
                     "grad-norm-rising",
-                    0.8,
+                    0.7 if last > p.exploding_critical.value else 0.8,
                     f"grad norm {shown}: every value above the last, {fmt(last / first)}× "
                     "overall (a steady climb)",
                 )
             ]
-        if n >= 3 and min(values) > p.exploding_warning.value:
+            if last > p.exploding_warning.value:
+                hits.extend(self._norm_evidence(last, fmt(last), False))
+            return hits
+        if n >= 2 and min(values) > p.exploding_warning.value:
             # "1.2e4, 8.9e3, 2.1e4 from the very first steps": every reading far past the
             # exploding threshold, with no trend to read; the size is the finding.
             return self._norm_evidence(_median(values), fmt(_median(values)), False)
@@ -1768,7 +1905,11 @@ class Matcher:
     # -- causes ------------------------------------------------------------------------------
 
     def _put_causes_first(
-        self, scores: dict[str, float], reasons: dict[str, list[str]], named: set[str]
+        self,
+        scores: dict[str, float],
+        reasons: dict[str, list[str]],
+        named: set[str],
+        measured: frozenset[str] | set[str] = frozenset(),
     ) -> None:
         """A red flag the text describes ranks above the symptoms and signals it explains.
 
@@ -1785,8 +1926,9 @@ class Matcher:
                 continue
             effect = max(above, key=lambda e: scores[e])
             scores[cause] = scores[effect] + 1.0
+            how = "measured in the text" if cause in measured else "named"
             reasons.setdefault(cause, []).append(
-                f"named as the cause of what the text describes ({effect})"
+                f"{how} as the cause of what the text describes ({effect})"
             )
 
     def _put_severe_first(self, scores: dict[str, float], flagged: set[str]) -> None:
@@ -1893,10 +2035,29 @@ class Matcher:
 
     # -- scope ---------------------------------------------------------------------------------
 
-    def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
-        if any(t in self.in_scope_terms for t in terms):
+    def _in_scope(self, text: str, terms: Iterable[str]) -> bool:
+        """Whether the text uses a gradient-domain word in its gradient sense."""
+        found = {t for t in terms if t in self.in_scope_terms}
+        if not found:
             return False
-        return bool(_LR_QUESTION.search(text) or _DATA_QUESTION.search(text))
+        for pattern, incidental in _INCIDENTAL_SCOPE:
+            if (
+                found & incidental
+                and pattern.search(text)
+                # A loss that is stuck is ours, whatever else the text asks about the loader.
+                and (pattern is _LR_RANGE_TEST or not _TRAINING_QUANTITY.search(text))
+            ):
+                found -= incidental
+        return bool(found)
+
+    def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
+        if self._in_scope(text, terms):
+            return False
+        return bool(
+            _LR_QUESTION.search(text)
+            or _DATA_QUESTION.search(text)
+            or _TOOLING_QUESTION.search(text)
+        )
 
     # -- the public entry point ------------------------------------------------------------
 
@@ -1932,6 +2093,11 @@ class Matcher:
         )
         progress = _progress(repaired_text)
         evidence = self._number_evidence(quantities, series, repaired_text, progress)
+        if _LR_RANGE_TEST.search(text):
+            # An LR range test ends when the loss blows up at its top rates, and the numbers it
+            # gives are learning rates: the loss readings are the test working, not a diagnosis.
+            evidence = [h for h in evidence if h.entry_id not in _RANGE_TEST_READINGS]
+        measured_flags = {h.entry_id for h in evidence if h.strength >= 0.9}
         code_text = "\n".join(part for part in (code, text_code) if part)
         code_detected = bool(code_text.strip())
         # Code findings first: among the reasons of one entry, they are the surest.
@@ -1942,6 +2108,9 @@ class Matcher:
         # Sentence rules read the prose: pasted code is the analyser's (no evidence twice).
         described.extend(prose_hits(prose_repaired))
         cleared = {e for e, pattern in _CLEARED_STAGE.items() if pattern.search(text)}
+        # A check that found it beats a word that other samples were clean ("dumped that batch:
+        # isnan().sum() = 3072; every other batch I spot checked is clean").
+        cleared -= {h.entry_id for h in described if h.reason in MEASURED_CHECKS}
         if cleared:
             # A stage checked and found clean: a rule that read it as non-finite misread the
             # negation ("the batch has no NaN/Inf").
@@ -2047,6 +2216,34 @@ class Matcher:
             for entry_id in ("loss-nan", "nan-loss-before-backward"):
                 if entry_id in scores:
                     scores[entry_id] *= 0.5
+        for hit in described:
+            belief = ADVICE_FOR.get(hit.entry_id)
+            if hit.reason in MEASURED_CHECKS and belief in scores:
+                # The text reports a check that found it ("isinf(batch).any() -> True"): the
+                # belief that would blame it unchecked is not what is being said.
+                scores[belief] *= _MEASURED_BELIEF_PRIOR
+        ruled = {h.entry_id for h in described if h.strength >= 0.5}
+        for broad, narrower in SUPERSEDED_BY.items():
+            if broad in scores and ruled & narrower:
+                # A rule read the narrower case ("output 0 for every input": dead units): the
+                # broader entry's shared words do not outrank it.
+                scores[broad] *= _SUPERSEDED_PRIOR
+        asked = {h.entry_id for h in described if h.entry_id in _WHETHER_TO_USE}
+        for entry_id in asked:
+            # "Should I add clipping to my U-Net (BatchNorm, residual blocks)?": the question is
+            # about the technique it asks whether to use; the others it names describe the
+            # model, and a belief about them that no rule found is not what is asked.
+            for other, score in list(scores.items()):
+                premise = _PREMISES.get(other)
+                card = self.cards.get(other)
+                if (
+                    card is not None
+                    and card.kind == "rationalization"
+                    and premise is not None
+                    and not premise.search(_WHETHER_TO_USE[entry_id])
+                    and not any(h.entry_id == other for h in evidence)
+                ):
+                    scores[other] = score * _OTHER_TECHNIQUE_PRIOR
         for entry_id in cleared & scores.keys():
             # The text checked that stage and found it finite: the NaN began elsewhere.
             scores[entry_id] *= 0.4
@@ -2088,8 +2285,27 @@ class Matcher:
                 and self._id_terms[entry_id] <= prose_terms
                 and self._says_order_words(entry_id, prose_lower)
             }
-        self._put_causes_first(scores, reasons, named)
+        # A red flag the numbers show ("max_grad_norm 100, the norm never crossed 100": the clip
+        # never fires) is measured: it explains the symptom told next to it, like a named cause.
+        measured_causes = (measured_flags & self.effects.keys()) - named
+        self._put_causes_first(scores, reasons, named | measured_causes, measured_causes)
         found_in_code = {h.entry_id for h in code_evidence if h.strength >= 0.8}
+        told_words = prose_words if text_code else text
+        reviewed = [
+            h
+            for h in code_evidence
+            if h.strength >= _REVIEWED_FINDING
+            and h.entry_id in scores
+            and h.entry_id not in _WHOLE_SCRIPT_NOTES
+        ]
+        if reviewed and _REVIEW_REQUEST.search(told_words) and not _RUN_PROBLEM.search(told_words):
+            # Code handed over for review with nothing said to have gone wrong: what the
+            # analyser found in it is the answer, above symptoms the words only resemble.
+            best = max(reviewed, key=lambda h: (h.strength, scores[h.entry_id])).entry_id
+            top = max(scores.values())
+            if scores[best] < top:
+                scores[best] = top + 0.5
+                reasons.setdefault(best, []).append("found in the code handed over for review")
         self._put_severe_first(scores, found_in_code)
         if not assertive:
             self._put_code_findings_first(scores, reasons, found_in_code)
@@ -2137,18 +2353,18 @@ class Matcher:
         out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
             best = max(scores, key=lambda k: scores[k])
-            out_of_scope = best == OUT_OF_SCOPE_ID and not any(
-                t in self.in_scope_terms for t in terms
-            )
+            out_of_scope = best == OUT_OF_SCOPE_ID and not self._in_scope(text, terms)
         pointer = None
         if out_of_scope and OUT_OF_SCOPE_ID in self.cards:
             top = max(scores.values(), default=0.0)
             scores[OUT_OF_SCOPE_ID] = max(scores.get(OUT_OF_SCOPE_ID, 0.0), top + 1.0)
             reasons.setdefault(OUT_OF_SCOPE_ID, []).insert(
-                0, "a learning-rate-only or data-only question, no gradient terms"
+                0,
+                "a learning-rate-only or data-only question (or the job's plumbing: checkpoints, "
+                "loaders), no gradient terms",
             )
             pointer = self.cards[OUT_OF_SCOPE_ID].pointer
-        elif OUT_OF_SCOPE_ID in scores and any(t in self.in_scope_terms for t in terms):
+        elif OUT_OF_SCOPE_ID in scores and self._in_scope(text, terms):
             # Gradient words present: the question is ours even if it also mentions the LR.
             del scores[OUT_OF_SCOPE_ID]
 

@@ -462,6 +462,95 @@ def test_thousands_separators_make_one_value() -> None:
     assert result.series == {"grad_norm": [1250.0, 3400.0, 12000.0]}
 
 
+def test_values_per_bin_of_steps_are_a_series() -> None:
+    text = "loss, mean per 1k steps:\n0-1k 4.1 | 1k-2k 3.2 | 2k-3k 2.9 | 3k-4k 2.7\n"
+    assert read_series(text) == [Series("loss", (4.1, 3.2, 2.9, 2.7))]
+    # Cells that are not a bin and a value are not read.
+    assert read_series("loss:\na | b | c | d") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "step  loss  grad_norm\n10  2.0  1.5e3\n20  2.1  2.6e3\n30  2.1  4.1e3\n40  2.3  7e3",
+            "exploding-gradients",
+        ),
+        (
+            "grad norm per layer (loss stuck at 4.6 since step ~80):\n  a.w  1e-11\n  b.w  1e-8\n"
+            "  c.w  1e-5\n  d.w  1e-2\n",
+            "vanishing-gradients",
+        ),
+        (
+            "Over an epoch, 60% of the ReLU units in layer 4 output exactly 0 for every input.",
+            "dead-neurons",
+        ),
+    ],
+)
+def test_tables_and_counts_reach_their_entry(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I log (w_after - w_before).norm() / w_before.norm(): the embedding sits at 0.4",
+        "||theta_new - theta_old|| / ||theta_old|| per step is 0.25 on the head",
+        "|delta w| / |w| reads 0.3 on every step for ln_f",
+        "update/param norm ratio with lr 1e-4: around 1e-8 in all layers",
+        "Each step I compute (p - p_prev).norm() / p_prev.norm(). For the stem it is 0.5.",
+    ],
+)
+def test_update_formulas_in_any_notation_are_read(text: str) -> None:
+    values = [q.value for q in read_quantities(text) if q.name == "update_ratio"]
+    assert values and all(v != 1e-4 for v in values), values
+    assert _top_ids(match(text)) == ["update-param-ratio"]
+
+
+def test_an_update_formula_reads_no_other_ratio() -> None:
+    text = "|dw|/|w| is 1e-3 everywhere; |g|/|w| is 0.4 on the head"
+    assert [q.value for q in read_quantities(text) if q.name == "update_ratio"] == [1e-3]
+
+
+def test_whitespace_aligned_rows_are_read_as_series() -> None:
+    """Notebook and logger output aligned with spaces: a header over numbers, a value per
+    named layer under a line naming the norm, a step and a value under a line naming it."""
+    header = "iter   loss   grad_norm\n10     4.0    2.0\n20     3.1    9.0\n30     2.9    80.0"
+    assert read_series(header) == [
+        Series("loss", (4.0, 3.1, 2.9)),
+        Series("grad_norm", (2.0, 9.0, 80.0)),
+    ]
+    layers = "grad norm of every layer:\n  enc.0.w   1e-9\n  enc.1.w   1e-6\n  dec.w     1e-3\n"
+    assert read_series(layers) == [Series("layer_norms", (1e-9, 1e-6, 1e-3))]
+    steps = "loss printed:\nstep 0    3.5\nstep 100  3.1\n...\nstep 900  9.8\n"
+    assert read_series(steps) == [Series("loss", (3.5, 3.1, 9.8))]
+    scale = "it 0 loss 2.0 scale 1024\nit 1 loss 2.0 scale 512\nit 2 loss 2.0 scale 256"
+    assert Series("amp_scale", (1024.0, 512.0, 256.0)) in read_series(scale)
+    # Rows under a line naming nothing, or labels that repeat, are not read.
+    assert read_series("results:\nfoo 1.0\nbar 2.0\nbaz 3.0") == []
+    assert read_series("grad norm:\nrun 1.0\nrun 2.0\nrun 3.0") == []
+    # "10 classes" is a count even where "classes" ends the loss's stretch of text.
+    assert read_series("loss stays at 2.30 (10 classes)") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "loss flat at chance. grad norm per layer:\nl0  1e-10\nl1  1e-8\nl2  1e-6\nl3  1e-3",
+            "vanishing-gradients",
+        ),
+        ("grad norm per layer:\na  0.3\nb  0.4\nc  25.0\nd  0.35", "layer-norm-spread"),
+        (
+            "fp16 run:\nstep 0 scale 65536\nstep 1 scale 16384\nstep 2 scale 2048",
+            "amp-overflow-skips",
+        ),
+    ],
+)
+def test_aligned_listings_reach_their_entry(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
 def test_series_leave_steps_and_counts_out() -> None:
     text = "grad norm: step 0 0.8, step 1000 2.5, step 2000 9 on 8 GPUs, 30% of the time"
     assert read_series(text) == [Series("grad_norm", (0.8, 2.5, 9.0))]
@@ -684,6 +773,212 @@ def test_gradient_words_keep_a_question_in_scope(text: str, expected: str | None
 
 
 # -- result shape and robustness -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "How do I restore the optimizer state when I resume from my checkpoint after a crash?",
+        "The DataLoader hangs at epoch 3 with num_workers=4; everything just sits stuck there.",
+        "GPU utilization is 40% and the input pipeline seems to be the bottleneck, how to fix?",
+        "With 1% positives, should I use class weights or oversample with a sampler?",
+        "My LR range test: flat until 1e-4, then the loss explodes past 1e-2. Which LR do I use?",
+    ],
+)
+def test_plumbing_questions_are_out_of_scope_with_a_pointer(text: str) -> None:
+    result = match(text)
+    assert result.out_of_scope and result.pointer
+    assert _top_ids(result) == ["out-of-scope"]
+
+
+def test_a_stuck_loss_next_to_a_loader_question_stays_in_scope() -> None:
+    result = match("My loss is stuck at 2.3 and data loading is also slow with num_workers=2")
+    assert not result.out_of_scope
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        (
+            "I think the data is to blame: loss went nan, so I ran torch.isnan(batch['img']).any()"
+            " and it printed True for that batch.",
+            "nonfinite-inputs",
+        ),
+        (
+            "After the blow-up I loaded the saved weights: the decoder's weight tensors hold inf.",
+            "nan-parameters",
+        ),
+        (
+            "We accumulate 4 micro-batches, and lr_scheduler.step() runs right after each"
+            " backward(); the LR hits its floor at a quarter of the run.",
+            "accum-scheduler-per-microbatch",
+        ),
+    ],
+)
+def test_a_measured_cause_outranks_its_symptom_and_the_belief(text: str, cause: str) -> None:
+    assert _top_ids(match(text)) == [cause]
+
+
+def test_the_scheduler_beside_backward_needs_accumulation() -> None:
+    text = "scheduler.step() is called right after every loss.backward() in my loop."
+    assert "accum-scheduler-per-microbatch" not in {h.entry_id for h in prose_hits(text)}
+
+
+def test_a_run_compared_with_another_is_not_a_layer_ratio() -> None:
+    names = [q.name for q in read_quantities("grad norm is 16x lower than the old run")]
+    assert "layer_ratio" not in names
+    names = [q.name for q in read_quantities("first layer's norm is 500x smaller than the last")]
+    assert "layer_ratio" in names
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I print clip_grad_norm_(net.parameters(), 1e9) each epoch: it stays between 0.6 and 1.9."
+        " Train loss and val loss both keep going down. Is there anything to fix here?",
+        "The grad norm wobbles between 0.8 and 2.5 step to step, no NaN, and accuracy keeps"
+        " improving on train and val. Does anything here need fixing?",
+        "grad norm moves between 1 and 3 every step; eval accuracy is tracking the reference run"
+        " within 0.2 points. Anything here to fix?",
+    ],
+)
+def test_a_healthy_run_told_in_shared_clauses_is_healthy(text: str) -> None:
+    assert _top_ids(match(text)) == ["healthy"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Over the test set, 40% of the hidden units had an output that was never above zero.",
+            "dead-neurons",
+        ),
+        (
+            "Do I need clipping for my DenseNet (batch norm, skip connections, SGD)? It trains ok.",
+            "is-clipping-needed",
+        ),
+        (
+            "Is it worth including clip_grad_norm_ in a small MLP? It trains fine.",
+            "is-clipping-needed",
+        ),
+        ("Loss still jumps; next I'm going to set max_norm=0.005. Any downside?", "clip-harder"),
+    ],
+)
+def test_near_ties_go_to_what_the_text_says(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
+def test_a_max_norm_already_set_is_not_the_plan_to_clip_harder() -> None:
+    hits = {h.entry_id for h in prose_hits("I set max_norm=0.01 and now training crawls.")}
+    assert "clip-harder" not in hits
+
+
+def test_a_helper_defined_above_the_loop_is_not_ordered_against_it() -> None:
+    code = (
+        "def clip_all(m, opt, scaler):\n"
+        "    scaler.unscale_(opt)\n"
+        "    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)\n"
+        "\n"
+        "for x, y in loader:\n"
+        "    opt.zero_grad()\n"
+        "    scaler.scale(loss_fn(m(x), y)).backward()\n"
+        "    clip_all(m, opt, scaler)\n"
+        "    scaler.step(opt)\n"
+        "    scaler.update()\n"
+    )
+    assert "clip-before-backward" not in {h.entry_id for h in code_module.analyse(code)}
+
+
+def test_a_finding_in_code_handed_over_for_review_comes_first() -> None:
+    code = (
+        "class Tagger:\n"
+        "    def train_step(self, x, y):\n"
+        "        self.opt.zero_grad()\n"
+        "        out = self.gru(x)\n"
+        "        loss = F.cross_entropy(out, y)\n"
+        "        loss.backward()\n"
+        "        self.opt.step()\n"
+    )
+    text = "Please review our GRU tagger's step before the long run. Would you change anything?"
+    assert _top_ids(match(text, code=code)) == ["no-clip-sequence-model"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Incident notes: loss hit nan at 80k. Conclusion: the shards must contain bad values,"
+            " so we scan them all before anything else.",
+            "nan-means-bad-data",
+        ),
+        (
+            "Grad norm reached 5e4 then nan. Replace AdamW with plain SGD since AdamW is known to"
+            " diverge on this model.",
+            "switch-optimizer",
+        ),
+        (
+            "The reference config trains with batch size 256 but my 16GB card goes out of memory"
+            " above 32. How do I get there without buying GPUs?",
+            "oom-wants-larger-batch",
+        ),
+    ],
+)
+def test_plans_and_conclusions_written_as_notes(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "clip at max_grad_norm=50. the grad norm sits at 5-20 and never once crossed 50 in"
+            " 40k steps, while the loss keeps jumping from 2.0 to 6.1 every few thousand steps",
+            "clip-never-active",
+        ),
+        (
+            "first nan at step 9000; I dumped that batch and `batch['x'].isnan().sum()` = 12."
+            " every other batch I looked at is clean",
+            "nonfinite-inputs",
+        ),
+        (
+            "total gradient norm is already 400-900 at step 1 and reaches ~3,000 on some steps;"
+            " the loss is still finite",
+            "exploding-gradients",
+        ),
+    ],
+)
+def test_a_measured_cause_beats_the_symptom_it_explains(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
+def test_an_lr_range_test_is_out_of_scope_even_with_its_loss_numbers() -> None:
+    text = "LR range test: loss falls from 1e-5 on and blows up past 1e-1. Which max_lr do I take?"
+    result = match(text, code="for x, y in dl:\n    loss = f(m(x), y)\n    loss.backward()\n")
+    assert result.out_of_scope and _top_ids(result) == ["out-of-scope"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Their loss goes NaN in epoch 2. I'm going to suggest they halve the learning rate and"
+            " rerun, that normally does it.",
+            "lower-lr-for-nan",
+        ),
+        (
+            "Loss spikes keep coming with max_norm=0.5, so the team wants to set it to 0.005."
+            " Should I agree?",
+            "clip-harder",
+        ),
+        (
+            "bf16 off, fp16 + GradScaler: the scale dropped 65536 -> 32768 in the first 20 steps"
+            " and has held there for 30k steps. grad norm 0.4-0.9, loss curve smooth.",
+            "healthy",
+        ),
+    ],
+)
+def test_plans_and_calibration_read_as_told(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
 
 
 def test_result_shape() -> None:
