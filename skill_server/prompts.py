@@ -100,7 +100,8 @@ def triage_steps(symptoms: str) -> str:
     """The triage steps for the reported ``symptoms`` (or a reference to them)."""
     return (
         f"1. Call `match_symptoms` with {symptoms}. If it says the question is out of scope "
-        "(learning-rate-only or data-only), say so and give its pointer instead of "
+        "(learning-rate-only, data-only or the job's plumbing such as checkpoint resume "
+        "or a slow data loader), say so and give its pointer instead of "
         "gradient advice.\n"
         "2. Otherwise, take the top matches in order: name each likely cause by its id, "
         "say how to confirm it (its next checks), and what to do about it. When a match "
