@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from typing import ClassVar
@@ -10,7 +11,17 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import automatic_optimization, is_lightning_module
-from gradient_doctor.probes.static.model import Accumulation, Event, FileModel, FuncInfo, Unit
+from gradient_doctor.probes.static.model import (
+    MAX_PATH_GROUPS,
+    Accumulation,
+    Event,
+    FileModel,
+    Frame,
+    FuncInfo,
+    Unit,
+    condition_key,
+    modulo_divisor,
+)
 from gradient_doctor.probes.static.names import code_of, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
@@ -96,6 +107,62 @@ for step, batch in enumerate(loader, 1):
     if step % accum == 0:
         optimizer.step()
 """,
+        # Both sides of the precision switch zero their own gradients.
+        """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for images, boxes in loader:
+    total = detector_loss(net(images), boxes)
+    if cfg.mixed_precision:
+        opt.zero_grad()
+        grad_scaler.scale(total).backward()
+        grad_scaler.step(opt)
+        grad_scaler.update()
+    else:
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+""",
+        # One zero before the switch covers both sides.
+        """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for images, boxes in loader:
+    opt.zero_grad(set_to_none=True)
+    total = detector_loss(net(images), boxes)
+    if cfg.mixed_precision:
+        grad_scaler.scale(total).backward()
+        grad_scaler.step(opt)
+        grad_scaler.update()
+    else:
+        total.backward()
+        opt.step()
+""",
+        # Only the training side steps; the other side only evaluates.
+        """
+import torch
+for images, boxes in loader:
+    if cfg.train:
+        opt.zero_grad()
+        detector_loss(net(images), boxes).backward()
+        opt.step()
+    else:
+        with torch.no_grad():
+            meter.update(net(images), boxes)
+""",
+        # The other side resets the gradients through a library call the analyser cannot read.
+        """
+for images, boxes in loader:
+    total = detector_loss(net(images), boxes)
+    if cfg.fused:
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    else:
+        trainer_engine.reset_grads()
+        total.backward()
+        opt.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -147,6 +214,57 @@ def fit(net, opt, loader, max_norm):
             opt.step()
 """,
             8,
+        ),
+        # Only the mixed-precision side zeroes: the fp32 side keeps adding up gradients.
+        Invalid(
+            """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for images, boxes in loader:
+    total = detector_loss(net(images), boxes)
+    if cfg.mixed_precision:
+        opt.zero_grad()
+        grad_scaler.scale(total).backward()
+        grad_scaler.step(opt)
+        grad_scaler.update()
+    else:
+        total.backward()
+        opt.step()
+""",
+            13,
+        ),
+        # The mirror: only the fp32 side zeroes, read through two `if`s on the same flag.
+        Invalid(
+            """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for images, boxes in loader:
+    if not use_amp:
+        opt.zero_grad()
+    total = detector_loss(net(images), boxes)
+    if use_amp:
+        grad_scaler.scale(total).backward()
+        grad_scaler.step(opt)
+        grad_scaler.update()
+    else:
+        total.backward()
+        opt.step()
+""",
+            10,
+        ),
+        # Iterations skipped on resume do no backward: every other one steps, never zeroed.
+        Invalid(
+            """
+import torch
+opt = torch.optim.Adam(net.parameters())
+for offset in range(0, total_samples, batch):
+    if offset <= resume_from and resume_from:
+        continue
+    loss = net(samples[offset : offset + batch]).mean()
+    loss.backward()
+    opt.step()
+""",
+            9,
         ),
     ]
 
@@ -367,7 +485,189 @@ def _plain_loop(model: FileModel, unit: Unit, *, per_call: bool = False) -> Iter
             },
         )
         return
-    yield from _other_optimizer(model, unit, steps, zeros)
+    branch_steps = steps + [
+        s
+        for s in unit.of_kind("scaler_step")
+        if s.optimizer and s.framework is None and _every_iteration(unit, s)
+    ]
+    found = list(_unzeroed_paths(model, unit, branch_steps, zeros))
+    yield from found
+    flagged = {id(f.node) for f in found}
+    yield from _other_optimizer(model, unit, [s for s in steps if id(s.call) not in flagged], zeros)
+
+
+BRANCH_MESSAGE = (
+    "`{step}` on line {step_line} steps on every iteration, but when `{path}` nothing zeroes "
+    "the gradients: the only `zero_grad()` (line {zero_line}) is in another branch, so on this "
+    "path every update adds up all gradients since the start; call `{optimizer}.zero_grad()` "
+    "in this branch too"
+)
+
+
+def _unzeroed_paths(
+    model: FileModel, unit: Unit, steps: list[Event], zeros: list[Event]
+) -> Iterator[RawFinding]:
+    """Steps that run, on some consistent choice of the loop's configuration branches (``if
+    amp: ... else: ...``), on a path with a backward and no ``zero_grad`` at all: a zero in
+    one branch of an ``if``/``else`` does not cover the other.
+
+    Only ``if``s whose test does not change from one iteration to the next take part (a flag,
+    not ``if i % k == 0``); an event under any other ``if`` counts as present on every path,
+    so a gated zero still covers. Tests written the same way (``if amp`` twice, ``if not
+    amp``) take the same branch on one path, as the whole iteration, from one step to the
+    next, follows one configuration."""
+    if not steps or not zeros or _unfollowed_zeroing(model, unit, zeros):
+        return
+    events = [*unit.backwards, *steps, *zeros]
+    groups: dict[str, list[tuple[cst.If, bool]]] = {}
+    for event in events:
+        for frame in _config_frames(unit, event):
+            node = frame.node
+            assert isinstance(node, cst.If)
+            key, positive = condition_key(node.test)
+            entries = groups.setdefault(key, [])
+            if all(n is not node for n, _ in entries):
+                entries.append((node, positive))
+    if not groups or len(groups) > MAX_PATH_GROUPS:
+        return
+    reported: set[int] = set()
+    for values in itertools.product((True, False), repeat=len(groups)):
+        branch_of: dict[int, int] = {}
+        for (_, entries), value in zip(groups.items(), values, strict=True):
+            for node, positive in entries:
+                branch_of[id(node)] = 0 if value == positive else 1
+
+        def on_path(event: Event, branch_of: dict[int, int] = branch_of) -> bool:
+            return all(
+                branch_of.get(id(f.node), f.branch) == f.branch
+                for f in _config_frames(unit, event)
+            )
+
+        if any(on_path(z) for z in zeros) or not any(on_path(b) for b in unit.backwards):
+            continue
+        for step in steps:
+            if id(step.call) in reported or not on_path(step):
+                continue
+            reported.add(id(step.call))
+            path = _path_text(groups, values, zeros)
+            optimizer = optimizer_of(step) or "optimizer"
+            yield RawFinding(
+                node=step.call,
+                message=BRANCH_MESSAGE,
+                evidence={
+                    "step": label(step.call),
+                    "step_line": step.call,
+                    "path": path or "the other branch is taken",
+                    "zero_line": zeros[0].anchor,
+                    "optimizer": optimizer,
+                },
+                patch=_branch_patch(model, unit, step, zeros, optimizer),
+                fix_description=(
+                    f"Insert `{optimizer}.zero_grad()` in the branch that steps without it."
+                ),
+            )
+
+
+def _path_text(
+    groups: dict[str, list[tuple[cst.If, bool]]], values: tuple[bool, ...], zeros: list[Event]
+) -> str:
+    """The tests that choose the unzeroed path, for those ``if``s that hold a zero."""
+    around_zeros = {id(f.node) for z in zeros for f in z.frames}
+    parts: list[str] = []
+    for (key, entries), value in zip(groups.items(), values, strict=True):
+        if not any(id(node) in around_zeros for node, _ in entries):
+            continue
+        if value:
+            parts.append(key)
+        else:
+            parts.append(f"not ({key})" if " " in key else f"not {key}")
+    return " and ".join(parts)
+
+
+def _config_frames(unit: Unit, event: Event) -> list[Frame]:
+    """The ``if`` branches around ``event`` (inside the loop) whose test is a configuration
+    flag: no name that changes per iteration, no call other than a finiteness check."""
+    loop = unit.scope.node if unit.scope is not None else None
+    varying = names_in(loop.target) if isinstance(loop, cst.For) else set()
+    frames: list[Frame] = []
+    for frame in event.frames_after(unit.scope):
+        if frame.kind != "if" or not isinstance(frame.node, cst.If):
+            continue
+        test = frame.node.test
+        if names_in(test) & (varying | {"step", "i", "it", "batch_idx"}):
+            continue
+        if any(not _finiteness_check(call) for call in calls_in(test)):
+            continue
+        if modulo_divisor(test) is not None:
+            continue
+        frames.append(frame)
+    return frames
+
+
+ZEROING_WORDS = re.compile(r"zero|reset_grad|clear_grad|set_to_none", re.I)
+
+
+def _unfollowed_zeroing(model: FileModel, unit: Unit, zeros: list[Event]) -> bool:
+    """The loop calls something that may zero gradients without being one of ``zeros`` (a
+    method of a library object, ``self.reset_grads()`` the analyser cannot read): the path
+    that looks unzeroed may not be."""
+    loop = unit.scope.node if unit.scope is not None else unit.root.node
+    known = {id(z.call) for z in zeros} | {id(z.anchor) for z in zeros}
+    for call in calls_in(loop):
+        if id(call) in known:
+            continue
+        name = method_name(call) or code_of(call.func).rsplit(".", 1)[-1]
+        if ZEROING_WORDS.search(name) or any(
+            a.keyword is not None and a.keyword.value == "set_to_none" for a in call.args
+        ):
+            return True
+    return False
+
+
+def _branch_patch(
+    model: FileModel, unit: Unit, step: Event, zeros: list[Event], optimizer: str
+) -> Patch | None:
+    """``optimizer.zero_grad()`` inside the branch that holds ``step`` and no zero: before the
+    first backward written directly in that branch, or else right after the step. None when
+    the step is not itself in such a branch (the unzeroed path shares the step with a zeroed
+    one: a zero added next to it would run on both)."""
+    frames = _config_frames(unit, step)
+    branch = next(
+        (
+            f
+            for f in reversed(frames)
+            if all(any(exclusive_frames(f, zf) for zf in _config_frames(unit, z)) for z in zeros)
+        ),
+        None,
+    )
+    if branch is None:
+        return None
+    code = f"{optimizer}.zero_grad()"
+    for backward in unit.backwards:
+        if (
+            backward.order < step.order
+            and not backward.chain
+            and backward.frames
+            and backward.frames[-1].same(branch)
+        ):
+            return Patch().insert_before(backward.stmt, code)
+    if not step.chain and step.frames and step.frames[-1].same(branch):
+        return Patch().insert_after(step.stmt, code)
+    return None
+
+
+def exclusive_frames(a: Frame, b: Frame) -> bool:
+    """Two ``if`` branches that never run on one path: the two sides of one ``if``, or of two
+    ``if``s that test the same thing."""
+    if not isinstance(a.node, cst.If) or not isinstance(b.node, cst.If):
+        return False
+    if a.node is b.node:
+        return a.branch != b.branch
+    key_a, positive_a = condition_key(a.node.test)
+    key_b, positive_b = condition_key(b.node.test)
+    if key_a != key_b:
+        return False
+    return ((a.branch == 0) == positive_a) != ((b.branch == 0) == positive_b)
 
 
 def _other_optimizer(
@@ -520,12 +820,22 @@ def _every_iteration(unit: Unit, step: Event) -> bool:
     for frame in step.frames_after(unit.micro):
         if frame.kind != "if" or not isinstance(frame.node, cst.If):
             continue
+        if _shared_by_every_backward(unit, frame):
+            # `if resuming and i <= done: continue` before the backward and the step: the
+            # skipped iterations do no backward either, so every backward is still stepped.
+            continue
         test = frame.node.test
         if names_in(test) & (varying | {"step", "i", "it", "batch_idx"}):
             return False
         if any(not _finiteness_check(call) for call in calls_in(test)):
             return False
     return True
+
+
+def _shared_by_every_backward(unit: Unit, frame: Frame) -> bool:
+    """Every backward of the unit runs in the same branch ``frame`` (none runs outside it)."""
+    backwards = unit.backwards
+    return bool(backwards) and all(any(f.same(frame) for f in b.frames) for b in backwards)
 
 
 FINITENESS_CHECKS = frozenset({"isfinite", "isnan", "isinf", "all", "any", "item"})
