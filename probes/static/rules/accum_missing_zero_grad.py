@@ -539,8 +539,7 @@ def _unzeroed_paths(
 
         def on_path(event: Event, branch_of: dict[int, int] = branch_of) -> bool:
             return all(
-                branch_of.get(id(f.node), f.branch) == f.branch
-                for f in _config_frames(unit, event)
+                branch_of.get(id(f.node), f.branch) == f.branch for f in _config_frames(unit, event)
             )
 
         if any(on_path(z) for z in zeros) or not any(on_path(b) for b in unit.backwards):
