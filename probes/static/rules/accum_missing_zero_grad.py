@@ -215,6 +215,19 @@ def fit(net, opt, loader, max_norm):
 """,
             8,
         ),
+        # The zero runs on the first micro-batch of each window, which never comes when the
+        # window is one batch long (`k % 1` is always 0).
+        Invalid(
+            """
+for k, batch in enumerate(loader, 1):
+    if k % accum == 1:
+        optimizer.zero_grad()
+    (model(batch) / accum).backward()
+    if k % accum == 0:
+        optimizer.step()
+""",
+            7,
+        ),
         # Only the mixed-precision side zeroes: the fp32 side keeps adding up gradients.
         Invalid(
             """
@@ -421,9 +434,9 @@ def _never_when_one_finding(step: Event, gate: cst.If, acc: Accumulation) -> Raw
             "gate": code_of(gate.test),
             "gate_line": gate,
         },
-        # Wrong only for a configuration with N == 1, a value the code accepts but may never be
-        # given: a latent bug, not a certain one.
-        severity="warning",
+        # The catalogue's severity (critical): N == 1 is the "no accumulation" setting, the
+        # default of nearly every training script that has the option, and the code accepts it
+        # unchecked (`_count_is_checked`); there the gradients are never zeroed at all.
     )
 
 
