@@ -31,7 +31,7 @@ from gradient_doctor.probes.static.ruletools import (
     optimizer_of,
     update_anchor,
 )
-from gradient_doctor.probes.static.traverse import calls_in
+from gradient_doctor.probes.static.traverse import calls_in, walk
 
 
 class AccumMissingZeroGrad(Rule):
@@ -149,6 +149,17 @@ for images, boxes in loader:
     else:
         with torch.no_grad():
             meter.update(net(images), boxes)
+""",
+        # Flags computed on every iteration are no configuration: the zero and the step open
+        # and close a window the analyser cannot read, not two exclusive set-ups.
+        """
+for i, batch in enumerate(loader):
+    opens, closes = schedule.edges(i)
+    if opens:
+        opt.zero_grad()
+    (model(batch) / accum).backward()
+    if closes:
+        opt.step()
 """,
         # The other side resets the gradients through a library call the analyser cannot read.
         """
@@ -531,10 +542,11 @@ def _unzeroed_paths(
     next, follows one configuration."""
     if not steps or not zeros or _unfollowed_zeroing(model, unit, zeros):
         return
+    varying = _assigned_in(unit.scope.node) if unit.scope is not None else set()
     events = [*unit.backwards, *steps, *zeros]
     groups: dict[str, list[tuple[cst.If, bool]]] = {}
     for event in events:
-        for frame in _config_frames(unit, event):
+        for frame in _config_frames(unit, event, varying):
             node = frame.node
             assert isinstance(node, cst.If)
             key, positive = condition_key(node.test)
@@ -551,9 +563,8 @@ def _unzeroed_paths(
                 branch_of[id(node)] = 0 if value == positive else 1
 
         def on_path(event: Event, branch_of: dict[int, int] = branch_of) -> bool:
-            return all(
-                branch_of.get(id(f.node), f.branch) == f.branch for f in _config_frames(unit, event)
-            )
+            frames = _config_frames(unit, event, varying)
+            return all(branch_of.get(id(f.node), f.branch) == f.branch for f in frames)
 
         if any(on_path(z) for z in zeros) or not any(on_path(b) for b in unit.backwards):
             continue
@@ -573,7 +584,7 @@ def _unzeroed_paths(
                     "zero_line": zeros[0].anchor,
                     "optimizer": optimizer,
                 },
-                patch=_branch_patch(model, unit, step, zeros, optimizer),
+                patch=_branch_patch(unit, step, zeros, optimizer, varying),
                 fix_description=(
                     f"Insert `{optimizer}.zero_grad()` in the branch that steps without it."
                 ),
@@ -596,17 +607,16 @@ def _path_text(
     return " and ".join(parts)
 
 
-def _config_frames(unit: Unit, event: Event) -> list[Frame]:
+def _config_frames(unit: Unit, event: Event, varying: set[str]) -> list[Frame]:
     """The ``if`` branches around ``event`` (inside the loop) whose test is a configuration
-    flag: no name that changes per iteration, no call other than a finiteness check."""
-    loop = unit.scope.node if unit.scope is not None else None
-    varying = names_in(loop.target) if isinstance(loop, cst.For) else set()
+    flag: nothing it reads is in ``varying`` (what the loop assigns: ``first = i % N == 0``
+    changes per iteration), no call other than a finiteness check."""
     frames: list[Frame] = []
     for frame in event.frames_after(unit.scope):
         if frame.kind != "if" or not isinstance(frame.node, cst.If):
             continue
         test = frame.node.test
-        if names_in(test) & (varying | {"step", "i", "it", "batch_idx"}):
+        if _reads(test) & (varying | {"step", "i", "it", "batch_idx"}):
             continue
         if any(not _finiteness_check(call) for call in calls_in(test)):
             continue
@@ -614,6 +624,32 @@ def _config_frames(unit: Unit, event: Event) -> list[Frame]:
             continue
         frames.append(frame)
     return frames
+
+
+def _assigned_in(loop: cst.CSTNode) -> set[str]:
+    """The names and dotted attributes (``self.flag``) bound anywhere in ``loop``, its own
+    target included: what may change from one iteration to the next."""
+    targets: list[cst.BaseExpression] = []
+    for node in walk(loop):
+        if isinstance(node, cst.Assign):
+            targets += [t.target for t in node.targets]
+        elif isinstance(
+            node, cst.AugAssign | cst.AnnAssign | cst.NamedExpr | cst.For | cst.CompFor
+        ):
+            targets.append(node.target)
+        elif isinstance(node, cst.AsName):
+            targets.append(node.name)
+    found: set[str] = set()
+    for target in targets:
+        for part in walk(target):
+            if isinstance(part, cst.Name | cst.Attribute):
+                found.add(code_of(part))
+    return found
+
+
+def _reads(test: cst.BaseExpression) -> set[str]:
+    """The names and dotted attributes ``test`` reads (``args``, ``args.amp``)."""
+    return {code_of(n) for n in walk(test) if isinstance(n, cst.Name | cst.Attribute)}
 
 
 ZEROING_WORDS = re.compile(r"zero|reset_grad|clear_grad|set_to_none", re.I)
@@ -637,18 +673,21 @@ def _unfollowed_zeroing(model: FileModel, unit: Unit, zeros: list[Event]) -> boo
 
 
 def _branch_patch(
-    model: FileModel, unit: Unit, step: Event, zeros: list[Event], optimizer: str
+    unit: Unit, step: Event, zeros: list[Event], optimizer: str, varying: set[str]
 ) -> Patch | None:
     """``optimizer.zero_grad()`` inside the branch that holds ``step`` and no zero: before the
     first backward written directly in that branch, or else right after the step. None when
     the step is not itself in such a branch (the unzeroed path shares the step with a zeroed
     one: a zero added next to it would run on both)."""
-    frames = _config_frames(unit, step)
+    frames = _config_frames(unit, step, varying)
     branch = next(
         (
             f
             for f in reversed(frames)
-            if all(any(exclusive_frames(f, zf) for zf in _config_frames(unit, z)) for z in zeros)
+            if all(
+                any(exclusive_frames(f, other) for other in _config_frames(unit, z, varying))
+                for z in zeros
+            )
         ),
         None,
     )
