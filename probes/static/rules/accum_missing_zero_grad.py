@@ -42,8 +42,10 @@ class AccumMissingZeroGrad(Rule):
         "they keep growing across updates; call `{optimizer}.zero_grad()` after the step"
     )
     what = (
-        "Finds accumulation loops whose update steps but never calls `zero_grad()`, and loops "
-        "or one-update methods that zero one network but step another network's optimizer."
+        "Finds accumulation loops whose update steps but never calls `zero_grad()`, loops "
+        "whose update is written once per configuration (`if amp: ... else: ...`) with a "
+        "`zero_grad()` in only some of those branches, and loops or one-update methods that "
+        "zero one network but step another network's optimizer."
     )
     why = (
         "`backward()` adds into `.grad`. With no `zero_grad()` after the update, the next window "
@@ -63,7 +65,11 @@ class AccumMissingZeroGrad(Rule):
         "        optimizer.step()\n"
         "        optimizer.zero_grad()\n"
     )
-    fix_safety = "Safe: `optimizer.zero_grad()` is inserted right after the update's step."
+    fix_safety = (
+        "Safe: `optimizer.zero_grad()` is inserted right after the update's step; for a branch "
+        "of the update that lacks it, inside that branch only (before its backward), so the "
+        "other branches and every guard stay as they are."
+    )
     snippet_id = "accumulation"
     valid: ClassVar[list[str]] = [
         """
@@ -161,6 +167,24 @@ for i, batch in enumerate(loader):
     if closes:
         opt.step()
 """,
+        # An accumulation update written per precision, zeroed once after either side steps.
+        """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for k, (src, tgt) in enumerate(pairs, 1):
+    piece = seq2seq_loss(net(src), tgt) / window
+    if half:
+        grad_scaler.scale(piece).backward()
+    else:
+        piece.backward()
+    if k % window == 0:
+        if half:
+            grad_scaler.step(opt)
+            grad_scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad()
+""",
         # The other side resets the gradients through a library call the analyser cannot read.
         """
 for images, boxes in loader:
@@ -239,6 +263,27 @@ for k, batch in enumerate(loader, 1):
 """,
             7,
         ),
+        # An accumulation update written per precision: only the mixed-precision side zeroes
+        # after its step, so in full precision every window adds to all the earlier ones.
+        Invalid(
+            """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for k, (src, tgt) in enumerate(pairs, 1):
+    piece = seq2seq_loss(net(src), tgt) / window
+    if half:
+        grad_scaler.scale(piece).backward()
+        if k % window == 0:
+            grad_scaler.step(opt)
+            grad_scaler.update()
+            opt.zero_grad()
+    else:
+        piece.backward()
+        if k % window == 0:
+            opt.step()
+""",
+            15,
+        ),
         # Only the mixed-precision side zeroes: the fp32 side keeps adding up gradients.
         Invalid(
             """
@@ -307,6 +352,12 @@ for offset in range(0, total_samples, batch):
                 ):
                     reported.add(id(steps[0].call))
                     yield _never_when_one_finding(steps[0], gate, acc)
+                    continue
+                own = [s for s in steps if s.framework is None and optimizer_of(s)]
+                for finding in _unzeroed_paths(model, unit, own, zeros, accumulating=True):
+                    if id(finding.node) not in reported:
+                        reported.add(id(finding.node))
+                        yield finding
                 continue
             step = steps[0]
             reported.add(id(step.call))
@@ -521,7 +572,7 @@ def _plain_loop(model: FileModel, unit: Unit, *, per_call: bool = False) -> Iter
 
 
 BRANCH_MESSAGE = (
-    "`{step}` on line {step_line} steps on every iteration, but when `{path}` nothing zeroes "
+    "`{step}` on line {step_line} updates the weights, but when `{path}` nothing zeroes "
     "the gradients: the only `zero_grad()` (line {zero_line}) is in another branch, so on this "
     "path every update adds up all gradients since the start; call `{optimizer}.zero_grad()` "
     "in this branch too"
@@ -529,7 +580,12 @@ BRANCH_MESSAGE = (
 
 
 def _unzeroed_paths(
-    model: FileModel, unit: Unit, steps: list[Event], zeros: list[Event]
+    model: FileModel,
+    unit: Unit,
+    steps: list[Event],
+    zeros: list[Event],
+    *,
+    accumulating: bool = False,
 ) -> Iterator[RawFinding]:
     """Steps that run, on some consistent choice of the loop's configuration branches (``if
     amp: ... else: ...``), on a path with a backward and no ``zero_grad`` at all: a zero in
@@ -584,7 +640,7 @@ def _unzeroed_paths(
                     "zero_line": zeros[0].anchor,
                     "optimizer": optimizer,
                 },
-                patch=_branch_patch(unit, step, zeros, optimizer, varying),
+                patch=_branch_patch(unit, step, zeros, optimizer, varying, accumulating),
                 fix_description=(
                     f"Insert `{optimizer}.zero_grad()` in the branch that steps without it."
                 ),
@@ -673,12 +729,21 @@ def _unfollowed_zeroing(model: FileModel, unit: Unit, zeros: list[Event]) -> boo
 
 
 def _branch_patch(
-    unit: Unit, step: Event, zeros: list[Event], optimizer: str, varying: set[str]
+    unit: Unit,
+    step: Event,
+    zeros: list[Event],
+    optimizer: str,
+    varying: set[str],
+    accumulating: bool,
 ) -> Patch | None:
     """``optimizer.zero_grad()`` inside the branch that holds ``step`` and no zero: before the
     first backward written directly in that branch, or else right after the step. None when
     the step is not itself in such a branch (the unzeroed path shares the step with a zeroed
-    one: a zero added next to it would run on both)."""
+    one: a zero added next to it would run on both).
+
+    ``accumulating``: the step closes a window of micro-batches. A zero before the backward
+    would wipe every micro-batch but the last, so it only goes right after the step, in the
+    same update gate."""
     frames = _config_frames(unit, step, varying)
     branch = next(
         (
@@ -694,6 +759,13 @@ def _branch_patch(
     if branch is None:
         return None
     code = f"{optimizer}.zero_grad()"
+    if step.chain:
+        return None
+    if accumulating:
+        inner = step.frames_after(branch)
+        if all(f.kind == "if" and modulo_divisor(f.node.test) is not None for f in inner):
+            return Patch().insert_after(step.stmt, code)
+        return None
     for backward in unit.backwards:
         if (
             backward.order < step.order
@@ -702,7 +774,7 @@ def _branch_patch(
             and backward.frames[-1].same(branch)
         ):
             return Patch().insert_before(backward.stmt, code)
-    if not step.chain and step.frames and step.frames[-1].same(branch):
+    if step.frames and step.frames[-1].same(branch):
         return Patch().insert_after(step.stmt, code)
     return None
 
