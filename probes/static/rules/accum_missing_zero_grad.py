@@ -763,7 +763,9 @@ def _branch_patch(
         return None
     if accumulating:
         inner = step.frames_after(branch)
-        if all(f.kind == "if" and modulo_divisor(f.node.test) is not None for f in inner):
+        if all(
+            isinstance(f.node, cst.If) and modulo_divisor(f.node.test) is not None for f in inner
+        ):
             return Patch().insert_after(step.stmt, code)
         return None
     for backward in unit.backwards:
