@@ -185,6 +185,24 @@ for k, (src, tgt) in enumerate(pairs, 1):
             opt.step()
         opt.zero_grad()
 """,
+        # The same, with the flags computed in the helper that runs the update.
+        """
+class Task:
+    def run_update(self, loss):
+        index = self.seen // self.batch
+        first = index % self.period == 0
+        last = index % self.period == self.period - 1
+        if first:
+            self.opt.zero_grad()
+        loss.backward()
+        if last:
+            self.opt.step()
+
+    def train(self, loader):
+        for batch in loader:
+            self.run_update(self.net(batch).mean())
+            self.seen += self.batch
+""",
         # The other side resets the gradients through a library call the analyser cannot read.
         """
 for images, boxes in loader:
@@ -598,7 +616,7 @@ def _unzeroed_paths(
     next, follows one configuration."""
     if not steps or not zeros or _unfollowed_zeroing(model, unit, zeros):
         return
-    varying = _assigned_in(unit.scope.node) if unit.scope is not None else set()
+    varying = _varying(model, unit, [*unit.backwards, *steps, *zeros])
     events = [*unit.backwards, *steps, *zeros]
     groups: dict[str, list[tuple[cst.If, bool]]] = {}
     for event in events:
@@ -680,6 +698,23 @@ def _config_frames(unit: Unit, event: Event, varying: set[str]) -> list[Frame]:
             continue
         frames.append(frame)
     return frames
+
+
+def _varying(model: FileModel, unit: Unit, events: list[Event]) -> set[str]:
+    """What may change from one iteration to the next: names bound in the loop, in the body
+    and parameters of every helper that holds one of ``events`` (``do_step = k % N == 0`` in
+    ``run_optimizer(loss)``), and attributes set by methods other than ``__init__``
+    (``self.sync = ...`` in a per-batch hook)."""
+    found = _assigned_in(unit.scope.node if unit.scope is not None else unit.root.node)
+    if unit.scope is None:
+        found |= unit.root.params
+    holders = {id(e.func): e.func for e in events if e.func is not unit.root}
+    for holder in holders.values():
+        found |= _assigned_in(holder.node) | holder.params
+    for func in model.functions:
+        if func.class_name is not None and func.name != "__init__":
+            found |= {t for t in _assigned_in(func.node) if "." in t}
+    return found
 
 
 def _assigned_in(loop: cst.CSTNode) -> set[str]:
