@@ -357,6 +357,7 @@ for offset in range(0, total_samples, batch):
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         reported: set[int] = set()
+        state = _ClassState(model)
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
             if any(_step_zeroes(model, s) for s in steps):
                 continue
@@ -372,7 +373,8 @@ for offset in range(0, total_samples, batch):
                     yield _never_when_one_finding(steps[0], gate, acc)
                     continue
                 own = [s for s in steps if s.framework is None and optimizer_of(s)]
-                for finding in _unzeroed_paths(model, unit, own, zeros, accumulating=True):
+                paths = _unzeroed_paths(model, unit, own, zeros, state, accumulating=True)
+                for finding in paths:
                     if id(finding.node) not in reported:
                         reported.add(id(finding.node))
                         yield finding
@@ -407,7 +409,7 @@ for offset in range(0, total_samples, batch):
             if unit.accumulation is not None:
                 continue
             per_call = unit.micro is None and not _manual_training_step(model, unit)
-            for finding in _plain_loop(model, unit, per_call=per_call):
+            for finding in _plain_loop(model, unit, state, per_call=per_call):
                 if id(finding.node) not in reported:
                     reported.add(id(finding.node))
                     yield finding
@@ -520,7 +522,9 @@ def _never_when_one_finding(step: Event, gate: cst.If, acc: Accumulation) -> Raw
     )
 
 
-def _plain_loop(model: FileModel, unit: Unit, *, per_call: bool = False) -> Iterator[RawFinding]:
+def _plain_loop(
+    model: FileModel, unit: Unit, state: _ClassState, *, per_call: bool = False
+) -> Iterator[RawFinding]:
     """A loop that steps on every iteration and never zeroes (or zeroes another optimizer).
 
     ``per_call``: the unit is a function with no loop (``GAN.step(batch)``, one iteration
@@ -583,7 +587,7 @@ def _plain_loop(model: FileModel, unit: Unit, *, per_call: bool = False) -> Iter
         for s in unit.of_kind("scaler_step")
         if s.optimizer and s.framework is None and _every_iteration(unit, s)
     ]
-    found = list(_unzeroed_paths(model, unit, branch_steps, zeros))
+    found = list(_unzeroed_paths(model, unit, branch_steps, zeros, state))
     yield from found
     flagged = {id(f.node) for f in found}
     yield from _other_optimizer(model, unit, [s for s in steps if id(s.call) not in flagged], zeros)
@@ -602,6 +606,7 @@ def _unzeroed_paths(
     unit: Unit,
     steps: list[Event],
     zeros: list[Event],
+    state: _ClassState,
     *,
     accumulating: bool = False,
 ) -> Iterator[RawFinding]:
@@ -616,7 +621,7 @@ def _unzeroed_paths(
     next, follows one configuration."""
     if not steps or not zeros or _unfollowed_zeroing(model, unit, zeros):
         return
-    varying = _varying(model, unit, [*unit.backwards, *steps, *zeros])
+    varying = _varying(unit, [*unit.backwards, *steps, *zeros], state)
     events = [*unit.backwards, *steps, *zeros]
     groups: dict[str, list[tuple[cst.If, bool]]] = {}
     for event in events:
@@ -700,7 +705,26 @@ def _config_frames(unit: Unit, event: Event, varying: set[str]) -> list[Frame]:
     return frames
 
 
-def _varying(model: FileModel, unit: Unit, events: list[Event]) -> set[str]:
+class _ClassState:
+    """The attributes that methods other than ``__init__`` set (``self.sync = ...`` in a
+    per-batch hook): state that may change while training. Read once per file, when a rule
+    first needs it."""
+
+    def __init__(self, model: FileModel) -> None:
+        self._model = model
+        self._found: set[str] | None = None
+
+    @property
+    def attributes(self) -> set[str]:
+        if self._found is None:
+            self._found = set()
+            for func in self._model.functions:
+                if func.class_name is not None and func.name != "__init__":
+                    self._found |= {t for t in _assigned_in(func.node) if "." in t}
+        return self._found
+
+
+def _varying(unit: Unit, events: list[Event], state: _ClassState) -> set[str]:
     """What may change from one iteration to the next: names bound in the loop, in the body
     and parameters of every helper that holds one of ``events`` (``do_step = k % N == 0`` in
     ``run_optimizer(loss)``), and attributes set by methods other than ``__init__``
@@ -711,10 +735,7 @@ def _varying(model: FileModel, unit: Unit, events: list[Event]) -> set[str]:
     holders = {id(e.func): e.func for e in events if e.func is not unit.root}
     for holder in holders.values():
         found |= _assigned_in(holder.node) | holder.params
-    for func in model.functions:
-        if func.class_name is not None and func.name != "__init__":
-            found |= {t for t in _assigned_in(func.node) if "." in t}
-    return found
+    return found | state.attributes
 
 
 def _assigned_in(loop: cst.CSTNode) -> set[str]:
