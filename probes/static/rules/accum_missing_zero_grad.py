@@ -302,13 +302,15 @@ for k, (src, tgt) in enumerate(pairs, 1):
 """,
             15,
         ),
-        # Only the mixed-precision side zeroes: the fp32 side keeps adding up gradients.
+        # Only the mixed-precision side zeroes: the fp32 side keeps adding up gradients
+        # (`torch.zeros` is no gradient reset).
         Invalid(
             """
 import torch
 grad_scaler = torch.amp.GradScaler("cuda")
 for images, boxes in loader:
-    total = detector_loss(net(images), boxes)
+    anchors = torch.zeros(len(images), 4)
+    total = detector_loss(net(images), boxes, anchors)
     if cfg.mixed_precision:
         opt.zero_grad()
         grad_scaler.scale(total).backward()
@@ -318,7 +320,7 @@ for images, boxes in loader:
         total.backward()
         opt.step()
 """,
-            13,
+            14,
         ),
         # The mirror: only the fp32 side zeroes, read through two `if`s on the same flag.
         Invalid(
@@ -764,7 +766,9 @@ def _reads(test: cst.BaseExpression) -> set[str]:
     return {code_of(n) for n in walk(test) if isinstance(n, cst.Name | cst.Attribute)}
 
 
-ZEROING_WORDS = re.compile(r"zero|reset_grad|clear_grad|set_to_none", re.I)
+ZEROING_NAME = re.compile(r"(zero|reset|clear|wipe).*grad|grad.*(zero|reset|clear|none)", re.I)
+"""A call named for clearing gradients (``zero_grad``, ``reset_grads``, ``clear_gradients``);
+``torch.zeros`` / ``new_zeros`` are not."""
 
 
 def _unfollowed_zeroing(model: FileModel, unit: Unit, zeros: list[Event]) -> bool:
@@ -777,10 +781,12 @@ def _unfollowed_zeroing(model: FileModel, unit: Unit, zeros: list[Event]) -> boo
         if id(call) in known:
             continue
         name = method_name(call) or code_of(call.func).rsplit(".", 1)[-1]
-        if ZEROING_WORDS.search(name) or any(
+        if ZEROING_NAME.search(name) or any(
             a.keyword is not None and a.keyword.value == "set_to_none" for a in call.args
         ):
             return True
+        if name == "zero_" and "grad" in code_of(call.func):
+            return True  # `p.grad.zero_()` in a form the analyser did not record
     return False
 
 
