@@ -2109,6 +2109,11 @@ class _EventWalker:
         if kind == "fabric":
             self._add(Event("backward", call, stmt, func, frames, loss=loss_arg, framework=kind))
             return
+        if kind in {"optimizer", "deepspeed-optimizer"} and loss_arg is not None:
+            # apex `FP16_Optimizer.backward(loss)` (and wrappers like it): the optimizer scales
+            # its argument and backpropagates it, so the loss is the argument, not the receiver.
+            self._add(Event("backward", call, stmt, func, frames, loss=loss_arg))
+            return
         self._add(Event("backward", call, stmt, func, frames, loss=recv))
 
     def _uncast(self, expr: cst.BaseExpression) -> cst.BaseExpression:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from typing import ClassVar
@@ -10,7 +11,17 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import automatic_optimization, is_lightning_module
-from gradient_doctor.probes.static.model import Accumulation, Event, FileModel, FuncInfo, Unit
+from gradient_doctor.probes.static.model import (
+    MAX_PATH_GROUPS,
+    Accumulation,
+    Event,
+    FileModel,
+    Frame,
+    FuncInfo,
+    Unit,
+    condition_key,
+    modulo_divisor,
+)
 from gradient_doctor.probes.static.names import code_of, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
@@ -20,7 +31,7 @@ from gradient_doctor.probes.static.ruletools import (
     optimizer_of,
     update_anchor,
 )
-from gradient_doctor.probes.static.traverse import calls_in
+from gradient_doctor.probes.static.traverse import calls_in, walk
 
 
 class AccumMissingZeroGrad(Rule):
@@ -31,8 +42,10 @@ class AccumMissingZeroGrad(Rule):
         "they keep growing across updates; call `{optimizer}.zero_grad()` after the step"
     )
     what = (
-        "Finds accumulation loops whose update steps but never calls `zero_grad()`, and loops "
-        "or one-update methods that zero one network but step another network's optimizer."
+        "Finds accumulation loops whose update steps but never calls `zero_grad()`, loops "
+        "whose update is written once per configuration (`if amp: ... else: ...`) with a "
+        "`zero_grad()` in only some of those branches, and loops or one-update methods that "
+        "zero one network but step another network's optimizer."
     )
     why = (
         "`backward()` adds into `.grad`. With no `zero_grad()` after the update, the next window "
@@ -52,7 +65,11 @@ class AccumMissingZeroGrad(Rule):
         "        optimizer.step()\n"
         "        optimizer.zero_grad()\n"
     )
-    fix_safety = "Safe: `optimizer.zero_grad()` is inserted right after the update's step."
+    fix_safety = (
+        "Safe: `optimizer.zero_grad()` is inserted right after the update's step; for a branch "
+        "of the update that lacks it, inside that branch only (before its backward), so the "
+        "other branches and every guard stay as they are."
+    )
     snippet_id = "accumulation"
     valid: ClassVar[list[str]] = [
         """
@@ -95,6 +112,109 @@ for step, batch in enumerate(loader, 1):
     (model(batch) / accum).backward()
     if step % accum == 0:
         optimizer.step()
+""",
+        # Both sides of the precision switch zero their own gradients.
+        """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for images, boxes in loader:
+    total = detector_loss(net(images), boxes)
+    if cfg.mixed_precision:
+        opt.zero_grad()
+        grad_scaler.scale(total).backward()
+        grad_scaler.step(opt)
+        grad_scaler.update()
+    else:
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+""",
+        # One zero before the switch covers both sides.
+        """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for images, boxes in loader:
+    opt.zero_grad(set_to_none=True)
+    total = detector_loss(net(images), boxes)
+    if cfg.mixed_precision:
+        grad_scaler.scale(total).backward()
+        grad_scaler.step(opt)
+        grad_scaler.update()
+    else:
+        total.backward()
+        opt.step()
+""",
+        # Only the training side steps; the other side only evaluates.
+        """
+import torch
+for images, boxes in loader:
+    if cfg.train:
+        opt.zero_grad()
+        detector_loss(net(images), boxes).backward()
+        opt.step()
+    else:
+        with torch.no_grad():
+            meter.update(net(images), boxes)
+""",
+        # Flags computed on every iteration are no configuration: the zero and the step open
+        # and close a window the analyser cannot read, not two exclusive set-ups.
+        """
+for i, batch in enumerate(loader):
+    opens, closes = schedule.edges(i)
+    if opens:
+        opt.zero_grad()
+    (model(batch) / accum).backward()
+    if closes:
+        opt.step()
+""",
+        # An accumulation update written per precision, zeroed once after either side steps.
+        """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for k, (src, tgt) in enumerate(pairs, 1):
+    piece = seq2seq_loss(net(src), tgt) / window
+    if half:
+        grad_scaler.scale(piece).backward()
+    else:
+        piece.backward()
+    if k % window == 0:
+        if half:
+            grad_scaler.step(opt)
+            grad_scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad()
+""",
+        # The same, with the flags computed in the helper that runs the update.
+        """
+class Task:
+    def run_update(self, loss):
+        index = self.seen // self.batch
+        first = index % self.period == 0
+        last = index % self.period == self.period - 1
+        if first:
+            self.opt.zero_grad()
+        loss.backward()
+        if last:
+            self.opt.step()
+
+    def train(self, loader):
+        for batch in loader:
+            self.run_update(self.net(batch).mean())
+            self.seen += self.batch
+""",
+        # The other side resets the gradients through a library call the analyser cannot read.
+        """
+for images, boxes in loader:
+    total = detector_loss(net(images), boxes)
+    if cfg.fused:
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    else:
+        trainer_engine.reset_grads()
+        total.backward()
+        opt.step()
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
@@ -148,10 +268,98 @@ def fit(net, opt, loader, max_norm):
 """,
             8,
         ),
+        # The zero runs on the first micro-batch of each window, which never comes when the
+        # window is one batch long (`k % 1` is always 0).
+        Invalid(
+            """
+for k, batch in enumerate(loader, 1):
+    if k % accum == 1:
+        optimizer.zero_grad()
+    (model(batch) / accum).backward()
+    if k % accum == 0:
+        optimizer.step()
+""",
+            7,
+        ),
+        # An accumulation update written per precision: only the mixed-precision side zeroes
+        # after its step, so in full precision every window adds to all the earlier ones.
+        Invalid(
+            """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for k, (src, tgt) in enumerate(pairs, 1):
+    piece = seq2seq_loss(net(src), tgt) / window
+    if half:
+        grad_scaler.scale(piece).backward()
+        if k % window == 0:
+            grad_scaler.step(opt)
+            grad_scaler.update()
+            opt.zero_grad()
+    else:
+        piece.backward()
+        if k % window == 0:
+            opt.step()
+""",
+            15,
+        ),
+        # Only the mixed-precision side zeroes: the fp32 side keeps adding up gradients
+        # (`torch.zeros` is no gradient reset).
+        Invalid(
+            """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for images, boxes in loader:
+    anchors = torch.zeros(len(images), 4)
+    total = detector_loss(net(images), boxes, anchors)
+    if cfg.mixed_precision:
+        opt.zero_grad()
+        grad_scaler.scale(total).backward()
+        grad_scaler.step(opt)
+        grad_scaler.update()
+    else:
+        total.backward()
+        opt.step()
+""",
+            14,
+        ),
+        # The mirror: only the fp32 side zeroes, read through two `if`s on the same flag.
+        Invalid(
+            """
+import torch
+grad_scaler = torch.amp.GradScaler("cuda")
+for images, boxes in loader:
+    if not use_amp:
+        opt.zero_grad()
+    total = detector_loss(net(images), boxes)
+    if use_amp:
+        grad_scaler.scale(total).backward()
+        grad_scaler.step(opt)
+        grad_scaler.update()
+    else:
+        total.backward()
+        opt.step()
+""",
+            10,
+        ),
+        # Iterations skipped on resume do no backward: every other one steps, never zeroed.
+        Invalid(
+            """
+import torch
+opt = torch.optim.Adam(net.parameters())
+for offset in range(0, total_samples, batch):
+    if offset <= resume_from and resume_from:
+        continue
+    loss = net(samples[offset : offset + batch]).mean()
+    loss.backward()
+    opt.step()
+""",
+            9,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         reported: set[int] = set()
+        state = _ClassState(model)
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
             if any(_step_zeroes(model, s) for s in steps):
                 continue
@@ -165,6 +373,13 @@ def fit(net, opt, loader, max_norm):
                 ):
                     reported.add(id(steps[0].call))
                     yield _never_when_one_finding(steps[0], gate, acc)
+                    continue
+                own = [s for s in steps if s.framework is None and optimizer_of(s)]
+                paths = _unzeroed_paths(model, unit, own, zeros, state, accumulating=True)
+                for finding in paths:
+                    if id(finding.node) not in reported:
+                        reported.add(id(finding.node))
+                        yield finding
                 continue
             step = steps[0]
             reported.add(id(step.call))
@@ -196,7 +411,7 @@ def fit(net, opt, loader, max_norm):
             if unit.accumulation is not None:
                 continue
             per_call = unit.micro is None and not _manual_training_step(model, unit)
-            for finding in _plain_loop(model, unit, per_call=per_call):
+            for finding in _plain_loop(model, unit, state, per_call=per_call):
                 if id(finding.node) not in reported:
                     reported.add(id(finding.node))
                     yield finding
@@ -303,13 +518,15 @@ def _never_when_one_finding(step: Event, gate: cst.If, acc: Accumulation) -> Raw
             "gate": code_of(gate.test),
             "gate_line": gate,
         },
-        # Wrong only for a configuration with N == 1, a value the code accepts but may never be
-        # given: a latent bug, not a certain one.
-        severity="warning",
+        # The catalogue's severity (critical): N == 1 is the "no accumulation" setting, the
+        # default of nearly every training script that has the option, and the code accepts it
+        # unchecked (`_count_is_checked`); there the gradients are never zeroed at all.
     )
 
 
-def _plain_loop(model: FileModel, unit: Unit, *, per_call: bool = False) -> Iterator[RawFinding]:
+def _plain_loop(
+    model: FileModel, unit: Unit, state: _ClassState, *, per_call: bool = False
+) -> Iterator[RawFinding]:
     """A loop that steps on every iteration and never zeroes (or zeroes another optimizer).
 
     ``per_call``: the unit is a function with no loop (``GAN.step(batch)``, one iteration
@@ -367,7 +584,277 @@ def _plain_loop(model: FileModel, unit: Unit, *, per_call: bool = False) -> Iter
             },
         )
         return
-    yield from _other_optimizer(model, unit, steps, zeros)
+    branch_steps = steps + [
+        s
+        for s in unit.of_kind("scaler_step")
+        if s.optimizer and s.framework is None and _every_iteration(unit, s)
+    ]
+    found = list(_unzeroed_paths(model, unit, branch_steps, zeros, state))
+    yield from found
+    flagged = {id(f.node) for f in found}
+    yield from _other_optimizer(model, unit, [s for s in steps if id(s.call) not in flagged], zeros)
+
+
+BRANCH_MESSAGE = (
+    "`{step}` on line {step_line} updates the weights, but when `{path}` nothing zeroes "
+    "the gradients: the only `zero_grad()` (line {zero_line}) is in another branch, so on this "
+    "path every update adds up all gradients since the start; call `{optimizer}.zero_grad()` "
+    "in this branch too"
+)
+
+
+def _unzeroed_paths(
+    model: FileModel,
+    unit: Unit,
+    steps: list[Event],
+    zeros: list[Event],
+    state: _ClassState,
+    *,
+    accumulating: bool = False,
+) -> Iterator[RawFinding]:
+    """Steps that run, on some consistent choice of the loop's configuration branches (``if
+    amp: ... else: ...``), on a path with a backward and no ``zero_grad`` at all: a zero in
+    one branch of an ``if``/``else`` does not cover the other.
+
+    Only ``if``s whose test does not change from one iteration to the next take part (a flag,
+    not ``if i % k == 0``); an event under any other ``if`` counts as present on every path,
+    so a gated zero still covers. Tests written the same way (``if amp`` twice, ``if not
+    amp``) take the same branch on one path, as the whole iteration, from one step to the
+    next, follows one configuration."""
+    if not steps or not zeros or _unfollowed_zeroing(model, unit, zeros):
+        return
+    varying = _varying(unit, [*unit.backwards, *steps, *zeros], state)
+    events = [*unit.backwards, *steps, *zeros]
+    groups: dict[str, list[tuple[cst.If, bool]]] = {}
+    for event in events:
+        for frame in _config_frames(unit, event, varying):
+            node = frame.node
+            assert isinstance(node, cst.If)
+            key, positive = condition_key(node.test)
+            entries = groups.setdefault(key, [])
+            if all(n is not node for n, _ in entries):
+                entries.append((node, positive))
+    if not groups or len(groups) > MAX_PATH_GROUPS:
+        return
+    reported: set[int] = set()
+    for values in itertools.product((True, False), repeat=len(groups)):
+        branch_of: dict[int, int] = {}
+        for (_, entries), value in zip(groups.items(), values, strict=True):
+            for node, positive in entries:
+                branch_of[id(node)] = 0 if value == positive else 1
+
+        def on_path(event: Event, branch_of: dict[int, int] = branch_of) -> bool:
+            frames = _config_frames(unit, event, varying)
+            return all(branch_of.get(id(f.node), f.branch) == f.branch for f in frames)
+
+        if any(on_path(z) for z in zeros) or not any(on_path(b) for b in unit.backwards):
+            continue
+        for step in steps:
+            if id(step.call) in reported or not on_path(step):
+                continue
+            reported.add(id(step.call))
+            path = _path_text(groups, values, zeros)
+            optimizer = optimizer_of(step) or "optimizer"
+            yield RawFinding(
+                node=step.call,
+                message=BRANCH_MESSAGE,
+                evidence={
+                    "step": label(step.call),
+                    "step_line": step.call,
+                    "path": path or "the other branch is taken",
+                    "zero_line": zeros[0].anchor,
+                    "optimizer": optimizer,
+                },
+                patch=_branch_patch(unit, step, zeros, optimizer, varying, accumulating),
+                fix_description=(
+                    f"Insert `{optimizer}.zero_grad()` in the branch that steps without it."
+                ),
+            )
+
+
+def _path_text(
+    groups: dict[str, list[tuple[cst.If, bool]]], values: tuple[bool, ...], zeros: list[Event]
+) -> str:
+    """The tests that choose the unzeroed path, for those ``if``s that hold a zero."""
+    around_zeros = {id(f.node) for z in zeros for f in z.frames}
+    parts: list[str] = []
+    for (key, entries), value in zip(groups.items(), values, strict=True):
+        if not any(id(node) in around_zeros for node, _ in entries):
+            continue
+        if value:
+            parts.append(key)
+        else:
+            parts.append(f"not ({key})" if " " in key else f"not {key}")
+    return " and ".join(parts)
+
+
+def _config_frames(unit: Unit, event: Event, varying: set[str]) -> list[Frame]:
+    """The ``if`` branches around ``event`` (inside the loop) whose test is a configuration
+    flag: nothing it reads is in ``varying`` (what the loop assigns: ``first = i % N == 0``
+    changes per iteration), no call other than a finiteness check."""
+    frames: list[Frame] = []
+    for frame in event.frames_after(unit.scope):
+        if frame.kind != "if" or not isinstance(frame.node, cst.If):
+            continue
+        test = frame.node.test
+        if _reads(test) & (varying | {"step", "i", "it", "batch_idx"}):
+            continue
+        if any(not _finiteness_check(call) for call in calls_in(test)):
+            continue
+        if modulo_divisor(test) is not None:
+            continue
+        frames.append(frame)
+    return frames
+
+
+class _ClassState:
+    """The attributes that methods other than ``__init__`` set (``self.sync = ...`` in a
+    per-batch hook): state that may change while training. Read once per file, when a rule
+    first needs it."""
+
+    def __init__(self, model: FileModel) -> None:
+        self._model = model
+        self._found: set[str] | None = None
+
+    @property
+    def attributes(self) -> set[str]:
+        if self._found is None:
+            self._found = set()
+            for func in self._model.functions:
+                if func.class_name is not None and func.name != "__init__":
+                    self._found |= {t for t in _assigned_in(func.node) if "." in t}
+        return self._found
+
+
+def _varying(unit: Unit, events: list[Event], state: _ClassState) -> set[str]:
+    """What may change from one iteration to the next: names bound in the loop, in the body
+    and parameters of every helper that holds one of ``events`` (``do_step = k % N == 0`` in
+    ``run_optimizer(loss)``), and attributes set by methods other than ``__init__``
+    (``self.sync = ...`` in a per-batch hook)."""
+    found = _assigned_in(unit.scope.node if unit.scope is not None else unit.root.node)
+    if unit.scope is None:
+        found |= unit.root.params
+    holders = {id(e.func): e.func for e in events if e.func is not unit.root}
+    for holder in holders.values():
+        found |= _assigned_in(holder.node) | holder.params
+    return found | state.attributes
+
+
+def _assigned_in(loop: cst.CSTNode) -> set[str]:
+    """The names and dotted attributes (``self.flag``) bound anywhere in ``loop``, its own
+    target included: what may change from one iteration to the next."""
+    targets: list[cst.BaseExpression] = []
+    for node in walk(loop):
+        if isinstance(node, cst.Assign):
+            targets += [t.target for t in node.targets]
+        elif isinstance(
+            node, cst.AugAssign | cst.AnnAssign | cst.NamedExpr | cst.For | cst.CompFor
+        ):
+            targets.append(node.target)
+        elif isinstance(node, cst.AsName):
+            targets.append(node.name)
+    found: set[str] = set()
+    for target in targets:
+        for part in walk(target):
+            if isinstance(part, cst.Name | cst.Attribute):
+                found.add(code_of(part))
+    return found
+
+
+def _reads(test: cst.BaseExpression) -> set[str]:
+    """The names and dotted attributes ``test`` reads (``args``, ``args.amp``)."""
+    return {code_of(n) for n in walk(test) if isinstance(n, cst.Name | cst.Attribute)}
+
+
+ZEROING_NAME = re.compile(r"(zero|reset|clear|wipe).*grad|grad.*(zero|reset|clear|none)", re.I)
+"""A call named for clearing gradients (``zero_grad``, ``reset_grads``, ``clear_gradients``);
+``torch.zeros`` / ``new_zeros`` are not."""
+
+
+def _unfollowed_zeroing(model: FileModel, unit: Unit, zeros: list[Event]) -> bool:
+    """The loop calls something that may zero gradients without being one of ``zeros`` (a
+    method of a library object, ``self.reset_grads()`` the analyser cannot read): the path
+    that looks unzeroed may not be."""
+    loop = unit.scope.node if unit.scope is not None else unit.root.node
+    known = {id(z.call) for z in zeros} | {id(z.anchor) for z in zeros}
+    for call in calls_in(loop):
+        if id(call) in known:
+            continue
+        name = method_name(call) or code_of(call.func).rsplit(".", 1)[-1]
+        if ZEROING_NAME.search(name) or any(
+            a.keyword is not None and a.keyword.value == "set_to_none" for a in call.args
+        ):
+            return True
+        if name == "zero_" and "grad" in code_of(call.func):
+            return True  # `p.grad.zero_()` in a form the analyser did not record
+    return False
+
+
+def _branch_patch(
+    unit: Unit,
+    step: Event,
+    zeros: list[Event],
+    optimizer: str,
+    varying: set[str],
+    accumulating: bool,
+) -> Patch | None:
+    """``optimizer.zero_grad()`` inside the branch that holds ``step`` and no zero: before the
+    first backward written directly in that branch, or else right after the step. None when
+    the step is not itself in such a branch (the unzeroed path shares the step with a zeroed
+    one: a zero added next to it would run on both).
+
+    ``accumulating``: the step closes a window of micro-batches. A zero before the backward
+    would wipe every micro-batch but the last, so it only goes right after the step, in the
+    same update gate."""
+    frames = _config_frames(unit, step, varying)
+    branch = next(
+        (
+            f
+            for f in reversed(frames)
+            if all(
+                any(exclusive_frames(f, other) for other in _config_frames(unit, z, varying))
+                for z in zeros
+            )
+        ),
+        None,
+    )
+    if branch is None:
+        return None
+    code = f"{optimizer}.zero_grad()"
+    if step.chain:
+        return None
+    if accumulating:
+        inner = step.frames_after(branch)
+        if all(
+            isinstance(f.node, cst.If) and modulo_divisor(f.node.test) is not None for f in inner
+        ):
+            return Patch().insert_after(step.stmt, code)
+        return None
+    for backward in unit.backwards:
+        if (
+            backward.order < step.order
+            and not backward.chain
+            and backward.frames
+            and backward.frames[-1].same(branch)
+        ):
+            return Patch().insert_before(backward.stmt, code)
+    if step.frames and step.frames[-1].same(branch):
+        return Patch().insert_after(step.stmt, code)
+    return None
+
+
+def exclusive_frames(a: Frame, b: Frame) -> bool:
+    """Two ``if`` branches that never run on one path: the two sides of one ``if``, or of two
+    ``if``s that test the same thing."""
+    if not isinstance(a.node, cst.If) or not isinstance(b.node, cst.If):
+        return False
+    if a.node is b.node:
+        return a.branch != b.branch
+    key_a, positive_a = condition_key(a.node.test)
+    key_b, positive_b = condition_key(b.node.test)
+    if key_a != key_b:
+        return False
+    return ((a.branch == 0) == positive_a) != ((b.branch == 0) == positive_b)
 
 
 def _other_optimizer(
@@ -520,12 +1007,22 @@ def _every_iteration(unit: Unit, step: Event) -> bool:
     for frame in step.frames_after(unit.micro):
         if frame.kind != "if" or not isinstance(frame.node, cst.If):
             continue
+        if _shared_by_every_backward(unit, frame):
+            # `if resuming and i <= done: continue` before the backward and the step: the
+            # skipped iterations do no backward either, so every backward is still stepped.
+            continue
         test = frame.node.test
         if names_in(test) & (varying | {"step", "i", "it", "batch_idx"}):
             return False
         if any(not _finiteness_check(call) for call in calls_in(test)):
             return False
     return True
+
+
+def _shared_by_every_backward(unit: Unit, frame: Frame) -> bool:
+    """Every backward of the unit runs in the same branch ``frame`` (none runs outside it)."""
+    backwards = unit.backwards
+    return bool(backwards) and all(any(f.same(frame) for f in b.frames) for b in backwards)
 
 
 FINITENESS_CHECKS = frozenset({"isfinite", "isnan", "isinf", "all", "any", "item"})

@@ -124,6 +124,18 @@ for step, batch in enumerate(loader):
         optimizer.step()
         optimizer.zero_grad()
 """,
+        # An apex-style FP16 optimizer wrapper backpropagates its argument: the divided loss.
+        """
+from apex.fp16_utils import FP16_Optimizer
+optimizer = FP16_Optimizer(base_optimizer, dynamic_loss_scale=True)
+for inputs, labels in loader:
+    model.zero_grad()
+    for piece in range(pieces):
+        part = slice(piece * width, (piece + 1) * width)
+        loss = criterion(model(inputs[part]), labels[part]).float().mean() / pieces
+        optimizer.backward(loss)
+    optimizer.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -167,6 +179,20 @@ class Trainer:
                 self.optimizer.zero_grad()
 """,
             5,
+        ),
+        Invalid(
+            """
+from apex.fp16_utils import FP16_Optimizer
+optimizer = FP16_Optimizer(base_optimizer, dynamic_loss_scale=True)
+for inputs, labels in loader:
+    model.zero_grad()
+    for piece in range(pieces):
+        part = slice(piece * width, (piece + 1) * width)
+        loss = criterion(model(inputs[part]), labels[part]).float().mean()
+        optimizer.backward(loss)
+    optimizer.step()
+""",
+            9,
         ),
     ]
 
