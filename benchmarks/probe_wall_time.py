@@ -28,7 +28,8 @@ time adds straight to the wall time (serial); in between, the tool's own work (i
 knowledge, the channel) runs beside the script and costs wall time only when the cores are busy.
 
     python benchmarks/probe_wall_time.py [SCRIPT] [--steps 30] [--rounds 5] [--threads 1]
-        [--python PYTHON] [--cwd DIR] [--before SITE] [-- SCRIPT_ARGS...]
+        [--python PYTHON] [--cwd DIR] [--before SITE] [--format json|markdown]
+        [-- SCRIPT_ARGS...]
 
 ``--python``: the interpreter of the plain run and of the probed script (default: this one; the
 probe itself always runs in this one). ``--before SITE``: also time the probe of another
@@ -225,6 +226,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS (default 1)")
+    parser.add_argument(
+        "--format",
+        choices=("json", "markdown"),
+        default="json",
+        help="the probe's report (markdown: as a user runs it, with the report rendered after "
+        "the run; the child's parts then come from the timeline alone)",
+    )
     parser.add_argument("--python", default=sys.executable, help="the script's interpreter")
     parser.add_argument("--cwd", default=None, help="the script's folder (default: its own)")
     parser.add_argument("--before", default=None, metavar="SITE", help="an older installation")
@@ -240,7 +248,7 @@ def main() -> None:
     base_env["PYTHONPATH"] = pythonpath
     if args.threads > 0:
         base_env["OMP_NUM_THREADS"] = str(args.threads)
-    probe_options = ["--steps", steps, "--format", "json", "--fail-on", "never"]
+    probe_options = ["--steps", steps, "--format", args.format, "--fail-on", "never"]
     probe_options += ["--python", args.python, "--cwd", str(cwd)]
     probe = [sys.executable, "-c", PROBE, "probe", str(script), *probe_options, "--"]
     commands = {
