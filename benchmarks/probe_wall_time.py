@@ -6,8 +6,9 @@ the probe stops the script). The probe is the CLI as a user runs it (``python -m
 gradient_doctor.skill_server probe SCRIPT --steps N --format json -- ARGS``): its start-up, the
 supervisor, the child's interpreter, the hooked run, the diagnosis and the JSON report. Rounds
 are interleaved (plain, probe, [before]) and summarised by medians (of the times, and of each
-round's own wall ratio), so machine noise hits every variant alike; CPU time (user + system of the whole process tree) is printed beside wall time
-because wall time on a shared machine also counts waiting.
+round's own wall ratio), so machine noise hits every variant alike; CPU time (user + system of
+the whole process tree) is printed beside wall time because wall time on a shared machine also
+counts waiting.
 
 Where the time goes, from the same runs (clock times each process writes to a marks file):
 
@@ -296,9 +297,8 @@ def main() -> None:
         if name != "plain":
             # Also the median of each round's own ratio: the load of a shared machine drifts
             # over minutes, and a round's variants run seconds apart.
-            paired = statistics.median(
-                mine[0] / plain[0] for mine, plain in zip(results[name], results["plain"])
-            )
+            rounds = zip(results[name], results["plain"], strict=True)
+            paired = statistics.median(mine[0] / plain[0] for mine, plain in rounds)
             print(
                 f"{name} / plain: wall {median(name, 0) / plain_wall:.3f}x "
                 f"(per round {paired:.3f}x), cpu {median(name, 1) / plain_cpu:.3f}x"
