@@ -5,9 +5,10 @@ process after N optimizer steps (one global step post-hook calls ``os._exit``: t
 the probe stops the script). The probe is the CLI as a user runs it (``python -m
 gradient_doctor.skill_server probe SCRIPT --steps N --format json -- ARGS``): its start-up, the
 supervisor, the child's interpreter, the hooked run, the diagnosis and the JSON report. Rounds
-are interleaved (plain, probe, [before]) and summarised by medians, so machine noise hits every
-variant alike; CPU time (user + system of the whole process tree) is printed beside wall time
-because wall time on a shared machine also counts waiting.
+are interleaved (plain, probe, [before]) and summarised by medians (of the times, and of each
+round's own wall ratio), so machine noise hits every variant alike; CPU time (user + system of
+the whole process tree) is printed beside wall time because wall time on a shared machine also
+counts waiting.
 
 Where the time goes, from the same runs (clock times each process writes to a marks file):
 
@@ -17,8 +18,19 @@ Where the time goes, from the same runs (clock times each process writes to a ma
   (supervisor, the script's interpreter, torch, the hooks), ``script`` (the hooked run, as the
   child measures it), ``after`` (the supervisor's end, the diagnosis, the report and the exit).
 
+and a timeline (median seconds after the command started) from marks that a
+``sitecustomize`` module put first on every variant's ``PYTHONPATH`` writes in each process
+that imports ``site`` (the supervisor runs ``-I -S``, so it writes none): ``tool up`` (the
+probe's interpreter has run ``site``), ``supervisor started``, ``script python up``, ``torch
+imported``, ``step 1``, ``step N`` (an optimizer post-hook registered when
+``torch.optim.optimizer`` is imported, before any other), ``supervisor exited`` (seen by the
+tool) and ``end``. Before the script's interpreter is up and after its N-th step the probe's
+time adds straight to the wall time (serial); in between, the tool's own work (imports,
+knowledge, the channel) runs beside the script and costs wall time only when the cores are busy.
+
     python benchmarks/probe_wall_time.py [SCRIPT] [--steps 30] [--rounds 5] [--threads 1]
-        [--python PYTHON] [--cwd DIR] [--before SITE] [-- SCRIPT_ARGS...]
+        [--python PYTHON] [--cwd DIR] [--before SITE] [--format json|markdown]
+        [-- SCRIPT_ARGS...]
 
 ``--python``: the interpreter of the plain run and of the probed script (default: this one; the
 probe itself always runs in this one). ``--before SITE``: also time the probe of another
@@ -38,6 +50,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -67,18 +80,80 @@ with open(os.environ["GD_BENCH_MARKS"], "a") as marks:
 runpy.run_path(script, run_name="__main__")
 """
 
-# The probe's CLI, with one mark: the clock time at which it starts the supervisor.
+# The probe's CLI, with marks: the clock times at which it starts the supervisor, sees it exit
+# (the first wait that returns a status) and ends (``os._exit``, or the interpreter's exit).
 PROBE = """
-import os, runpy, subprocess, sys, time
-original = subprocess.Popen.__init__
-def marked(self, *args, **kwargs):
+import atexit, os, runpy, subprocess, sys, time
+def mark(name):
     with open(os.environ["GD_BENCH_MARKS"], "a") as marks:
-        marks.write(f"launch {time.time()}\\n")
+        marks.write(f"{name} {time.time()}\\n")
+original, original_wait, original_exit = subprocess.Popen.__init__, subprocess.Popen.wait, os._exit
+def marked(self, *args, **kwargs):
+    mark("launch")
     original(self, *args, **kwargs)
-subprocess.Popen.__init__ = marked
+def waited(self, *args, **kwargs):
+    code = original_wait(self, *args, **kwargs)
+    mark("reaped")
+    return code
+def ended(code):
+    mark("end")
+    original_exit(code)
+subprocess.Popen.__init__, subprocess.Popen.wait, os._exit = marked, waited, ended
+atexit.register(mark, "end")
 sys.argv[0] = "gradient-doctor"
 runpy.run_module("gradient_doctor.skill_server", run_name="__main__", alter_sys=True)
 """
+
+# Imported by every interpreter that runs ``site`` with the benchmark's PYTHONPATH: marks when
+# the interpreter is up, when torch is imported, and the first and last optimizer steps (the
+# hook is registered when torch.optim.optimizer is imported, so it runs before the probe's own
+# and before the plain run's stop). Written with the process id: the script's process is the
+# one that imports torch.
+SITECUSTOMIZE = """
+import os, sys, time
+_MARKS, _STEPS = os.environ.get("GD_BENCH_MARKS"), int(os.environ.get("GD_BENCH_STEPS", "0"))
+def _mark(name):
+    with open(_MARKS, "a") as marks:
+        marks.write(f"{name}@{os.getpid()} {time.time()}\\n")
+class _Finder:
+    @staticmethod
+    def find_spec(name, path, target=None):
+        if name not in ("torch", "torch.optim.optimizer"):
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            if name == "torch":
+                _mark("torch")
+                return
+            done = [0]
+            def count(*_):
+                done[0] += 1
+                if done[0] in (1, _STEPS):
+                    _mark("step1" if done[0] == 1 else "stepN")
+            module.register_optimizer_step_post_hook(count)
+        spec.loader.exec_module = exec_module
+        return spec
+if _MARKS:
+    _mark("python")
+    sys.meta_path.insert(0, _Finder)
+"""
+
+#: The timeline's rows: (mark, label).
+TIMELINE = (
+    ("python@tool", "tool up"),
+    ("launch", "supervisor started"),
+    ("python@script", "script python up"),
+    ("torch", "torch imported"),
+    ("step1", "step 1"),
+    ("stepN", "step N"),
+    ("reaped", "supervisor exited"),
+    ("end", "end"),
+)
 
 
 def timed(
@@ -93,10 +168,17 @@ def timed(
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    found: dict[str, float] = {}
-    for line in marks.read_text().splitlines():
-        name, value = line.split()
-        found.setdefault(name, float(value) - clock)
+    found: dict[str, float] = {"end": wall}
+    script_pid = ""
+    lines = [line.split() for line in marks.read_text().splitlines()]
+    for name, _ in lines:
+        if name.startswith("torch@"):
+            script_pid = name.split("@")[1]
+    for name, value in lines:
+        mark, _, pid = name.partition("@")
+        if mark == "python":
+            mark = "python@script" if pid == script_pid else "python@tool"
+        found.setdefault(mark, float(value) - clock)
     if done.returncode not in (0, 1):
         sys.stderr.write(f"{command[:3]} exited {done.returncode}: {done.stderr[-2000:]}\n")
     return wall, cpu, found, done.stdout
@@ -121,6 +203,19 @@ def _parts(name: str, wall: float, marks: dict[str, float], stdout: str) -> dict
     }
 
 
+def _timeline(timelines: dict[str, list[dict[str, float]]]) -> str:
+    """The marks' medians per variant (seconds after the command started), a row per mark."""
+    names = list(timelines)
+    rows = ["  timeline (s)        " + "".join(f"{name:>9}" for name in names)]
+    for mark, label in TIMELINE:
+        cells = []
+        for name in names:
+            values = [found[mark] for found in timelines[name] if mark in found]
+            cells.append(f"{statistics.median(values):9.3f}" if values else f"{'-':>9}")
+        rows.append(f"  {label:19}" + "".join(cells))
+    return "\n".join(rows)
+
+
 def main() -> None:
     words = sys.argv[1:]
     script_args: list[str] = []
@@ -132,6 +227,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS (default 1)")
+    parser.add_argument(
+        "--format",
+        choices=("json", "markdown"),
+        default="json",
+        help="the probe's report (markdown: as a user runs it, with the report rendered after "
+        "the run; the child's parts then come from the timeline alone)",
+    )
     parser.add_argument("--python", default=sys.executable, help="the script's interpreter")
     parser.add_argument("--cwd", default=None, help="the script's folder (default: its own)")
     parser.add_argument("--before", default=None, metavar="SITE", help="an older installation")
@@ -140,10 +242,14 @@ def main() -> None:
     cwd = Path(args.cwd).resolve() if args.cwd else script.parent
     steps = str(args.steps)
     marks = Path(tempfile.mkstemp(prefix="gd-wall-marks-")[1])
-    base_env = {**os.environ, MARKS_ENV: str(marks)}
+    site = Path(tempfile.mkdtemp(prefix="gd-wall-site-"))
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    pythonpath = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    base_env = {**os.environ, MARKS_ENV: str(marks), "GD_BENCH_STEPS": steps}
+    base_env["PYTHONPATH"] = pythonpath
     if args.threads > 0:
         base_env["OMP_NUM_THREADS"] = str(args.threads)
-    probe_options = ["--steps", steps, "--format", "json", "--fail-on", "never"]
+    probe_options = ["--steps", steps, "--format", args.format, "--fail-on", "never"]
     probe_options += ["--python", args.python, "--cwd", str(cwd)]
     probe = [sys.executable, "-c", PROBE, "probe", str(script), *probe_options, "--"]
     commands = {
@@ -154,6 +260,7 @@ def main() -> None:
         path = os.pathsep.join(p for p in (args.before, base_env.get("PYTHONPATH")) if p)
         commands["before"] = ([*probe, *script_args], {**base_env, "PYTHONPATH": path})
     results: dict[str, list[tuple[float, float, dict[str, float]]]] = {n: [] for n in commands}
+    timelines: dict[str, list[dict[str, float]]] = {n: [] for n in commands}
     load = os.getloadavg()[0]
     try:
         for round_index in range(args.rounds + 1):  # round 0 warms the caches
@@ -161,8 +268,10 @@ def main() -> None:
                 wall, cpu, found, stdout = timed(command, cwd, env, marks)
                 if round_index:
                     results[name].append((wall, cpu, _parts(name, wall, found, stdout)))
+                    timelines[name].append(found)
     finally:
         marks.unlink(missing_ok=True)
+        shutil.rmtree(site, ignore_errors=True)
     load = (load + os.getloadavg()[0]) / 2
 
     def median(name: str, index: int) -> float:
@@ -182,12 +291,17 @@ def main() -> None:
             f"  {name:7} wall {median(name, 0):6.2f} s   cpu {median(name, 1):6.2f} s   "
             f"({breakdown})"
         )
+    print(_timeline(timelines))
     plain_wall, plain_cpu = median("plain", 0), median("plain", 1)
     for name in commands:
         if name != "plain":
+            # Also the median of each round's own ratio: the load of a shared machine drifts
+            # over minutes, and a round's variants run seconds apart.
+            rounds = zip(results[name], results["plain"], strict=True)
+            paired = statistics.median(mine[0] / plain[0] for mine, plain in rounds)
             print(
-                f"{name} / plain: wall {median(name, 0) / plain_wall:.3f}x, "
-                f"cpu {median(name, 1) / plain_cpu:.3f}x"
+                f"{name} / plain: wall {median(name, 0) / plain_wall:.3f}x "
+                f"(per round {paired:.3f}x), cpu {median(name, 1) / plain_cpu:.3f}x"
             )
 
 

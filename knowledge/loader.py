@@ -5,21 +5,34 @@ Every YAML file with a top-level ``entries:`` list holds catalogue entries; ``th
 fails loudly: a bad entry names its file, its id (or index) and the pydantic error; duplicate
 ids, references to unknown ids and unknown snippet ids are collected and reported together in
 one :class:`KnowledgeError`, so one run shows every problem.
+
+The packaged knowledge base, once validated, is kept in a pickle under the cache folder
+(``knowledge.cache_dir``): validating it costs a process some 35 ms of CPU (YAML, pydantic's
+validators and their construction), reading the pickle some 4 ms, and the runtime probe pays it
+in every run. The file's name is a hash of everything the validated objects depend on (the data
+files' bytes, the sources of the modules that define them, the Python and pydantic versions),
+so an edited entry or another release never reads an old one; anything unexpected in it (a
+file that does not unpickle, a wrong type, a file another user could have written) falls back
+to validating the data, which then rewrites it (atomically: a temporary file renamed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-import importlib.resources
+import hashlib
+import os
+import pickle
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import yaml
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
+from gradient_doctor.knowledge.cache_dir import cache_root
 from gradient_doctor.knowledge.models import (
     SNIPPET_IDS,
     Entry,
@@ -30,7 +43,13 @@ from gradient_doctor.knowledge.models import (
     ThresholdSet,
 )
 
-_YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
+#: The packaged data, by path (``importlib.resources`` would import tempfile, zipfile and more
+#: for a folder that is always a plain directory of the installed package).
+PACKAGE_DIR = Path(__file__).resolve().parent
+DATA_DIR = PACKAGE_DIR / "data"
 
 THRESHOLDS_FILE = "thresholds.yaml"
 NAN_TREE_FILE = "nan_tree.yaml"
@@ -105,7 +124,12 @@ class KnowledgeBase:
         return len(self.entries)
 
 
-_ENTRY_ADAPTER: TypeAdapter[Entry] = TypeAdapter(Entry)
+@cache
+def _entry_adapter() -> TypeAdapter[Entry]:
+    """The validator of one entry, built on first use (a cached knowledge base needs none)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(Entry)
 
 
 def _data_files(data_dir: Path | None) -> list[_DataFile]:
@@ -113,14 +137,15 @@ def _data_files(data_dir: Path | None) -> list[_DataFile]:
         if not data_dir.is_dir():
             raise KnowledgeError(f"knowledge data directory not found: {data_dir}")
         return sorted(data_dir.glob("*.yaml"), key=lambda p: p.name)
-    root = importlib.resources.files("gradient_doctor.knowledge") / "data"
-    files = [f for f in root.iterdir() if f.name.endswith(".yaml")]
-    return sorted(files, key=lambda f: f.name)
+    return sorted(DATA_DIR.glob("*.yaml"), key=lambda p: p.name)
 
 
 def _parse(file: _DataFile) -> Any:
+    import yaml  # only when the data is validated, not when the cached base is read
+
+    loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.load(file.read_text(encoding="utf-8"), Loader=_YamlLoader)
+        return yaml.load(file.read_text(encoding="utf-8"), Loader=loader)
     except yaml.YAMLError as exc:
         raise KnowledgeError(f"{file.name}: not valid YAML: {exc}") from None
 
@@ -144,7 +169,7 @@ def _validate_entries(
             item = {"kind": default_kind, **item}
         where = f"entry {label!r}" if label else f"entry #{index}"
         try:
-            entries.append(_ENTRY_ADAPTER.validate_python(item))
+            entries.append(_entry_adapter().validate_python(item))
         except ValidationError as exc:
             problems.append(f"{name}: {where}: {_short(exc)}")
     return entries
@@ -307,25 +332,134 @@ def build_knowledge(data_dir: Path | None = None) -> KnowledgeBase:
     )
 
 
+#: Bumped when what the cache file holds changes shape (the key also covers the sources).
+_CACHE_FORMAT = 1
+#: The modules whose classes the cached objects are instances of.
+_CACHE_SOURCES = ("loader.py", "models.py", "findings.py")
+#: Other versions' cache files untouched this long are removed when a new one is written.
+_STALE_CACHE_SECONDS = 7 * 24 * 3600
+
+
+def knowledge_cache_path() -> Path | None:
+    """Where the validated packaged knowledge base is cached, or None when caching is off
+    (``$GRADIENT_DOCTOR_CACHE_DIR`` set but empty).
+
+    The name carries a hash of the data files' bytes, the sources of the modules that define
+    the cached objects, the Python and pydantic versions and the pickle protocol: any change
+    gives another file, so a cache file is never stale."""
+    root = cache_root()
+    if root is None:
+        return None
+    import pydantic_core
+    from pydantic.version import VERSION
+
+    header = f"{_CACHE_FORMAT}|{sys.version}|{VERSION}|{pydantic_core.__version__}"
+    digest = hashlib.sha256(f"{header}|{pickle.HIGHEST_PROTOCOL}".encode())
+    for item in sorted(DATA_DIR.glob("*.yaml"), key=lambda p: p.name):
+        digest.update(item.name.encode() + b"\0" + item.read_bytes() + b"\0")
+    for name in _CACHE_SOURCES:
+        digest.update(name.encode() + b"\0" + (PACKAGE_DIR / name).read_bytes() + b"\0")
+    return root / f"knowledge-{digest.hexdigest()[:24]}.pickle"
+
+
+def _read_cache(path: Path) -> KnowledgeBase | None:
+    """The knowledge base pickled at ``path``; None when there is none or it is not usable.
+
+    Only a file of this user's that nobody else may write is unpickled (unpickling runs code)."""
+    try:
+        with path.open("rb") as handle:
+            status = os.fstat(handle.fileno())
+            if status.st_uid != os.getuid() or status.st_mode & 0o022:
+                return None
+            loaded = pickle.load(handle)
+    except Exception:  # a truncated, foreign or incompatible file: validate instead
+        return None
+    if not isinstance(loaded, KnowledgeBase) or not loaded.entries:
+        return None
+    return loaded
+
+
+def _write_cache(path: Path, kb: KnowledgeBase) -> None:
+    """Pickle ``kb`` to ``path`` atomically (a temporary file in the same folder renamed into
+    place, so concurrent writers and readers only ever see whole files); a cache folder that
+    cannot be written is only a slower start."""
+    import tempfile
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".knowledge-", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                pickle.dump(kb, out, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(temporary, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+    except (OSError, pickle.PicklingError, TypeError, AttributeError):
+        return
+    _prune_cache(path)
+
+
+def _prune_cache(keep: Path) -> None:
+    """Remove other versions' cache files nobody has written for a week."""
+    import time
+
+    now = time.time()
+    for old in keep.parent.glob("knowledge-*.pickle"):
+        with contextlib.suppress(OSError):
+            if old != keep and now - old.stat().st_mtime > _STALE_CACHE_SECONDS:
+                old.unlink()
+
+
+@cache
+def _packaged_from_cache() -> KnowledgeBase | None:
+    """The packaged knowledge base from the cache file, read once per process (None: none)."""
+    try:
+        path = knowledge_cache_path()
+    except OSError:
+        return None
+    return _read_cache(path) if path is not None else None
+
+
+def _load_packaged() -> KnowledgeBase:
+    """The packaged knowledge base: the cached one when there is one, else validated (and
+    then cached)."""
+    cached = _packaged_from_cache()
+    if cached is not None:
+        return cached
+    kb = build_knowledge(None)
+    try:
+        path = knowledge_cache_path()
+    except OSError:
+        path = None
+    if path is not None:
+        _write_cache(path, kb)
+    return kb
+
+
 @cache
 def load_thresholds() -> ThresholdSet:
     """The packaged threshold profiles alone (``thresholds.yaml``), validated.
 
     The runtime probe needs them before it starts the script; reading and validating the whole
-    catalogue is several times slower and can wait (see :func:`load_knowledge`)."""
+    catalogue is several times slower and can wait (see :func:`load_knowledge`), unless it is
+    cached, which is faster still."""
     if _load_cached.cache_info().currsize:
         return _load_cached(None).thresholds
-    file = importlib.resources.files("gradient_doctor.knowledge") / "data" / THRESHOLDS_FILE
-    return ThresholdSet.model_validate(_parse(file))
+    cached = _packaged_from_cache()
+    if cached is not None:
+        return cached.thresholds
+    return ThresholdSet.model_validate(_parse(DATA_DIR / THRESHOLDS_FILE))
 
 
 @cache
 def _load_cached(data_dir: Path | None) -> KnowledgeBase:
-    return build_knowledge(data_dir)
+    return build_knowledge(data_dir) if data_dir is not None else _load_packaged()
 
 
 def load_knowledge(data_dir: Path | str | None = None) -> KnowledgeBase:
-    """The validated knowledge base (cached per directory).
+    """The validated knowledge base (cached per directory; the packaged one also on disk, see
+    the module's docstring).
 
     ``data_dir`` reads another directory instead of the packaged data (tests of failure
     modes); raises :class:`KnowledgeError` listing every problem when the data is invalid.

@@ -93,6 +93,16 @@ def _where_it_ran(result: ProbeResult) -> list[tuple[str, str]]:
     return rows
 
 
+def prepare_markdown() -> None:
+    """Compile the report's template and import the fix snippets' module now, so that
+    :func:`probe_markdown` does not do it after the run (the CLI calls this while the script
+    runs, in its low-priority preparation thread)."""
+    from gradient_doctor.templates import environment
+    from gradient_doctor.templates.snippets import get_snippet  # noqa: F401
+
+    environment().get_template("probe.md.j2")
+
+
 def probe_markdown(result: ProbeResult) -> str:
     """The Markdown report of ``result``: status, summary numbers, findings, fix code."""
     norms = [n for n in result.total_norm if math.isfinite(n)]

@@ -24,7 +24,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Literal
 
@@ -182,9 +182,19 @@ def _load_spec(snippet_id: str) -> SnippetSpec:
     )
 
 
+@cache
+def _spec(snippet_id: str) -> SnippetSpec:
+    return _load_spec(snippet_id)
+
+
+@lru_cache(maxsize=1)
+def _known_ids() -> frozenset[str]:
+    return frozenset(_snippet_ids_on_disk())
+
+
 @lru_cache(maxsize=1)
 def _registry() -> dict[str, SnippetSpec]:
-    return {snippet_id: _load_spec(snippet_id) for snippet_id in _snippet_ids_on_disk()}
+    return {snippet_id: _spec(snippet_id) for snippet_id in _snippet_ids_on_disk()}
 
 
 def list_snippets() -> list[SnippetSpec]:
@@ -193,7 +203,12 @@ def list_snippets() -> list[SnippetSpec]:
 
 
 def get_snippet(snippet_id: str) -> SnippetSpec:
-    """The spec of one snippet; ``KeyError`` naming the closest ids when it does not exist."""
+    """The spec of one snippet; ``KeyError`` naming the closest ids when it does not exist.
+
+    Only that snippet's template is read and checked (a report that shows two snippets does
+    not parse all twenty); :func:`list_snippets` checks every one."""
+    if snippet_id in _known_ids():
+        return _spec(snippet_id)
     registry = _registry()
     try:
         return registry[snippet_id]
