@@ -61,6 +61,12 @@ SAME_VALUE_METHODS = frozenset(
 """Methods that keep every element's value (casts, reshapes, copies)."""
 REDUCTIONS_OF_ELEMENTS = frozenset({"sum", "mean", "prod", "amax", "amin", "max", "min"})
 """Reductions whose result is positive when every element is."""
+SELECTIONS = frozenset(
+    {"masked_select", "gather", "index_select", "take", "take_along_dim", "narrow", "select"}
+)
+"""Calls that keep a subset of the elements: positive when every element of the input is."""
+JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
+"""Calls that join a list of tensors: positive when every joined tensor is."""
 OFFSET_WORDS = ("eps", "epsilon", "offset", "smooth", "tiny", "floor")
 
 
@@ -148,10 +154,23 @@ class Positivity:
             return True
         if name in CLAMPS:
             return _positive_bound(_clamp_minimum(call))
+        if name in JOINS:
+            # `torch.cat([pos, pos])`: positive when every joined tensor is.
+            joined = call.args[0].value if call.args else None
+            return (
+                isinstance(joined, cst.List | cst.Tuple)
+                and bool(joined.elements)
+                and all(
+                    self._positive(element.value, func, depth + 1, seen)
+                    for element in joined.elements
+                    if isinstance(element, cst.Element)
+                )
+                and all(isinstance(element, cst.Element) for element in joined.elements)
+            )
         subject = _subject(call)
         if subject is None:
             return False
-        if name in {"pow", "square", "sqrt"} or name in REDUCTIONS_OF_ELEMENTS:
+        if name in {"pow", "square", "sqrt"} or name in REDUCTIONS_OF_ELEMENTS | SELECTIONS:
             return self._positive(subject, func, depth + 1, seen)
         return False
 

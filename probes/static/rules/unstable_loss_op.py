@@ -191,6 +191,28 @@ class MaskedL1Loss(torch.nn.Module):
     def forward(self, pred, gt, mask):
         return ((pred - gt).abs() * mask).sum() / mask.sum().clamp(min=1)
 """,
+        """
+import torch
+def domain_contrastive_loss(logits, same_domain_mask):
+    # log of a 0/1 mask added to scores inside logsumexp: the -inf entries drop those scores
+    denominator = torch.logsumexp(logits + same_domain_mask.float().log(), dim=1, keepdim=True)
+    return -(logits - denominator).mean()
+""",
+        """
+import torch
+def masked_logsumexp_loss(log_prob, mask_pairs):
+    return -torch.logsumexp(log_prob + (~mask_pairs).float().log(), dim=1).mean()
+""",
+        """
+import torch
+def nt_xent_loss(z, z_a, z_b, temperature, n):
+    sim = torch.exp(torch.mm(z, z.t()) / temperature)
+    off_diagonal = (torch.ones_like(sim) - torch.eye(2 * n)).bool()
+    sim = sim.masked_select(off_diagonal).view(2 * n, -1)
+    positive = torch.exp((z_a * z_b).sum(dim=-1) / temperature)
+    positive = torch.cat([positive, positive], dim=0)
+    return -torch.log(positive / sim.sum(dim=-1)).mean()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -266,6 +288,22 @@ def soft_iou(pred, target):
 """,
             6,
         ),
+        Invalid(
+            """
+import torch
+def mixture_nll_loss(component_log_prob, mixture_weights):
+    return -torch.logsumexp(component_log_prob + mixture_weights.log(), dim=-1).mean()
+""",
+            4,
+        ),
+        Invalid(
+            """
+import torch
+def ratio_loss(p, q):
+    return -torch.log(torch.cat([p, q]).sum() / p.sum()).mean()
+""",
+            (4, 4),
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -292,6 +330,8 @@ def soft_iou(pred, target):
             ):
                 continue
             if hazard.startswith("log") and _sampled_action_probability(func, target, sampled):
+                continue
+            if hazard.startswith("log") and _additive_log_mask(model, call, target):
                 continue
             remedy = (
                 f"the epsilon is added after it (`{shorten(code_of(outside))}`), where it "
@@ -599,6 +639,49 @@ def _unstable_call(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
     if call.args or (isinstance(base, cst.Name) and base.value in {"torch", "F", "th"}):
         return None
     return (base, hazard) if not _guarded(base) else None
+
+
+_MASKED_REDUCTIONS = frozenset({"logsumexp", "softmax", "log_softmax"})
+
+
+def _additive_log_mask(model: FileModel, call: cst.Call, target: cst.BaseExpression) -> bool:
+    """``logsumexp(scores + mask.log())``: the log of a 0/1 mask added to scores that a
+    softmax-like reduction reads. Its -inf entries are the point (they drop those scores), and
+    a mask (a comparison, or a tensor named as one) carries no gradient. A learned weight
+    (``logsumexp(lp + weights.log())``, a mixture) is not a mask and stays checked."""
+    if not _mask_like(target):
+        return False
+    ancestors = model.ancestors(call)
+    if len(ancestors) < 3:
+        return False
+    addition, argument, reduction = ancestors[0], ancestors[1], ancestors[2]
+    return (
+        isinstance(addition, cst.BinaryOperation)
+        and isinstance(addition.operator, cst.Add)
+        and isinstance(argument, cst.Arg)
+        and isinstance(reduction, cst.Call)
+        and method_name(reduction) in _MASKED_REDUCTIONS
+    )
+
+
+def _mask_like(node: cst.BaseExpression) -> bool:
+    """A 0/1 indicator: a comparison or a name with "mask" in it (through casts, ``~`` and
+    brackets: ``(~mask_d).float()``)."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            if node.func.attr.value not in {"float", "double", "half", "to", "type_as", "bool"}:
+                break
+            node = node.func.value
+        elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+            node = node.expression
+        else:
+            break
+    if isinstance(node, cst.Comparison):
+        return True
+    if isinstance(node, cst.Name | cst.Attribute):
+        last = node.value if isinstance(node, cst.Name) else node.attr.value
+        return "mask" in last.lower()
+    return False
 
 
 def _guarded(node: cst.CSTNode) -> bool:
