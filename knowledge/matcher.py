@@ -169,7 +169,10 @@ _ASSERTION = re.compile(
     r"scale|cut|go|stick|forget|ignore)\b|"
     r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\bso\s+(?:i|we|you)\b|\btherefore\b|"
     r"\b(?:you'll|you\s+will|you'd|(?:have|has)\s+to|until\s+(?:we|i|you)\s+(?:get|buy|have))\b|"
-    r"\b(?:just|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|"
+    # "just" as a degree or comparison ("looks just like batch 32", "just as noisy", "just
+    # before the spike") describes a run; only "just do X" advises.
+    r"\b(?:just(?!\s+(?:like|as|the\s+same|fine|now|before|after|once|when|a\s+few|about|"
+    r"under|over|below|above)\b)|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|"
     r"i'd(?!\s+(?:like|need|want|have\s+to))|"
     r"i\s+would(?!\s+(?:like|need|want|have\s+to))|"
     r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
