@@ -613,7 +613,9 @@ def _progress(text: str) -> _Progress:
 
 _LR_QUESTION = re.compile(
     r"\b(?:lr|learning[\s_-]*rates?|schedul\w*|warm[\s-]?up|cosine|linear\s+decay|one[\s_-]?cycle|"
-    r"step\s+decay|lr\s+finder|range\s+test|decay|annealing|cyclical)\b",
+    r"step\s+decay|lr\s+finder|range\s+test|decay|annealing|cyclical|"
+    # Scheduler and argument names: OneCycleLR, StepLR, max_lr, base_lr.
+    r"\w*(?:cycle|step|cyclic|exponential)lr|\w+_lr)\b",
     re.IGNORECASE,
 )
 _DATA_QUESTION = re.compile(
@@ -634,8 +636,27 @@ _TOOLING_QUESTION = re.compile(
     r"|input\s+pipeline|gpu\s+utili[sz]ation|nvidia-smi|samples?/s(?:ec)?|it/s|throughput)\b"
     r"|\b(?:data\s*loader|loader|workers?)\b[^.?!]{0,60}\b(?:hang\w*|freez\w*|deadlock\w*|stall\w*)\b"
     r"|\b(?:hang\w*|freez\w*|deadlock\w*)\b[^.?!]{0,60}\b(?:data\s*loader|loader|workers?)\b"
+    r"|\berror\(s\)\s+in\s+loading\s+state_dict|\b(?:missing|unexpected)\s+key\(s\)"
     r"|\b(?:class\s+weights?|weighted\s+(?:cross[\s-]?entropy|loss|sampler)|weightedrandomsampler"
     r"|over[\s-]?sampl\w*|under[\s-]?sampl\w*|minority\s+class|positive\s+class|rare\s+class)\b",
+    re.IGNORECASE,
+)
+#: The error a state dict with the wrong key names gives when it is loaded.
+_STATE_DICT_KEYS = re.compile(
+    r"\berror\(s\)\s+in\s+loading\s+state_dict|\b(?:missing|unexpected)\s+key\(s\)",
+    re.IGNORECASE,
+)
+#: A quantity said to be fine ("grads look fine", "loss and metrics are fine", "training is
+#: stable") names no problem, and "an order of magnitude" is a factor, not a norm: a schedule or
+#: plumbing question that says so is not ours for those words.
+_QUANTITY_WORD = (
+    r"(?:(?:train(?:ing)?\s+|val(?:idation)?\s+)?loss(?:es)?|grad(?:ient)?s?(?:\s+norms?)?|norms?|"
+    r"metrics?|accuracy|curves?|training|everything)"
+)
+_FINE_CLAUSE = re.compile(
+    rf"\b(?:the\s+)?{_QUANTITY_WORD}(?:\s*(?:,|and|&)\s*(?:the\s+)?{_QUANTITY_WORD})*"
+    r"\s+(?:look|looks|are|is|seem|seems|trains?)\s+(?:\w+\s+)?(?:fine|ok|okay|normal|healthy|"
+    r"good|stable|well[\s-]behaved)\b|\borders?\s+of\s+magnitude\b",
     re.IGNORECASE,
 )
 #: What an LR range test is for: the loss blowing up at its high end is how it ends.
@@ -652,6 +673,8 @@ _RANGE_TEST_READINGS = frozenset(
 #: "stuck waiting", the range test's loss flat at first and "blowing up" at its top rates.
 _INCIDENTAL_SCOPE: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
     (_TOOLING_QUESTION, frozenset({"checkpoint", "stuck"})),
+    # A state dict saved from a DDP-wrapped model ("module." keys) is a loading question.
+    (_STATE_DICT_KEYS, frozenset({"checkpoint", "ddp"})),
     (_LR_RANGE_TEST, frozenset({"explod", "diverg", "spik", "unst", "nan", "inf", "plateau"})),
 )
 #: Words that put a question inside the gradient domain (normalised by the analyser at load).
@@ -2043,6 +2066,12 @@ class Matcher:
         found = {t for t in terms if t in self.in_scope_terms}
         if not found:
             return False
+        if _FINE_CLAUSE.search(text):
+            # Words said to be fine put nothing in scope; nor does "the loss" they name.
+            text = _FINE_CLAUSE.sub(" ", text)
+            found &= {token.term for token in self.analyzer.tokens(text)}
+            if not found:
+                return False
         for pattern, incidental in _INCIDENTAL_SCOPE:
             if (
                 found & incidental

@@ -762,6 +762,8 @@ def test_out_of_scope_questions(text: str) -> None:
         ("I lowered the LR and still get NaN", "lower-lr-for-nan"),
         ("Which learning-rate warmup avoids the loss spikes I keep seeing?", "loss-spikes"),
         ("My learning rate schedule has warmup but the gradient norm explodes at step 800", None),
+        # Said to be fine in one clause, a problem in the next: the problem keeps it ours.
+        ("Grads look fine, but the loss spikes whenever the cosine schedule restarts", None),
     ],
 )
 def test_gradient_words_keep_a_question_in_scope(text: str, expected: str | None) -> None:
@@ -783,6 +785,10 @@ def test_gradient_words_keep_a_question_in_scope(text: str, expected: str | None
         "GPU utilization is 40% and the input pipeline seems to be the bottleneck, how to fix?",
         "With 1% positives, should I use class weights or oversample with a sampler?",
         "My LR range test: flat until 1e-4, then the loss explodes past 1e-2. Which LR do I use?",
+        # Quantities said to be fine, and a factor of ten, name no gradient problem.
+        "Loss and grads look normal. Cosine or step decay, and how long a warmup for 40 epochs?",
+        "Should OneCycleLR's max_lr sit an order of magnitude below where the loss rises?",
+        "Error(s) in loading state_dict: Unexpected key(s) 'module.fc.weight' (saved under DDP)",
     ],
 )
 def test_plumbing_questions_are_out_of_scope_with_a_pointer(text: str) -> None:
