@@ -668,12 +668,23 @@ def _cells(line: str, separator: str) -> list[str]:
 
 
 def _column_name(header: str) -> str:
-    """The series a table column holds, from its header ("grad_norm", "val loss"), or ""."""
-    for name, pattern in _SERIES_SUBJECTS:
-        found = pattern.fullmatch(header)
-        if found is not None:
-            return name
+    """The series a table column holds, from its header ("grad_norm", "val loss"), or "".
+
+    Trackers export namespaced keys ("train/grad_norm", "eval/loss"): the namespace reads as a
+    qualifier ("eval loss"), or is dropped when the key alone names the quantity.
+    """
+    candidates = [header]
+    if re.fullmatch(r"[\w.-]+(?:/[\w.-]+)+", header.strip()):
+        candidates += [header.replace("/", " "), header.rsplit("/", 1)[-1]]
+    for candidate in candidates:
+        for name, pattern in _SERIES_SUBJECTS:
+            if pattern.fullmatch(candidate.strip()) is not None:
+                return name
     return ""
+
+
+#: The one value column of a TensorBoard / MLflow scalar export ("Wall time,Step,Value").
+_VALUE_HEADER = re.compile(r"^(?:value|values|scalar)$", re.IGNORECASE)
 
 
 def _table_columns(text: str) -> dict[str, list[float]]:
@@ -693,10 +704,18 @@ def _table_columns(text: str) -> dict[str, list[float]]:
             continue
         header = _cells(line, separator)
         names = [_column_name(cell) for cell in header]
+        if not any(names) and sum(bool(_VALUE_HEADER.match(cell)) for cell in header) == 1:
+            # An exported scalar's "Value" column holds what the line above the table names.
+            above = _subjects_before(lines, index - 1)
+            if len(set(above)) == 1:
+                names = [above[0] if _VALUE_HEADER.match(cell) else "" for cell in header]
         if len(header) < 2 or not any(names):
             continue
         while index < len(lines):
             row = lines[index]
+            if _ELLIPSIS_ROW.match(row):
+                index += 1
+                continue
             if separator == "|" and _TABLE_RULE.match(row) and "-" in row:
                 index += 1
                 continue

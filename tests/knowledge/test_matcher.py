@@ -1616,3 +1616,24 @@ def test_a_zero_gradient_log_key_names_zero_gradients() -> None:
 def test_accumulation_told_in_words(text: str, expected: str) -> None:
     result = match(text)
     assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches[:3]]
+
+
+# -- tracker exports (matcher8) ------------------------------------------------------------
+
+
+def test_namespaced_csv_columns_are_read_as_their_quantity() -> None:
+    text = "wandb export:\n_step,train/loss,train/grad_norm\n100,2.41,0.81\n200,2.37,3.87\n"
+    series = {s.name: s.values for s in read_series(text)}
+    assert series["loss"] == (2.41, 2.37)
+    assert series["grad_norm"] == (0.81, 3.87)
+
+
+def test_a_scalar_exports_value_column_is_the_quantity_named_above_it() -> None:
+    text = (
+        "export of train/grad_norm, as downloaded:\nWall time,Step,Value\n"
+        "1716201101.2,100,1.07\n1716201107.9,110,1.21\n...\n1716201114.3,900,0.98\n"
+    )
+    assert [(s.name, s.values) for s in read_series(text)] == [("grad_norm", (1.07, 1.21, 0.98))]
+    # A prose line with commas is no header: its namespaced word does not name a column.
+    prose = "export of train/grad_norm, most of it fine, see:\n1.5, 2.5, 3.5\n1.6, 2.6, 3.6\n"
+    assert numbers_module._table_columns(prose) == {}
