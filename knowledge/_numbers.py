@@ -146,7 +146,8 @@ _SCALE_LEVEL = _Lazy(
 _PERCENT_BEFORE = _Lazy(
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*"
     r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
-    r"(?:\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+fire|exactly\s+(?:0|zero))\b"
+    r"(?:\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+(?:fires?|activates?|active)"
+    r"|exactly\s+(?:0|zero))\b"
     # "70% of parameters have grad == 0"
     r"|(?P<equals>(?:==|=)\s*0(?:\.0+)?)(?![.\d]))",
     ("%", "percent", "per cent", "pct"),
@@ -192,7 +193,11 @@ _RATIO = _Lazy(
     # "the ratio of grad norm to weight norm", "||g|| / ||w||"
     r"|\bratio\s+(?:of|between)\s+(?:the\s+)?grad(?:ient)?s?(?:[_ ]norms?)?\s+(?:to|and)\s+"
     r"(?:the\s+)?(?:weights?|param(?:eter)?s?)(?:[_ ]norms?)?\b"
-    r"|\|{1,2}\s*g(?:rad)?\s*\|{1,2}\s*/\s*\|{1,2}\s*(?:w|p|param|weight)\s*\|{1,2})"
+    r"|\|{1,2}\s*g(?:rad)?\s*\|{1,2}\s*/\s*\|{1,2}\s*(?:w|p|param|weight)\s*\|{1,2}"
+    # "the ratio grad_norm/param_norm", "gradient to weight norm ratio"
+    r"|\bratio\s+grad(?:ient)?s?(?:[_ ]norms?)?\s*/\s*(?:param(?:eter)?s?|weights?)(?:[_ ]norms?)?"
+    r"|\bgrad(?:ient)?s?(?:[_ ]norms?)?\s*(?:/\s*|\s+to\s+)(?:param(?:eter)?s?|weights?)"
+    r"(?:[_ ]norms?)?[_ -]ratio\b)"
     r"(?:\s+(?:of|for|in)\s+(?:the\s+|my\s+)?(?:first\s+|last\s+)?[\w.]+(?:\s+layer)?)?"
     rf"{_FILLER}{_NUM}",
     ("ratio", "|"),

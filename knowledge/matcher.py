@@ -282,6 +282,10 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         r"bleu|converg|model|stuck|plateau|stall|epoch|\bval|eval",
         # Whether to clip is a question about clipping.
         "is-clipping-needed": r"clip",
+        # The belief that small gradients mean a broken model needs gradients called small (or
+        # a small number): per-layer norms of 0.3-1.1 next to dead units do not hold it.
+        "small-grads-mean-broken": r"small|tiny|minuscule|vanish|near\s+zero|close\s+to\s+zero|"
+        r"\blow\b|lower|little|weak|[0-9]e-\d|0\.00|shrink|decay|\bzero",
         # Trends of the gradient norm need the gradients or their norm in the text (a loss
         # that jumps and recovers is not a norm spike).
         "grad-": r"grad|norm",
@@ -1403,6 +1407,11 @@ class Matcher:
             # One ratio (gradient or update against the weights), inside its band: the text
             # reports neither ratio signal (the two entries share nearly every word).
             out |= {"grad-param-ratio", "update-param-ratio"}
+        dead = values.get("dead_fraction", []) + values.get("zero_activation_fraction", [])
+        if dead and max(dead) <= p.dead_fraction_warning.value:
+            # "3% of units never activate": a few dead units are normal in a ReLU net; the
+            # entries are about a large share of them.
+            out |= {"dead-neurons", "many-zero-activations"}
         levels = values.get("amp_scale_level", [])
         if levels and min(levels) >= _AMP_SCALE_STEADY and "amp_scale_to" not in values:
             # The entry is a scale that keeps falling: not one said to hold high.
@@ -2285,9 +2294,24 @@ class Matcher:
             # A gradient or loss reading the numbers are sure of keeps the text ours, whatever
             # it also says about the learning rate.
             scores[OUT_OF_SCOPE_ID] *= 0.5
-        for entry_id in self._contradicted(quantities) & scores.keys():
+        contradicted = self._contradicted(quantities) & scores.keys()
+        for entry_id in contradicted:
             # The text gives the entry's own number inside its normal band.
             scores[entry_id] *= 0.5
+        if (
+            contradicted
+            and progress.improving
+            and not any(h.strength >= 0.8 and h.entry_id != "healthy" for h in evidence)
+        ):
+            # The number the text worries about is inside its normal band and training
+            # improves: the answer is that the run is healthy ("3% of units never fire,
+            # accuracy improving", "grad/param ratio 1e-3 with SGD, loss going down").
+            scores["healthy"] = scores.get("healthy", 0.0) + _EVIDENCE_WEIGHT * 0.5
+            reasons.setdefault("healthy", []).append(
+                "the value the text worries about is inside its normal band ("
+                + ", ".join(sorted(contradicted))
+                + " not shown) and training improves"
+            )
         if "underfitting" in scores and (
             progress.held_out_improving or (progress.no_gap and not _LOSS_BAD_LEVEL.search(text))
         ):

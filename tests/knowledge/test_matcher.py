@@ -1637,3 +1637,35 @@ def test_a_scalar_exports_value_column_is_the_quantity_named_above_it() -> None:
     # A prose line with commas is no header: its namespaced word does not name a column.
     prose = "export of train/grad_norm, most of it fine, see:\n1.5, 2.5, 3.5\n1.6, 2.6, 3.6\n"
     assert numbers_module._table_columns(prose) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "value"),
+    [
+        ("the ratio grad_norm/param_norm is only ~0.001 for all layers", "grad_param_ratio", 1e-3),
+        ("gradient to weight norm ratio is around 2e-3 everywhere", "grad_param_ratio", 2e-3),
+        ("4.2% of ReLU units never activate over an epoch", "dead_fraction", 0.042),
+    ],
+)
+def test_ratio_and_dead_share_wordings(text: str, name: str, value: float) -> None:
+    assert [(q.name, q.value) for q in read_quantities(text)] == [(name, value)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "A few dead units: 2% of neurons never fire over the epoch, per-layer grad norms 0.4 to "
+        "1.2, validation accuracy goes up every epoch. Worth switching to GELU?",
+        "With SGD the grad/param ratio is about 5e-4 in every layer, which looks small to me, "
+        "but the training loss keeps going down each epoch.",
+    ],
+)
+def test_a_worry_whose_number_is_in_band_while_training_improves_is_healthy(text: str) -> None:
+    result = match(text)
+    assert _top_ids(result) == ["healthy"], [(m.id, m.score) for m in result.matches[:3]]
+    assert any("inside its normal band" in r for r in result.matches[0].reasons)
+
+
+def test_a_large_dead_share_is_still_dead_neurons() -> None:
+    text = "45% of ReLU units never activate over an epoch, though accuracy still improves a bit"
+    assert _top_ids(match(text)) == ["dead-neurons"]
