@@ -1090,12 +1090,26 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: a finiteness check on the loss, before backward(), fails",
         ),
         (
+            # "the loss is already nan right after criterion(...), i.e. before I call backward":
+            # the loss was looked at before backward() and is non-finite there.
+            r"\bloss\b[^.;\n]{0,40}?\b(?:is|was|comes\s+out|returns?|already)\s+(?:already\s+)?"
+            r"(?:nan|inf|non-?finite)\b[^;\n]{0,60}?\bbefore\b[^.;\n]{0,20}?\bbackward"
+            r"|\bbefore\b[^.;\n]{0,20}?\bbackward\w*(?:\(\))?[^.;\n]{0,20}?\bloss\b[^.;\n]{0,20}?"
+            r"\b(?:is|was)\s+already\s+(?:nan|inf|non-?finite)\b",
+            "nan-loss-before-backward",
+            0.9,
+            "text: the loss is already non-finite before backward() is called",
+        ),
+        (
             # "batch['pixel_values'].isnan().sum() = 3072": the check on the inputs found some.
             # Or "torch.isinf(batch['x']).any() -> True", the function form.
             r"(?:\b(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|features?|data|samples?|"
             r"targets?|labels?|y|yb)\b[^\s`]{0,30}\.is(?:nan|inf)\(\)(?:\.(?:sum|any)\(\))+"
             r"|\bis(?:nan|inf)\s*\(\s*(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|"
-            r"features?|data|samples?|targets?|labels?|y|yb)\b[^)\n]{0,30}\)(?:\.(?:sum|any)\(\))+)`?"
+            r"features?|feats?|data|samples?|targets?|labels?|y|yb)\b[^)\n]{0,30}\)"
+            r"(?:\.(?:sum|any)\(\))+)`?"
+            # "... .sum() on the batch fed to the model returns 12": where the check ran.
+            r"(?:\s+(?:on|over|for|of|in)\s+[^.;:=\n]{0,40}?)?"
             r"\s*(?:(?:and\s+)?(?:it|that)\s+)?"
             r"(?:=|==|is|returns?|returned|gives?|gave|->|:|prints?|printed|shows?|showed)\s*"
             r"(?:[1-9]|true)",
@@ -1674,7 +1688,8 @@ _PROSE_REQUIRES: dict[str, re.Pattern[str]] = {
         re.IGNORECASE,
     ),
 }
-_SENTENCE_END = re.compile(r"(?<=[.;!?])\s+|\n")
+#: "i.e." and "e.g." end no sentence: what follows them explains the same clause.
+_SENTENCE_END = re.compile(r"(?<=[.;!?])(?<!\bi\.e\.)(?<!\be\.g\.)\s+|\n", re.IGNORECASE)
 #: Longest piece of text one rule looks at; bounds the regex work on pathological input.
 SEGMENT_CHARS = 400
 

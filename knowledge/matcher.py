@@ -544,16 +544,19 @@ _LOSS_FINITE = re.compile(
 #: are still finite", "the batch has no NaN/Inf"): the NaN did not start there.
 _CLEARED_STAGE: dict[str, re.Pattern[str]] = {
     "nan-parameters": re.compile(
-        r"\b(?:weights?|params?|parameters)\b(?:\s+themselves)?[^.;\n]{0,30}?\b(?:are|were|is|"
+        r"\b(?:weights?|params?|parameters?)\b(?:\s+themselves)?[^.;\n]{0,30}?(?:\b(?:are|were|is|"
         r"was|stay\w*|remain\w*|still|all|look\w*)\s+(?:(?:all|still|perfectly)\s+)*"
-        r"(?:finite|clean|fine|ok(?:ay)?|normal)\b",
+        r"(?:finite|clean|fine|ok(?:ay)?|normal)\b|"
+        # "every weight passes torch.isfinite": a check that the stage passed.
+        r"\bpass(?:es|ed)?\s+(?:the\s+|a\s+)?(?:torch\.)?(?:isfinite|finiteness|nan)\w*)",
         re.IGNORECASE,
     ),
     "nonfinite-inputs": re.compile(
         r"\b(?:inputs?|batch|x\s*/\s*y|tensors?|data|images?|samples?|features?)\b"
         r"(?![^.;\n]{0,40}\bother\b)[^.;\n]{0,40}?(?:\b(?:has|have|had|contain\w*|with)\s+no\s+"
         r"(?:nan|inf|non-?finite)|\b(?:is|are|was|were|look\w*)\s+(?:all\s+)?(?:clean|finite)\b|"
-        r"\bnothing\s+(?:weird|wrong|odd|strange|unusual))",
+        r"\bnothing\s+(?:weird|wrong|odd|strange|unusual)|"
+        r"\bpass(?:es|ed)?\s+(?:the\s+|a\s+)?(?:torch\.)?(?:isfinite|finiteness|nan)\w*)",
         re.IGNORECASE,
     ),
 }

@@ -21,7 +21,13 @@ from gradient_doctor.knowledge import _code as code_module
 from gradient_doctor.knowledge import _numbers as numbers_module
 from gradient_doctor.knowledge import findings, load_knowledge, models
 from gradient_doctor.knowledge import matcher as matcher_module
-from gradient_doctor.knowledge._code import fragment_source, prose_hits, split_code, without_code
+from gradient_doctor.knowledge._code import (
+    fragment_source,
+    prose_hits,
+    segments,
+    split_code,
+    without_code,
+)
 from gradient_doctor.knowledge._numbers import Series, read_quantities, read_series
 from gradient_doctor.knowledge.matcher import Match, Matcher, MatchResult, get_matcher, match
 from tests.conftest import REPO, run_cli
@@ -1669,3 +1675,30 @@ def test_a_worry_whose_number_is_in_band_while_training_improves_is_healthy(text
 def test_a_large_dead_share_is_still_dead_neurons() -> None:
     text = "45% of ReLU units never activate over an epoch, though accuracy still improves a bit"
     assert _top_ids(match(text)) == ["dead-neurons"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # The stage checked clean is not where the NaN began; the one found non-finite is.
+        (
+            "Every weight passes torch.isfinite and the batch passes torch.isfinite too, yet the "
+            "loss is already inf right after the criterion, i.e. before backward runs. Why?",
+            "nan-loss-before-backward",
+        ),
+        (
+            "NaN at a random step. torch.isnan(feats).sum() over the failing batch returns 5, "
+            "the step before had loss 0.6.",
+            "nonfinite-inputs",
+        ),
+    ],
+)
+def test_nan_checks_told_in_words_locate_the_stage(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
+def test_i_e_does_not_end_a_sentence() -> None:
+    assert segments("it is nan, i.e. before backward. Next one.") == [
+        "it is nan, i.e. before backward.",
+        "Next one.",
+    ]
