@@ -1101,6 +1101,16 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the loss is already non-finite before backward() is called",
         ),
         (
+            # "the grad norm after clipping is a flat line at 0.5, which is the max_norm I
+            # chose": the logged norm sits at the threshold, so every update is clipped.
+            r"\bnorms?\b[^.;\n]{0,60}?\b(?:flat|pinned|constant|capped|stuck|sits?|sitting|"
+            r"pegged|saturat\w*)\b[^.;\n]{0,40}?\b(?:max_norm|max\s+norm|clip(?:ping)?\s+"
+            r"(?:threshold|value|limit)|the\s+threshold)\b",
+            "clipping-slow-convergence",
+            0.7,
+            "text: the logged grad norm sits at max_norm: every update is clipped",
+        ),
+        (
             # "batch['pixel_values'].isnan().sum() = 3072": the check on the inputs found some.
             # Or "torch.isinf(batch['x']).any() -> True", the function form.
             r"(?:\b(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|features?|data|samples?|"

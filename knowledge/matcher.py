@@ -362,6 +362,7 @@ _NORMAL_QUESTION = re.compile(
     r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything"
     # "Is there anything to fix here?", "Does anything here need fixing?"
     r"|anything\s+(?:i'm|i\s+am|we're|we\s+are)\s+missing"
+    r"|anything\s+(?:(?:seems?|looks?)\s+)?(?:off|wrong|weird|odd)\s*\?"
     r"|anything\s+(?:here\s+)?(?:to\s+(?:fix|change)|(?:that\s+)?needs?\s+(?:fixing|changing|to\s+be\s+"
     r"(?:fixed|changed)|attention))|(?:don't|do\s+not)\s+see\s+what\b)",
     re.IGNORECASE,
@@ -560,6 +561,13 @@ _CLEARED_STAGE: dict[str, re.Pattern[str]] = {
         re.IGNORECASE,
     ),
 }
+#: A monitor's count of non-finite values that reads zero ("nan=0", "inf_count: 0", "0 NaNs").
+_ZERO_NAN_COUNT = re.compile(
+    r"\b(?:nan|inf|non_?finite)s?(?:[_ ]?(?:count|values?|grads?|steps?))?\s*[=:]\s*0(?![.\d])"
+    r"|\b0\s+(?:nan|inf)s?\b",
+    re.IGNORECASE,
+)
+_NAN_WORD = re.compile(r"\b(?:nan|inf|non_?finite)s?\b", re.IGNORECASE)
 _SAME_AGAIN = re.compile(r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE)
 
 
@@ -2297,6 +2305,14 @@ class Matcher:
             # A gradient or loss reading the numbers are sure of keeps the text ours, whatever
             # it also says about the learning rate.
             scores[OUT_OF_SCOPE_ID] *= 0.5
+        zero_counts = [m.span() for m in _ZERO_NAN_COUNT.finditer(text)]
+        if zero_counts and all(
+            any(start <= m.start() < end for start, end in zero_counts)
+            for m in _NAN_WORD.finditer(text)
+        ):
+            # Every NaN the text names is a monitor's count reading zero: nothing is non-finite.
+            for entry_id in [e for e in scores if "nan" in e or "nonfinite" in e]:
+                scores[entry_id] *= 0.4
         contradicted = self._contradicted(quantities) & scores.keys()
         for entry_id in contradicted:
             # The text gives the entry's own number inside its normal band.

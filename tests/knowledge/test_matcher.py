@@ -1702,3 +1702,22 @@ def test_i_e_does_not_end_a_sentence() -> None:
         "it is nan, i.e. before backward.",
         "Next one.",
     ]
+
+
+def test_a_monitor_counting_zero_nans_reports_no_nan() -> None:
+    text = (
+        "health check from my callback, anything off?\n"
+        "iter 500: gnorm=2.2 nan=0 inf=0\niter 1000: gnorm=1.8 nan=0 inf=0\n"
+        "iter 1500: gnorm=1.5 nan=0 inf=0\nthe loss keeps going down"
+    )
+    ranked = _top_ids(match(text), 3)
+    assert ranked[0] == "healthy"
+    assert "loss-nan" not in ranked
+
+
+def test_a_grad_norm_told_to_sit_at_max_norm_is_always_clipped() -> None:
+    text = (
+        "Training crawls compared with the reference curve; the logged norm after clipping is "
+        "flat at 0.3 the whole run, which is my max_norm."
+    )
+    assert _top_ids(match(text)) == ["clipping-slow-convergence"]
