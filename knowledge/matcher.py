@@ -504,6 +504,8 @@ class _Progress:
     early_layer_first: bool = True
     #: Words saying a value goes back and forth ("from 0.4 to 2 and back").
     comes_back: bool = False
+    #: The loss is said to keep rising ("still rising", "climbs back", "keeps going up").
+    keeps_rising: bool = False
     reasons: list[str] = field(default_factory=list)
 
 
@@ -568,6 +570,11 @@ _ZERO_NAN_COUNT = re.compile(
     re.IGNORECASE,
 )
 _NAN_WORD = re.compile(r"\b(?:nan|inf|non_?finite)s?\b", re.IGNORECASE)
+_KEEPS_RISING = re.compile(
+    r"\b(?:still|keeps?|kept|continu\w*\s+(?:to\s+)?)\s*(?:rising|rise|climbing|climb|going\s+up|"
+    r"increasing|increase|growing)\b|\bclimbs?\s+back\b|\bclimb(?:ed|ing)?\s+back\b",
+    re.IGNORECASE,
+)
 _SAME_AGAIN = re.compile(r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE)
 
 
@@ -596,6 +603,7 @@ def _progress(text: str) -> _Progress:
         comes_back=bool(_COMES_BACK.search(text)),
         holds_level=bool(_HOLDS_LEVEL.search(text)),
         same_again=bool(_SAME_AGAIN.search(text)),
+        keeps_rising=bool(_KEEPS_RISING.search(text)),
     )
     pair = _LAYER_PAIR.search(text)
     if pair is not None:
@@ -1919,6 +1927,24 @@ class Matcher:
                     0.9,
                     f"{name} {shown}: climbs at every reading since its best {fmt(best)}, now "
                     f"{fmt(last / best)}×",
+                )
+            ]
+        if (
+            item.name == "loss"
+            and progress.keeps_rising
+            and not progress.comes_back
+            and len(climb) >= 3
+            and last >= _HELD_OUT_RISE_FACTOR * best
+            and all(b > a for a, b in itertools.pairwise(climb))
+        ):
+            # "down to 6.9 by step 600, then it climbs back: 8.8, 9.7, still rising": after
+            # its best the loss rises at every reading and the words say it goes on rising.
+            return [
+                CodeHit(
+                    "loss-diverging",
+                    0.9,
+                    f"{name} {shown}: climbs at every reading since its best {fmt(best)} "
+                    "and is said to keep rising",
                 )
             ]
         if item.name == "val_loss" and progress.improving and last > 1.1 * best < last:

@@ -1721,3 +1721,14 @@ def test_a_grad_norm_told_to_sit_at_max_norm_is_always_clipped() -> None:
         "flat at 0.3 the whole run, which is my max_norm."
     )
     assert _top_ids(match(text)) == ["clipping-slow-convergence"]
+
+
+def test_a_loss_that_climbs_back_and_keeps_rising_is_diverging() -> None:
+    text = (
+        "Adam, lr 3e-3, clip 1.0. Loss fell from 8.1 to 5.2 by step 400, then climbed back: "
+        "6.0 at step 900, 7.1 at step 1,500, and it keeps going up. Grad norms 1 to 3."
+    )
+    assert _top_ids(match(text)) == ["loss-diverging"]
+    # The same readings said to come back down are no divergence.
+    calmer = text.replace("and it keeps going up", "then back down to 5.3")
+    assert _top_ids(match(calmer)) != ["loss-diverging"]
