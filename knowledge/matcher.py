@@ -575,6 +575,21 @@ _KEEPS_RISING = re.compile(
     r"increasing|increase|growing)\b|\bclimbs?\s+back\b|\bclimb(?:ed|ing)?\s+back\b",
     re.IGNORECASE,
 )
+#: Two runs compared where only the precision differs: full precision trains, or the text
+#: says the precision is the only change ("fp32: ... smooth", "only thing changed is the
+#: precision flag").
+_ONLY_PRECISION_DIFFERS = re.compile(
+    r"\b(?:fp32|float32|full[\s-]precision)\b[^.;\n]{0,50}?\b(?:fine|ok(?:ay)?|smooth\w*|stable|"
+    r"works?|converges?|trains?\s+(?:fine|well)|no\s+nan)\b"
+    r"|\b(?:only|sole)\s+(?:thing|difference|change)\w*\b[^.;\n]{0,30}?\b(?:precision|dtype|fp16|"
+    r"amp|autocast)",
+    re.IGNORECASE,
+)
+_REDUCED_PRECISION = re.compile(
+    r"\b(?:mixed[\s-]precision|amp|autocast|fp16|float16|half[\s-]precision|gradscaler)\b",
+    re.IGNORECASE,
+)
+_FAILS = re.compile(r"\b(?:nan|inf|diverg\w*|blow\w*|blew|explod\w*|unstable)\b", re.IGNORECASE)
 _SAME_AGAIN = re.compile(r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE)
 
 
@@ -2194,6 +2209,21 @@ class Matcher:
             # negation ("the batch has no NaN/Inf").
             described = [h for h in described if h.entry_id not in cleared or h.strength >= 0.7]
         evidence.extend(described)
+        if (
+            _ONLY_PRECISION_DIFFERS.search(text)
+            and _REDUCED_PRECISION.search(text)
+            and (_FAILS.search(text) or any(h.entry_id == "loss-diverging" for h in evidence))
+            and not any(h.entry_id == "amp-diverges" and h.strength >= 0.9 for h in evidence)
+        ):
+            # The same job trains in full precision and fails in reduced precision: the
+            # precision is the cause of the NaN or the divergence the numbers also show.
+            evidence.append(
+                CodeHit(
+                    "amp-diverges",
+                    0.9,
+                    "text: the run fails only in reduced precision; full precision trains",
+                )
+            )
 
         # A question is someone asking about their own case, never a claim being made.
         asking = text.rstrip().endswith("?")

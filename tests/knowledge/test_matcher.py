@@ -1732,3 +1732,12 @@ def test_a_loss_that_climbs_back_and_keeps_rising_is_diverging() -> None:
     # The same readings said to come back down are no divergence.
     calmer = text.replace("and it keeps going up", "then back down to 5.3")
     assert _top_ids(match(calmer)) != ["loss-diverging"]
+
+
+def test_a_run_failing_only_in_reduced_precision_is_amp_diverges() -> None:
+    text = (
+        "Same config twice. float32: converges fine, 0.9 at 20k.\n"
+        "with autocast(fp16):\nstep 1000 loss 2.1\nstep 2000 loss 6.8\nstep 2500 loss nan\n"
+        "nothing else differs. why?"
+    )
+    assert _top_ids(match(text)) == ["amp-diverges"]
