@@ -589,6 +589,7 @@ _REDUCED_PRECISION = re.compile(
     r"\b(?:mixed[\s-]precision|amp|autocast|fp16|float16|half[\s-]precision|gradscaler)\b",
     re.IGNORECASE,
 )
+_PRECISION_EFFECTS = ("loss-nan", "loss-diverging", "loss-spikes", "exploding-gradients")
 _FAILS = re.compile(r"\b(?:nan|inf|diverg\w*|blow\w*|blew|explod\w*|unstable)\b", re.IGNORECASE)
 _SAME_AGAIN = re.compile(r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE)
 
@@ -2209,12 +2210,12 @@ class Matcher:
             # negation ("the batch has no NaN/Inf").
             described = [h for h in described if h.entry_id not in cleared or h.strength >= 0.7]
         evidence.extend(described)
-        if (
+        precision_only = bool(
             _ONLY_PRECISION_DIFFERS.search(text)
             and _REDUCED_PRECISION.search(text)
             and (_FAILS.search(text) or any(h.entry_id == "loss-diverging" for h in evidence))
-            and not any(h.entry_id == "amp-diverges" and h.strength >= 0.9 for h in evidence)
-        ):
+        )
+        if precision_only:
             # The same job trains in full precision and fails in reduced precision: the
             # precision is the cause of the NaN or the divergence the numbers also show.
             evidence.append(
@@ -2420,6 +2421,11 @@ class Matcher:
         # never fires) is measured: it explains the symptom told next to it, like a named cause.
         measured_causes = (measured_flags & self.effects.keys()) - named
         self._put_causes_first(scores, reasons, named | measured_causes, measured_causes)
+        if precision_only and "amp-diverges" in scores:
+            # The precision is the cause of the NaN / divergence told with it: it ranks first.
+            told = max((scores.get(e, 0.0) for e in _PRECISION_EFFECTS), default=0.0)
+            if scores["amp-diverges"] <= told:
+                scores["amp-diverges"] = told + 1.0
         found_in_code = {h.entry_id for h in code_evidence if h.strength >= 0.8}
         told_words = prose_words if text_code else text
         reviewed = [
