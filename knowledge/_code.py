@@ -404,7 +404,9 @@ def analyse(code: str, prose: str = "") -> list[CodeHit]:
         add("saturating-deep-net", 0.8, "code: a deep stack (> 20) of sigmoid/tanh layers")
     for m in _UNSTABLE_OP.finditer(code):
         arg = m.group("a") or m.group("b") or ""
-        if not _EPS.search(arg):
+        # sqrt/log of the gradients ("sqrt(sum(p.grad.pow(2).sum() ...))") measures them after
+        # backward(): it is outside the loss, so it cannot make the loss non-finite.
+        if not _EPS.search(arg) and not re.search(r"\.grad\b", arg):
             add("unstable-loss-op", 0.75, f"code: {m.group(0).strip()[:40]} without eps or clamp")
             break
     # Only a whole loop shows that nothing is measured; a three-line excerpt does not.

@@ -1741,3 +1741,17 @@ def test_a_run_failing_only_in_reduced_precision_is_amp_diverges() -> None:
         "nothing else differs. why?"
     )
     assert _top_ids(match(text)) == ["amp-diverges"]
+
+
+def test_a_square_root_of_the_gradients_is_monitoring_not_an_unstable_loss() -> None:
+    loop = (
+        "for x, y in loader:\n"
+        "    loss = crit(model(x), y)\n"
+        "    opt.zero_grad()\n"
+        "    loss.backward()\n"
+        "    gn = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))\n"
+        "    opt.step()\n"
+    )
+    assert "unstable-loss-op" not in {h.entry_id for h in code_module.code_hits(loop, "")}
+    in_loss = loop.replace("crit(model(x), y)", "torch.sqrt(((model(x) - y) ** 2).mean())")
+    assert "unstable-loss-op" in {h.entry_id for h in code_module.code_hits(in_loss, "")}
