@@ -1053,10 +1053,16 @@ _SCHEDULER_WITH_BACKWARD = (
 )
 _WANTED_BATCH = "text: a batch size is wanted that memory does not hold"
 _LOWER_LR_PLAN = "text: plans to lower the learning rate to cure a NaN"
+_RECIPE_BATCH = "text: the recipe's batch size is wanted and memory does not hold it"
 #: Rules (by reason) that need the whole text, not only their sentence, to say something.
 _TEXT_REQUIRES: dict[str, re.Pattern[str]] = {
     _SCHEDULER_WITH_BACKWARD: re.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE),
     _LOWER_LR_PLAN: re.compile(r"\bnan|\binf\b|non-?finite", re.IGNORECASE),
+    _RECIPE_BATCH: re.compile(
+        r"^(?=[\s\S]*\b(?:bs|batch))[\s\S]*(?:\boom|out\s+of\s+memory|doesn't\s+fit|"
+        r"does\s+not\s+fit)",
+        re.IGNORECASE,
+    ),
     _WANTED_BATCH: re.compile(
         r"\boom|out\s+of\s+memory|doesn't\s+fit|does\s+not\s+fit", re.IGNORECASE
     ),
@@ -1647,6 +1653,17 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "grad-param-ratio",
             0.6,
             "text: the gradient norm is a multiple of the weight norm",
+        ),
+        (
+            # "the paper use 128 so I need it" in a text about a batch size that runs out of
+            # memory: the number the recipe trains with is the batch wanted.
+            r"\b(?:paper|recipe|reference|authors?|original\s+(?:run|setup|code|repo))\b[^.;\n]{0,15}"
+            r"\b(?:uses?|used|has|had|trains?\s+with|trained\s+with|ran\s+with)\s+(?:a\s+)?"
+            r"(?:bs\s*|batch(?:[_\s-]?size)?\s*(?:of\s*)?)?\d{2,}\b(?!\s*(?:epochs?|steps?|k\b|"
+            r"layers?|gpus?|heads?|%|gb|hours?|dims?|tokens?))",
+            "oom-wants-larger-batch",
+            0.6,
+            _RECIPE_BATCH,
         ),
         (
             # "Paper recipe wants bs 64; anything above 12 OOMs": a batch size wanted (a recipe's,

@@ -1755,3 +1755,14 @@ def test_a_square_root_of_the_gradients_is_monitoring_not_an_unstable_loss() -> 
     assert "unstable-loss-op" not in {h.entry_id for h in code_module.code_hits(loop, "")}
     in_loss = loop.replace("crit(model(x), y)", "torch.sqrt(((model(x) - y) ** 2).mean())")
     assert "unstable-loss-op" in {h.entry_id for h in code_module.code_hits(in_loss, "")}
+
+
+def test_the_recipes_batch_size_that_runs_out_of_memory_is_wanted() -> None:
+    text = (
+        "bs 32 trains, bs 96 gives CUDA out of memory on my 16GB card. The authors trained with "
+        "96 and I want to match them, how?"
+    )
+    assert _top_ids(match(text)) == ["oom-wants-larger-batch"]
+    # A recipe's epoch count is no batch size.
+    hits = prose_hits("The paper used 90 epochs; my batch size runs out of memory.")
+    assert not any(h.reason.startswith("text: the recipe's batch size") for h in hits)
