@@ -2423,9 +2423,9 @@ class Matcher:
         self._put_causes_first(scores, reasons, named | measured_causes, measured_causes)
         if precision_only and "amp-diverges" in scores:
             # The precision is the cause of the NaN / divergence told with it: it ranks first.
-            told = max((scores.get(e, 0.0) for e in _PRECISION_EFFECTS), default=0.0)
-            if scores["amp-diverges"] <= told:
-                scores["amp-diverges"] = told + 1.0
+            symptom_score = max((scores.get(e, 0.0) for e in _PRECISION_EFFECTS), default=0.0)
+            if scores["amp-diverges"] <= symptom_score:
+                scores["amp-diverges"] = symptom_score + 1.0
         found_in_code = {h.entry_id for h in code_evidence if h.strength >= 0.8}
         told_words = prose_words if text_code else text
         reviewed = [
