@@ -2371,6 +2371,21 @@ class Matcher:
             for entry_id in [e for e in scores if "nan" in e or "nonfinite" in e]:
                 scores[entry_id] *= 0.4
         contradicted = self._contradicted(quantities) & scores.keys()
+        smooth_loss = next(
+            (
+                s.values
+                for s in series
+                if s.name == "loss"
+                and len(s.values) >= 4
+                and s.values[-1] < s.values[0]
+                and all(b <= 1.05 * a for a, b in itertools.pairwise(s.values))
+            ),
+            None,
+        )
+        if smooth_loss is not None:
+            # The loss the text prints falls at every reading: whatever jumps, it is not the
+            # loss (the words "jumps" and "loss" side by side are no loss spike).
+            contradicted |= {"loss-spikes", "loss-diverging"} & scores.keys()
         for entry_id in contradicted:
             # The text gives the entry's own number inside its normal band.
             scores[entry_id] *= 0.5

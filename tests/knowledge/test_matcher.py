@@ -1766,3 +1766,14 @@ def test_the_recipes_batch_size_that_runs_out_of_memory_is_wanted() -> None:
     # A recipe's epoch count is no batch size.
     hits = prose_hits("The paper used 90 epochs; my batch size runs out of memory.")
     assert not any(h.reason.startswith("text: the recipe's batch size") for h in hits)
+
+
+def test_a_loss_falling_at_every_reading_is_no_loss_spike() -> None:
+    text = (
+        "grad norm jumps now and then to about 3 from a usual 0.6, should I worry? the loss "
+        "keeps going down\nstep,loss,grad_norm\n100,2.90,0.61\n200,2.84,3.10\n300,2.80,0.58\n"
+        "400,2.75,0.66\n500,2.71,2.90\n"
+    )
+    ranked = _top_ids(match(text), 3)
+    assert ranked[0] == "healthy"
+    assert "loss-spikes" not in ranked[:2]
