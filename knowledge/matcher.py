@@ -698,6 +698,8 @@ _FINE_CLAUSE = re.compile(
     r"good|stable|well[\s-]behaved)\b|\borders?\s+of\s+magnitude\b",
     re.IGNORECASE,
 )
+#: Words one of which every _FINE_CLAUSE match holds (a cheap test before the regex).
+_FINE_WORDS = ("fine", "ok", "normal", "healthy", "good", "stable", "behaved", "magnitude")
 #: What an LR range test is for: the loss blowing up at its high end is how it ends.
 _LR_RANGE_TEST = re.compile(
     r"\b(?:lr|learning[\s_-]*rate)\s+(?:finder|range\s+test|sweep)|\brange\s+test\b|\blr_find\w*",
@@ -2128,7 +2130,8 @@ class Matcher:
         found = {t for t in terms if t in self.in_scope_terms}
         if not found:
             return False
-        if _FINE_CLAUSE.search(text):
+        lowered = text.lower()
+        if any(word in lowered for word in _FINE_WORDS) and _FINE_CLAUSE.search(text):
             # Words said to be fine put nothing in scope; nor does "the loss" they name.
             text = _FINE_CLAUSE.sub(" ", text)
             found &= {token.term for token in self.analyzer.tokens(text)}
@@ -2211,8 +2214,8 @@ class Matcher:
             described = [h for h in described if h.entry_id not in cleared or h.strength >= 0.7]
         evidence.extend(described)
         precision_only = bool(
-            _ONLY_PRECISION_DIFFERS.search(text)
-            and _REDUCED_PRECISION.search(text)
+            _REDUCED_PRECISION.search(text)
+            and _ONLY_PRECISION_DIFFERS.search(text)
             and (_FAILS.search(text) or any(h.entry_id == "loss-diverging" for h in evidence))
         )
         if precision_only:
@@ -2362,7 +2365,7 @@ class Matcher:
             # A gradient or loss reading the numbers are sure of keeps the text ours, whatever
             # it also says about the learning rate.
             scores[OUT_OF_SCOPE_ID] *= 0.5
-        zero_counts = [m.span() for m in _ZERO_NAN_COUNT.finditer(text)]
+        zero_counts = [m.span() for m in _ZERO_NAN_COUNT.finditer(text)] if "0" in text else []
         if zero_counts and all(
             any(start <= m.start() < end for start, end in zero_counts)
             for m in _NAN_WORD.finditer(text)
