@@ -404,7 +404,9 @@ def analyse(code: str, prose: str = "") -> list[CodeHit]:
         add("saturating-deep-net", 0.8, "code: a deep stack (> 20) of sigmoid/tanh layers")
     for m in _UNSTABLE_OP.finditer(code):
         arg = m.group("a") or m.group("b") or ""
-        if not _EPS.search(arg):
+        # sqrt/log of the gradients ("sqrt(sum(p.grad.pow(2).sum() ...))") measures them after
+        # backward(): it is outside the loss, so it cannot make the loss non-finite.
+        if not _EPS.search(arg) and not re.search(r"\.grad\b", arg):
             add("unstable-loss-op", 0.75, f"code: {m.group(0).strip()[:40]} without eps or clamp")
             break
     # Only a whole loop shows that nothing is measured; a three-line excerpt does not.
@@ -1051,10 +1053,16 @@ _SCHEDULER_WITH_BACKWARD = (
 )
 _WANTED_BATCH = "text: a batch size is wanted that memory does not hold"
 _LOWER_LR_PLAN = "text: plans to lower the learning rate to cure a NaN"
+_RECIPE_BATCH = "text: the recipe's batch size is wanted and memory does not hold it"
 #: Rules (by reason) that need the whole text, not only their sentence, to say something.
 _TEXT_REQUIRES: dict[str, re.Pattern[str]] = {
     _SCHEDULER_WITH_BACKWARD: re.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE),
     _LOWER_LR_PLAN: re.compile(r"\bnan|\binf\b|non-?finite", re.IGNORECASE),
+    _RECIPE_BATCH: re.compile(
+        r"^(?=[\s\S]*\b(?:bs|batch))[\s\S]*(?:\boom|out\s+of\s+memory|doesn't\s+fit|"
+        r"does\s+not\s+fit)",
+        re.IGNORECASE,
+    ),
     _WANTED_BATCH: re.compile(
         r"\boom|out\s+of\s+memory|doesn't\s+fit|does\s+not\s+fit", re.IGNORECASE
     ),
@@ -1090,12 +1098,36 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: a finiteness check on the loss, before backward(), fails",
         ),
         (
+            # "the loss is already nan right after criterion(...), i.e. before I call backward":
+            # the loss was looked at before backward() and is non-finite there.
+            r"\bloss\b[^.;\n]{0,40}?\b(?:is|was|comes\s+out|returns?|already)\s+(?:already\s+)?"
+            r"(?:nan|inf|non-?finite)\b[^;\n]{0,60}?\bbefore\b[^.;\n]{0,20}?\bbackward"
+            r"|\bbefore\b[^.;\n]{0,20}?\bbackward\w*(?:\(\))?[^.;\n]{0,20}?\bloss\b[^.;\n]{0,20}?"
+            r"\b(?:is|was)\s+already\s+(?:nan|inf|non-?finite)\b",
+            "nan-loss-before-backward",
+            0.9,
+            "text: the loss is already non-finite before backward() is called",
+        ),
+        (
+            # "the grad norm after clipping is a flat line at 0.5, which is the max_norm I
+            # chose": the logged norm sits at the threshold, so every update is clipped.
+            r"\bnorms?\b[^.;\n]{0,60}?\b(?:flat|pinned|constant|capped|stuck|sits?|sitting|"
+            r"pegged|saturat\w*)\b[^.;\n]{0,40}?\b(?:max_norm|max\s+norm|clip(?:ping)?\s+"
+            r"(?:threshold|value|limit)|the\s+threshold)\b",
+            "clipping-slow-convergence",
+            0.7,
+            "text: the logged grad norm sits at max_norm: every update is clipped",
+        ),
+        (
             # "batch['pixel_values'].isnan().sum() = 3072": the check on the inputs found some.
             # Or "torch.isinf(batch['x']).any() -> True", the function form.
             r"(?:\b(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|features?|data|samples?|"
             r"targets?|labels?|y|yb)\b[^\s`]{0,30}\.is(?:nan|inf)\(\)(?:\.(?:sum|any)\(\))+"
             r"|\bis(?:nan|inf)\s*\(\s*(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|"
-            r"features?|data|samples?|targets?|labels?|y|yb)\b[^)\n]{0,30}\)(?:\.(?:sum|any)\(\))+)`?"
+            r"features?|feats?|data|samples?|targets?|labels?|y|yb)\b[^)\n]{0,30}\)"
+            r"(?:\.(?:sum|any)\(\))+)`?"
+            # "... .sum() on the batch fed to the model returns 12": where the check ran.
+            r"(?:\s+(?:on|over|for|of|in)\s+[^.;:=\n]{0,40}?)?"
             r"\s*(?:(?:and\s+)?(?:it|that)\s+)?"
             r"(?:=|==|is|returns?|returned|gives?|gave|->|:|prints?|printed|shows?|showed)\s*"
             r"(?:[1-9]|true)",
@@ -1623,6 +1655,17 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: the gradient norm is a multiple of the weight norm",
         ),
         (
+            # "the paper use 128 so I need it" in a text about a batch size that runs out of
+            # memory: the number the recipe trains with is the batch wanted.
+            r"\b(?:paper|recipe|reference|authors?|original\s+(?:run|setup|code|repo))\b[^.;\n]{0,15}"
+            r"\b(?:uses?|used|has|had|trains?\s+with|trained\s+with|ran\s+with)\s+(?:a\s+)?"
+            r"(?:bs\s*|batch(?:[_\s-]?size)?\s*(?:of\s*)?)?\d{2,}\b(?!\s*(?:epochs?|steps?|k\b|"
+            r"layers?|gpus?|heads?|%|gb|hours?|dims?|tokens?))",
+            "oom-wants-larger-batch",
+            0.6,
+            _RECIPE_BATCH,
+        ),
+        (
             # "Paper recipe wants bs 64; anything above 12 OOMs": a batch size wanted (a recipe's,
             # a target) in a text that says memory runs out.
             r"\b(?:wants?|wanted|needs?|needed|requires?|required|calls?\s+for|reach|get\s+to|"
@@ -1674,7 +1717,8 @@ _PROSE_REQUIRES: dict[str, re.Pattern[str]] = {
         re.IGNORECASE,
     ),
 }
-_SENTENCE_END = re.compile(r"(?<=[.;!?])\s+|\n")
+#: "i.e." and "e.g." end no sentence: what follows them explains the same clause.
+_SENTENCE_END = re.compile(r"(?<=[.;!?])(?<!\bi\.e\.)(?<!\be\.g\.)\s+|\n", re.IGNORECASE)
 #: Longest piece of text one rule looks at; bounds the regex work on pathological input.
 SEGMENT_CHARS = 400
 

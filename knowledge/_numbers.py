@@ -146,7 +146,8 @@ _SCALE_LEVEL = _Lazy(
 _PERCENT_BEFORE = _Lazy(
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*"
     r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
-    r"(?:\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+fire|exactly\s+(?:0|zero))\b"
+    r"(?:\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+(?:fires?|activates?|active)"
+    r"|exactly\s+(?:0|zero))\b"
     # "70% of parameters have grad == 0"
     r"|(?P<equals>(?:==|=)\s*0(?:\.0+)?)(?![.\d]))",
     ("%", "percent", "per cent", "pct"),
@@ -192,7 +193,11 @@ _RATIO = _Lazy(
     # "the ratio of grad norm to weight norm", "||g|| / ||w||"
     r"|\bratio\s+(?:of|between)\s+(?:the\s+)?grad(?:ient)?s?(?:[_ ]norms?)?\s+(?:to|and)\s+"
     r"(?:the\s+)?(?:weights?|param(?:eter)?s?)(?:[_ ]norms?)?\b"
-    r"|\|{1,2}\s*g(?:rad)?\s*\|{1,2}\s*/\s*\|{1,2}\s*(?:w|p|param|weight)\s*\|{1,2})"
+    r"|\|{1,2}\s*g(?:rad)?\s*\|{1,2}\s*/\s*\|{1,2}\s*(?:w|p|param|weight)\s*\|{1,2}"
+    # "the ratio grad_norm/param_norm", "gradient to weight norm ratio"
+    r"|\bratio\s+grad(?:ient)?s?(?:[_ ]norms?)?\s*/\s*(?:param(?:eter)?s?|weights?)(?:[_ ]norms?)?"
+    r"|\bgrad(?:ient)?s?(?:[_ ]norms?)?\s*(?:/\s*|\s+to\s+)(?:param(?:eter)?s?|weights?)"
+    r"(?:[_ ]norms?)?[_ -]ratio\b)"
     r"(?:\s+(?:of|for|in)\s+(?:the\s+|my\s+)?(?:first\s+|last\s+)?[\w.]+(?:\s+layer)?)?"
     rf"{_FILLER}{_NUM}",
     ("ratio", "|"),
@@ -668,12 +673,23 @@ def _cells(line: str, separator: str) -> list[str]:
 
 
 def _column_name(header: str) -> str:
-    """The series a table column holds, from its header ("grad_norm", "val loss"), or ""."""
-    for name, pattern in _SERIES_SUBJECTS:
-        found = pattern.fullmatch(header)
-        if found is not None:
-            return name
+    """The series a table column holds, from its header ("grad_norm", "val loss"), or "".
+
+    Trackers export namespaced keys ("train/grad_norm", "eval/loss"): the namespace reads as a
+    qualifier ("eval loss"), or is dropped when the key alone names the quantity.
+    """
+    candidates = [header]
+    if re.fullmatch(r"[\w.-]+(?:/[\w.-]+)+", header.strip()):
+        candidates += [header.replace("/", " "), header.rsplit("/", 1)[-1]]
+    for candidate in candidates:
+        for name, pattern in _SERIES_SUBJECTS:
+            if pattern.fullmatch(candidate.strip()) is not None:
+                return name
     return ""
+
+
+#: The one value column of a TensorBoard / MLflow scalar export ("Wall time,Step,Value").
+_VALUE_HEADER = re.compile(r"^(?:value|values|scalar)$", re.IGNORECASE)
 
 
 def _table_columns(text: str) -> dict[str, list[float]]:
@@ -693,10 +709,18 @@ def _table_columns(text: str) -> dict[str, list[float]]:
             continue
         header = _cells(line, separator)
         names = [_column_name(cell) for cell in header]
+        if not any(names) and sum(bool(_VALUE_HEADER.match(cell)) for cell in header) == 1:
+            # An exported scalar's "Value" column holds what the line above the table names.
+            above = _subjects_before(lines, index - 1)
+            if len(set(above)) == 1:
+                names = [above[0] if _VALUE_HEADER.match(cell) else "" for cell in header]
         if len(header) < 2 or not any(names):
             continue
         while index < len(lines):
             row = lines[index]
+            if _ELLIPSIS_ROW.match(row):
+                index += 1
+                continue
             if separator == "|" and _TABLE_RULE.match(row) and "-" in row:
                 index += 1
                 continue

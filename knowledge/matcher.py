@@ -169,7 +169,10 @@ _ASSERTION = re.compile(
     r"scale|cut|go|stick|forget|ignore)\b|"
     r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\bso\s+(?:i|we|you)\b|\btherefore\b|"
     r"\b(?:you'll|you\s+will|you'd|(?:have|has)\s+to|until\s+(?:we|i|you)\s+(?:get|buy|have))\b|"
-    r"\b(?:just|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|"
+    # "just" as a degree or comparison ("looks just like batch 32", "just as noisy", "just
+    # before the spike") describes a run; only "just do X" advises.
+    r"\b(?:just(?!\s+(?:like|as|the\s+same|fine|now|before|after|once|when|a\s+few|about|"
+    r"under|over|below|above)\b)|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|"
     r"i'd(?!\s+(?:like|need|want|have\s+to))|"
     r"i\s+would(?!\s+(?:like|need|want|have\s+to))|"
     r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
@@ -279,6 +282,10 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         r"bleu|converg|model|stuck|plateau|stall|epoch|\bval|eval",
         # Whether to clip is a question about clipping.
         "is-clipping-needed": r"clip",
+        # The belief that small gradients mean a broken model needs gradients called small (or
+        # a small number): per-layer norms of 0.3-1.1 next to dead units do not hold it.
+        "small-grads-mean-broken": r"small|tiny|minuscule|vanish|near\s+zero|close\s+to\s+zero|"
+        r"\blow\b|lower|little|weak|[0-9]e-\d|0\.00|shrink|decay|\bzero",
         # Trends of the gradient norm need the gradients or their norm in the text (a loss
         # that jumps and recovers is not a norm spike).
         "grad-": r"grad|norm",
@@ -355,6 +362,7 @@ _NORMAL_QUESTION = re.compile(
     r"problems?)\s*\?|should\s+(?:i|we)\s+(?:change|worry\s+about|fix|tweak|do)\s+anything"
     # "Is there anything to fix here?", "Does anything here need fixing?"
     r"|anything\s+(?:i'm|i\s+am|we're|we\s+are)\s+missing"
+    r"|anything\s+(?:(?:seems?|looks?)\s+)?(?:off|wrong|weird|odd)\s*\?"
     r"|anything\s+(?:here\s+)?(?:to\s+(?:fix|change)|(?:that\s+)?needs?\s+(?:fixing|changing|to\s+be\s+"
     r"(?:fixed|changed)|attention))|(?:don't|do\s+not)\s+see\s+what\b)",
     re.IGNORECASE,
@@ -496,6 +504,8 @@ class _Progress:
     early_layer_first: bool = True
     #: Words saying a value goes back and forth ("from 0.4 to 2 and back").
     comes_back: bool = False
+    #: The loss is said to keep rising ("still rising", "climbs back", "keeps going up").
+    keeps_rising: bool = False
     reasons: list[str] = field(default_factory=list)
 
 
@@ -537,19 +547,50 @@ _LOSS_FINITE = re.compile(
 #: are still finite", "the batch has no NaN/Inf"): the NaN did not start there.
 _CLEARED_STAGE: dict[str, re.Pattern[str]] = {
     "nan-parameters": re.compile(
-        r"\b(?:weights?|params?|parameters)\b(?:\s+themselves)?[^.;\n]{0,30}?\b(?:are|were|is|"
+        r"\b(?:weights?|params?|parameters?)\b(?:\s+themselves)?[^.;\n]{0,30}?(?:\b(?:are|were|is|"
         r"was|stay\w*|remain\w*|still|all|look\w*)\s+(?:(?:all|still|perfectly)\s+)*"
-        r"(?:finite|clean|fine|ok(?:ay)?|normal)\b",
+        r"(?:finite|clean|fine|ok(?:ay)?|normal)\b|"
+        # "every weight passes torch.isfinite": a check that the stage passed.
+        r"\bpass(?:es|ed)?\s+(?:the\s+|a\s+)?(?:torch\.)?(?:isfinite|finiteness|nan)\w*)",
         re.IGNORECASE,
     ),
     "nonfinite-inputs": re.compile(
         r"\b(?:inputs?|batch|x\s*/\s*y|tensors?|data|images?|samples?|features?)\b"
         r"(?![^.;\n]{0,40}\bother\b)[^.;\n]{0,40}?(?:\b(?:has|have|had|contain\w*|with)\s+no\s+"
         r"(?:nan|inf|non-?finite)|\b(?:is|are|was|were|look\w*)\s+(?:all\s+)?(?:clean|finite)\b|"
-        r"\bnothing\s+(?:weird|wrong|odd|strange|unusual))",
+        r"\bnothing\s+(?:weird|wrong|odd|strange|unusual)|"
+        r"\bpass(?:es|ed)?\s+(?:the\s+|a\s+)?(?:torch\.)?(?:isfinite|finiteness|nan)\w*)",
         re.IGNORECASE,
     ),
 }
+#: A monitor's count of non-finite values that reads zero ("nan=0", "inf_count: 0", "0 NaNs").
+_ZERO_NAN_COUNT = re.compile(
+    r"\b(?:nan|inf|non_?finite)s?(?:[_ ]?(?:count|values?|grads?|steps?))?\s*[=:]\s*0(?![.\d])"
+    r"|\b0\s+(?:nan|inf)s?\b",
+    re.IGNORECASE,
+)
+_NAN_WORD = re.compile(r"\b(?:nan|inf|non_?finite)s?\b", re.IGNORECASE)
+_KEEPS_RISING = re.compile(
+    r"\b(?:still|keeps?|kept|continu\w*\s+(?:to\s+)?)\s*(?:rising|rise|climbing|climb|going\s+up|"
+    r"increasing|increase|growing)\b|\bclimbs?\s+back\b|\bclimb(?:ed|ing)?\s+back\b",
+    re.IGNORECASE,
+)
+#: Two runs compared where only the precision differs: full precision trains, or the text
+#: says the precision is the only change ("fp32: ... smooth", "only thing changed is the
+#: precision flag").
+_ONLY_PRECISION_DIFFERS = re.compile(
+    r"\b(?:fp32|float32|full[\s-]precision)\b[^.;\n]{0,50}?\b(?:fine|ok(?:ay)?|smooth\w*|stable|"
+    r"works?|converges?|trains?\s+(?:fine|well)|no\s+nan)\b"
+    r"|\b(?:only|sole)\s+(?:thing|difference|change)\w*\b[^.;\n]{0,30}?\b(?:precision|dtype|fp16|"
+    r"amp|autocast)",
+    re.IGNORECASE,
+)
+_REDUCED_PRECISION = re.compile(
+    r"\b(?:mixed[\s-]precision|amp|autocast|fp16|float16|half[\s-]precision|gradscaler)\b",
+    re.IGNORECASE,
+)
+_PRECISION_EFFECTS = ("loss-nan", "loss-diverging", "loss-spikes", "exploding-gradients")
+_FAILS = re.compile(r"\b(?:nan|inf|diverg\w*|blow\w*|blew|explod\w*|unstable)\b", re.IGNORECASE)
 _SAME_AGAIN = re.compile(r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE)
 
 
@@ -578,6 +619,7 @@ def _progress(text: str) -> _Progress:
         comes_back=bool(_COMES_BACK.search(text)),
         holds_level=bool(_HOLDS_LEVEL.search(text)),
         same_again=bool(_SAME_AGAIN.search(text)),
+        keeps_rising=bool(_KEEPS_RISING.search(text)),
     )
     pair = _LAYER_PAIR.search(text)
     if pair is not None:
@@ -610,7 +652,9 @@ def _progress(text: str) -> _Progress:
 
 _LR_QUESTION = re.compile(
     r"\b(?:lr|learning[\s_-]*rates?|schedul\w*|warm[\s-]?up|cosine|linear\s+decay|one[\s_-]?cycle|"
-    r"step\s+decay|lr\s+finder|range\s+test|decay|annealing|cyclical)\b",
+    r"step\s+decay|lr\s+finder|range\s+test|decay|annealing|cyclical|"
+    # Scheduler and argument names: OneCycleLR, StepLR, max_lr, base_lr.
+    r"\w*(?:cycle|step|cyclic|exponential)lr|\w+_lr)\b",
     re.IGNORECASE,
 )
 _DATA_QUESTION = re.compile(
@@ -631,10 +675,31 @@ _TOOLING_QUESTION = re.compile(
     r"|input\s+pipeline|gpu\s+utili[sz]ation|nvidia-smi|samples?/s(?:ec)?|it/s|throughput)\b"
     r"|\b(?:data\s*loader|loader|workers?)\b[^.?!]{0,60}\b(?:hang\w*|freez\w*|deadlock\w*|stall\w*)\b"
     r"|\b(?:hang\w*|freez\w*|deadlock\w*)\b[^.?!]{0,60}\b(?:data\s*loader|loader|workers?)\b"
+    r"|\berror\(s\)\s+in\s+loading\s+state_dict|\b(?:missing|unexpected)\s+key\(s\)"
     r"|\b(?:class\s+weights?|weighted\s+(?:cross[\s-]?entropy|loss|sampler)|weightedrandomsampler"
     r"|over[\s-]?sampl\w*|under[\s-]?sampl\w*|minority\s+class|positive\s+class|rare\s+class)\b",
     re.IGNORECASE,
 )
+#: The error a state dict with the wrong key names gives when it is loaded.
+_STATE_DICT_KEYS = re.compile(
+    r"\berror\(s\)\s+in\s+loading\s+state_dict|\b(?:missing|unexpected)\s+key\(s\)",
+    re.IGNORECASE,
+)
+#: A quantity said to be fine ("grads look fine", "loss and metrics are fine", "training is
+#: stable") names no problem, and "an order of magnitude" is a factor, not a norm: a schedule or
+#: plumbing question that says so is not ours for those words.
+_QUANTITY_WORD = (
+    r"(?:(?:train(?:ing)?\s+|val(?:idation)?\s+)?loss(?:es)?|grad(?:ient)?s?(?:\s+norms?)?|norms?|"
+    r"metrics?|accuracy|curves?|training|everything)"
+)
+_FINE_CLAUSE = re.compile(
+    rf"\b(?:the\s+)?{_QUANTITY_WORD}(?:\s*(?:,|and|&)\s*(?:the\s+)?{_QUANTITY_WORD})*"
+    r"\s+(?:look|looks|are|is|seem|seems|trains?)\s+(?:\w+\s+)?(?:fine|ok|okay|normal|healthy|"
+    r"good|stable|well[\s-]behaved)\b|\borders?\s+of\s+magnitude\b",
+    re.IGNORECASE,
+)
+#: Words one of which every _FINE_CLAUSE match holds (a cheap test before the regex).
+_FINE_WORDS = ("fine", "ok", "normal", "healthy", "good", "stable", "behaved", "magnitude")
 #: What an LR range test is for: the loss blowing up at its high end is how it ends.
 _LR_RANGE_TEST = re.compile(
     r"\b(?:lr|learning[\s_-]*rate)\s+(?:finder|range\s+test|sweep)|\brange\s+test\b|\blr_find\w*",
@@ -649,6 +714,8 @@ _RANGE_TEST_READINGS = frozenset(
 #: "stuck waiting", the range test's loss flat at first and "blowing up" at its top rates.
 _INCIDENTAL_SCOPE: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
     (_TOOLING_QUESTION, frozenset({"checkpoint", "stuck"})),
+    # A state dict saved from a DDP-wrapped model ("module." keys) is a loading question.
+    (_STATE_DICT_KEYS, frozenset({"checkpoint", "ddp"})),
     (_LR_RANGE_TEST, frozenset({"explod", "diverg", "spik", "unst", "nan", "inf", "plateau"})),
 )
 #: Words that put a question inside the gradient domain (normalised by the analyser at load).
@@ -1377,6 +1444,11 @@ class Matcher:
             # One ratio (gradient or update against the weights), inside its band: the text
             # reports neither ratio signal (the two entries share nearly every word).
             out |= {"grad-param-ratio", "update-param-ratio"}
+        dead = values.get("dead_fraction", []) + values.get("zero_activation_fraction", [])
+        if dead and max(dead) <= p.dead_fraction_warning.value:
+            # "3% of units never activate": a few dead units are normal in a ReLU net; the
+            # entries are about a large share of them.
+            out |= {"dead-neurons", "many-zero-activations"}
         levels = values.get("amp_scale_level", [])
         if levels and min(levels) >= _AMP_SCALE_STEADY and "amp_scale_to" not in values:
             # The entry is a scale that keeps falling: not one said to hold high.
@@ -1875,6 +1947,24 @@ class Matcher:
                     f"{fmt(last / best)}×",
                 )
             ]
+        if (
+            item.name == "loss"
+            and progress.keeps_rising
+            and not progress.comes_back
+            and len(climb) >= 3
+            and last >= _HELD_OUT_RISE_FACTOR * best
+            and all(b > a for a, b in itertools.pairwise(climb))
+        ):
+            # "down to 6.9 by step 600, then it climbs back: 8.8, 9.7, still rising": after
+            # its best the loss rises at every reading and the words say it goes on rising.
+            return [
+                CodeHit(
+                    "loss-diverging",
+                    0.9,
+                    f"{name} {shown}: climbs at every reading since its best {fmt(best)} "
+                    "and is said to keep rising",
+                )
+            ]
         if item.name == "val_loss" and progress.improving and last > 1.1 * best < last:
             return [
                 CodeHit("overfitting", 0.8, f"{name} {shown} rises while the training improves")
@@ -2040,6 +2130,13 @@ class Matcher:
         found = {t for t in terms if t in self.in_scope_terms}
         if not found:
             return False
+        lowered = text.lower()
+        if any(word in lowered for word in _FINE_WORDS) and _FINE_CLAUSE.search(text):
+            # Words said to be fine put nothing in scope; nor does "the loss" they name.
+            text = _FINE_CLAUSE.sub(" ", text)
+            found &= {token.term for token in self.analyzer.tokens(text)}
+            if not found:
+                return False
         for pattern, incidental in _INCIDENTAL_SCOPE:
             if (
                 found & incidental
@@ -2116,6 +2213,21 @@ class Matcher:
             # negation ("the batch has no NaN/Inf").
             described = [h for h in described if h.entry_id not in cleared or h.strength >= 0.7]
         evidence.extend(described)
+        precision_only = bool(
+            _REDUCED_PRECISION.search(text)
+            and _ONLY_PRECISION_DIFFERS.search(text)
+            and (_FAILS.search(text) or any(h.entry_id == "loss-diverging" for h in evidence))
+        )
+        if precision_only:
+            # The same job trains in full precision and fails in reduced precision: the
+            # precision is the cause of the NaN or the divergence the numbers also show.
+            evidence.append(
+                CodeHit(
+                    "amp-diverges",
+                    0.9,
+                    "text: the run fails only in reduced precision; full precision trains",
+                )
+            )
 
         # A question is someone asking about their own case, never a claim being made.
         asking = text.rstrip().endswith("?")
@@ -2253,9 +2365,47 @@ class Matcher:
             # A gradient or loss reading the numbers are sure of keeps the text ours, whatever
             # it also says about the learning rate.
             scores[OUT_OF_SCOPE_ID] *= 0.5
-        for entry_id in self._contradicted(quantities) & scores.keys():
+        zero_counts = [m.span() for m in _ZERO_NAN_COUNT.finditer(text)] if "0" in text else []
+        if zero_counts and all(
+            any(start <= m.start() < end for start, end in zero_counts)
+            for m in _NAN_WORD.finditer(text)
+        ):
+            # Every NaN the text names is a monitor's count reading zero: nothing is non-finite.
+            for entry_id in [e for e in scores if "nan" in e or "nonfinite" in e]:
+                scores[entry_id] *= 0.4
+        contradicted = self._contradicted(quantities) & scores.keys()
+        smooth_loss = next(
+            (
+                s.values
+                for s in series
+                if s.name == "loss"
+                and len(s.values) >= 4
+                and s.values[-1] < s.values[0]
+                and all(b <= 1.05 * a for a, b in itertools.pairwise(s.values))
+            ),
+            None,
+        )
+        if smooth_loss is not None:
+            # The loss the text prints falls at every reading: whatever jumps, it is not the
+            # loss (the words "jumps" and "loss" side by side are no loss spike).
+            contradicted |= {"loss-spikes", "loss-diverging"} & scores.keys()
+        for entry_id in contradicted:
             # The text gives the entry's own number inside its normal band.
             scores[entry_id] *= 0.5
+        if (
+            contradicted
+            and progress.improving
+            and not any(h.strength >= 0.8 and h.entry_id != "healthy" for h in evidence)
+        ):
+            # The number the text worries about is inside its normal band and training
+            # improves: the answer is that the run is healthy ("3% of units never fire,
+            # accuracy improving", "grad/param ratio 1e-3 with SGD, loss going down").
+            scores["healthy"] = scores.get("healthy", 0.0) + _EVIDENCE_WEIGHT * 0.5
+            reasons.setdefault("healthy", []).append(
+                "the value the text worries about is inside its normal band ("
+                + ", ".join(sorted(contradicted))
+                + " not shown) and training improves"
+            )
         if "underfitting" in scores and (
             progress.held_out_improving or (progress.no_gap and not _LOSS_BAD_LEVEL.search(text))
         ):
@@ -2289,6 +2439,11 @@ class Matcher:
         # never fires) is measured: it explains the symptom told next to it, like a named cause.
         measured_causes = (measured_flags & self.effects.keys()) - named
         self._put_causes_first(scores, reasons, named | measured_causes, measured_causes)
+        if precision_only and "amp-diverges" in scores:
+            # The precision is the cause of the NaN / divergence told with it: it ranks first.
+            symptom_score = max((scores.get(e, 0.0) for e in _PRECISION_EFFECTS), default=0.0)
+            if scores["amp-diverges"] <= symptom_score:
+                scores["amp-diverges"] = symptom_score + 1.0
         found_in_code = {h.entry_id for h in code_evidence if h.strength >= 0.8}
         told_words = prose_words if text_code else text
         reviewed = [

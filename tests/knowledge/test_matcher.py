@@ -21,7 +21,13 @@ from gradient_doctor.knowledge import _code as code_module
 from gradient_doctor.knowledge import _numbers as numbers_module
 from gradient_doctor.knowledge import findings, load_knowledge, models
 from gradient_doctor.knowledge import matcher as matcher_module
-from gradient_doctor.knowledge._code import fragment_source, prose_hits, split_code, without_code
+from gradient_doctor.knowledge._code import (
+    fragment_source,
+    prose_hits,
+    segments,
+    split_code,
+    without_code,
+)
 from gradient_doctor.knowledge._numbers import Series, read_quantities, read_series
 from gradient_doctor.knowledge.matcher import Match, Matcher, MatchResult, get_matcher, match
 from tests.conftest import REPO, run_cli
@@ -762,6 +768,8 @@ def test_out_of_scope_questions(text: str) -> None:
         ("I lowered the LR and still get NaN", "lower-lr-for-nan"),
         ("Which learning-rate warmup avoids the loss spikes I keep seeing?", "loss-spikes"),
         ("My learning rate schedule has warmup but the gradient norm explodes at step 800", None),
+        # Said to be fine in one clause, a problem in the next: the problem keeps it ours.
+        ("Grads look fine, but the loss spikes whenever the cosine schedule restarts", None),
     ],
 )
 def test_gradient_words_keep_a_question_in_scope(text: str, expected: str | None) -> None:
@@ -783,6 +791,10 @@ def test_gradient_words_keep_a_question_in_scope(text: str, expected: str | None
         "GPU utilization is 40% and the input pipeline seems to be the bottleneck, how to fix?",
         "With 1% positives, should I use class weights or oversample with a sampler?",
         "My LR range test: flat until 1e-4, then the loss explodes past 1e-2. Which LR do I use?",
+        # Quantities said to be fine, and a factor of ten, name no gradient problem.
+        "Loss and grads look normal. Cosine or step decay, and how long a warmup for 40 epochs?",
+        "Should OneCycleLR's max_lr sit an order of magnitude below where the loss rises?",
+        "Error(s) in loading state_dict: Unexpected key(s) 'module.fc.weight' (saved under DDP)",
     ],
 )
 def test_plumbing_questions_are_out_of_scope_with_a_pointer(text: str) -> None:
@@ -1610,3 +1622,158 @@ def test_a_zero_gradient_log_key_names_zero_gradients() -> None:
 def test_accumulation_told_in_words(text: str, expected: str) -> None:
     result = match(text)
     assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches[:3]]
+
+
+# -- tracker exports (matcher8) ------------------------------------------------------------
+
+
+def test_namespaced_csv_columns_are_read_as_their_quantity() -> None:
+    text = "wandb export:\n_step,train/loss,train/grad_norm\n100,2.41,0.81\n200,2.37,3.87\n"
+    series = {s.name: s.values for s in read_series(text)}
+    assert series["loss"] == (2.41, 2.37)
+    assert series["grad_norm"] == (0.81, 3.87)
+
+
+def test_a_scalar_exports_value_column_is_the_quantity_named_above_it() -> None:
+    text = (
+        "export of train/grad_norm, as downloaded:\nWall time,Step,Value\n"
+        "1716201101.2,100,1.07\n1716201107.9,110,1.21\n...\n1716201114.3,900,0.98\n"
+    )
+    assert [(s.name, s.values) for s in read_series(text)] == [("grad_norm", (1.07, 1.21, 0.98))]
+    # A prose line with commas is no header: its namespaced word does not name a column.
+    prose = "export of train/grad_norm, most of it fine, see:\n1.5, 2.5, 3.5\n1.6, 2.6, 3.6\n"
+    assert numbers_module._table_columns(prose) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "value"),
+    [
+        ("the ratio grad_norm/param_norm is only ~0.001 for all layers", "grad_param_ratio", 1e-3),
+        ("gradient to weight norm ratio is around 2e-3 everywhere", "grad_param_ratio", 2e-3),
+        ("4.2% of ReLU units never activate over an epoch", "dead_fraction", 0.042),
+    ],
+)
+def test_ratio_and_dead_share_wordings(text: str, name: str, value: float) -> None:
+    assert [(q.name, q.value) for q in read_quantities(text)] == [(name, value)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "A few dead units: 2% of neurons never fire over the epoch, per-layer grad norms 0.4 to "
+        "1.2, validation accuracy goes up every epoch. Worth switching to GELU?",
+        "With SGD the grad/param ratio is about 5e-4 in every layer, which looks small to me, "
+        "but the training loss keeps going down each epoch.",
+    ],
+)
+def test_a_worry_whose_number_is_in_band_while_training_improves_is_healthy(text: str) -> None:
+    result = match(text)
+    assert _top_ids(result) == ["healthy"], [(m.id, m.score) for m in result.matches[:3]]
+    assert any("inside its normal band" in r for r in result.matches[0].reasons)
+
+
+def test_a_large_dead_share_is_still_dead_neurons() -> None:
+    text = "45% of ReLU units never activate over an epoch, though accuracy still improves a bit"
+    assert _top_ids(match(text)) == ["dead-neurons"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # The stage checked clean is not where the NaN began; the one found non-finite is.
+        (
+            "Every weight passes torch.isfinite and the batch passes torch.isfinite too, yet the "
+            "loss is already inf right after the criterion, i.e. before backward runs. Why?",
+            "nan-loss-before-backward",
+        ),
+        (
+            "NaN at a random step. torch.isnan(feats).sum() over the failing batch returns 5, "
+            "the step before had loss 0.6.",
+            "nonfinite-inputs",
+        ),
+    ],
+)
+def test_nan_checks_told_in_words_locate_the_stage(text: str, expected: str) -> None:
+    assert _top_ids(match(text)) == [expected]
+
+
+def test_i_e_does_not_end_a_sentence() -> None:
+    assert segments("it is nan, i.e. before backward. Next one.") == [
+        "it is nan, i.e. before backward.",
+        "Next one.",
+    ]
+
+
+def test_a_monitor_counting_zero_nans_reports_no_nan() -> None:
+    text = (
+        "health check from my callback, anything off?\n"
+        "iter 500: gnorm=2.2 nan=0 inf=0\niter 1000: gnorm=1.8 nan=0 inf=0\n"
+        "iter 1500: gnorm=1.5 nan=0 inf=0\nthe loss keeps going down"
+    )
+    ranked = _top_ids(match(text), 3)
+    assert ranked[0] == "healthy"
+    assert "loss-nan" not in ranked
+
+
+def test_a_grad_norm_told_to_sit_at_max_norm_is_always_clipped() -> None:
+    text = (
+        "Training crawls compared with the reference curve; the logged norm after clipping is "
+        "flat at 0.3 the whole run, which is my max_norm."
+    )
+    assert _top_ids(match(text)) == ["clipping-slow-convergence"]
+
+
+def test_a_loss_that_climbs_back_and_keeps_rising_is_diverging() -> None:
+    text = (
+        "Adam, lr 3e-3, clip 1.0. Loss fell from 8.1 to 5.2 by step 400, then climbed back: "
+        "6.0 at step 900, 7.1 at step 1,500, and it keeps going up. Grad norms 1 to 3."
+    )
+    assert _top_ids(match(text)) == ["loss-diverging"]
+    # The same readings said to come back down are no divergence.
+    calmer = text.replace("and it keeps going up", "then back down to 5.3")
+    assert _top_ids(match(calmer)) != ["loss-diverging"]
+
+
+def test_a_run_failing_only_in_reduced_precision_is_amp_diverges() -> None:
+    text = (
+        "Same config twice. float32: converges fine, 0.9 at 20k.\n"
+        "with autocast(fp16):\nstep 1000 loss 2.1\nstep 2000 loss 6.8\nstep 2500 loss nan\n"
+        "nothing else differs. why?"
+    )
+    assert _top_ids(match(text)) == ["amp-diverges"]
+
+
+def test_a_square_root_of_the_gradients_is_monitoring_not_an_unstable_loss() -> None:
+    loop = (
+        "for x, y in loader:\n"
+        "    loss = crit(model(x), y)\n"
+        "    opt.zero_grad()\n"
+        "    loss.backward()\n"
+        "    gn = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))\n"
+        "    opt.step()\n"
+    )
+    assert "unstable-loss-op" not in {h.entry_id for h in code_module.code_hits(loop, "")}
+    in_loss = loop.replace("crit(model(x), y)", "torch.sqrt(((model(x) - y) ** 2).mean())")
+    assert "unstable-loss-op" in {h.entry_id for h in code_module.code_hits(in_loss, "")}
+
+
+def test_the_recipes_batch_size_that_runs_out_of_memory_is_wanted() -> None:
+    text = (
+        "bs 32 trains, bs 96 gives CUDA out of memory on my 16GB card. The authors trained with "
+        "96 and I want to match them, how?"
+    )
+    assert _top_ids(match(text)) == ["oom-wants-larger-batch"]
+    # A recipe's epoch count is no batch size.
+    hits = prose_hits("The paper used 90 epochs; my batch size runs out of memory.")
+    assert not any(h.reason.startswith("text: the recipe's batch size") for h in hits)
+
+
+def test_a_loss_falling_at_every_reading_is_no_loss_spike() -> None:
+    text = (
+        "grad norm jumps now and then to about 3 from a usual 0.6, should I worry? the loss "
+        "keeps going down\nstep,loss,grad_norm\n100,2.90,0.61\n200,2.84,3.10\n300,2.80,0.58\n"
+        "400,2.75,0.66\n500,2.71,2.90\n"
+    )
+    ranked = _top_ids(match(text), 3)
+    assert ranked[0] == "healthy"
+    assert "loss-spikes" not in ranked[:2]
