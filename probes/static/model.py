@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
@@ -1028,28 +1028,18 @@ class FileModel:
         (``if use_amp: ... else: ...``, ``if accum_steps > 1: ... else: ...``), kept when that
         path shows an accumulation the whole unit hides. Tests written the same way (``if
         amp`` twice, or ``if amp`` and ``if not amp``) take the same branch on one path."""
-        groups: dict[str, list[tuple[cst.If, bool]]] = {}
-        for event in unit.events:
-            if event.kind not in STEP_KINDS and event.kind != "backward":
-                continue
-            for frame in event.frames_after(unit.scope):
-                if frame.kind != "if" or frame.tag in {_GATE_TAG, "framework-gate"}:
-                    continue
-                node = frame.node
-                assert isinstance(node, cst.If)
-                key, positive = condition_key(node.test)
-                entries = groups.setdefault(key, [])
-                if all(n is not node for n, _ in entries):
-                    entries.append((node, positive))
+        groups = branch_groups(
+            frame
+            for event in unit.events
+            if event.kind in STEP_KINDS or event.kind == "backward"
+            for frame in event.frames_after(unit.scope)
+            if frame.kind == "if" and frame.tag not in {_GATE_TAG, "framework-gate"}
+        )
         if not groups or len(groups) > MAX_PATH_GROUPS:
             return []
         variants: list[Unit] = []
         seen: set[tuple[int, ...]] = set()
-        for values in itertools.product((True, False), repeat=len(groups)):
-            branch_of: dict[int, int] = {}
-            for (_, entries), value in zip(groups.items(), values, strict=True):
-                for node, positive in entries:
-                    branch_of[id(node)] = 0 if value == positive else 1
+        for _, branch_of in consistent_paths(groups):
             kept = [
                 e
                 for e in unit.events
@@ -1115,6 +1105,37 @@ class FileModel:
 
 MAX_PATH_GROUPS = 4
 """At most 2**4 execution paths are told apart per unit."""
+
+BranchGroups = dict[str, list[tuple[cst.If, bool]]]
+"""The ``if``s of a unit grouped by what they test (:func:`condition_key`), each with whether
+its first branch runs when that test is truthy."""
+
+
+def branch_groups(frames: Iterable[Frame]) -> BranchGroups:
+    """``frames`` (``if`` frames) grouped by their test: ``if amp`` and ``if not amp`` fall in
+    one group, so that one path takes the same branch of both."""
+    groups: BranchGroups = {}
+    for frame in frames:
+        node = frame.node
+        assert isinstance(node, cst.If)
+        key, positive = condition_key(node.test)
+        entries = groups.setdefault(key, [])
+        if all(n is not node for n, _ in entries):
+            entries.append((node, positive))
+    return groups
+
+
+def consistent_paths(
+    groups: BranchGroups,
+) -> Iterator[tuple[tuple[bool, ...], dict[int, int]]]:
+    """Every consistent choice of the grouped tests: (each group's truth value, the branch
+    each ``if`` takes on that path, by ``id`` of the node: 0 its body, 1 its ``else``)."""
+    for values in itertools.product((True, False), repeat=len(groups)):
+        branch_of: dict[int, int] = {}
+        for (_, entries), value in zip(groups.items(), values, strict=True):
+            for node, positive in entries:
+                branch_of[id(node)] = 0 if value == positive else 1
+        yield values, branch_of
 
 
 def condition_key(test: cst.BaseExpression) -> tuple[str, bool]:

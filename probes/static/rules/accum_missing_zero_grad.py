@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterator
 from typing import ClassVar
@@ -14,12 +13,15 @@ from gradient_doctor.probes.static.frameworks import automatic_optimization, is_
 from gradient_doctor.probes.static.model import (
     MAX_PATH_GROUPS,
     Accumulation,
+    BranchGroups,
     Event,
     FileModel,
     Frame,
     FuncInfo,
     Unit,
+    branch_groups,
     condition_key,
+    consistent_paths,
     modulo_divisor,
 )
 from gradient_doctor.probes.static.names import code_of, method_name
@@ -625,23 +627,13 @@ def _unzeroed_paths(
         return
     varying = _varying(unit, [*unit.backwards, *steps, *zeros], state)
     events = [*unit.backwards, *steps, *zeros]
-    groups: dict[str, list[tuple[cst.If, bool]]] = {}
-    for event in events:
-        for frame in _config_frames(unit, event, varying):
-            node = frame.node
-            assert isinstance(node, cst.If)
-            key, positive = condition_key(node.test)
-            entries = groups.setdefault(key, [])
-            if all(n is not node for n, _ in entries):
-                entries.append((node, positive))
+    groups = branch_groups(
+        frame for event in events for frame in _config_frames(unit, event, varying)
+    )
     if not groups or len(groups) > MAX_PATH_GROUPS:
         return
     reported: set[int] = set()
-    for values in itertools.product((True, False), repeat=len(groups)):
-        branch_of: dict[int, int] = {}
-        for (_, entries), value in zip(groups.items(), values, strict=True):
-            for node, positive in entries:
-                branch_of[id(node)] = 0 if value == positive else 1
+    for values, branch_of in consistent_paths(groups):
 
         def on_path(event: Event, branch_of: dict[int, int] = branch_of) -> bool:
             frames = _config_frames(unit, event, varying)
@@ -672,9 +664,7 @@ def _unzeroed_paths(
             )
 
 
-def _path_text(
-    groups: dict[str, list[tuple[cst.If, bool]]], values: tuple[bool, ...], zeros: list[Event]
-) -> str:
+def _path_text(groups: BranchGroups, values: tuple[bool, ...], zeros: list[Event]) -> str:
     """The tests that choose the unzeroed path, for those ``if``s that hold a zero."""
     around_zeros = {id(f.node) for z in zeros for f in z.frames}
     parts: list[str] = []
