@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import marshal
 import math
 import os
 import select
@@ -401,7 +402,8 @@ def start_probe(
         }
         started = time.perf_counter()
         process = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(SUPERVISOR_FILE), json.dumps(supervision)],
+            # marshal, not JSON: the supervisor reads it without importing json (built in).
+            [sys.executable, "-I", "-S", str(SUPERVISOR_FILE), marshal.dumps(supervision).hex()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -2,7 +2,8 @@
 
 Standard library only, Linux first (other POSIX systems lose the subreaper and the parent-death
 signal, nothing else). The runner starts it in the tool's own interpreter as
-``python -I -S supervisor.py CONFIG_JSON`` with the child's environment; the process tree is::
+``python -I -S supervisor.py CONFIG`` (CONFIG: the settings as :mod:`marshal` bytes in hex) with
+the child's environment; the process tree is::
 
     caller ── supervisor ── shim ── child (the user's interpreter: python -m PROBE SCRIPT ...)
               (subreaper)   (a fork of the supervisor; the script's parent)
@@ -23,23 +24,30 @@ Why each piece:
   (SIGKILL), so they die with their own parent too.
 - **Memory cap.** ``max_memory`` (bytes) becomes the child's ``RLIMIT_AS``.
 
-The supervisor writes what it saw as JSON to ``report`` (see :func:`_report`) and exits 0; the
+The supervisor writes what it saw as JSON to ``report`` (see :func:`main`) and exits 0; the
 caller reads the script's own results from the probe's side channel.
+
+Start-up is on the critical path (every millisecond before the script's interpreter is started
+adds to the probe's wall time): before the shim has started the child, only the modules the
+start needs are imported (``ctypes`` for ``prctl``, ``signal``, ``resource``; the configuration
+is :mod:`marshal`, built in, rather than JSON, and the shim starts the child with ``fork`` and
+``exec`` rather than :mod:`subprocess`). ``json`` and the rest come after, beside the script.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import json
+import marshal
 import os
 import resource
 import select
 import signal
-import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -86,6 +94,8 @@ def _catchable() -> set[signal.Signals]:
 
 
 def _write_json(path: str, payload: dict[str, Any]) -> None:
+    import json  # after the child has started: not on the critical path
+
     temporary = f"{path}.tmp{os.getpid()}"
     with open(temporary, "w", encoding="utf-8") as handle:
         json.dump(payload, handle)
@@ -99,7 +109,7 @@ def _run_shim(config: dict[str, Any], supervisor: int) -> None:
     """Start the child and wait for it; never returns (``os._exit``)."""
     _set_parent_death_signal(supervisor)
     # A group of its own: ``killpg`` of the script's parent's group reaches the shim only.
-    with contextlib.suppress(OSError):
+    with _suppress(OSError):
         os.setpgid(0, 0)
     report = f"{config['report']}.parent"
     blocked = _catchable()
@@ -126,24 +136,14 @@ def _run_shim(config: dict[str, Any], supervisor: int) -> None:
             _write_json(report, state)
 
         for sig in blocked - {signal.SIGCHLD}:
-            with contextlib.suppress(OSError, ValueError, RuntimeError):
+            with _suppress(OSError, ValueError, RuntimeError):
                 signal.signal(sig, note)
-    try:
-        child = subprocess.Popen(
-            config["command"],
-            cwd=config["cwd"],
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=prepare_child,  # safe: the shim is single-threaded
-        )
-    except OSError as exc:
-        state["exec_error"] = f"{exc.strerror or exc}: {config['command'][0]}"
-        _write_json(report, state)
-        os._exit(127)
-    state["child_pid"] = child.pid
+    child = _start_child(config, prepare_child, state, report)
+    state["child_pid"] = child
     _write_json(report, state)
     if not hasattr(signal, "sigtimedwait"):
-        state["returncode"] = child.wait()  # retried across the handlers (PEP 475)
+        _, status = os.waitpid(child, 0)  # retried across the handlers (PEP 475)
+        state["returncode"] = os.waitstatus_to_exitcode(status)
         _write_json(report, state)
         os._exit(0)
     while True:
@@ -156,10 +156,80 @@ def _run_shim(config: dict[str, Any], supervisor: int) -> None:
                 )
                 _write_json(report, state)
             continue
-        if child.poll() is not None:
-            state["returncode"] = child.returncode
+        try:
+            pid, status = os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = child, 0
+        if pid == child:
+            state["returncode"] = os.waitstatus_to_exitcode(status)
             _write_json(report, state)
             os._exit(0)
+
+
+def _start_child(config: dict[str, Any], prepare: Any, state: dict[str, Any], report: str) -> int:
+    """Fork and exec the child as ``subprocess.Popen(command, cwd=..., stdin=DEVNULL,
+    start_new_session=True, preexec_fn=prepare)`` would, without importing ``subprocess``
+    (some 8 ms before the script's interpreter could start). An exec failure comes back over a
+    close-on-exec pipe: the report names it and the shim exits 127. Returns the child's pid."""
+    command = [str(part) for part in config["command"]]
+    errors_read, errors_write = os.pipe()  # both close-on-exec (PEP 446)
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(errors_read)
+            prepare()
+            # What ``Popen(restore_signals=True)`` does: Python ignores these two, and an
+            # ignored signal would stay ignored across exec (in the script's own subprocesses).
+            for name in ("SIGPIPE", "SIGXFSZ"):
+                if hasattr(signal, name):
+                    signal.signal(getattr(signal, name), signal.SIG_DFL)
+            os.setsid()
+            os.chdir(config["cwd"])
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            if devnull != 0:
+                os.close(devnull)
+            os.execvp(command[0], command)
+        except OSError as exc:
+            message = f"{exc.strerror or exc}: {command[0]}"
+        except BaseException as exc:  # whatever fails before exec must reach the shim
+            message = f"{type(exc).__name__}: {command[0]}"
+        try:
+            os.write(errors_write, message.encode("utf-8", "replace"))
+        finally:
+            os._exit(127)
+    os.close(errors_write)
+    failure = b""
+    while True:
+        try:
+            chunk = os.read(errors_read, 4096)
+        except InterruptedError:  # pragma: no cover - retried by Python itself (PEP 475)
+            continue
+        if not chunk:
+            break
+        failure += chunk
+    os.close(errors_read)
+    if failure:
+        with _suppress(ChildProcessError):
+            os.waitpid(child, 0)
+        state["exec_error"] = failure.decode("utf-8", "replace")
+        _write_json(report, state)
+        os._exit(127)
+    return child
+
+
+class _suppress:
+    """``contextlib.suppress`` without importing ``contextlib`` (and ``functools``, ``re``...)
+    before the child has started."""
+
+    def __init__(self, *exceptions: type[BaseException]) -> None:
+        self._exceptions = exceptions
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, value: object, trace: object) -> bool:
+        return isinstance(value, self._exceptions)
 
 
 # -- the supervisor ------------------------------------------------------------------------------
@@ -191,6 +261,8 @@ def _children_map() -> dict[int, list[int]]:
 def _children_map_from_ps() -> dict[int, list[int]]:
     """The same map where there is no /proc (macOS): ``ps -A -o pid= -o ppid= -o stat=``."""
     tree: dict[int, list[int]] = {}
+    import subprocess  # no /proc: not Linux, where the start's cost matters less
+
     try:
         listing = subprocess.run(
             ["ps", "-A", "-o", "pid=", "-o", "ppid=", "-o", "stat="],
@@ -239,7 +311,7 @@ def _reap(statuses: dict[int, int]) -> None:
 
 def _signal_all(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        with _suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
 
@@ -271,8 +343,10 @@ def _stop_subtree(grace_s: float, statuses: dict[int, int], skip: int | None) ->
 
 
 def _read_shim_report(config: dict[str, Any]) -> dict[str, Any]:
+    import json
+
     with (
-        contextlib.suppress(OSError, ValueError),
+        _suppress(OSError, ValueError),
         open(f"{config['report']}.parent", encoding="utf-8") as handle,
     ):
         loaded = json.load(handle)
@@ -290,7 +364,7 @@ def _describe_status(status: int | None) -> dict[str, Any]:
 
 def main() -> int:
     """Supervise one probe run (see the module docstring); the report says what happened."""
-    config: dict[str, Any] = json.loads(sys.argv[1])
+    config: dict[str, Any] = marshal.loads(bytes.fromhex(sys.argv[1]))
     caller = int(config["caller_pid"])
     if PRCTL is not None:
         PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -328,7 +402,7 @@ def main() -> int:
         watched = [wake_read, 0] if lifeline_open else [wake_read]
         ready, _, _ = select.select(watched, [], [], POLL_S)
         if wake_read in ready:
-            with contextlib.suppress(OSError):
+            with _suppress(OSError):
                 os.read(wake_read, 512)
         if 0 in ready:
             data = os.read(0, 64)

@@ -4,6 +4,7 @@ started; hostile scripts (tests/fixtures/isolation) cannot harm the caller or es
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import shutil
 import subprocess
@@ -269,7 +270,7 @@ def test_supervisor_shim_absorbs_signals_with_and_without_sigtimedwait(
     }
     # stdin is the lifeline: kept open until the supervisor has finished on its own.
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", launcher, json.dumps(config)],
+        [sys.executable, "-I", "-S", "-c", launcher, marshal.dumps(config).hex()],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
