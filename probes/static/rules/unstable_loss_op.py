@@ -213,8 +213,40 @@ def nt_xent_loss(z, z_a, z_b, temperature, n):
     positive = torch.cat([positive, positive], dim=0)
     return -torch.log(positive / sim.sum(dim=-1)).mean()
 """,
+        """
+import torch
+class PitchTrainer:
+    @torch.no_grad()
+    def evaluate_batch(self, frames, lengths):
+        predicted = self.net(frames)
+        length_loss = torch.nn.functional.l1_loss(predicted, torch.log(lengths))
+        return length_loss.item()
+""",
+        """
+import torch
+def validate(net, loader):
+    total = 0.0
+    with torch.inference_mode():
+        for x, counts in loader:
+            val_loss = ((net(x) - counts.float().log()) ** 2).mean()
+            total += val_loss.item()
+    return total
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+class PitchTrainer:
+    @torch.no_grad()
+    def evaluate_batch(self, frames, lengths):
+        with torch.enable_grad():
+            predicted = self.net(frames)
+            length_loss = torch.nn.functional.l1_loss(predicted, torch.log(lengths))
+            length_loss.backward()
+""",
+            8,
+        ),
         Invalid(
             """
 import torch
@@ -333,6 +365,8 @@ def ratio_loss(p, q):
                 continue
             if hazard.startswith("log") and _additive_log_mask(model, call, target):
                 continue
+            if _without_gradient(model, call):
+                continue
             remedy = (
                 f"the epsilon is added after it (`{shorten(code_of(outside))}`), where it "
                 "cannot keep the gradient finite: clamp the input instead"
@@ -348,6 +382,8 @@ def ratio_loss(p, q):
                 or positivity.positive(base, func)
                 or positivity.gradient_norm(base, func)
             ):
+                continue
+            if _without_gradient(model, power):
                 continue
             yield self._finding(
                 power, base, _clamped, "an infinite gradient at 0", "clamp the input"
@@ -368,6 +404,8 @@ def ratio_loss(p, q):
                 or _safe(model, func, stmt, right)
                 or positivity.positive(right, func)
             ):
+                continue
+            if _without_gradient(model, division):
                 continue
             if _counts_tokens(right) or _counts_tokens(denominator):
                 if denominator is right and _sums_mask(right):
@@ -996,6 +1034,48 @@ def _parameter_default(func: FuncInfo, name: str) -> cst.BaseExpression | None:
     for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
         if param.name.value == name:
             return param.default
+    return None
+
+
+GRAD_OFF = frozenset({"no_grad", "inference_mode"})
+GRAD_ON = frozenset({"enable_grad"})
+
+
+def _without_gradient(model: FileModel, node: cst.CSTNode) -> bool:
+    """``node`` runs with autograd off: inside ``with torch.no_grad():`` (or
+    ``inference_mode``) in its own function, or in a function decorated with either (an
+    evaluation step). Nothing there is backpropagated, so an inf there is a wrong metric, not
+    a gradient failure. The innermost grad-mode context wins (``enable_grad`` turns it back
+    on); a nested function's body runs in its caller's mode, so the walk stops at the first
+    ``def``."""
+    for parent in model.ancestors(node):
+        if isinstance(parent, cst.With):
+            for item in parent.items:
+                mode = _grad_mode(item.item)
+                if mode is not None:
+                    return mode
+        if isinstance(parent, cst.FunctionDef):
+            for decorator in parent.decorators:
+                mode = _grad_mode(decorator.decorator)
+                if mode is not None:
+                    return mode
+            return False
+    return False
+
+
+def _grad_mode(node: cst.BaseExpression) -> bool | None:
+    """True for ``torch.no_grad()`` / ``inference_mode()`` (called or bare, as a decorator),
+    False for ``enable_grad()``, None for anything else (including ``no_grad(False)``-style
+    calls with arguments, whose mode the analyser does not read)."""
+    if isinstance(node, cst.Call):
+        if node.args:
+            return None
+        node = node.func
+    name = (dotted_name(node) or "").rsplit(".", 1)[-1]
+    if name in GRAD_OFF:
+        return True
+    if name in GRAD_ON:
+        return False
     return None
 
 
