@@ -1067,13 +1067,25 @@ class FileModel:
         if not steps:
             return None
         gates: list[Frame] = []
+        stray: list[Event] = []
         for step in steps:
             gate = next(
                 (f for f in step.frames_after(unit.scope) if _is_accumulation_gate(f)), None
             )
             if gate is None:
-                return None
+                stray.append(step)
+                continue
             gates.append(gate)
+        if not gates:
+            return None
+        if stray:
+            # A step of the same optimizer also written outside the update (`if i % N == 0:
+            # ...; opt.step()` and again `opt.step()` on every batch): the update shows the
+            # intended accumulation and the extra call is misplaced. Another optimizer stepped
+            # every batch (a critic beside a generator stepped every N) is no accumulation.
+            updated = {s.receiver for s in steps if s not in stray}
+            if any(s.receiver is None or s.receiver not in updated for s in stray):
+                return None
         gate = gates[0]
         info = self._gate_info.get(id(gate.node))
         if info is None:
