@@ -1083,8 +1083,14 @@ class FileModel:
             # ...; opt.step()` and again `opt.step()` on every batch): the update shows the
             # intended accumulation and the extra call is misplaced. Another optimizer stepped
             # every batch (a critic beside a generator stepped every N) is no accumulation.
-            updated = {s.receiver for s in steps if s not in stray}
-            if any(s.receiver is None or s.receiver not in updated for s in stray):
+            # Both must run on one path: a plain step in the `else` of `if accum_steps > 1:`
+            # is another configuration, which the path variants judge apart.
+            gated = [s for s in steps if s not in stray]
+            if any(
+                s.receiver is None
+                or not any(g.receiver == s.receiver and not exclusive(g, s) for g in gated)
+                for s in stray
+            ):
                 return None
         gate = gates[0]
         info = self._gate_info.get(id(gate.node))
