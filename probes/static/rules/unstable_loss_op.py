@@ -31,6 +31,9 @@ REDUCTIONS = frozenset({"sum", "norm", "std", "var", "sqrt", "mean", "abs", "ama
 POSITIVE = frozenset({"exp", "softplus", "sigmoid_positive"})
 CONSTANT_TENSORS = frozenset({"tensor", "as_tensor", "full", "full_like", "scalar_tensor"})
 UNSTABLE = frozenset({"log", "sqrt", "log2", "log10"})
+BOUNDED = frozenset({"sigmoid", "tanh", "softmax", "log_softmax", "cos", "sin", "clamp", "clip"})
+"""Functions whose value is bounded (``log_softmax`` above by 0, with a largest term of about
+1 after ``exp``): a log-sum-exp of them is safe written out."""
 
 
 class UnstableLossOp(Rule):
@@ -232,8 +235,29 @@ def validate(net, loader):
             total += val_loss.item()
     return total
 """,
+        """
+import torch
+def mixture_log_prob(component_log_prob, mixing_logits):
+    top = mixing_logits.max(dim=-1, keepdim=True).values
+    log_norm = (mixing_logits - top).exp().sum(dim=-1, keepdim=True).log() + top
+    return torch.logsumexp(component_log_prob + mixing_logits - log_norm, dim=-1)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+class Mixture:
+    def __init__(self, weight_logits, components):
+        self.weight_logits = weight_logits
+        self.components = components
+    def log_prob(self, x):
+        log_w = self.weight_logits - torch.log(torch.sum(torch.exp(self.weight_logits), -1))
+        joint = self.components.log_prob(x[..., None]) + log_w
+        return joint.exp().sum(dim=-1).log()
+""",
+            (8, 10),
+        ),
         Invalid(
             """
 import torch
@@ -347,6 +371,11 @@ def ratio_loss(p, q):
             name = _called_name(call)
             if method_name(call) not in UNSTABLE and name not in UNSTABLE and name != "pow":
                 continue
+            logits = _manual_logsumexp(call)
+            if logits is not None:
+                if not _without_gradient(model, call):
+                    yield self._logsumexp_finding(call, logits)
+                continue
             if not _in_loss(func, stmt, loss_functions):
                 continue
             found = _unstable_call(call) if name != "pow" else _fractional_power(call)
@@ -418,6 +447,25 @@ def ratio_loss(p, q):
                 "a division by zero",
                 "add an epsilon to the denominator",
             )
+
+    def _logsumexp_finding(self, call: cst.Call, logits: cst.BaseExpression) -> RawFinding:
+        """``x.exp().sum(d).log()``: log-sum-exp written by hand. Not tied to a loss function:
+        it is how log-probabilities (mixtures, partition functions) are computed, and they
+        feed the loss wherever they are written."""
+        return RawFinding(
+            node=call,
+            message=(
+                "`{expression}` on line {line} computes log-sum-exp by hand: `exp` overflows to "
+                "inf for logits above ~88 (float32), and underflows to 0 for very negative "
+                "ones (log(0) = -inf), so the loss turns inf/NaN; use `torch.logsumexp("
+                "{logits}, dim=...)`, which subtracts the maximum first"
+            ),
+            evidence={
+                "expression": shorten(code_of(call)),
+                "line": call,
+                "logits": shorten(code_of(logits)),
+            },
+        )
 
     def _selected_count_finding(
         self, division: cst.BinaryOperation, right: cst.BaseExpression
@@ -657,6 +705,41 @@ def _safe_name(node: cst.BaseExpression, func: FuncInfo, clamped: set[tuple[int,
     if (id(func), node.value) in clamped:
         return True
     return any(_guarded(value) for value in func.assigns.get(node.value, []))
+
+
+def _manual_logsumexp(call: cst.Call) -> cst.BaseExpression | None:
+    """The logits of ``log(sum(exp(x)))`` written out (``x.exp().sum(dim).log()``,
+    ``torch.log(torch.exp(x).sum(dim))``, ``torch.log(torch.sum(torch.exp(x), dim))``), unless
+    ``x`` is shifted by something first (``(x - x.max()).exp()...``: the stable form written
+    out, whose largest term is exp(0) = 1)."""
+    if _called_name(call) != "log":
+        return None
+    argument = _sole_operand(call, "log")
+    total = argument if isinstance(argument, cst.Call) else None
+    if total is None or _called_name(total) != "sum":
+        return None
+    exp = _sole_operand(total, "sum")
+    if not isinstance(exp, cst.Call) or _called_name(exp) != "exp":
+        return None
+    logits = _sole_operand(exp, "exp")
+    if logits is None or isinstance(_strip(logits), cst.BinaryOperation):
+        return None  # shifted (or scaled) before the exp: not read
+    if isinstance(logits, cst.Call) and _called_name(logits) in BOUNDED:
+        return None  # exp of a bounded value neither overflows nor sums to 0
+    return logits
+
+
+def _sole_operand(call: cst.Call, name: str) -> cst.BaseExpression | None:
+    """What ``torch.name(x, ...)`` or ``x.name(...)`` applies to."""
+    full = dotted_name(call.func) or ""
+    if full in {f"torch.{name}", f"th.{name}"}:
+        return call.args[0].value if call.args and call.args[0].keyword is None else None
+    if isinstance(call.func, cst.Attribute) and method_name(call) == name:
+        base = call.func.value
+        if isinstance(base, cst.Name) and base.value in {"torch", "th", "np", "numpy", "math"}:
+            return None
+        return base
+    return None
 
 
 def _unstable_call(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
