@@ -367,18 +367,24 @@ def is_endpoint(model: FileModel, func: FuncInfo) -> bool:
     return owner is not None and named(owner.decorators, "remote")
 
 
-def bind_arguments(call: cst.Call, target: cst.FunctionDef) -> list[tuple[str, cst.BaseExpression]]:
+def bind_arguments(
+    call: cst.Call, target: cst.FunctionDef, preset: cst.Call | None = None
+) -> list[tuple[str, cst.BaseExpression]]:
     """(parameter, argument) pairs of ``call`` to ``target``; ``self``/``cls`` is skipped for
-    a method called through an attribute, and star arguments end the positional matching."""
+    a method called through an attribute, and star arguments end the positional matching.
+    ``preset`` is the ``functools.partial(target, ...)`` that ``call`` calls through: its
+    arguments come first (see :meth:`FileModel.partial_of`)."""
     params = [*target.params.posonly_params, *target.params.params]
     names = [p.name.value for p in params]
-    if names and names[0] in {"self", "cls"} and isinstance(call.func, cst.Attribute):
+    callee = preset.args[0].value if preset is not None else call.func
+    if names and names[0] in {"self", "cls"} and isinstance(callee, cst.Attribute):
         names = names[1:]
     keyword_ok = {p.name.value for p in [*params, *target.params.kwonly_params]}
     bound: list[tuple[str, cst.BaseExpression]] = []
     position = 0
     positional_open = True
-    for arg in call.args:
+    arguments = [*(preset.args[1:] if preset is not None else ()), *call.args]
+    for arg in arguments:
         if arg.star:
             positional_open = False
             continue
@@ -757,6 +763,9 @@ class FileModel:
                 return top[0] if len(top) == 1 else None
             if func.value in self.class_nodes:
                 return None  # a constructor call
+            preset = self.partial_of(call, context)
+            if preset is not None:
+                return self.function_for_call(cst.Call(func=preset.args[0].value), context)
             return self._imported(func.value)
         if not isinstance(func, cst.Attribute):
             return None
@@ -785,6 +794,23 @@ class FileModel:
         if self.project is not None:
             return self.project.class_method(self.qualify_text(built), func.attr.value, self)
         return None
+
+    def partial_of(self, call: cst.Call, context: FuncInfo) -> cst.Call | None:
+        """The ``functools.partial(f, ...)`` that ``call`` calls, when its name is bound to
+        one, once, in ``context`` (``backwards = partial(loss_backwards, self.fp16)``)."""
+        if not isinstance(call.func, cst.Name):
+            return None
+        values = context.assigns.get(call.func.value, [])
+        if len(values) != 1 or not isinstance(values[0], cst.Call):
+            return None
+        value = values[0]
+        if (dotted_name(value.func) or "") not in {"partial", "functools.partial"}:
+            return None
+        if not value.args or value.args[0].keyword is not None or value.args[0].star:
+            return None
+        if not isinstance(value.args[0].value, cst.Name | cst.Attribute):
+            return None
+        return value
 
     def _endpoint(self, method: str) -> FuncInfo | None:
         """The one actor endpoint named ``method`` in this file or (with a project index) the
@@ -868,7 +894,8 @@ class FileModel:
                 or not isinstance(target.node, cst.FunctionDef)
             ):
                 continue
-            for param, value in bind_arguments(call, target.node):
+            preset = self.partial_of(call, func)
+            for param, value in bind_arguments(call, target.node, preset):
                 text = dotted_name(value)
                 kind = self.kinds.get(text) if text is not None else None
                 if kind is None or kind == "other":
