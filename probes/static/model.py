@@ -198,10 +198,13 @@ class Event:
 
     @property
     def measures_only(self) -> bool:
-        """A norm clip with an infinite limit (or told not to clip): it reads the norm and
-        clips nothing."""
+        """A norm clip with an infinite limit (or told not to clip, or given ``None`` as its
+        limit: VITS-style ``commons.clip_grad_value_(params, None)`` only measures, and
+        torch's own clips reject ``None``): it reads the norm and clips nothing."""
         if self.kind != "clip":
             return False
+        if self.limit is not None and code_of(self.limit).strip() == "None":
+            return True
         return self.no_clipping or (self.limit is not None and "inf" in code_of(self.limit))
 
     @property
