@@ -247,6 +247,15 @@ def mixture_log_prob(component_log_prob, mixing_logits):
         Invalid(
             """
 import torch
+def covariance_match_loss(cov_a, cov_b):
+    root_det = (cov_a.det() * cov_b.det()).clamp(min=0).sqrt()
+    return (1.0 / root_det.sqrt().clamp(min=1e-6)).mean()
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
 class Mixture:
     def __init__(self, weight_logits, components):
         self.weight_logits = weight_logits
@@ -812,7 +821,7 @@ def _guarded(node: cst.CSTNode) -> bool:
     ``p = 1`` (the focal loss's ``p_t``), so a subtraction of a constant guards nothing."""
     for current in walk(node):
         if isinstance(current, cst.Call):
-            if _called_name(current) in GUARDS:
+            if _called_name(current) in GUARDS and not _keeps_zero(current):
                 return True
         elif isinstance(current, cst.BinaryOperation) and isinstance(current.operator, cst.Add):
             for side in (current.left, current.right):
@@ -823,6 +832,25 @@ def _guarded(node: cst.CSTNode) -> bool:
                 if isinstance(side, cst.Attribute) and _offset_name(side.attr.value):
                     return True
     return False
+
+
+def _keeps_zero(call: cst.Call) -> bool:
+    """A clamp whose minimum is written as 0 or below, or that has none (``x.clamp(0)``,
+    ``clamp(min=0)``, ``clamp(max=1)``): 0 itself passes through it."""
+    if _called_name(call) not in {"clamp", "clamp_", "clip", "clamp_min"}:
+        return False
+    positional = [a.value for a in call.args if a.keyword is None]
+    if not isinstance(call.func, cst.Attribute) or (dotted_name(call.func) or "").startswith(
+        ("torch.", "th.")
+    ):
+        positional = positional[1:]  # `torch.clamp(x, 0)`: the tensor comes first
+    lower = positional[0] if positional else None
+    keyword = next((a.value for a in call.args if a.keyword and a.keyword.value == "min"), None)
+    lower = lower if lower is not None else keyword
+    if lower is None:
+        return True
+    value = number_value(lower)
+    return value is not None and value <= 0
 
 
 def _safe(model: FileModel, func: FuncInfo, stmt: cst.CSTNode, target: cst.BaseExpression) -> bool:
@@ -1041,10 +1069,24 @@ SCALAR_CALLS = frozenset({"size", "len", "int", "float", "numel", "dim", "item",
 SCALAR_ATTRIBUTES = frozenset({"shape", "ndim"})
 
 
-def _epsilon_outside(model: FileModel, call: cst.Call) -> cst.BinaryOperation | None:
-    """``sqrt(x) + eps``: the epsilon is added to the root's result, where it keeps a
-    division finite but not the root's gradient at 0 (the author expected ``x`` to reach 0)."""
-    for parent in model.ancestors(call):
+def _epsilon_outside(model: FileModel, call: cst.Call) -> cst.BaseExpression | None:
+    """``sqrt(x) + eps`` (or ``sqrt(x).clamp(1e-7)``): the epsilon is added to (or the clamp
+    applied to) the root's result, where it keeps a division finite but not the root's
+    gradient at 0 (the author expected ``x`` to reach 0)."""
+    ancestors = model.ancestors(call)
+    if (
+        len(ancestors) >= 2
+        and isinstance(ancestors[0], cst.Attribute)
+        and ancestors[0].value is call
+        and ancestors[0].attr.value in {"clamp", "clamp_min", "clip"}
+        and isinstance(ancestors[1], cst.Call)
+        and ancestors[1].func is ancestors[0]
+        and ancestors[1].args
+        and (ancestors[1].args[0].keyword is None or ancestors[1].args[0].keyword.value == "min")
+        and _small_offset(ancestors[1].args[0].value)
+    ):
+        return ancestors[1]
+    for parent in ancestors:
         if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Add):
             for mine, other in ((parent.left, parent.right), (parent.right, parent.left)):
                 if mine is call and _small_offset(other):
