@@ -237,6 +237,19 @@ def validate(net, loader):
 """,
         """
 import torch
+import torch.nn.functional as F
+class AnchorLoss(torch.nn.Module):
+    def forward(self, box_pred, box_target, labels):
+        positive = labels > 0
+        n_positive = positive.sum().clamp(min=1)
+        n_matched = (labels >= 0).sum().item()
+        box_loss = F.l1_loss(box_pred[positive], box_target[positive], reduction="sum")
+        if n_matched == 0:
+            return box_loss * 0
+        return box_loss / n_positive + box_loss / n_matched
+""",
+        """
+import torch
 def mixture_log_prob(component_log_prob, mixing_logits):
     top = mixing_logits.max(dim=-1, keepdim=True).values
     log_norm = (mixing_logits - top).exp().sum(dim=-1, keepdim=True).log() + top
@@ -436,6 +449,14 @@ def ratio_loss(p, q):
                 # A ratio taken from 1: its denominator may be a local name (`union`).
                 denominator = _denominator(func, right)
             else:
+                if (
+                    _in_loss(func, stmt, loss_functions)
+                    and not _python_number(division.left)
+                    and _counted_selection(func, right)
+                    and not _safe(model, func, stmt, right)
+                    and not _without_gradient(model, division)
+                ):
+                    yield self._selected_count_finding(division, right, patch=False)
                 continue
             if (
                 denominator is None
@@ -477,7 +498,7 @@ def ratio_loss(p, q):
         )
 
     def _selected_count_finding(
-        self, division: cst.BinaryOperation, right: cst.BaseExpression
+        self, division: cst.BinaryOperation, right: cst.BaseExpression, *, patch: bool = True
     ) -> RawFinding:
         """A division by a count of selected elements (``mask.sum()``, ``(y != pad).sum()``):
         0 when a batch (or a sample) selects nothing. Correct code divides the same way when
@@ -496,8 +517,9 @@ def ratio_loss(p, q):
                 "line": division,
                 "denominator": shorten(code_of(right)),
             },
-            patch=Patch().replace_node(right, _at_least_one),
-            fix_description="Clamp the count to at least 1.",
+            # A count taken out with `.item()` is a Python number, which has no `.clamp`.
+            patch=Patch().replace_node(right, _at_least_one) if patch else None,
+            fix_description="Clamp the count to at least 1." if patch else None,
             # A mask may hold fractional weights whose sum lies in (0, 1), where the clamp
             # would change the mean: not marked safe.
             fix_safe=False,
@@ -956,6 +978,61 @@ def _sums_mask(node: cst.BaseExpression) -> bool:
         and "mask" in (n.value if isinstance(n, cst.Name) else n.attr.value).lower()
         for n in walk(stripped)
     )
+
+
+COUNT_CASTS = frozenset({"item", "float", "long", "int", "double", "detach"})
+
+
+def _counted_selection(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``num_pos`` with ``num_pos = pos.sum()`` (``.item()``, ``.float()`` allowed) and ``pos
+    = labels > 0``: a local name holding the count of what a comparison selects (positive
+    anchors, matched boxes), which a batch can leave at 0. Each name is assigned once."""
+    count = _single_value(func, node)
+    while (
+        isinstance(count, cst.Call)
+        and isinstance(count.func, cst.Attribute)
+        and count.func.attr.value in COUNT_CASTS
+        and not count.args
+    ):
+        count = count.func.value
+    if not isinstance(count, cst.Call) or _called_name(count) != "sum":
+        return False
+    if isinstance(count.func, cst.Attribute) and method_name(count) == "sum":
+        selected: cst.BaseExpression | None = count.func.value
+        if (dotted_name(count.func) or "") in {"torch.sum", "th.sum"}:
+            selected = count.args[0].value if count.args else None
+    else:
+        selected = None
+    while (
+        isinstance(selected, cst.Call)
+        and isinstance(selected.func, cst.Attribute)
+        and selected.func.attr.value in COUNT_CASTS
+    ):
+        selected = selected.func.value
+    test = _single_value(func, selected) if selected is not None else None
+    return isinstance(test, cst.Comparison) and not any(
+        isinstance(c.operator, cst.NotEqual) for c in test.comparisons
+    )
+
+
+def _python_number(node: cst.BaseExpression) -> bool:
+    """``loss.item()`` or ``float(loss)``: a number for printing, with no gradient."""
+    node = _strip(node)
+    if not isinstance(node, cst.Call):
+        return False
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "item":
+        return True
+    return isinstance(node.func, cst.Name) and node.func.value in {"float", "int"}
+
+
+def _single_value(func: FuncInfo, node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The one value assigned to the local name ``node`` (None: not a name, or assigned more
+    than once)."""
+    stripped = _strip(node)
+    if not isinstance(stripped, cst.Name):
+        return None
+    values = func.assigns.get(stripped.value, [])
+    return values[0] if len(values) == 1 else None
 
 
 def _denominator(func: FuncInfo, node: cst.BaseExpression) -> cst.BaseExpression | None:
