@@ -250,6 +250,15 @@ class AnchorLoss(torch.nn.Module):
 """,
         """
 import torch
+def ranking_loss(scores, relevant):
+    per_row = torch.sum(relevant, dim=1)
+    has_relevant = per_row > 0
+    hits = torch.sum(scores * relevant, dim=1)
+    loss = (hits[has_relevant] / per_row[has_relevant]).mean()
+    return loss
+""",
+        """
+import torch
 def mixture_log_prob(component_log_prob, mixing_logits):
     top = mixing_logits.max(dim=-1, keepdim=True).values
     log_norm = (mixing_logits - top).exp().sum(dim=-1, keepdim=True).log() + top
@@ -257,6 +266,19 @@ def mixture_log_prob(component_log_prob, mixing_logits):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+def ranking_loss(scores, relevant):
+    per_row = torch.sum(relevant, dim=1)
+    has_relevant = per_row > 0
+    if not has_relevant.any():
+        return scores.sum() * 0
+    loss = torch.sum(scores * relevant, dim=1) / per_row.view(-1)
+    return loss.mean()
+""",
+            8,
+        ),
         Invalid(
             """
 import torch
@@ -449,6 +471,21 @@ def ratio_loss(p, q):
                 # A ratio taken from 1: its denominator may be a local name (`union`).
                 denominator = _denominator(func, right)
             else:
+                unapplied = (
+                    _unapplied_positive_mask(func, stmt, right)
+                    if _in_loss(func, stmt, loss_functions)
+                    else None
+                )
+                if unapplied is not None and not _without_gradient(model, division):
+                    yield self._finding(
+                        division,
+                        right,
+                        _plus_epsilon,
+                        "a division by zero",
+                        f"the function computes `{unapplied}` but divides every row; "
+                        "divide only where it holds (or add an epsilon)",
+                    )
+                    continue
                 if (
                     _in_loss(func, stmt, loss_functions)
                     and not _python_number(division.left)
@@ -1013,6 +1050,57 @@ def _counted_selection(func: FuncInfo, node: cst.BaseExpression) -> bool:
     return isinstance(test, cst.Comparison) and not any(
         isinstance(c.operator, cst.NotEqual) for c in test.comparisons
     )
+
+
+RESHAPES = frozenset({"reshape", "view", "flatten", "squeeze", "unsqueeze", "float", "double"})
+
+
+def _unapplied_positive_mask(
+    func: FuncInfo, stmt: cst.CSTNode, denominator: cst.BaseExpression
+) -> str | None:
+    """``n = torch.sum(ind, dim=1)``, ``safe = n > 0`` and then ``x / n`` in a statement that
+    does not use ``safe``: the function knows some of its rows count nothing (it built the mask
+    of the others) yet divides all of them, so those rows are 0/0 = NaN. Returns the mask's
+    assignment text. Only a denominator that is a name assigned once from a reduction (through
+    reshapes), a mask assigned once from ``n > 0`` / ``n != 0``, and no ``if``/``assert`` on
+    ``n`` itself."""
+    node = denominator
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in RESHAPES
+    ):
+        node = node.func.value
+    if not isinstance(node, cst.Name):
+        return None
+    name = node.value
+    value = _single_value(func, node)
+    if value is None or not _has_reduction(value):
+        return None
+    mask_name: str | None = None
+    mask_text = ""
+    for mask, values in func.assigns.items():
+        if len(values) != 1 or not isinstance(values[0], cst.Comparison):
+            continue
+        test = values[0]
+        if (
+            len(test.comparisons) == 1
+            and isinstance(test.left, cst.Name)
+            and test.left.value == name
+            and isinstance(test.comparisons[0].operator, cst.GreaterThan | cst.NotEqual)
+            and number_value(test.comparisons[0].comparator) == 0
+        ):
+            mask_name, mask_text = mask, code_of(test)
+    if mask_name is None:
+        return None
+    if any(isinstance(n, cst.Name) and n.value == mask_name for n in walk(stmt)):
+        return None
+    for inner in walk(func.node):
+        if isinstance(inner, cst.If | cst.Assert | cst.While):
+            test_node = inner.test
+            if any(isinstance(n, cst.Name) and n.value == name for n in walk(test_node)):
+                return None
+    return f"{mask_name} = {mask_text}"
 
 
 def _python_number(node: cst.BaseExpression) -> bool:
