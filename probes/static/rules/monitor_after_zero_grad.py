@@ -27,7 +27,12 @@ class MonitorAfterZeroGrad(Rule):
         "`{read}` on line {read_line} reads gradient norms after `{zero_grad}` on line "
         "{zero_line}: the gradients are already zero (or None), so the logged norm is always 0"
     )
-    what = "Finds gradient-norm logging placed after `zero_grad()` in the same iteration."
+    what = (
+        "Finds gradient-norm logging placed after `zero_grad()` in the same iteration, or (for a "
+        "call that only measures, such as `clip_grad_value_(params, None)` in a VITS-style "
+        "helper) at the top of an iteration, before its first backward, when the iteration "
+        "zeroes the gradients after its backward."
+    )
     why = (
         "Once `zero_grad()` ran, `.grad` is zero or None until the next `backward()`. A norm "
         "read there reports 0 (or crashes on None) every step, hiding the real gradient "

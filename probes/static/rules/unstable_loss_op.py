@@ -49,7 +49,9 @@ class UnstableLossOp(Rule):
         "built-in, where the value's provenance lets it reach 0 (see `positivity`: `exp`, "
         "`softplus`, a positive clamp or `+ eps` cannot; a probability, `1 - p`, a sum or a "
         "union can). An epsilon added after the root does not count. A division by a mask's "
-        "count is reported as info: only the data decides whether a mask can be empty."
+        "count is reported as info: only the data decides whether a mask can be empty. Log-sum-exp "
+        "written by hand (`x.exp().sum(d).log()`) is reported wherever it is written; code that "
+        "runs with autograd off (`torch.no_grad()`, `inference_mode()`) is left alone."
     )
     why = (
         "`log(0)` is -inf, the gradient of `sqrt` at 0 is infinite, and dividing by a sum or "
