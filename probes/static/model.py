@@ -198,10 +198,13 @@ class Event:
 
     @property
     def measures_only(self) -> bool:
-        """A norm clip with an infinite limit (or told not to clip): it reads the norm and
-        clips nothing."""
+        """A norm clip with an infinite limit (or told not to clip, or given ``None`` as its
+        limit: VITS-style ``commons.clip_grad_value_(params, None)`` only measures, and
+        torch's own clips reject ``None``): it reads the norm and clips nothing."""
         if self.kind != "clip":
             return False
+        if self.limit is not None and code_of(self.limit).strip() == "None":
+            return True
         return self.no_clipping or (self.limit is not None and "inf" in code_of(self.limit))
 
     @property
@@ -367,18 +370,24 @@ def is_endpoint(model: FileModel, func: FuncInfo) -> bool:
     return owner is not None and named(owner.decorators, "remote")
 
 
-def bind_arguments(call: cst.Call, target: cst.FunctionDef) -> list[tuple[str, cst.BaseExpression]]:
+def bind_arguments(
+    call: cst.Call, target: cst.FunctionDef, preset: cst.Call | None = None
+) -> list[tuple[str, cst.BaseExpression]]:
     """(parameter, argument) pairs of ``call`` to ``target``; ``self``/``cls`` is skipped for
-    a method called through an attribute, and star arguments end the positional matching."""
+    a method called through an attribute, and star arguments end the positional matching.
+    ``preset`` is the ``functools.partial(target, ...)`` that ``call`` calls through: its
+    arguments come first (see :meth:`FileModel.partial_of`)."""
     params = [*target.params.posonly_params, *target.params.params]
     names = [p.name.value for p in params]
-    if names and names[0] in {"self", "cls"} and isinstance(call.func, cst.Attribute):
+    callee = preset.args[0].value if preset is not None else call.func
+    if names and names[0] in {"self", "cls"} and isinstance(callee, cst.Attribute):
         names = names[1:]
     keyword_ok = {p.name.value for p in [*params, *target.params.kwonly_params]}
     bound: list[tuple[str, cst.BaseExpression]] = []
     position = 0
     positional_open = True
-    for arg in call.args:
+    arguments = [*(preset.args[1:] if preset is not None else ()), *call.args]
+    for arg in arguments:
         if arg.star:
             positional_open = False
             continue
@@ -757,6 +766,9 @@ class FileModel:
                 return top[0] if len(top) == 1 else None
             if func.value in self.class_nodes:
                 return None  # a constructor call
+            preset = self.partial_of(call, context)
+            if preset is not None:
+                return self.function_for_call(cst.Call(func=preset.args[0].value), context)
             return self._imported(func.value)
         if not isinstance(func, cst.Attribute):
             return None
@@ -785,6 +797,23 @@ class FileModel:
         if self.project is not None:
             return self.project.class_method(self.qualify_text(built), func.attr.value, self)
         return None
+
+    def partial_of(self, call: cst.Call, context: FuncInfo) -> cst.Call | None:
+        """The ``functools.partial(f, ...)`` that ``call`` calls, when its name is bound to
+        one, once, in ``context`` (``backwards = partial(loss_backwards, self.fp16)``)."""
+        if not isinstance(call.func, cst.Name):
+            return None
+        values = context.assigns.get(call.func.value, [])
+        if len(values) != 1 or not isinstance(values[0], cst.Call):
+            return None
+        value = values[0]
+        if (dotted_name(value.func) or "") not in {"partial", "functools.partial"}:
+            return None
+        if not value.args or value.args[0].keyword is not None or value.args[0].star:
+            return None
+        if not isinstance(value.args[0].value, cst.Name | cst.Attribute):
+            return None
+        return value
 
     def _endpoint(self, method: str) -> FuncInfo | None:
         """The one actor endpoint named ``method`` in this file or (with a project index) the
@@ -868,7 +897,8 @@ class FileModel:
                 or not isinstance(target.node, cst.FunctionDef)
             ):
                 continue
-            for param, value in bind_arguments(call, target.node):
+            preset = self.partial_of(call, func)
+            for param, value in bind_arguments(call, target.node, preset):
                 text = dotted_name(value)
                 kind = self.kinds.get(text) if text is not None else None
                 if kind is None or kind == "other":
@@ -1067,13 +1097,31 @@ class FileModel:
         if not steps:
             return None
         gates: list[Frame] = []
+        stray: list[Event] = []
         for step in steps:
             gate = next(
                 (f for f in step.frames_after(unit.scope) if _is_accumulation_gate(f)), None
             )
             if gate is None:
-                return None
+                stray.append(step)
+                continue
             gates.append(gate)
+        if not gates:
+            return None
+        if stray:
+            # A step of the same optimizer also written outside the update (`if i % N == 0:
+            # ...; opt.step()` and again `opt.step()` on every batch): the update shows the
+            # intended accumulation and the extra call is misplaced. Another optimizer stepped
+            # every batch (a critic beside a generator stepped every N) is no accumulation.
+            # Both must run on one path: a plain step in the `else` of `if accum_steps > 1:`
+            # is another configuration, which the path variants judge apart.
+            gated = [s for s in steps if s not in stray]
+            if any(
+                s.receiver is None
+                or not any(g.receiver == s.receiver and not exclusive(g, s) for g in gated)
+                for s in stray
+            ):
+                return None
         gate = gates[0]
         info = self._gate_info.get(id(gate.node))
         if info is None:

@@ -217,7 +217,9 @@ class _Reader:
         target = helper.target
         bindings: dict[str, tuple[cst.BaseExpression, _Context | None]] = {}
         if isinstance(target.node, cst.FunctionDef):
-            for param, value in bind_arguments(helper.call, target.node):
+            owner = outer.func.model or self.model
+            preset = owner.partial_of(helper.call, outer.func)
+            for param, value in bind_arguments(helper.call, target.node, preset):
                 bindings[param] = (value, outer)
         return _Context(target, bindings)
 
@@ -386,7 +388,15 @@ class _Reader:
             if not target.returns:
                 return Scaling("unknown", reason=f"`{_short(call.func)}` returns nothing visible")
             inner = _Context(
-                target, {p: (v, context) for p, v in bind_arguments(call, target.node)}
+                target,
+                {
+                    p: (v, context)
+                    for p, v in bind_arguments(
+                        call,
+                        target.node,
+                        (context.func.model or self.model).partial_of(call, context.func),
+                    )
+                },
             )
             parts = [self._returned(value, inner, depth + 1, element) for value in target.returns]
             return _either(parts)

@@ -16,7 +16,7 @@ from gradient_doctor.probes.static.model import (
     Unit,
     exclusive,
 )
-from gradient_doctor.probes.static.names import code_of, method_name, parenthesize
+from gradient_doctor.probes.static.names import code_of, method_name, number_value, parenthesize
 from gradient_doctor.probes.static.traverse import children, walk
 
 TENSOR_METHODS = frozenset(
@@ -417,3 +417,44 @@ def guarded_code(statement: str, condition: str) -> str:
     if not condition:
         return statement
     return f"if {condition}:\n    {statement}\n"
+
+
+def only_without_accumulation(event: Event, acc: Accumulation) -> bool:
+    """``event`` runs only when the accumulation count is 1: it is in the body of an ``if``
+    whose test says ``N == 1`` (alone or in an ``and``), or in the ``else`` of ``if N > 1:`` /
+    ``if N != 1:``. On the paths that accumulate it never runs."""
+    if acc.divisor is None or isinstance(acc.divisor, cst.Integer):
+        return False
+    divisor = code_of(acc.divisor)
+    for frame in event.frames:
+        if frame.kind != "if" or not isinstance(frame.node, cst.If):
+            continue
+        test = frame.node.test
+        if frame.branch == 0:
+            parts = _conjuncts(test)
+            if any(_compares_count(p, divisor, cst.Equal) for p in parts):
+                return True
+        elif frame.branch == 1 and (
+            _compares_count(test, divisor, cst.GreaterThan)
+            or _compares_count(test, divisor, cst.NotEqual)
+        ):
+            return True
+    return False
+
+
+def _conjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return [*_conjuncts(test.left), *_conjuncts(test.right)]
+    return [test]
+
+
+def _compares_count(test: cst.BaseExpression, divisor: str, operator: type) -> bool:
+    """``test`` is ``<divisor> <operator> 1`` (``self.accumulation_steps == 1``)."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    return (
+        isinstance(target.operator, operator)
+        and code_of(test.left) == divisor
+        and number_value(target.comparator) == 1
+    )

@@ -136,6 +136,40 @@ def test_a_guarded_mask_count_or_a_token_count_stays_silent() -> None:
         assert report.findings == []
 
 
+ANCHOR_LOSS = """\
+import torch
+import torch.nn.functional as F
+class AnchorLoss(torch.nn.Module):
+    def forward(self, box_pred, box_target, labels):
+        positive = labels > 0
+        n_positive = positive.sum().item()
+        box_loss = F.l1_loss(box_pred[positive], box_target[positive], reduction="sum")
+        print("box loss", box_loss.item() / n_positive)
+        return box_loss / n_positive
+"""
+
+
+def test_division_by_a_named_count_of_positives_is_an_info_without_a_patch() -> None:
+    report = lint_source(ANCHOR_LOSS, "anchors.py", select=["unstable-loss-op"])
+    (finding,) = report.findings  # the printed ratio of Python numbers carries no gradient
+    assert (finding.id, finding.line, finding.severity) == ("unstable-loss-op", 9, "info")
+    assert "`n_positive`" in finding.message
+    assert finding.fix is None  # `.item()` gives a Python number: no `.clamp` to call
+
+
+def test_a_guarded_or_checked_count_of_positives_stays_silent() -> None:
+    clamped = ANCHOR_LOSS.replace("positive.sum().item()", "positive.sum().clamp(min=1)")
+    at_least_one = ANCHOR_LOSS.replace("positive.sum().item()", "max(positive.sum().item(), 1)")
+    checked = ANCHOR_LOSS.replace(
+        "        return box_loss / n_positive",
+        "        if n_positive == 0:\n            return box_loss * 0\n"
+        "        return box_loss / n_positive",
+    )
+    for code in (clamped, at_least_one, checked):
+        report = lint_source(code, "anchors.py", select=["unstable-loss-op"])
+        assert report.findings == [], code
+
+
 def test_epsilon_outside_the_root_is_named_in_the_message() -> None:
     code = """\
 import torch

@@ -77,8 +77,34 @@ for x, y in loader:
     optimizer.step()
     optimizer.zero_grad()
 """,
+        """
+import torch
+for i, (real, noise) in enumerate(loader):
+    critic_loss(critic, gen, real, noise).backward()
+    torch.nn.utils.clip_grad_norm_(critic.parameters(), 5.0)
+    critic_opt.step()
+    critic_opt.zero_grad()
+    if i % n_critic == 0:
+        gen_loss(critic, gen, noise).backward()
+        gen_opt.step()
+        gen_opt.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+for step, (x, y) in enumerate(loader):
+    loss_fn(net(x), y).backward()
+    if step % accum_every == 0:
+        torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+        opt.step()
+        opt.zero_grad()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+    opt.step()
+""",
+            9,
+        ),
         Invalid(
             """
 import torch

@@ -30,6 +30,7 @@ from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     label,
     names_in,
+    only_without_accumulation,
     optimizer_of,
     update_anchor,
 )
@@ -222,6 +223,23 @@ for images, boxes in loader:
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
             """
+import torch
+class Runner:
+    def build(self, net, warmup=None):
+        self.opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        self.warmup = warmup and torch.optim.lr_scheduler.LinearLR(self.opt, total_iters=warmup)
+    def train_step(self, batch, idx):
+        (self.net(batch).mean() / self.every).backward()
+        if (idx + 1) % self.every == 0:
+            self.opt.step()
+            if self.warmup:
+                self.warmup.step()
+                self.opt.zero_grad()
+""",
+            10,
+        ),
+        Invalid(
+            """
 for i, batch in enumerate(loader):
     (model(batch).loss / N).backward()
     if (i + 1) % N == 0:
@@ -365,7 +383,7 @@ for offset in range(0, total_samples, batch):
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
             if any(_step_zeroes(model, s) for s in steps):
                 continue
-            zeros = unit.of_kind("zero_grad")
+            zeros = [z for z in unit.of_kind("zero_grad") if not only_without_accumulation(z, acc)]
             if zeros:
                 gate = _never_when_one(zeros, acc)
                 if (
@@ -687,7 +705,8 @@ def _config_frames(unit: Unit, event: Event, varying: set[str]) -> list[Frame]:
         if frame.kind != "if" or not isinstance(frame.node, cst.If):
             continue
         test = frame.node.test
-        if _reads(test) & (varying | {"step", "i", "it", "batch_idx"}):
+        # `self` is a parameter of every method, not state: `self.fp16` is read for itself.
+        if (_reads(test) - {"self"}) & (varying | {"step", "i", "it", "batch_idx"}):
             continue
         if any(not _finiteness_check(call) for call in calls_in(test)):
             continue
@@ -712,8 +731,37 @@ class _ClassState:
             self._found = set()
             for func in self._model.functions:
                 if func.class_name is not None and func.name != "__init__":
-                    self._found |= {t for t in _assigned_in(func.node) if "." in t}
+                    self._found |= {t for t in _changing_in(func) if "." in t}
         return self._found
+
+
+SETUP_PREFIXES = ("init", "_init", "setup", "_setup", "build", "_build", "configure")
+SETUP_NAMES = frozenset({"load", "load_checkpoint", "load_state_dict", "restore", "resume"})
+"""Method names of one-off setup (``_init_model``, ``setup``; also :data:`SETUP_NAMES`): what
+they set is the configuration a training run keeps (``self.scheduler = self.fetch_scheduler()``)."""
+
+
+def _changing_in(func: FuncInfo) -> set[str]:
+    """What a method other than ``__init__`` binds that may change while training: all it
+    binds, except in a setup method (:data:`SETUP_PREFIXES`), and except what a driver method
+    (one that holds a loop of its own) binds before or after its loops (``if device == "tpu":
+    self.using_tpu = True`` at the top of ``fit``). A method with no loop that is not named
+    for setup may be a per-batch hook (``self.sync = ...``)."""
+    node = func.node
+    if not isinstance(node, cst.FunctionDef):
+        return _assigned_in(node)
+    if node.name.value.startswith(SETUP_PREFIXES) or node.name.value in SETUP_NAMES:
+        return set()
+    loops = [n for n in walk(node.body) if isinstance(n, cst.For | cst.While)]
+    if not loops:
+        return _assigned_in(node)
+    found: set[str] = set()
+    for loop in loops:
+        found |= _assigned_in(loop)
+    for inner in walk(node.body):
+        if isinstance(inner, cst.FunctionDef | cst.Lambda | cst.ClassDef):
+            found |= _assigned_in(inner)  # a nested function may run inside the loop
+    return found
 
 
 def _varying(unit: Unit, events: list[Event], state: _ClassState) -> set[str]:

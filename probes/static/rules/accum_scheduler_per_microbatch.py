@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+import libcst as cst
+
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.model import Event, FileModel
+from gradient_doctor.probes.static.names import code_of
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
@@ -67,6 +70,22 @@ for epoch in range(epochs):
             optimizer.zero_grad()
     scheduler.step()
 """,
+        """
+import lightning as L
+class Tagger(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        sched = self.lr_schedulers()
+        self.manual_backward(self.loss(batch) / 4)
+        if (batch_idx + 1) % 4 == 0:
+            opt.step()
+            opt.zero_grad()
+        if self.trainer.is_last_batch:
+            sched.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -99,7 +118,7 @@ for it in range(iters):
         for unit, acc, steps in accumulating_units(model):
             step = steps[-1]
             for sched in unit.of_kind("sched_step"):
-                if not unit.in_micro_step(sched):
+                if not unit.in_micro_step(sched) or _once_per_epoch(sched):
                     continue
                 if acc.style == "accelerate" and not _unprepared(model, sched):
                     continue  # a prepared scheduler steps only when the optimizer does
@@ -127,6 +146,22 @@ for it in range(iters):
                     patch=patch,
                     fix_description="Move the scheduler step into the update, after the step.",
                 )
+
+
+EPOCH_END_WORDS = ("is_last_batch", "last_batch", "epoch_end", "end_of_epoch")
+
+
+def _once_per_epoch(sched: Event) -> bool:
+    """Under ``if self.trainer.is_last_batch:`` (Lightning: True on an epoch's last batch) or
+    a test named for the end of an epoch: the scheduler steps once per epoch, not per
+    micro-batch."""
+    for frame in sched.frames:
+        if frame.kind != "if" or frame.branch != 0 or not isinstance(frame.node, cst.If):
+            continue
+        test = code_of(frame.node.test)
+        if any(word in test for word in EPOCH_END_WORDS) and " or " not in f" {test} ":
+            return True
+    return False
 
 
 def _unprepared(model: FileModel, sched: Event) -> bool:

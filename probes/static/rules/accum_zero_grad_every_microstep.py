@@ -13,6 +13,7 @@ from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     following,
     label,
+    only_without_accumulation,
     optimizer_of,
     placement,
     placements,
@@ -53,6 +54,15 @@ class AccumZeroGradEveryMicrostep(Rule):
     )
     snippet_id = "accumulation"
     valid: ClassVar[list[str]] = [
+        """
+for i, (x, y) in enumerate(loader):
+    if grad_accum == 1 and i == 0:
+        optimizer.zero_grad()
+    (loss_fn(model(x), y) / grad_accum).backward()
+    if (i + 1) % grad_accum == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
         """
 for i, batch in enumerate(loader):
     (model(batch).loss / N).backward()
@@ -107,7 +117,7 @@ for it in range(iters):
             # Moving one of two optimizers' zero_grad() could zero the other's gradients.
             single_optimizer = len({o for o in optimizers if o}) <= 1
             for zero in zeros:
-                if not unit.in_micro_step(zero):
+                if not unit.in_micro_step(zero) or only_without_accumulation(zero, acc):
                     continue
                 message = self.message
                 zeroes_model = False

@@ -90,6 +90,27 @@ for it in range(iters):
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
             """
+from functools import partial
+from torch.nn.parallel import DistributedDataParallel as DDP
+def run_backward(use_amp, loss, scaler):
+    if use_amp:
+        scaler.scale(loss).backward()
+    else:
+        loss.backward()
+def train(net, opt, scaler, batches, every, use_amp):
+    critic = DDP(net)
+    backward = partial(run_backward, use_amp)
+    for _ in range(steps):
+        for _ in range(every):
+            backward(critic(next(batches)).mean() / every, scaler)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+""",
+            14,
+        ),
+        Invalid(
+            """
 from torch.nn.parallel import DistributedDataParallel as DDP
 model = DDP(model)
 for i, batch in enumerate(loader):
@@ -144,7 +165,10 @@ for it in range(iters):
             for backward in backwards:
                 if any(f.tag in {"no_sync", "accumulate"} for f in backward.frames):
                     continue
-                node = backward.call
+                # A backward inside a helper (`backwards(loss, opt)` wrapping amp's scaled
+                # backward) is reported at the helper's call in this loop: the helper may
+                # serve several loops, and the call is what no_sync must surround.
+                node = backward.anchor
                 # Only `accelerator.prepare()` says DDP: it wraps the model on several
                 # processes only, so the cost may not exist in this run.
                 implied = not (model.explicit_ddp or model.uses_fsdp) and wrapper_seen is None

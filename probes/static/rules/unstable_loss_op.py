@@ -31,6 +31,9 @@ REDUCTIONS = frozenset({"sum", "norm", "std", "var", "sqrt", "mean", "abs", "ama
 POSITIVE = frozenset({"exp", "softplus", "sigmoid_positive"})
 CONSTANT_TENSORS = frozenset({"tensor", "as_tensor", "full", "full_like", "scalar_tensor"})
 UNSTABLE = frozenset({"log", "sqrt", "log2", "log10"})
+BOUNDED = frozenset({"sigmoid", "tanh", "softmax", "log_softmax", "cos", "sin", "clamp", "clip"})
+"""Functions whose value is bounded (``log_softmax`` above by 0, with a largest term of about
+1 after ``exp``): a log-sum-exp of them is safe written out."""
 
 
 class UnstableLossOp(Rule):
@@ -46,7 +49,9 @@ class UnstableLossOp(Rule):
         "built-in, where the value's provenance lets it reach 0 (see `positivity`: `exp`, "
         "`softplus`, a positive clamp or `+ eps` cannot; a probability, `1 - p`, a sum or a "
         "union can). An epsilon added after the root does not count. A division by a mask's "
-        "count is reported as info: only the data decides whether a mask can be empty."
+        "count is reported as info: only the data decides whether a mask can be empty. Log-sum-exp "
+        "written by hand (`x.exp().sum(d).log()`) is reported wherever it is written; code that "
+        "runs with autograd off (`torch.no_grad()`, `inference_mode()`) is left alone."
     )
     why = (
         "`log(0)` is -inf, the gradient of `sqrt` at 0 is infinite, and dividing by a sum or "
@@ -213,8 +218,105 @@ def nt_xent_loss(z, z_a, z_b, temperature, n):
     positive = torch.cat([positive, positive], dim=0)
     return -torch.log(positive / sim.sum(dim=-1)).mean()
 """,
+        """
+import torch
+class PitchTrainer:
+    @torch.no_grad()
+    def evaluate_batch(self, frames, lengths):
+        predicted = self.net(frames)
+        length_loss = torch.nn.functional.l1_loss(predicted, torch.log(lengths))
+        return length_loss.item()
+""",
+        """
+import torch
+def validate(net, loader):
+    total = 0.0
+    with torch.inference_mode():
+        for x, counts in loader:
+            val_loss = ((net(x) - counts.float().log()) ** 2).mean()
+            total += val_loss.item()
+    return total
+""",
+        """
+import torch
+import torch.nn.functional as F
+class AnchorLoss(torch.nn.Module):
+    def forward(self, box_pred, box_target, labels):
+        positive = labels > 0
+        n_positive = positive.sum().clamp(min=1)
+        n_matched = (labels >= 0).sum().item()
+        box_loss = F.l1_loss(box_pred[positive], box_target[positive], reduction="sum")
+        if n_matched == 0:
+            return box_loss * 0
+        return box_loss / n_positive + box_loss / n_matched
+""",
+        """
+import torch
+def ranking_loss(scores, relevant):
+    per_row = torch.sum(relevant, dim=1)
+    has_relevant = per_row > 0
+    hits = torch.sum(scores * relevant, dim=1)
+    loss = (hits[has_relevant] / per_row[has_relevant]).mean()
+    return loss
+""",
+        """
+import torch
+def mixture_log_prob(component_log_prob, mixing_logits):
+    top = mixing_logits.max(dim=-1, keepdim=True).values
+    log_norm = (mixing_logits - top).exp().sum(dim=-1, keepdim=True).log() + top
+    return torch.logsumexp(component_log_prob + mixing_logits - log_norm, dim=-1)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+def ranking_loss(scores, relevant):
+    per_row = torch.sum(relevant, dim=1)
+    has_relevant = per_row > 0
+    if not has_relevant.any():
+        return scores.sum() * 0
+    loss = torch.sum(scores * relevant, dim=1) / per_row.view(-1)
+    return loss.mean()
+""",
+            8,
+        ),
+        Invalid(
+            """
+import torch
+def covariance_match_loss(cov_a, cov_b):
+    root_det = (cov_a.det() * cov_b.det()).clamp(min=0).sqrt()
+    return (1.0 / root_det.sqrt().clamp(min=1e-6)).mean()
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
+class Mixture:
+    def __init__(self, weight_logits, components):
+        self.weight_logits = weight_logits
+        self.components = components
+    def log_prob(self, x):
+        log_w = self.weight_logits - torch.log(torch.sum(torch.exp(self.weight_logits), -1))
+        joint = self.components.log_prob(x[..., None]) + log_w
+        return joint.exp().sum(dim=-1).log()
+""",
+            (8, 10),
+        ),
+        Invalid(
+            """
+import torch
+class PitchTrainer:
+    @torch.no_grad()
+    def evaluate_batch(self, frames, lengths):
+        with torch.enable_grad():
+            predicted = self.net(frames)
+            length_loss = torch.nn.functional.l1_loss(predicted, torch.log(lengths))
+            length_loss.backward()
+""",
+            8,
+        ),
         Invalid(
             """
 import torch
@@ -315,6 +417,11 @@ def ratio_loss(p, q):
             name = _called_name(call)
             if method_name(call) not in UNSTABLE and name not in UNSTABLE and name != "pow":
                 continue
+            logits = _manual_logsumexp(call)
+            if logits is not None:
+                if not _without_gradient(model, call):
+                    yield self._logsumexp_finding(call, logits)
+                continue
             if not _in_loss(func, stmt, loss_functions):
                 continue
             found = _unstable_call(call) if name != "pow" else _fractional_power(call)
@@ -333,6 +440,8 @@ def ratio_loss(p, q):
                 continue
             if hazard.startswith("log") and _additive_log_mask(model, call, target):
                 continue
+            if _without_gradient(model, call):
+                continue
             remedy = (
                 f"the epsilon is added after it (`{shorten(code_of(outside))}`), where it "
                 "cannot keep the gradient finite: clamp the input instead"
@@ -349,6 +458,8 @@ def ratio_loss(p, q):
                 or positivity.gradient_norm(base, func)
             ):
                 continue
+            if _without_gradient(model, power):
+                continue
             yield self._finding(
                 power, base, _clamped, "an infinite gradient at 0", "clamp the input"
             )
@@ -362,12 +473,37 @@ def ratio_loss(p, q):
                 # A ratio taken from 1: its denominator may be a local name (`union`).
                 denominator = _denominator(func, right)
             else:
+                unapplied = (
+                    _unapplied_positive_mask(func, stmt, right)
+                    if _in_loss(func, stmt, loss_functions)
+                    else None
+                )
+                if unapplied is not None and not _without_gradient(model, division):
+                    yield self._finding(
+                        division,
+                        right,
+                        _plus_epsilon,
+                        "a division by zero",
+                        f"the function computes `{unapplied}` but divides every row; "
+                        "divide only where it holds (or add an epsilon)",
+                    )
+                    continue
+                if (
+                    _in_loss(func, stmt, loss_functions)
+                    and not _python_number(division.left)
+                    and _counted_selection(func, right)
+                    and not _safe(model, func, stmt, right)
+                    and not _without_gradient(model, division)
+                ):
+                    yield self._selected_count_finding(division, right, patch=False)
                 continue
             if (
                 denominator is None
                 or _safe(model, func, stmt, right)
                 or positivity.positive(right, func)
             ):
+                continue
+            if _without_gradient(model, division):
                 continue
             if _counts_tokens(right) or _counts_tokens(denominator):
                 if denominator is right and _sums_mask(right):
@@ -381,8 +517,27 @@ def ratio_loss(p, q):
                 "add an epsilon to the denominator",
             )
 
+    def _logsumexp_finding(self, call: cst.Call, logits: cst.BaseExpression) -> RawFinding:
+        """``x.exp().sum(d).log()``: log-sum-exp written by hand. Not tied to a loss function:
+        it is how log-probabilities (mixtures, partition functions) are computed, and they
+        feed the loss wherever they are written."""
+        return RawFinding(
+            node=call,
+            message=(
+                "`{expression}` on line {line} computes log-sum-exp by hand: `exp` overflows to "
+                "inf for logits above ~88 (float32), and underflows to 0 for very negative "
+                "ones (log(0) = -inf), so the loss turns inf/NaN; use `torch.logsumexp("
+                "{logits}, dim=...)`, which subtracts the maximum first"
+            ),
+            evidence={
+                "expression": shorten(code_of(call)),
+                "line": call,
+                "logits": shorten(code_of(logits)),
+            },
+        )
+
     def _selected_count_finding(
-        self, division: cst.BinaryOperation, right: cst.BaseExpression
+        self, division: cst.BinaryOperation, right: cst.BaseExpression, *, patch: bool = True
     ) -> RawFinding:
         """A division by a count of selected elements (``mask.sum()``, ``(y != pad).sum()``):
         0 when a batch (or a sample) selects nothing. Correct code divides the same way when
@@ -401,8 +556,9 @@ def ratio_loss(p, q):
                 "line": division,
                 "denominator": shorten(code_of(right)),
             },
-            patch=Patch().replace_node(right, _at_least_one),
-            fix_description="Clamp the count to at least 1.",
+            # A count taken out with `.item()` is a Python number, which has no `.clamp`.
+            patch=Patch().replace_node(right, _at_least_one) if patch else None,
+            fix_description="Clamp the count to at least 1." if patch else None,
             # A mask may hold fractional weights whose sum lies in (0, 1), where the clamp
             # would change the mean: not marked safe.
             fix_safe=False,
@@ -621,6 +777,41 @@ def _safe_name(node: cst.BaseExpression, func: FuncInfo, clamped: set[tuple[int,
     return any(_guarded(value) for value in func.assigns.get(node.value, []))
 
 
+def _manual_logsumexp(call: cst.Call) -> cst.BaseExpression | None:
+    """The logits of ``log(sum(exp(x)))`` written out (``x.exp().sum(dim).log()``,
+    ``torch.log(torch.exp(x).sum(dim))``, ``torch.log(torch.sum(torch.exp(x), dim))``), unless
+    ``x`` is shifted by something first (``(x - x.max()).exp()...``: the stable form written
+    out, whose largest term is exp(0) = 1)."""
+    if _called_name(call) != "log":
+        return None
+    argument = _sole_operand(call, "log")
+    total = argument if isinstance(argument, cst.Call) else None
+    if total is None or _called_name(total) != "sum":
+        return None
+    exp = _sole_operand(total, "sum")
+    if not isinstance(exp, cst.Call) or _called_name(exp) != "exp":
+        return None
+    logits = _sole_operand(exp, "exp")
+    if logits is None or isinstance(_strip(logits), cst.BinaryOperation):
+        return None  # shifted (or scaled) before the exp: not read
+    if isinstance(logits, cst.Call) and _called_name(logits) in BOUNDED:
+        return None  # exp of a bounded value neither overflows nor sums to 0
+    return logits
+
+
+def _sole_operand(call: cst.Call, name: str) -> cst.BaseExpression | None:
+    """What ``torch.name(x, ...)`` or ``x.name(...)`` applies to."""
+    full = dotted_name(call.func) or ""
+    if full in {f"torch.{name}", f"th.{name}"}:
+        return call.args[0].value if call.args and call.args[0].keyword is None else None
+    if isinstance(call.func, cst.Attribute) and method_name(call) == name:
+        base = call.func.value
+        if isinstance(base, cst.Name) and base.value in {"torch", "th", "np", "numpy", "math"}:
+            return None
+        return base
+    return None
+
+
 def _unstable_call(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
     """(the unguarded input, the hazard) for ``torch.log(x)`` / ``x.sqrt()`` and friends."""
     name = method_name(call)
@@ -691,7 +882,7 @@ def _guarded(node: cst.CSTNode) -> bool:
     ``p = 1`` (the focal loss's ``p_t``), so a subtraction of a constant guards nothing."""
     for current in walk(node):
         if isinstance(current, cst.Call):
-            if _called_name(current) in GUARDS:
+            if _called_name(current) in GUARDS and not _keeps_zero(current):
                 return True
         elif isinstance(current, cst.BinaryOperation) and isinstance(current.operator, cst.Add):
             for side in (current.left, current.right):
@@ -702,6 +893,25 @@ def _guarded(node: cst.CSTNode) -> bool:
                 if isinstance(side, cst.Attribute) and _offset_name(side.attr.value):
                     return True
     return False
+
+
+def _keeps_zero(call: cst.Call) -> bool:
+    """A clamp whose minimum is written as 0 or below, or that has none (``x.clamp(0)``,
+    ``clamp(min=0)``, ``clamp(max=1)``): 0 itself passes through it."""
+    if _called_name(call) not in {"clamp", "clamp_", "clip", "clamp_min"}:
+        return False
+    positional = [a.value for a in call.args if a.keyword is None]
+    if not isinstance(call.func, cst.Attribute) or (dotted_name(call.func) or "").startswith(
+        ("torch.", "th.")
+    ):
+        positional = positional[1:]  # `torch.clamp(x, 0)`: the tensor comes first
+    lower = positional[0] if positional else None
+    keyword = next((a.value for a in call.args if a.keyword and a.keyword.value == "min"), None)
+    lower = lower if lower is not None else keyword
+    if lower is None:
+        return True
+    value = number_value(lower)
+    return value is not None and value <= 0
 
 
 def _safe(model: FileModel, func: FuncInfo, stmt: cst.CSTNode, target: cst.BaseExpression) -> bool:
@@ -807,6 +1017,112 @@ def _sums_mask(node: cst.BaseExpression) -> bool:
         and "mask" in (n.value if isinstance(n, cst.Name) else n.attr.value).lower()
         for n in walk(stripped)
     )
+
+
+COUNT_CASTS = frozenset({"item", "float", "long", "int", "double", "detach"})
+
+
+def _counted_selection(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``num_pos`` with ``num_pos = pos.sum()`` (``.item()``, ``.float()`` allowed) and ``pos
+    = labels > 0``: a local name holding the count of what a comparison selects (positive
+    anchors, matched boxes), which a batch can leave at 0. Each name is assigned once."""
+    count = _single_value(func, node)
+    while (
+        isinstance(count, cst.Call)
+        and isinstance(count.func, cst.Attribute)
+        and count.func.attr.value in COUNT_CASTS
+        and not count.args
+    ):
+        count = count.func.value
+    if not isinstance(count, cst.Call) or _called_name(count) != "sum":
+        return False
+    if isinstance(count.func, cst.Attribute) and method_name(count) == "sum":
+        selected: cst.BaseExpression | None = count.func.value
+        if (dotted_name(count.func) or "") in {"torch.sum", "th.sum"}:
+            selected = count.args[0].value if count.args else None
+    else:
+        selected = None
+    while (
+        isinstance(selected, cst.Call)
+        and isinstance(selected.func, cst.Attribute)
+        and selected.func.attr.value in COUNT_CASTS
+    ):
+        selected = selected.func.value
+    test = _single_value(func, selected) if selected is not None else None
+    return isinstance(test, cst.Comparison) and not any(
+        isinstance(c.operator, cst.NotEqual) for c in test.comparisons
+    )
+
+
+RESHAPES = frozenset({"reshape", "view", "flatten", "squeeze", "unsqueeze", "float", "double"})
+
+
+def _unapplied_positive_mask(
+    func: FuncInfo, stmt: cst.CSTNode, denominator: cst.BaseExpression
+) -> str | None:
+    """``n = torch.sum(ind, dim=1)``, ``safe = n > 0`` and then ``x / n`` in a statement that
+    does not use ``safe``: the function knows some of its rows count nothing (it built the mask
+    of the others) yet divides all of them, so those rows are 0/0 = NaN. Returns the mask's
+    assignment text. Only a denominator that is a name assigned once from a reduction (through
+    reshapes), a mask assigned once from ``n > 0`` / ``n != 0``, and no ``if``/``assert`` on
+    ``n`` itself."""
+    node = denominator
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in RESHAPES
+    ):
+        node = node.func.value
+    if not isinstance(node, cst.Name):
+        return None
+    name = node.value
+    value = _single_value(func, node)
+    if value is None or not _has_reduction(value):
+        return None
+    mask_name: str | None = None
+    mask_text = ""
+    for mask, values in func.assigns.items():
+        if len(values) != 1 or not isinstance(values[0], cst.Comparison):
+            continue
+        test = values[0]
+        if (
+            len(test.comparisons) == 1
+            and isinstance(test.left, cst.Name)
+            and test.left.value == name
+            and isinstance(test.comparisons[0].operator, cst.GreaterThan | cst.NotEqual)
+            and number_value(test.comparisons[0].comparator) == 0
+        ):
+            mask_name, mask_text = mask, code_of(test)
+    if mask_name is None:
+        return None
+    if any(isinstance(n, cst.Name) and n.value == mask_name for n in walk(stmt)):
+        return None
+    for inner in walk(func.node):
+        if isinstance(inner, cst.If | cst.Assert | cst.While):
+            test_node = inner.test
+            if any(isinstance(n, cst.Name) and n.value == name for n in walk(test_node)):
+                return None
+    return f"{mask_name} = {mask_text}"
+
+
+def _python_number(node: cst.BaseExpression) -> bool:
+    """``loss.item()`` or ``float(loss)``: a number for printing, with no gradient."""
+    node = _strip(node)
+    if not isinstance(node, cst.Call):
+        return False
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "item":
+        return True
+    return isinstance(node.func, cst.Name) and node.func.value in {"float", "int"}
+
+
+def _single_value(func: FuncInfo, node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The one value assigned to the local name ``node`` (None: not a name, or assigned more
+    than once)."""
+    stripped = _strip(node)
+    if not isinstance(stripped, cst.Name):
+        return None
+    values = func.assigns.get(stripped.value, [])
+    return values[0] if len(values) == 1 else None
 
 
 def _denominator(func: FuncInfo, node: cst.BaseExpression) -> cst.BaseExpression | None:
@@ -920,10 +1236,24 @@ SCALAR_CALLS = frozenset({"size", "len", "int", "float", "numel", "dim", "item",
 SCALAR_ATTRIBUTES = frozenset({"shape", "ndim"})
 
 
-def _epsilon_outside(model: FileModel, call: cst.Call) -> cst.BinaryOperation | None:
-    """``sqrt(x) + eps``: the epsilon is added to the root's result, where it keeps a
-    division finite but not the root's gradient at 0 (the author expected ``x`` to reach 0)."""
-    for parent in model.ancestors(call):
+def _epsilon_outside(model: FileModel, call: cst.Call) -> cst.BaseExpression | None:
+    """``sqrt(x) + eps`` (or ``sqrt(x).clamp(1e-7)``): the epsilon is added to (or the clamp
+    applied to) the root's result, where it keeps a division finite but not the root's
+    gradient at 0 (the author expected ``x`` to reach 0)."""
+    ancestors = model.ancestors(call)
+    if (
+        len(ancestors) >= 2
+        and isinstance(ancestors[0], cst.Attribute)
+        and ancestors[0].value is call
+        and ancestors[0].attr.value in {"clamp", "clamp_min", "clip"}
+        and isinstance(ancestors[1], cst.Call)
+        and ancestors[1].func is ancestors[0]
+        and ancestors[1].args
+        and (ancestors[1].args[0].keyword is None or ancestors[1].args[0].keyword.value == "min")
+        and _small_offset(ancestors[1].args[0].value)
+    ):
+        return ancestors[1]
+    for parent in ancestors:
         if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Add):
             for mine, other in ((parent.left, parent.right), (parent.right, parent.left)):
                 if mine is call and _small_offset(other):
@@ -996,6 +1326,48 @@ def _parameter_default(func: FuncInfo, name: str) -> cst.BaseExpression | None:
     for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
         if param.name.value == name:
             return param.default
+    return None
+
+
+GRAD_OFF = frozenset({"no_grad", "inference_mode"})
+GRAD_ON = frozenset({"enable_grad"})
+
+
+def _without_gradient(model: FileModel, node: cst.CSTNode) -> bool:
+    """``node`` runs with autograd off: inside ``with torch.no_grad():`` (or
+    ``inference_mode``) in its own function, or in a function decorated with either (an
+    evaluation step). Nothing there is backpropagated, so an inf there is a wrong metric, not
+    a gradient failure. The innermost grad-mode context wins (``enable_grad`` turns it back
+    on); a nested function's body runs in its caller's mode, so the walk stops at the first
+    ``def``."""
+    for parent in model.ancestors(node):
+        if isinstance(parent, cst.With):
+            for item in parent.items:
+                mode = _grad_mode(item.item)
+                if mode is not None:
+                    return mode
+        if isinstance(parent, cst.FunctionDef):
+            for decorator in parent.decorators:
+                mode = _grad_mode(decorator.decorator)
+                if mode is not None:
+                    return mode
+            return False
+    return False
+
+
+def _grad_mode(node: cst.BaseExpression) -> bool | None:
+    """True for ``torch.no_grad()`` / ``inference_mode()`` (called or bare, as a decorator),
+    False for ``enable_grad()``, None for anything else (including ``no_grad(False)``-style
+    calls with arguments, whose mode the analyser does not read)."""
+    if isinstance(node, cst.Call):
+        if node.args:
+            return None
+        node = node.func
+    name = (dotted_name(node) or "").rsplit(".", 1)[-1]
+    if name in GRAD_OFF:
+        return True
+    if name in GRAD_ON:
+        return False
     return None
 
 

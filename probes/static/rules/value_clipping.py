@@ -45,6 +45,10 @@ import torch
 clip_value = 0.5
 grads = [p.grad.clamp(-clip_value, clip_value) for p in params]
 """,
+        """
+from utils import commons
+norm = commons.clip_grad_value_(model.parameters(), None)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -69,6 +73,8 @@ clip_grad_value_(model.parameters(), 1.0)
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         for event, call in direct_clip_calls(model, "value"):
+            if event.measures_only:
+                continue  # `clip_grad_value_(params, None)` in a project helper only measures
             limit = code_of(event.limit) if event.limit is not None else "clip_value"
             yield RawFinding(
                 node=call,
