@@ -80,6 +80,7 @@ from gradient_doctor.knowledge._text import (
     vocabulary,
 )
 from gradient_doctor.knowledge.cache_dir import cache_root
+from gradient_doctor.knowledge.matcher_frames import frame_evidence
 
 if TYPE_CHECKING:
     from gradient_doctor.knowledge.loader import KnowledgeBase
@@ -424,6 +425,8 @@ _WHETHER_TO_USE = {"is-clipping-needed": "clip"}
 _OTHER_TECHNIQUE_PRIOR = 0.6
 #: A belief whose subject the text measured and found (a check's result, not a guess).
 _MEASURED_BELIEF_PRIOR = 0.5
+#: An entry whose trend words a frame gave to another quantity, or that a healthy frame contradicts.
+_FRAME_DISCOUNT = 0.6
 #: "the loss curve looks textbook": the run is said to go well.
 _LOOKS_GOOD = re.compile(
     r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
@@ -2190,6 +2193,9 @@ class Matcher:
         )
         progress = _progress(repaired_text)
         evidence = self._number_evidence(quantities, series, repaired_text, progress)
+        # What the text says each quantity does, in metric or plot words (see matcher_frames).
+        frames = frame_evidence(without_code(repaired_text), code or "")
+        evidence.extend(frames.hits)
         if _LR_RANGE_TEST.search(text):
             # An LR range test ends when the loss blows up at its top rates, and the numbers it
             # gives are learning rates: the loss readings are the test working, not a diagnosis.
@@ -2311,6 +2317,10 @@ class Matcher:
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
                 reasons[hit.entry_id].append(hit.reason)
+        for entry_id in frames.discounted() & scores.keys():
+            # The trend words belong to another quantity ("the grad panel is a flat line":
+            # not a loss plateau), or a quantity read as healthy contradicts the entry.
+            scores[entry_id] *= _FRAME_DISCOUNT
         if "loss-stuck" in scores and any(h.entry_id == "plateau" for h in evidence):
             # A plateau reading says the loss fell first: not stuck from the start.
             scores["loss-stuck"] *= 0.7

@@ -1,0 +1,383 @@
+"""Quantity/trend frames: what a text says a training quantity *does*, in any vocabulary.
+
+Users describe the same event in very different words: "grad norm explodes then the loss goes
+NaN", "the orange line in the grad panel goes through the roof, then the loss chart is blank",
+"gnorm shot up 1000x, loss: nan". Word matching needs every phrasing in the index; instead this
+module reads each statement as a *frame*: which quantity it is about (the gradient norm, the
+loss, the loss scale, the clipping rate …, named as a metric or as the panel, chart, line or
+tile that shows it) and what that quantity does (goes vertical, goes blank, a single needle and
+back, a flat line at one exact value, pinned at zero, a slow ramp up, a slide to the floor, a
+saw blade, a staircase down …). A small table maps (quantity, trend) onto the catalogue entry
+the frame describes.
+
+A trend belongs to the quantity named last before it in its sentence ("the gradient panel hugs
+the bottom, then goes vertical"), or, when its sentence names none, to the one the previous
+sentence was about ("The scaler tile keeps dropping. It now reads 0.004"). When several frames
+are read, the earliest event in the text is the cause the later ones follow from ("the grad
+panel goes vertical and right after that the loss chart is blank": exploding gradients first).
+
+The frames are evidence beside the words and the numbers (``CodeHit`` with a strength below the
+numbers' sure readings); they never read code. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gradient_doctor.knowledge._code import CodeHit
+
+__all__ = ["Frame", "FrameEvidence", "frame_evidence", "frame_hits", "read_frames"]
+
+# -- quantities, named as metrics or as what shows them -------------------------------------
+
+_DISPLAY = r"(?:panel|graph|chart|plot|curve|line|tile|widget|trace|sparkline|bars?|scalar)"
+
+#: Each quantity, in the order they are tried at one position (the longer names first, so
+#: "loss scale" is not read as the loss).
+_QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "loss_scale",
+        re.compile(
+            r"\b(?:(?:amp\s+|grad(?:ient)?\s+)?loss[\s_-]?scal(?:e|ing)|grad[\s_]?scaler?\b|"
+            r"(?:amp\s+)?scaler(?:'s)?(?:\s+(?:value|scale))?|scale\s+factor)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "clip_rate",
+        re.compile(
+            r"\bclip(?:ping)?[\s_-]*(?:counter|count|rate|fraction|events?|activations?|hits?)\b"
+            r"|\bclip(?:ping)?\s+(?:at\s+[\d.]+\s+)?(?:engages?|kicks?\s+in|fires?|triggers?|"
+            r"activates?)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "grad_norm",
+        re.compile(
+            r"\b(?:total[\s_-]+)?(?:grad(?:ient)?s?[\s_/-]*(?:l2[\s_-]*)?(?:norms?|size|"
+            r"magnitudes?)|g[\s_-]?norms?)\b(?:\s+" + _DISPLAY + r")?"
+            r"|\bgrad(?:ient)?s?[\s_/-]+" + _DISPLAY + r"\b"
+            r"|\b(?:the\s+)?(?:orange|blue|green|red|purple|pink|grey|gray)\s+line\s+in\s+the\s+"
+            r"grad\w*(?:[\s_-]+norm)?\s+" + _DISPLAY + r"\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "loss",
+        re.compile(
+            r"\b(?:train(?:ing)?[\s_/-]*)?loss(?:es)?\b(?!\s*[\s_-]scal)(?:\s+" + _DISPLAY + r")?",
+            re.IGNORECASE,
+        ),
+    ),
+)
+
+#: Held-out losses are not the training loss a trend frame reads ("val loss climbs" is another
+#: story: the words and numbers handle it).
+_HELD_OUT_BEFORE = re.compile(r"\b(?:val(?:idation)?|eval|test|dev|held[-\s]?out)[\s_/-]*$", re.I)
+
+# -- trends ---------------------------------------------------------------------------------
+
+_NUMBER = r"(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
+
+#: Trend name → pattern. Order matters only for overlapping spans: the first listed wins.
+_TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        # One point far above the rest and straight back: needles, weeds, blips.
+        "needle",
+        re.compile(
+            r"\b(?:needles?|weeds?|lone\s+spikes?|isolated\s+spikes?|single\s+spikes?)\b"
+            r"|\b(?:one|a)\s+single\s+(?:point|step|value)\b"
+            r"|\b(?:falls?|drops?|comes?|snaps?|goes)\s+(?:right|straight|immediately)\s+back\b"
+            r"|\bback\s+(?:down\s+)?(?:to\s+(?:normal|~?\s*" + _NUMBER + r")\s+)?(?:on\s+)?the\s+"
+            r"(?:very\s+)?next\s+step\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "sawtooth",
+        re.compile(
+            r"\bsaw[\s-]?(?:tooth|teeth|blade)\b|\bteeth\b|\bzig[\s-]?zags?\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # Off the top: the quantity explodes.
+        "vertical",
+        re.compile(
+            r"\bgo(?:es|ing)?\s+vertical\b|\bwent\s+vertical\b|\bthrough\s+the\s+roof\b"
+            r"|\b(?:shoots?|shot|rockets?(?:ed)?|skyrocket\w*)\s+(?:straight\s+)?up\b"
+            r"|\boff\s+the\s+(?:top\s+of\s+the\s+)?(?:chart|charts|scale|graph)\b"
+            r"|\bhockey[\s-]?stick\b|\bstraight\s+up\b|\by[\s-]?axis\s+(?:auto[\s-]?)?rescal\w*",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # Nothing drawn any more: the value is NaN/Inf (dashboards drop non-finite points).
+        "blank",
+        re.compile(
+            r"\b(?:goes|went|turns?|is|became|becomes)\s+(?:completely\s+)?(?:blank|empty)\b"
+            r"|\bstops?\s+(?:drawing|plotting|showing)\b|\bstopped\s+(?:drawing|plotting|showing)\b"
+            r"|\b(?:the\s+)?line\s+(?:just\s+)?(?:ends|stops|disappears)\b"
+            r"|\b(?:disappears?|vanish(?:es)?)\s+(?:off|from)\s+the\s+(?:chart|graph|plot|panel)\b"
+            r"|\bno\s+(?:more\s+)?(?:points|data\s+points)\b|\bjust\s+(?:has\s+)?a\s+gap\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # A flat line at zero.
+        "zero",
+        re.compile(
+            r"\bpinned\s+to\s+the\s+x[\s-]?axis\b"
+            r"|\b(?:dead[\s-]?)?flat\s+(?:line\s+)?(?:at\s+|on\s+)?(?:0(?:\.0+)?|zero)\b(?!\.\d)"
+            r"|\b(?:a\s+)?(?:dead[\s-]?flat|flat)\s+0(?:\.0+)?\b(?!\.\d)",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # A flat line at one exact non-zero value: something holds it there.
+        "pinned",
+        re.compile(
+            r"\b(?:never\s+(?:budges|moves|changes)\s+from|(?:perfectly|ruler[\s-]?straight|"
+            r"dead)[\s-]+(?:flat|horizontal)\s+(?:line\s+)?(?:at|on)|(?:flat|horizontal)\s+line\s+"
+            r"at\s+exactly|(?:sits?|stuck|pinned)\s+(?:at\s+)?exactly)\s+(?!0(?:\.0+)?\b)"
+            + _NUMBER
+            + r"|\bnot\s+a\s+(?:single\s+)?(?:hair|wiggle|blip)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "ramp_up",
+        re.compile(
+            r"\b(?:drifts?|drifting|creeps?|creeping|ramps?|ramping|trends?|trending)\s+"
+            r"(?:steadily\s+)?(?:up|upwards?|higher)\b|\bslow\s+ramp\b"
+            r"|\bdoubl\w+\s+every\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "slide_down",
+        re.compile(
+            r"\b(?:slides?|sliding|sinks?|sinking|fades?|fading|dwindl\w+|decays?|decaying)\s+"
+            r"(?:steadily\s+|slowly\s+)?(?:towards?|to|down\s+to|into)\s+(?:the\s+)?"
+            r"(?:floor|zero|bottom|nothing)\b|\bhugging\s+zero\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "staircase_down",
+        re.compile(
+            r"\b(?:stepping|steps?|stairs?)\s+down\b|\bstair[\s-]?case\b"
+            r"|\bkeeps?\s+halving\b|\bhalv(?:es|ing)\s+(?:again\s+)?and\s+again\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # Leaves its level and comes back: a heartbeat, a dip once in a while.
+        "occasional_dip",
+        re.compile(
+            r"\bonce\s+in\s+a\s+(?:blue\s+moon|while)\b|\bheart[\s-]?beat\b"
+            r"|\b(?:dips?|drops?)\s+(?:to\s+" + _NUMBER + r"\s+)?(?:now\s+and\s+then|occasionally|"
+            r"every\s+(?:so\s+often|now\s+and\s+then)|rarely)\b"
+            r"|\b(?:ticks?\s+up|fires?|engages?|kicks?\s+in)\s+(?:maybe\s+|only\s+|about\s+|~\s*)?"
+            r"\d+\s+times?\s+(?:per|every|in)\b"
+            r"|\b(?:engages?|fires?|kicks?\s+in|triggers?|is\s+active)\s+on\s+(?:only\s+|about\s+|"
+            r"~\s*)?\d(?:\.\d+)?\s*%\s+of\s+(?:the\s+)?steps\b"
+            r"|\bgoes\s+back\s+and\s+forth\s+between\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # Good for a while, then turns and climbs back.
+        "turns_up",
+        re.compile(
+            r"\bturns?\s+around\s+and\s+(?:climbs?|goes|heads?|creeps?)\s+(?:back\s+)?up\b"
+            r"|\bclimbs?\s+back\s+up\s+to\s+where\s+it\s+started\b",
+            re.IGNORECASE,
+        ),
+    ),
+)
+
+#: What a frame's quantity doing its trend means: (quantity, trend) → (entry id, strength).
+_FRAME_ENTRIES: dict[tuple[str, str], tuple[str, float]] = {
+    ("grad_norm", "vertical"): ("exploding-gradients", 0.75),
+    ("grad_norm", "needle"): ("grad-norm-spikes", 0.8),
+    ("grad_norm", "pinned"): ("clipping-slow-convergence", 0.8),
+    ("grad_norm", "zero"): ("zero-gradients", 0.6),
+    ("grad_norm", "ramp_up"): ("grad-norm-rising", 0.8),
+    ("grad_norm", "slide_down"): ("grad-norm-decaying", 0.8),
+    ("loss", "blank"): ("loss-nan", 0.8),
+    ("loss", "vertical"): ("loss-diverging", 0.6),
+    ("loss", "sawtooth"): ("loss-spikes", 0.8),
+    ("loss", "needle"): ("loss-spikes", 0.6),
+    ("loss", "turns_up"): ("diverges-after-stable-start", 0.7),
+    ("loss_scale", "staircase_down"): ("amp-overflow-skips", 0.8),
+}
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One statement read as "quantity does trend", with where the trend was said."""
+
+    quantity: str
+    trend: str
+    start: int
+    words: str
+
+
+#: Sentence ends (a point between digits is a decimal point, not an end).
+_SENTENCE_END = re.compile(r"(?<!\d)[.!?](?!\d)|[;\n]")
+
+#: The run goes on improving: frames that would call an alarm are then read as healthy.
+_LOSS_FALLING = re.compile(
+    r"\bloss(?:es)?\b(?:(?!\bnot\b|n't\b|\bstop)[^.;\n]){0,30}?\b(?:(?:sliding|going|falling|"
+    r"coming|trending|goes|keeps?\s+going)\s+down|dropping|decreasing|improving)\b",
+    re.IGNORECASE,
+)
+#: The gradient norm sits well under the clipping limit outside the rare clipped steps.
+_UNDER_LIMIT = re.compile(r"\b(?:well\s+)?(?:under|below)\s+the\s+(?:limit|max_norm|threshold)\b")
+#: A measuring hook that runs once the step (and so zero_grad) is done.
+_AFTER_STEP_HOOK = re.compile(
+    r"\b(?:callback|hook)\b[^.;\n]{0,40}\b(?:after|once)\b[^.;\n]{0,20}\bstep\b[^.;\n]{0,15}"
+    r"\b(?:finish\w*|done|complete\w*|ends?)\b|on_train_batch_end|on_after_optimizer_step",
+    re.IGNORECASE,
+)
+_STILL_LEARNING = re.compile(
+    r"\b(?:acc(?:uracy)?|score|f1|bleu)\b[^.;\n]{0,25}\b(?:climbs?|rises?|goes\s+up|improv\w+|"
+    r"keeps?\s+(?:going\s+up|improving))\b|\bobviously\s+(?:trains|learns)\b",
+    re.IGNORECASE,
+)
+
+
+def _quantities_in(sentence: str, offset: int) -> list[tuple[int, str]]:
+    found: list[tuple[int, int, str]] = []
+    for name, pattern in _QUANTITIES:
+        for m in pattern.finditer(sentence):
+            if any(s <= m.start() < e for s, e, _ in found):
+                continue
+            if name == "loss" and _HELD_OUT_BEFORE.search(sentence[: m.start()]):
+                continue
+            found.append((m.start(), m.end(), name))
+    return sorted((offset + s, name) for s, _, name in found)
+
+
+def read_frames(text: str) -> list[Frame]:
+    """Every "quantity does trend" statement in ``text``, in the order they are said."""
+    frames: list[Frame] = []
+    subject: str | None = None
+    start = 0
+    bounds = [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]
+    for end in bounds:
+        sentence = text[start:end]
+        if sentence.strip():
+            mentions = _quantities_in(sentence, start)
+            taken: list[tuple[int, int]] = []
+            trends: list[tuple[int, str, str]] = []
+            for trend, pattern in _TRENDS:
+                for m in pattern.finditer(sentence):
+                    if any(s <= m.start() < e for s, e in taken):
+                        continue
+                    taken.append((m.start(), m.end()))
+                    trends.append((start + m.start(), trend, m.group(0)))
+            for at, trend, words in sorted(trends):
+                before = [name for pos, name in mentions if pos < at]
+                after = [name for pos, name in mentions if pos > at]
+                quantity = before[-1] if before else (subject or (after[0] if after else None))
+                if quantity is not None:
+                    frames.append(Frame(quantity, trend, at, words))
+            if mentions:
+                subject = mentions[-1][1]
+        start = end
+    return frames
+
+
+#: Entries about what the loss does, and about what the gradient norm does: a trend word the
+#: frames give to one quantity is no evidence for the other's entries.
+LOSS_TREND_ENTRIES = frozenset(
+    {"plateau", "loss-stuck", "loss-spikes", "loss-diverging", "diverges-after-stable-start"}
+)
+NORM_TREND_ENTRIES = frozenset(
+    {"grad-norm-spikes", "grad-norm-rising", "grad-norm-decaying", "exploding-gradients"}
+)
+#: A quantity read as healthy rules out the entries that say it misbehaves.
+_HEALTHY_RULES_OUT: dict[str, frozenset[str]] = {
+    "clip_rate": frozenset({"clip-too-aggressive", "clip-harder", "clipping-slow-convergence"}),
+    "loss_scale": frozenset({"amp-overflow-skips", "amp-diverges"}),
+}
+
+
+@dataclass
+class FrameEvidence:
+    """What the frames of one text add to the ranking."""
+
+    hits: list[CodeHit]
+    #: The quantities some trend was said about.
+    quantities: frozenset[str]
+    #: Entries a healthy reading contradicts.
+    ruled_out: frozenset[str]
+
+    def discounted(self) -> frozenset[str]:
+        """Entries whose trend words the frames gave to another quantity."""
+        out: set[str] = set(self.ruled_out)
+        if "loss" not in self.quantities and self.quantities & {"grad_norm", "loss_scale"}:
+            out |= LOSS_TREND_ENTRIES
+        if "grad_norm" not in self.quantities and "loss" in self.quantities:
+            out |= NORM_TREND_ENTRIES
+        return frozenset(out - {h.entry_id for h in self.hits})
+
+
+def frame_evidence(text: str, code: str = "") -> FrameEvidence:
+    """Catalogue evidence from the frames of ``text`` (``code`` only tells where a hook runs)."""
+    frames = read_frames(text)
+    if not frames:
+        return FrameEvidence([], frozenset(), frozenset())
+    hits = frame_hits(text, code, frames)
+    ruled_out: set[str] = set()
+    for hit in hits:
+        if hit.entry_id == "healthy":
+            quantity = hit.reason.split("'", 1)[0].removeprefix("text: the ").strip()
+            ruled_out |= _HEALTHY_RULES_OUT.get(quantity.replace(" ", "_"), frozenset())
+    return FrameEvidence(hits, frozenset(f.quantity for f in frames), frozenset(ruled_out))
+
+
+def frame_hits(text: str, code: str = "", frames: list[Frame] | None = None) -> list[CodeHit]:
+    """Catalogue evidence from the frames of ``text``; the earliest cause is the surest."""
+    frames = read_frames(text) if frames is None else frames
+    if not frames:
+        return []
+    hits: list[CodeHit] = []
+    loss_falling = bool(_LOSS_FALLING.search(text))
+    seen: set[str] = set()
+    for order, frame in enumerate(frames):
+        entry, strength = _FRAME_ENTRIES.get((frame.quantity, frame.trend), ("", 0.0))
+        if frame.quantity in ("loss_scale", "clip_rate") and frame.trend == "occasional_dip":
+            if loss_falling or _UNDER_LIMIT.search(text):
+                # The scale backs off once in a while and recovers, or clipping catches a few
+                # rare steps, while the loss falls: the mechanism doing its job.
+                entry, strength = "healthy", 0.7
+        elif (
+            frame.quantity == "grad_norm"
+            and frame.trend == "zero"
+            and (
+                _AFTER_STEP_HOOK.search(text)
+                or _AFTER_STEP_HOOK.search(code)
+                or _STILL_LEARNING.search(text)
+            )
+        ):
+            # A gradient norm of exactly zero all along while the model learns: the number is
+            # read where the gradients were already zeroed.
+            entry, strength = "monitor-after-zero-grad", 0.85
+        if not entry or entry in seen or strength <= 0.0:
+            continue
+        seen.add(entry)
+        # Later frames are what the first one leads to ("... then the loss chart is blank").
+        strength = strength if order == 0 else strength * 0.85
+        hits.append(
+            CodeHit(
+                entry,
+                round(strength, 3),
+                f"text: the {frame.quantity.replace('_', ' ')} {frame.words!r}",
+            )
+        )
+    return hits
