@@ -2194,7 +2194,11 @@ class Matcher:
         progress = _progress(repaired_text)
         evidence = self._number_evidence(quantities, series, repaired_text, progress)
         # What the text says each quantity does, in metric or plot words (see matcher_frames).
-        frames = frame_evidence(without_code(repaired_text), code or "")
+        frames = frame_evidence(without_code(repaired_text), code or "", repaired_text)
+        if frames.cleared:
+            # Every NaN word went to another stage: a reading of a stage the text found finite
+            # as non-finite misread its negation ("no nan in any parameter").
+            evidence = [h for h in evidence if h.entry_id not in frames.cleared]
         evidence.extend(frames.hits)
         if _LR_RANGE_TEST.search(text):
             # An LR range test ends when the loss blows up at its top rates, and the numbers it
@@ -2211,13 +2215,19 @@ class Matcher:
         # Sentence rules read the prose: pasted code is the analyser's (no evidence twice).
         described.extend(prose_hits(prose_repaired))
         cleared = {e for e, pattern in _CLEARED_STAGE.items() if pattern.search(text)}
+        cleared |= frames.cleared
         # A check that found it beats a word that other samples were clean ("dumped that batch:
         # isnan().sum() = 3072; every other batch I spot checked is clean").
         cleared -= {h.entry_id for h in described if h.reason in MEASURED_CHECKS}
         if cleared:
             # A stage checked and found clean: a rule that read it as non-finite misread the
             # negation ("the batch has no NaN/Inf").
-            described = [h for h in described if h.entry_id not in cleared or h.strength >= 0.7]
+            described = [
+                h
+                for h in described
+                if h.entry_id not in cleared
+                or (h.strength >= 0.7 and h.entry_id not in frames.cleared)
+            ]
         evidence.extend(described)
         precision_only = bool(
             _REDUCED_PRECISION.search(text)
@@ -2447,6 +2457,9 @@ class Matcher:
             }
         # A red flag the numbers show ("max_grad_norm 100, the norm never crossed 100": the clip
         # never fires) is measured: it explains the symptom told next to it, like a named cause.
+        # A stage the text checked and found finite is not named by its words ("no nan in any
+        # parameter" says nan and parameter).
+        named -= frames.cleared
         measured_causes = (measured_flags & self.effects.keys()) - named
         self._put_causes_first(scores, reasons, named | measured_causes, measured_causes)
         if precision_only and "amp-diverges" in scores:

@@ -316,6 +316,8 @@ class FrameEvidence:
     quantities: frozenset[str]
     #: Entries a healthy reading contradicts.
     ruled_out: frozenset[str]
+    #: Entries of the stages a NaN hunt checked and found finite.
+    cleared: frozenset[str] = frozenset()
 
     def discounted(self) -> frozenset[str]:
         """Entries whose trend words the frames gave to another quantity."""
@@ -327,18 +329,30 @@ class FrameEvidence:
         return frozenset(out - {h.entry_id for h in self.hits})
 
 
-def frame_evidence(text: str, code: str = "") -> FrameEvidence:
-    """Catalogue evidence from the frames of ``text`` (``code`` only tells where a hook runs)."""
+def frame_evidence(text: str, code: str = "", full_text: str | None = None) -> FrameEvidence:
+    """Catalogue evidence from the frames of ``text`` (its prose).
+
+    ``code`` only tells where a hook runs; ``full_text`` (the prose with its inline code, where
+    a NaN hunt's checks are told: ``if torch.isnan(loss): breakpoint()``) is read for the stage
+    a NaN was located in.
+    """
     frames = read_frames(text)
-    if not frames:
-        return FrameEvidence([], frozenset(), frozenset())
     hits = frame_hits(text, code, frames)
+    checks = text if full_text is None else full_text
+    located = located_nan(checks)
+    if located is not None:
+        hits.append(located)
     ruled_out: set[str] = set()
     for hit in hits:
         if hit.entry_id == "healthy":
             quantity = hit.reason.split("'", 1)[0].removeprefix("text: the ").strip()
             ruled_out |= _HEALTHY_RULES_OUT.get(quantity.replace(" ", "_"), frozenset())
-    return FrameEvidence(hits, frozenset(f.quantity for f in frames), frozenset(ruled_out))
+    return FrameEvidence(
+        hits,
+        frozenset(f.quantity for f in frames),
+        frozenset(ruled_out),
+        cleared_stages(checks),
+    )
 
 
 def frame_hits(text: str, code: str = "", frames: list[Frame] | None = None) -> list[CodeHit]:
@@ -381,3 +395,126 @@ def frame_hits(text: str, code: str = "", frames: list[Frame] | None = None) -> 
             )
         )
     return hits
+
+
+# -- where a NaN hunt found the first non-finite value ---------------------------------------
+
+#: The stages a value passes through in one training step, in order, and the entry that says
+#: the NaN begins there. A check that finds a stage finite and a later one non-finite has
+#: located the cause: the first non-finite stage.
+_STAGES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
+    (
+        "inputs",
+        "nonfinite-inputs",
+        re.compile(r"\b(?:inputs?|batch(?:es)?|features?|images?|samples?)\b", re.IGNORECASE),
+    ),
+    (
+        "parameters",
+        "nan-parameters",
+        re.compile(
+            r"\b(?:weights?|params?|parameters?|state_dict|checkpoint\s+tensors?)\b(?!\.grad)",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "outputs",
+        "nan-loss-before-backward",
+        re.compile(r"\b(?:logits|outputs?|predictions?|activations?)\b", re.IGNORECASE),
+    ),
+    (
+        "loss",
+        "nan-loss-before-backward",
+        re.compile(r"\bloss\b(?!\s*\.\s*backward)(?!\s+scal)", re.IGNORECASE),
+    ),
+    (
+        "gradients",
+        "nan-gradients",
+        re.compile(r"\.grad\b|\bgrads?\b|\bgradients?\b", re.IGNORECASE),
+    ),
+)
+_NON_FINITE = re.compile(
+    r"\b(?:nan|inf|non-?finite)s?\b(?!\s*(?:check|guard))|\bfull\s+of\s+nan"
+    r"|\b(?:trips|tripped|fires|fired)\b|\bstops\s+there\b",
+    re.IGNORECASE,
+)
+_FINITE = re.compile(
+    r"\b(?:all\s+|still\s+|perfectly\s+|totally\s+)?(?<!-)(?<!non)(?:finite|normal|clean)\b"
+    r"(?!\s+check)"
+    r"|\bno\s+(?:nans?|infs?)\b|\blooked\s+fine\b|\bwere\s+fine\b",
+    re.IGNORECASE,
+)
+_SENTENCE_STOP = re.compile(r"[.!?](?=\s)|[;\n]")
+_BEFORE_BACKWARD = re.compile(r"\bbefore\s+(?:\w+\.)?backward\b|\bbefore\s+backward\s*\(", re.I)
+#: A state said after its stage counts as far as one said this much closer before it ("the loss
+#: ... was 3.87, a totally normal number" vs "reports nan inside layer.grad").
+_FOLLOWING_PENALTY = 2.0
+_POINTS_AHEAD = re.compile(r"\s+(?:in|inside|within|anywhere\s+in|at)\b", re.IGNORECASE)
+_INF_ONLY = re.compile(r"\binf(?:s|inity|inite)?\b", re.IGNORECASE)
+
+
+def _stage_states(text: str) -> dict[str, set[str]]:
+    """Each stage the text says is non-finite ("bad") or finite ("good"), sentence by sentence.
+
+    A state word belongs to the nearest stage named in its sentence, a preceding one preferred.
+    """
+    states: dict[str, set[str]] = {}
+    start = 0
+    for end in [m.end() for m in _SENTENCE_STOP.finditer(text)] + [len(text)]:
+        sentence = text[start:end]
+        start = end
+        mentions = [
+            (m.start(), m.end(), stage) for stage, _, p in _STAGES for m in p.finditer(sentence)
+        ]
+        if not mentions:
+            continue
+        good = [(m.start(), m.end()) for m in _FINITE.finditer(sentence)]
+        bad = [
+            (m.start(), m.end())
+            for m in _NON_FINITE.finditer(sentence)
+            if not any(s <= m.start() < e for s, e in good)
+        ]
+        for state, spans in (("bad", bad), ("good", good)):
+            for s, e in spans:
+                # "no nan in any parameter", "nan inside layer.grad": the stage follows.
+                ahead = 1 / _FOLLOWING_PENALTY if _POINTS_AHEAD.match(sentence, e) else 1.0
+
+                def distance(
+                    mention: tuple[int, int, str], s: int = s, e: int = e, ahead: float = ahead
+                ) -> float:
+                    if mention[1] <= s:
+                        return s - mention[1]
+                    return max(0, mention[0] - e) * _FOLLOWING_PENALTY * ahead
+
+                stage = min(mentions, key=distance)[2]
+                states.setdefault(stage, set()).add(state)
+    return states
+
+
+def cleared_stages(text: str) -> frozenset[str]:
+    """Entries of the stages the text checked and found finite (and never non-finite)."""
+    if not _FINITE.search(text):
+        return frozenset()
+    states = _stage_states(text)
+    return frozenset(e for s, e, _ in _STAGES if states.get(s) == {"good"})
+
+
+def located_nan(text: str) -> CodeHit | None:
+    """The entry for the first stage a NaN hunt found non-finite, when the text locates it."""
+    if not _NON_FINITE.search(text):
+        return None
+    states = _stage_states(text)
+    order = [stage for stage, _, _ in _STAGES]
+    bad = [s for s in order if "bad" in states.get(s, set()) and "good" not in states.get(s, set())]
+    if not bad:
+        return None
+    first = bad[0]
+    earlier_good = any("good" in states.get(s, set()) for s in order[: order.index(first)])
+    later_bad = len(bad) > 1
+    if first in ("outputs", "loss") and not (earlier_good and _BEFORE_BACKWARD.search(text)):
+        return None
+    if first == "inputs" or not (earlier_good or (first == "parameters" and later_bad)):
+        return None
+    entry = next(e for s, e, _ in _STAGES if s == first)
+    if first == "gradients" and _INF_ONLY.search(text) and not re.search(r"\bnan", text, re.I):
+        entry = "inf-gradients"
+    return CodeHit(entry, 0.8, f"text: the first stage checked and found non-finite is the {first}")
