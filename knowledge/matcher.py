@@ -2462,6 +2462,16 @@ class Matcher:
         named -= frames.cleared
         measured_causes = (measured_flags & self.effects.keys()) - named
         self._put_causes_first(scores, reasons, named | measured_causes, measured_causes)
+        chain = [
+            h.entry_id for h in frames.hits if h.entry_id in scores and h.entry_id != "healthy"
+        ]
+        if len(chain) >= 2 and scores[chain[0]] <= max(scores[e] for e in chain[1:]):
+            # "The grad panel goes vertical, then the loss chart is blank": the first event told
+            # is what the later ones follow from.
+            scores[chain[0]] = max(scores[e] for e in chain[1:]) + 1.0
+            reasons.setdefault(chain[0], []).append(
+                "the first of the events the text tells in order (" + ", ".join(chain[1:]) + ")"
+            )
         if precision_only and "amp-diverges" in scores:
             # The precision is the cause of the NaN / divergence told with it: it ranks first.
             symptom_score = max((scores.get(e, 0.0) for e in _PRECISION_EFFECTS), default=0.0)

@@ -141,7 +141,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"\b(?:never\s+(?:budges|moves|changes)\s+from|(?:perfectly|ruler[\s-]?straight|"
             r"dead)[\s-]+(?:flat|horizontal)\s+(?:line\s+)?(?:at|on)|(?:flat|horizontal)\s+line\s+"
-            r"at\s+exactly|(?:sits?|stuck|pinned)\s+(?:at\s+)?exactly)\s+(?!0(?:\.0+)?\b)"
+            r"at\s+exactly|(?:sits?|stuck|pinned)\s+(?:at\s+)?exactly)\s+(?!0(?:\.0+)?(?![\d.]))"
             + _NUMBER
             + r"|\bnot\s+a\s+(?:single\s+)?(?:hair|wiggle|blip)\b",
             re.IGNORECASE,
@@ -284,7 +284,9 @@ def read_frames(text: str) -> list[Frame]:
                 before = [name for pos, name in mentions if pos < at]
                 after = [name for pos, name in mentions if pos > at]
                 quantity = before[-1] if before else (subject or (after[0] if after else None))
-                if quantity is not None:
+                if quantity is not None and not any(
+                    (f.quantity, f.trend) == (quantity, trend) for f in frames
+                ):
                     frames.append(Frame(quantity, trend, at, words))
             if mentions:
                 subject = mentions[-1][1]
