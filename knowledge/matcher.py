@@ -231,6 +231,8 @@ _MOVEMENT = re.compile(
 )
 #: The technique a red flag (or a claim about one technique) is about; a text that never names
 #: it gets the entry's word score cut (keys ending in "-" cover every id with that prefix).
+#: Clipping named in any form (clip_grad_norm_, max_norm, gradient_clip_val ...).
+_CLIPPING = re.compile(r"clip|max_norm|max_grad_norm", re.IGNORECASE)
 _PREMISES: dict[str, re.Pattern[str]] = {
     key: re.compile(pattern, re.IGNORECASE)
     for key, pattern in {
@@ -2288,6 +2290,21 @@ class Matcher:
             if premise is not None and premise not in premise_met:
                 # Several entries share one premise: search the text once per pattern.
                 premise_met[premise] = bool(premise.search(text) or premise.search(code or ""))
+            clip_belief = "clip" in entry_id and self.cards[entry_id].kind == "rationalization"
+            if premise is None and clip_belief:
+                # A belief about clipping needs clipping in the text, like any other
+                # technique ("they're inherently unstable" with no word of clipping is not the
+                # conflicting clipping advice).
+                premise = _CLIPPING
+                if premise not in premise_met:
+                    premise_met[premise] = bool(premise.search(text) or premise.search(code or ""))
+            elif premise is not None and premise is not _CLIPPING and clip_belief:
+                if _CLIPPING not in premise_met:
+                    premise_met[_CLIPPING] = bool(
+                        _CLIPPING.search(text) or _CLIPPING.search(code or "")
+                    )
+                if not premise_met[_CLIPPING]:
+                    premise = _CLIPPING
             if premise is not None and not premise_met[premise]:
                 # An entry about a technique the text never mentions ("my first conv layers
                 # don't learn" is not about sigmoid stacks, "don't need warmup" not about

@@ -1777,3 +1777,22 @@ def test_a_loss_falling_at_every_reading_is_no_loss_spike() -> None:
     ranked = _top_ids(match(text), 3)
     assert ranked[0] == "healthy"
     assert "loss-spikes" not in ranked[:2]
+
+
+@pytest.mark.parametrize(
+    ("text", "not_first"),
+    [
+        (
+            "half my reading group says recurrent nets are inherently fragile, so I quit using "
+            "them for my poetry bot. sensible?",
+            "conflicting-clipping-advice",
+        ),
+        (
+            "everyone on the forum keeps telling me attention models are just fragile by nature; "
+            "should I go back to my GRU?",
+            "conflicting-clipping-advice",
+        ),
+    ],
+)
+def test_a_belief_about_clipping_needs_clipping_in_the_text(text: str, not_first: str) -> None:
+    assert _top_ids(match(text)) != [not_first]
