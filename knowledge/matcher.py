@@ -80,7 +80,7 @@ from gradient_doctor.knowledge._text import (
     vocabulary,
 )
 from gradient_doctor.knowledge.cache_dir import cache_root
-from gradient_doctor.knowledge.matcher_frames import frame_evidence
+from gradient_doctor.knowledge.matcher_frames import frame_evidence, layer_profile_hits
 
 if TYPE_CHECKING:
     from gradient_doctor.knowledge.loader import KnowledgeBase
@@ -231,6 +231,8 @@ _MOVEMENT = re.compile(
 )
 #: The technique a red flag (or a claim about one technique) is about; a text that never names
 #: it gets the entry's word score cut (keys ending in "-" cover every id with that prefix).
+#: What a per-layer profile reading explains (see ``matcher_frames.layer_profile_hits``).
+_PROFILE_EXPLAINS = {"vanishing-gradients": ("loss-stuck", "plateau")}
 #: Clipping named in any form (clip_grad_norm_, max_norm, gradient_clip_val ...).
 _CLIPPING = re.compile(r"clip|max_norm|max_grad_norm", re.IGNORECASE)
 _PREMISES: dict[str, re.Pattern[str]] = {
@@ -2202,6 +2204,10 @@ class Matcher:
             # as non-finite misread its negation ("no nan in any parameter").
             evidence = [h for h in evidence if h.entry_id not in frames.cleared]
         evidence.extend(frames.hits)
+        profile_hits = layer_profile_hits(
+            without_code(repaired_text), self.profile.early_late_ratio.value, progress.improving
+        )
+        evidence.extend(profile_hits)
         if _LR_RANGE_TEST.search(text):
             # An LR range test ends when the loss blows up at its top rates, and the numbers it
             # gives are learning rates: the loss readings are the test working, not a diagnosis.
@@ -2479,6 +2485,14 @@ class Matcher:
         named -= frames.cleared
         measured_causes = (measured_flags & self.effects.keys()) - named
         self._put_causes_first(scores, reasons, named | measured_causes, measured_causes)
+        for hit in profile_hits:
+            # Per-layer norms that show the early layers starved explain a loss that does not
+            # move: the measured cause ranks above the symptom.
+            told = [e for e in _PROFILE_EXPLAINS.get(hit.entry_id, ()) if e in scores]
+            if hit.entry_id in scores and told:
+                top = max(scores[e] for e in told)
+                if scores[hit.entry_id] <= top:
+                    scores[hit.entry_id] = top + 1.0
         chain = [
             h.entry_id for h in frames.hits if h.entry_id in scores and h.entry_id != "healthy"
         ]

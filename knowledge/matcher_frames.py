@@ -520,3 +520,73 @@ def located_nan(text: str) -> CodeHit | None:
     if first == "gradients" and _INF_ONLY.search(text) and not re.search(r"\bnan", text, re.I):
         entry = "inf-gradients"
     return CodeHit(entry, 0.8, f"text: the first stage checked and found non-finite is the {first}")
+
+
+# -- per-layer gradient norms told side by side ------------------------------------------------
+
+_LAYER_WORD = (
+    r"\b(?:[a-z_]\w*\.)*(?:stem|conv|stage|block|layers?|fc|linear|embed\w*|head|"
+    r"lm_head|encoder|decoder|lstm|gru|mlp|attn|classifier|input|output)\w*(?:\.\w+)*"
+)
+_LAYER_NAME = re.compile(_LAYER_WORD, re.IGNORECASE)
+_LAYER_VALUE = re.compile(
+    r"(?P<layer>" + _LAYER_WORD + r")"
+    r"(?:[^\d\n.;]|\.(?!\s)){0,40}?(?<![\w.])(?P<value>\d+(?:\.\d+)?(?:e[-+]?\d+)?)(?![\w%])(?!\.\d)",
+    re.IGNORECASE,
+)
+_LATE_FIRST = re.compile(r"^(?:output|head|lm_head|classifier|fc|decoder)", re.IGNORECASE)
+_PROFILE_STOP = re.compile(r"(?<!\d)[.!?;](?!\d)|\n")
+_WORRY = re.compile(r"vanish|not\s+learning|isn't\s+learning|smallest|tiny|invisible", re.I)
+
+
+def layer_profile_hits(text: str, early_late_ratio: float, improving: bool) -> list[CodeHit]:
+    """Gradient norms given layer by layer in one line or sentence, read from input to output.
+
+    The last layer's norm over the first one's above ``early_late_ratio`` (the profile's
+    threshold) while training does not improve is vanishing gradients; a profile within a
+    hundredfold while training improves answers a worry about a small early layer: healthy.
+    """
+    if not re.search(r"grad|bars?\b", text, re.IGNORECASE):
+        return []
+    hits: list[CodeHit] = []
+    start = 0
+    for end in [m.start() for m in _PROFILE_STOP.finditer(text)] + [len(text)]:
+        part = text[start:end]
+        start = end + 1
+        pairs: list[tuple[str, float]] = []
+        for m in _LAYER_VALUE.finditer(part):
+            # The layer named last before the value ("per block: embed 2e-11" is the embed's).
+            named = _LAYER_NAME.findall(part, m.start(), m.start("value"))
+            name = (named[-1] if named else m.group("layer")).lower()
+            if any(name == seen for seen, _ in pairs):
+                continue
+            try:
+                value = float(m.group("value"))
+            except ValueError:
+                continue
+            if value > 0:
+                pairs.append((name, value))
+        if len(pairs) < 2:
+            continue
+        first, last = pairs[0], pairs[-1]
+        if _LATE_FIRST.match(first[0].rsplit(".", 1)[-1]) and not _LATE_FIRST.match(
+            last[0].rsplit(".", 1)[-1]
+        ):
+            first, last = last, first
+        ratio = last[1] / first[1]
+        shown = f"{first[0]} {first[1]:g} vs {last[0]} {last[1]:g}"
+        if ratio > early_late_ratio and not improving:
+            hits.append(
+                CodeHit("vanishing-gradients", 0.9, f"per-layer norms {shown}: early ≪ late")
+            )
+        elif 0.01 <= ratio <= 100 and improving and _WORRY.search(text):
+            hits.append(
+                CodeHit(
+                    "healthy",
+                    0.75,
+                    f"per-layer norms {shown} within 100× while training improves",
+                )
+            )
+        if hits:
+            break
+    return hits

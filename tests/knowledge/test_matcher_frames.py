@@ -12,6 +12,7 @@ from gradient_doctor.knowledge.matcher_frames import (
     cleared_stages,
     frame_evidence,
     frame_hits,
+    layer_profile_hits,
     located_nan,
     read_frames,
 )
@@ -128,3 +129,26 @@ def test_frames_reach_their_entry_through_match(text: str, expected: str) -> Non
     result = match(text)
     assert result.matches[0].id == expected, [(m.id, m.score) for m in result.matches[:3]]
     assert any(r.startswith("text: the ") for r in result.matches[0].reasons)
+
+
+def test_a_starved_layer_profile_is_vanishing_when_training_does_not_improve() -> None:
+    text = "grad norms per block: embed 2e-11, block3 4e-08, block7 1e-05, lm_head 3e-03"
+    hits = layer_profile_hits(text, 1000.0, improving=False)
+    assert [h.entry_id for h in hits] == ["vanishing-gradients"]
+    assert "embed" in hits[0].reason and "lm_head" in hits[0].reason
+    assert layer_profile_hits(text, 1e9, improving=False) == []  # the profile's threshold
+
+
+def test_a_gentle_profile_answers_a_worry_about_the_first_layer() -> None:
+    text = (
+        "is my stem vanishing? grad norms stem 0.03, stage2 0.07, head 0.2, and accuracy keeps "
+        "improving"
+    )
+    assert [h.entry_id for h in layer_profile_hits(text, 1000.0, improving=True)] == ["healthy"]
+    assert layer_profile_hits(text, 1000.0, improving=False) == []
+
+
+def test_a_profile_told_from_the_output_down_is_read_from_the_input() -> None:
+    text = "grad norms: head 5e-03, block2 1e-06, block1 3e-10, loss flat"
+    hits = layer_profile_hits(text, 1000.0, improving=False)
+    assert [h.entry_id for h in hits] == ["vanishing-gradients"]
