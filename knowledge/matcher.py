@@ -2488,9 +2488,9 @@ class Matcher:
         for hit in profile_hits:
             # Per-layer norms that show the early layers starved explain a loss that does not
             # move: the measured cause ranks above the symptom.
-            told = [e for e in _PROFILE_EXPLAINS.get(hit.entry_id, ()) if e in scores]
-            if hit.entry_id in scores and told:
-                top = max(scores[e] for e in told)
+            explained = [e for e in _PROFILE_EXPLAINS.get(hit.entry_id, ()) if e in scores]
+            if hit.entry_id in scores and explained:
+                top = max(scores[e] for e in explained)
                 if scores[hit.entry_id] <= top:
                     scores[hit.entry_id] = top + 1.0
         chain = [
