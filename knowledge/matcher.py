@@ -2198,7 +2198,11 @@ class Matcher:
         progress = _progress(repaired_text)
         evidence = self._number_evidence(quantities, series, repaired_text, progress)
         # What the text says each quantity does, in metric or plot words (see matcher_frames).
-        frames = frame_evidence(without_code(repaired_text), code or "", repaired_text)
+        # Read as written: typo repair knows the index's words, not plot slang ("the counter
+        # ticks up" is no "tricks"); the repaired text is the fallback for misspelt names.
+        frames = frame_evidence(without_code(text), code or "", text)
+        if not frames.hits and repaired_text != text:
+            frames = frame_evidence(without_code(repaired_text), code or "", repaired_text)
         if frames.cleared:
             # Every NaN word went to another stage: a reading of a stage the text found finite
             # as non-finite misread its negation ("no nan in any parameter").
@@ -2416,7 +2420,7 @@ class Matcher:
             # Every NaN the text names is a monitor's count reading zero: nothing is non-finite.
             for entry_id in [e for e in scores if "nan" in e or "nonfinite" in e]:
                 scores[entry_id] *= 0.4
-        contradicted = self._contradicted(quantities) & scores.keys()
+        contradicted = (self._contradicted(quantities) | frames.ruled_out) & scores.keys()
         smooth_loss = next(
             (
                 s.values

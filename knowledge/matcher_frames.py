@@ -322,8 +322,12 @@ class FrameEvidence:
     cleared: frozenset[str] = frozenset()
 
     def discounted(self) -> frozenset[str]:
-        """Entries whose trend words the frames gave to another quantity."""
-        out: set[str] = set(self.ruled_out)
+        """Entries whose trend words the frames gave to another quantity.
+
+        (Entries a healthy frame contradicts are ``ruled_out``, weighed with the numbers the
+        text gives inside their band.)
+        """
+        out: set[str] = set()
         if "loss" not in self.quantities and self.quantities & {"grad_norm", "loss_scale"}:
             out |= LOSS_TREND_ENTRIES
         if "grad_norm" not in self.quantities and "loss" in self.quantities:

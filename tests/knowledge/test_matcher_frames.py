@@ -56,7 +56,7 @@ def test_a_rare_backoff_with_a_falling_loss_is_healthy() -> None:
         "scaler value dips to 16384 now and then and recovers; loss keeps dropping"
     )
     assert [h.entry_id for h in evidence.hits] == ["healthy"]
-    assert "amp-overflow-skips" in evidence.discounted()
+    assert "amp-overflow-skips" in evidence.ruled_out
 
 
 def test_trend_words_given_to_the_norm_do_not_count_for_loss_entries() -> None:
