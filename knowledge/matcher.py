@@ -168,7 +168,11 @@ _ASSERTION = re.compile(
     r"(?:^|[.;:,!?]\s*)(?:just\s+|simply\s+)?(?:use|try|swap|switch|replace|skip|reduce|divide|drop|lower|"
     r"raise|increase|bump|add|remove|set|avoid|pick|choose|rent|buy|shrink|simplify|rescale|"
     r"scale|cut|go|stick|forget|ignore)\b|"
-    r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\bso\s+(?:i|we|you)\b|\btherefore\b|"
+    r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\btherefore\b|"
+    # "so I copied a trick", "so we compared the logs": what the writer did, not a rule.
+    # ("so we disabled clipping" acts on the belief told before it, and stays a claim.)
+    r"\bso\s+(?:(?:i|we)(?!\s+(?:copied|wrote|built|ran|compare[ds]?|check(?:ed|s)?|"
+    r"print(?:ed|s)?|log(?:ged|s)?|plotted|measured)\b)|you)\b|"
     r"\b(?:you'll|you\s+will|you'd|(?:have|has)\s+to|until\s+(?:we|i|you)\s+(?:get|buy|have))\b|"
     # "just" as a degree or comparison ("looks just like batch 32", "just as noisy", "just
     # before the spike") describes a run; only "just do X" advises.
@@ -176,7 +180,7 @@ _ASSERTION = re.compile(
     r"under|over|below|above)\b)|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|"
     r"i'd(?!\s+(?:like|need|want|have\s+to))|"
     r"i\s+would(?!\s+(?:like|need|want|have\s+to))|"
-    r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
+    r"i'll|i\s+will|let's|(?<!i'm\s)(?<!\bam\s)(?<!we're\s)(?<!\bare\s)try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
     r"doesn't\s+matter|is\s+(?:a|just\s+a)\s+(?:hack|trick)|obviously|clearly|"
     r"must\s+(?:be|contain|have|come|include)|(?:is|are)\s+known\s+to|conclusion\s*:|"
     # A plan to act is the belief behind it: "they want to drop it to 0.01".

@@ -1796,3 +1796,36 @@ def test_a_loss_falling_at_every_reading_is_no_loss_spike() -> None:
 )
 def test_a_belief_about_clipping_needs_clipping_in_the_text(text: str, not_first: str) -> None:
     assert _top_ids(match(text)) != [not_first]
+
+
+_SIX_BATCH_LOOP = """for step, (x, y) in enumerate(train_dl):
+    out = net(x)
+    l = crit(out, y)
+    l.backward()
+    if (step + 1) % 6 == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "expected"),
+    [
+        (
+            "only 6 samples fit on my small card so I copied a loop that steps every 6 batches, "
+            "and the loss got noisier than before. loop below",
+            _SIX_BATCH_LOOP,
+            "accum-unscaled-loss",
+        ),
+        (
+            "the recipe I'm trying to match uses batch 512, my 12GB card goes out of memory above "
+            "64 and the 64 run ends up a few points worse. any way around it?",
+            None,
+            "oom-wants-larger-batch",
+        ),
+    ],
+)
+def test_what_the_writer_did_or_is_trying_is_a_report_not_a_claim(
+    text: str, code: str | None, expected: str
+) -> None:
+    assert _top_ids(match(text, code=code)) == [expected]
