@@ -23,6 +23,7 @@ numbers' sure readings); they never read code. Nothing here imports torch.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from gradient_doctor.knowledge._code import CodeHit
@@ -251,15 +252,19 @@ _STILL_LEARNING = re.compile(
 
 
 def _quantities_in(sentence: str, offset: int) -> list[tuple[int, str]]:
-    found: list[tuple[int, int, str]] = []
+    found: list[tuple[int, str]] = []
+    covered = bytearray(len(sentence) + 1)
     for name, pattern in _QUANTITIES:
         for m in pattern.finditer(sentence):
-            if any(s <= m.start() < e for s, e, _ in found):
+            if covered[m.start()]:
                 continue
-            if name == "loss" and _HELD_OUT_BEFORE.search(sentence[: m.start()]):
+            if name == "loss" and _HELD_OUT_BEFORE.search(
+                sentence, max(0, m.start() - 24), m.start()
+            ):
                 continue
-            found.append((m.start(), m.end(), name))
-    return sorted((offset + s, name) for s, _, name in found)
+            covered[m.start() : m.end()] = b"\x01" * (m.end() - m.start())
+            found.append((offset + m.start(), name))
+    return sorted(found)
 
 
 def read_frames(text: str) -> list[Frame]:
@@ -272,18 +277,23 @@ def read_frames(text: str) -> list[Frame]:
         sentence = text[start:end]
         if sentence.strip():
             mentions = _quantities_in(sentence, start)
-            taken: list[tuple[int, int]] = []
+            taken = bytearray(len(sentence) + 1)
             trends: list[tuple[int, str, str]] = []
             for trend, pattern in _TRENDS:
                 for m in pattern.finditer(sentence):
-                    if any(s <= m.start() < e for s, e in taken):
+                    if taken[m.start()]:
                         continue
-                    taken.append((m.start(), m.end()))
+                    taken[m.start() : m.end()] = b"\x01" * (m.end() - m.start())
                     trends.append((start + m.start(), trend, m.group(0)))
+            positions = [pos for pos, _ in mentions]
             for at, trend, words in sorted(trends):
-                before = [name for pos, name in mentions if pos < at]
-                after = [name for pos, name in mentions if pos > at]
-                quantity = before[-1] if before else (subject or (after[0] if after else None))
+                i = bisect_left(positions, at)
+                if i > 0:
+                    quantity: str | None = mentions[i - 1][1]
+                elif subject is not None:
+                    quantity = subject
+                else:
+                    quantity = mentions[i][1] if i < len(mentions) else None
                 if quantity is not None and not any(
                     (f.quantity, f.trend) == (quantity, trend) for f in frames
                 ):
@@ -345,7 +355,8 @@ def frame_evidence(text: str, code: str = "", full_text: str | None = None) -> F
     frames = read_frames(text)
     hits = frame_hits(text, code, frames)
     checks = text if full_text is None else full_text
-    located = located_nan(checks)
+    states = _stage_states(checks) if _NON_FINITE.search(checks) or _FINITE.search(checks) else {}
+    located = located_nan(checks, states)
     if located is not None:
         hits.append(located)
     ruled_out: set[str] = set()
@@ -357,7 +368,7 @@ def frame_evidence(text: str, code: str = "", full_text: str | None = None) -> F
         hits,
         frozenset(f.quantity for f in frames),
         frozenset(ruled_out),
-        cleared_stages(checks),
+        cleared_stages(checks, states),
     )
 
 
@@ -468,47 +479,52 @@ def _stage_states(text: str) -> dict[str, set[str]]:
     for end in [m.end() for m in _SENTENCE_STOP.finditer(text)] + [len(text)]:
         sentence = text[start:end]
         start = end
-        mentions = [
+        mentions = sorted(
             (m.start(), m.end(), stage) for stage, _, p in _STAGES for m in p.finditer(sentence)
-        ]
+        )
         if not mentions:
             continue
+        starts = [m[0] for m in mentions]
+        by_end = sorted((m[1], m[2]) for m in mentions)
+        ends = [e for e, _ in by_end]
         good = [(m.start(), m.end()) for m in _FINITE.finditer(sentence)]
+        covered = bytearray(len(sentence) + 1)
+        for s, e in good:
+            covered[s:e] = b"\x01" * (e - s)
         bad = [
-            (m.start(), m.end())
-            for m in _NON_FINITE.finditer(sentence)
-            if not any(s <= m.start() < e for s, e in good)
+            (m.start(), m.end()) for m in _NON_FINITE.finditer(sentence) if not covered[m.start()]
         ]
         for state, spans in (("bad", bad), ("good", good)):
             for s, e in spans:
                 # "no nan in any parameter", "nan inside layer.grad": the stage follows.
                 ahead = 1 / _FOLLOWING_PENALTY if _POINTS_AHEAD.match(sentence, e) else 1.0
-
-                def distance(
-                    mention: tuple[int, int, str], s: int = s, e: int = e, ahead: float = ahead
-                ) -> float:
-                    if mention[1] <= s:
-                        return s - mention[1]
-                    return max(0, mention[0] - e) * _FOLLOWING_PENALTY * ahead
-
-                stage = min(mentions, key=distance)[2]
-                states.setdefault(stage, set()).add(state)
+                candidates: list[tuple[float, str]] = []
+                i = bisect_right(ends, s)
+                if i > 0:
+                    candidates.append((s - by_end[i - 1][0], by_end[i - 1][1]))
+                j = bisect_left(starts, s)
+                if j < len(mentions):
+                    gap = max(0, mentions[j][0] - e) * _FOLLOWING_PENALTY * ahead
+                    candidates.append((gap, mentions[j][2]))
+                if candidates:
+                    stage = min(candidates, key=lambda c: c[0])[1]
+                    states.setdefault(stage, set()).add(state)
     return states
 
 
-def cleared_stages(text: str) -> frozenset[str]:
+def cleared_stages(text: str, states: dict[str, set[str]] | None = None) -> frozenset[str]:
     """Entries of the stages the text checked and found finite (and never non-finite)."""
     if not _FINITE.search(text):
         return frozenset()
-    states = _stage_states(text)
+    states = _stage_states(text) if states is None else states
     return frozenset(e for s, e, _ in _STAGES if states.get(s) == {"good"})
 
 
-def located_nan(text: str) -> CodeHit | None:
+def located_nan(text: str, states: dict[str, set[str]] | None = None) -> CodeHit | None:
     """The entry for the first stage a NaN hunt found non-finite, when the text locates it."""
     if not _NON_FINITE.search(text):
         return None
-    states = _stage_states(text)
+    states = _stage_states(text) if states is None else states
     order = [stage for stage, _, _ in _STAGES]
     bad = [s for s in order if "bad" in states.get(s, set()) and "good" not in states.get(s, set())]
     if not bad:
