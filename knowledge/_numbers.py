@@ -597,6 +597,11 @@ def _scope_values(
         at = re.search(r"\bat\s*$", before[-6:], re.IGNORECASE)
         if at and "." not in m.group("num") and float(parse_number(m.group("num")) or 0) >= 100:
             continue
+        if at and whole and marker_end >= 0 and (parse_number(raw) or 0.0) > marker_value:
+            # "0.61 at epoch 4, 0.74 at 8, 0.98 at 12": after "at epoch 4", a larger whole
+            # number after "at" goes on counting epochs.
+            marker_end, marker_value = m.end(), float(parse_number(raw) or 0.0)
+            continue
         value = parse_number(m.group("num"))
         if value is None or not math.isfinite(value):
             continue

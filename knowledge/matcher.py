@@ -1883,11 +1883,13 @@ class Matcher:
             ]
         if (
             item.name == "val_loss"
-            and n == 2
+            and n >= 2
             and min(values) > 0
-            and values[1] >= _HELD_OUT_RISE_FACTOR * values[0]
+            and values[-1] >= _HELD_OUT_RISE_FACTOR * values[0]
+            and all(b >= a for a, b in itertools.pairwise(values))
         ):
-            # "val loss went from 0.6 at epoch 5 to 1.4 at epoch 30": held-out results worsen.
+            # "val loss went from 0.6 at epoch 5 to 1.4 at epoch 30" (or "0.61, 0.74, 0.98"
+            # epoch after epoch): held-out results worsen.
             return [CodeHit("overfitting", 0.7, f"{name} {shown} goes up")]
         if n < 3 or min(values) <= 0:
             return []

@@ -1829,3 +1829,16 @@ def test_what_the_writer_did_or_is_trying_is_a_report_not_a_claim(
     text: str, code: str | None, expected: str
 ) -> None:
     assert _top_ids(match(text, code=code)) == [expected]
+
+
+def test_at_after_an_epoch_marker_keeps_counting_epochs() -> None:
+    text = "validation loss 0.52 at epoch 3, 0.66 at 6, 0.91 at 9"
+    assert [s.values for s in read_series(text) if s.name == "val_loss"] == [(0.52, 0.66, 0.91)]
+
+
+def test_a_held_out_loss_climbing_epoch_after_epoch_is_overfitting() -> None:
+    text = (
+        "training loss 0.08 and still falling; validation loss 0.52 at epoch 3, 0.66 at 6, "
+        "0.91 at 9. 12k tabular rows, big MLP, no weight decay."
+    )
+    assert _top_ids(match(text)) == ["overfitting"]
