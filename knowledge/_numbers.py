@@ -145,8 +145,11 @@ _SCALE_LEVEL = _Lazy(
 )
 _PERCENT_BEFORE = _Lazy(
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*"
-    r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
+    r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?:\d+\s+)?(?P<subject>[a-z_\- ]{0,30}?)"
     r"(?:\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+(?:fires?|activates?|active)"
+    # "never gave a positive output": a unit that never fires, in other words.
+    r"|never\s+(?:gave|gives|produced|produces|had|has|output)\s+(?:a\s+|any\s+)?"
+    r"(?:positive|non-?zero)"
     r"|exactly\s+(?:0|zero))\b"
     # "70% of parameters have grad == 0"
     r"|(?P<equals>(?:==|=)\s*0(?:\.0+)?)(?![.\d]))",

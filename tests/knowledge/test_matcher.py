@@ -1842,3 +1842,11 @@ def test_a_held_out_loss_climbing_epoch_after_epoch_is_overfitting() -> None:
         "0.91 at 9. 12k tabular rows, big MLP, no weight decay."
     )
     assert _top_ids(match(text)) == ["overfitting"]
+
+
+def test_units_that_never_give_a_positive_value_are_dead() -> None:
+    text = (
+        "logged over 3,000 batches: 41% of 1024 units in the second layer never produced a "
+        "positive value. loss 0.9 and creeping down, leaky relu not tried yet"
+    )
+    assert _top_ids(match(text)) == ["dead-neurons"]
