@@ -1850,3 +1850,11 @@ def test_units_that_never_give_a_positive_value_are_dead() -> None:
         "positive value. loss 0.9 and creeping down, leaky relu not tried yet"
     )
     assert _top_ids(match(text)) == ["dead-neurons"]
+
+
+def test_a_call_said_to_eat_the_step_is_the_cost_belief() -> None:
+    text = (
+        "a colleague claims the norm clipping call eats a big slice of every step of our small "
+        "GPT, so he wants it gone. is he right?"
+    )
+    assert _top_ids(match(text)) == ["clipping-is-expensive"]
