@@ -1858,3 +1858,15 @@ def test_a_call_said_to_eat_the_step_is_the_cost_belief() -> None:
         "GPT, so he wants it gone. is he right?"
     )
     assert _top_ids(match(text)) == ["clipping-is-expensive"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "do we really have to use gradient clipping for a tiny one-layer LSTM that trains fine?",
+        "is norm clipping a thing I need to worry about for a small char-RNN, or only for huge "
+        "models?",
+    ],
+)
+def test_having_to_add_clipping_is_asking_whether_it_is_needed(text: str) -> None:
+    assert _top_ids(match(text)) == ["is-clipping-needed"]
