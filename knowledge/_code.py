@@ -1462,7 +1462,12 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             r"enabling|putting|including|inserting|keeping|calling|doing)\s+(?:a\s+|any\s+|gradient\s+|"
             r"grad\s+|torch\.nn\.utils\.|nn\.utils\.|`)?clip"
             r"|\bshould\s+(?:i|we)\s+(?:even\s+|really\s+)?(?:bother\s+(?:with|adding|using)|add|use|"
-            r"enable|turn\s+on|be\s+using|be\s+clipping)\b[^.;\n?]{0,25}\bclip",
+            r"enable|turn\s+on|be\s+using|be\s+clipping)\b[^.;\n?]{0,25}\bclip"
+            # "is gradient clipping something I actually have to add", "do I have to use clipping"
+            r"|\b(?:is|are)\s+(?:gradient\s+|grad\s+|norm\s+)?clip\w*\s+(?:something|a\s+thing)\s+"
+            r"(?:that\s+)?(?:i|we|you)\s+(?:\w+\s+)?(?:have\s+to|need\s+to|must|should)\b"
+            r"|\b(?:do|does)\s+(?:i|we)\s+(?:actually\s+|really\s+)?have\s+to\s+(?:add|use|do|"
+            r"turn\s+on)\s+(?:gradient\s+|grad\s+)?clip",
             "is-clipping-needed",
             0.8,
             "text: asks whether clipping is needed at all",

@@ -145,8 +145,11 @@ _SCALE_LEVEL = _Lazy(
 )
 _PERCENT_BEFORE = _Lazy(
     r"(?P<num>\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b|pct\b)\s*"
-    r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?P<subject>[a-z_\- ]{0,30}?)"
+    r"(?:of\s+(?:the\s+|my\s+|all\s+)?)?(?:\d+\s+)?(?P<subject>[a-z_\- ]{0,30}?)"
     r"(?:\b(?:are\s+|is\s+)?(?P<what>dead|zeros?|inactive|never\s+(?:fires?|activates?|active)"
+    # "never gave a positive output": a unit that never fires, in other words.
+    r"|never\s+(?:gave|gives|produced|produces|had|has|output)\s+(?:a\s+|any\s+)?"
+    r"(?:positive|non-?zero)"
     r"|exactly\s+(?:0|zero))\b"
     # "70% of parameters have grad == 0"
     r"|(?P<equals>(?:==|=)\s*0(?:\.0+)?)(?![.\d]))",
@@ -596,6 +599,11 @@ def _scope_values(
         # "at 2k" / "at 500": a large whole number after "at" is a step, "sits at 2" a value.
         at = re.search(r"\bat\s*$", before[-6:], re.IGNORECASE)
         if at and "." not in m.group("num") and float(parse_number(m.group("num")) or 0) >= 100:
+            continue
+        if at and whole and marker_end >= 0 and (parse_number(raw) or 0.0) > marker_value:
+            # "0.61 at epoch 4, 0.74 at 8, 0.98 at 12": after "at epoch 4", a larger whole
+            # number after "at" goes on counting epochs.
+            marker_end, marker_value = m.end(), float(parse_number(raw) or 0.0)
             continue
         value = parse_number(m.group("num"))
         if value is None or not math.isfinite(value):

@@ -80,6 +80,7 @@ from gradient_doctor.knowledge._text import (
     vocabulary,
 )
 from gradient_doctor.knowledge.cache_dir import cache_root
+from gradient_doctor.knowledge.matcher_frames import frame_evidence, layer_profile_hits
 
 if TYPE_CHECKING:
     from gradient_doctor.knowledge.loader import KnowledgeBase
@@ -167,7 +168,11 @@ _ASSERTION = re.compile(
     r"(?:^|[.;:,!?]\s*)(?:just\s+|simply\s+)?(?:use|try|swap|switch|replace|skip|reduce|divide|drop|lower|"
     r"raise|increase|bump|add|remove|set|avoid|pick|choose|rent|buy|shrink|simplify|rescale|"
     r"scale|cut|go|stick|forget|ignore)\b|"
-    r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\bso\s+(?:i|we|you)\b|\btherefore\b|"
+    r"\bbetter\s+(?:to|than)\b|\brather\s+than\b|\btherefore\b|"
+    # "so I copied a trick", "so we compared the logs": what the writer did, not a rule.
+    # ("so we disabled clipping" acts on the belief told before it, and stays a claim.)
+    r"\bso\s+(?:(?:i|we)(?!\s+(?:copied|wrote|built|ran|compare[ds]?|check(?:ed|s)?|"
+    r"print(?:ed|s)?|log(?:ged|s)?|plotted|measured)\b)|you)\b|"
     r"\b(?:you'll|you\s+will|you'd|(?:have|has)\s+to|until\s+(?:we|i|you)\s+(?:get|buy|have))\b|"
     # "just" as a degree or comparison ("looks just like batch 32", "just as noisy", "just
     # before the spike") describes a run; only "just do X" advises.
@@ -175,7 +180,7 @@ _ASSERTION = re.compile(
     r"under|over|below|above)\b)|you\s+should(?:n't)?|you\s+need|you\s+must|we\s+should|"
     r"i'd(?!\s+(?:like|need|want|have\s+to))|"
     r"i\s+would(?!\s+(?:like|need|want|have\s+to))|"
-    r"i'll|i\s+will|let's|try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
+    r"i'll|i\s+will|let's|(?<!i'm\s)(?<!\bam\s)(?<!we're\s)(?<!\bare\s)try(?:ing)?|don't\s+need|no\s+need|not\s+needed|unnecessary|"
     r"doesn't\s+matter|is\s+(?:a|just\s+a)\s+(?:hack|trick)|obviously|clearly|"
     r"must\s+(?:be|contain|have|come|include)|(?:is|are)\s+known\s+to|conclusion\s*:|"
     # A plan to act is the belief behind it: "they want to drop it to 0.01".
@@ -230,6 +235,10 @@ _MOVEMENT = re.compile(
 )
 #: The technique a red flag (or a claim about one technique) is about; a text that never names
 #: it gets the entry's word score cut (keys ending in "-" cover every id with that prefix).
+#: What a per-layer profile reading explains (see ``matcher_frames.layer_profile_hits``).
+_PROFILE_EXPLAINS = {"vanishing-gradients": ("loss-stuck", "plateau")}
+#: Clipping named in any form (clip_grad_norm_, max_norm, gradient_clip_val ...).
+_CLIPPING = re.compile(r"clip|max_norm|max_grad_norm", re.IGNORECASE)
 _PREMISES: dict[str, re.Pattern[str]] = {
     key: re.compile(pattern, re.IGNORECASE)
     for key, pattern in {
@@ -424,6 +433,8 @@ _WHETHER_TO_USE = {"is-clipping-needed": "clip"}
 _OTHER_TECHNIQUE_PRIOR = 0.6
 #: A belief whose subject the text measured and found (a check's result, not a guess).
 _MEASURED_BELIEF_PRIOR = 0.5
+#: An entry whose trend words a frame gave to another quantity, or that a healthy frame contradicts.
+_FRAME_DISCOUNT = 0.6
 #: "the loss curve looks textbook": the run is said to go well.
 _LOOKS_GOOD = re.compile(
     r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
@@ -1872,11 +1883,13 @@ class Matcher:
             ]
         if (
             item.name == "val_loss"
-            and n == 2
+            and n >= 2
             and min(values) > 0
-            and values[1] >= _HELD_OUT_RISE_FACTOR * values[0]
+            and values[-1] >= _HELD_OUT_RISE_FACTOR * values[0]
+            and all(b >= a for a, b in itertools.pairwise(values))
         ):
-            # "val loss went from 0.6 at epoch 5 to 1.4 at epoch 30": held-out results worsen.
+            # "val loss went from 0.6 at epoch 5 to 1.4 at epoch 30" (or "0.61, 0.74, 0.98"
+            # epoch after epoch): held-out results worsen.
             return [CodeHit("overfitting", 0.7, f"{name} {shown} goes up")]
         if n < 3 or min(values) <= 0:
             return []
@@ -2190,6 +2203,21 @@ class Matcher:
         )
         progress = _progress(repaired_text)
         evidence = self._number_evidence(quantities, series, repaired_text, progress)
+        # What the text says each quantity does, in metric or plot words (see matcher_frames).
+        # Read as written: typo repair knows the index's words, not plot slang ("the counter
+        # ticks up" is no "tricks"); the repaired text is the fallback for misspelt names.
+        frames = frame_evidence(without_code(text), code or "", text)
+        if not frames.hits and repaired_text != text:
+            frames = frame_evidence(without_code(repaired_text), code or "", repaired_text)
+        if frames.cleared:
+            # Every NaN word went to another stage: a reading of a stage the text found finite
+            # as non-finite misread its negation ("no nan in any parameter").
+            evidence = [h for h in evidence if h.entry_id not in frames.cleared]
+        evidence.extend(frames.hits)
+        profile_hits = layer_profile_hits(
+            without_code(repaired_text), self.profile.early_late_ratio.value, progress.improving
+        )
+        evidence.extend(profile_hits)
         if _LR_RANGE_TEST.search(text):
             # An LR range test ends when the loss blows up at its top rates, and the numbers it
             # gives are learning rates: the loss readings are the test working, not a diagnosis.
@@ -2205,13 +2233,19 @@ class Matcher:
         # Sentence rules read the prose: pasted code is the analyser's (no evidence twice).
         described.extend(prose_hits(prose_repaired))
         cleared = {e for e, pattern in _CLEARED_STAGE.items() if pattern.search(text)}
+        cleared |= frames.cleared
         # A check that found it beats a word that other samples were clean ("dumped that batch:
         # isnan().sum() = 3072; every other batch I spot checked is clean").
         cleared -= {h.entry_id for h in described if h.reason in MEASURED_CHECKS}
         if cleared:
             # A stage checked and found clean: a rule that read it as non-finite misread the
             # negation ("the batch has no NaN/Inf").
-            described = [h for h in described if h.entry_id not in cleared or h.strength >= 0.7]
+            described = [
+                h
+                for h in described
+                if h.entry_id not in cleared
+                or (h.strength >= 0.7 and h.entry_id not in frames.cleared)
+            ]
         evidence.extend(described)
         precision_only = bool(
             _REDUCED_PRECISION.search(text)
@@ -2272,6 +2306,21 @@ class Matcher:
             if premise is not None and premise not in premise_met:
                 # Several entries share one premise: search the text once per pattern.
                 premise_met[premise] = bool(premise.search(text) or premise.search(code or ""))
+            clip_belief = "clip" in entry_id and self.cards[entry_id].kind == "rationalization"
+            if premise is None and clip_belief:
+                # A belief about clipping needs clipping in the text, like any other
+                # technique ("they're inherently unstable" with no word of clipping is not the
+                # conflicting clipping advice).
+                premise = _CLIPPING
+                if premise not in premise_met:
+                    premise_met[premise] = bool(premise.search(text) or premise.search(code or ""))
+            elif premise is not None and premise is not _CLIPPING and clip_belief:
+                if _CLIPPING not in premise_met:
+                    premise_met[_CLIPPING] = bool(
+                        _CLIPPING.search(text) or _CLIPPING.search(code or "")
+                    )
+                if not premise_met[_CLIPPING]:
+                    premise = _CLIPPING
             if premise is not None and not premise_met[premise]:
                 # An entry about a technique the text never mentions ("my first conv layers
                 # don't learn" is not about sigmoid stacks, "don't need warmup" not about
@@ -2311,6 +2360,10 @@ class Matcher:
             scores[hit.entry_id] = scores.get(hit.entry_id, 0.0) + _EVIDENCE_WEIGHT * hit.strength
             if hit.reason not in reasons.setdefault(hit.entry_id, []):
                 reasons[hit.entry_id].append(hit.reason)
+        for entry_id in frames.discounted() & scores.keys():
+            # The trend words belong to another quantity ("the grad panel is a flat line":
+            # not a loss plateau), or a quantity read as healthy contradicts the entry.
+            scores[entry_id] *= _FRAME_DISCOUNT
         if "loss-stuck" in scores and any(h.entry_id == "plateau" for h in evidence):
             # A plateau reading says the loss fell first: not stuck from the start.
             scores["loss-stuck"] *= 0.7
@@ -2373,7 +2426,7 @@ class Matcher:
             # Every NaN the text names is a monitor's count reading zero: nothing is non-finite.
             for entry_id in [e for e in scores if "nan" in e or "nonfinite" in e]:
                 scores[entry_id] *= 0.4
-        contradicted = self._contradicted(quantities) & scores.keys()
+        contradicted = (self._contradicted(quantities) | frames.ruled_out) & scores.keys()
         smooth_loss = next(
             (
                 s.values
@@ -2437,8 +2490,29 @@ class Matcher:
             }
         # A red flag the numbers show ("max_grad_norm 100, the norm never crossed 100": the clip
         # never fires) is measured: it explains the symptom told next to it, like a named cause.
+        # A stage the text checked and found finite is not named by its words ("no nan in any
+        # parameter" says nan and parameter).
+        named -= frames.cleared
         measured_causes = (measured_flags & self.effects.keys()) - named
         self._put_causes_first(scores, reasons, named | measured_causes, measured_causes)
+        for hit in profile_hits:
+            # Per-layer norms that show the early layers starved explain a loss that does not
+            # move: the measured cause ranks above the symptom.
+            explained = [e for e in _PROFILE_EXPLAINS.get(hit.entry_id, ()) if e in scores]
+            if hit.entry_id in scores and explained:
+                top = max(scores[e] for e in explained)
+                if scores[hit.entry_id] <= top:
+                    scores[hit.entry_id] = top + 1.0
+        chain = [
+            h.entry_id for h in frames.hits if h.entry_id in scores and h.entry_id != "healthy"
+        ]
+        if len(chain) >= 2 and scores[chain[0]] <= max(scores[e] for e in chain[1:]):
+            # "The grad panel goes vertical, then the loss chart is blank": the first event told
+            # is what the later ones follow from.
+            scores[chain[0]] = max(scores[e] for e in chain[1:]) + 1.0
+            reasons.setdefault(chain[0], []).append(
+                "the first of the events the text tells in order (" + ", ".join(chain[1:]) + ")"
+            )
         if precision_only and "amp-diverges" in scores:
             # The precision is the cause of the NaN / divergence told with it: it ranks first.
             symptom_score = max((scores.get(e, 0.0) for e in _PRECISION_EFFECTS), default=0.0)

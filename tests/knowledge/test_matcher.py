@@ -1777,3 +1777,96 @@ def test_a_loss_falling_at_every_reading_is_no_loss_spike() -> None:
     ranked = _top_ids(match(text), 3)
     assert ranked[0] == "healthy"
     assert "loss-spikes" not in ranked[:2]
+
+
+@pytest.mark.parametrize(
+    ("text", "not_first"),
+    [
+        (
+            "half my reading group says recurrent nets are inherently fragile, so I quit using "
+            "them for my poetry bot. sensible?",
+            "conflicting-clipping-advice",
+        ),
+        (
+            "everyone on the forum keeps telling me attention models are just fragile by nature; "
+            "should I go back to my GRU?",
+            "conflicting-clipping-advice",
+        ),
+    ],
+)
+def test_a_belief_about_clipping_needs_clipping_in_the_text(text: str, not_first: str) -> None:
+    assert _top_ids(match(text)) != [not_first]
+
+
+_SIX_BATCH_LOOP = """for step, (x, y) in enumerate(train_dl):
+    out = net(x)
+    l = crit(out, y)
+    l.backward()
+    if (step + 1) % 6 == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "expected"),
+    [
+        (
+            "only 6 samples fit on my small card so I copied a loop that steps every 6 batches, "
+            "and the loss got noisier than before. loop below",
+            _SIX_BATCH_LOOP,
+            "accum-unscaled-loss",
+        ),
+        (
+            "the recipe I'm trying to match uses batch 512, my 12GB card goes out of memory above "
+            "64 and the 64 run ends up a few points worse. any way around it?",
+            None,
+            "oom-wants-larger-batch",
+        ),
+    ],
+)
+def test_what_the_writer_did_or_is_trying_is_a_report_not_a_claim(
+    text: str, code: str | None, expected: str
+) -> None:
+    assert _top_ids(match(text, code=code)) == [expected]
+
+
+def test_at_after_an_epoch_marker_keeps_counting_epochs() -> None:
+    text = "validation loss 0.52 at epoch 3, 0.66 at 6, 0.91 at 9"
+    assert [s.values for s in read_series(text) if s.name == "val_loss"] == [(0.52, 0.66, 0.91)]
+
+
+def test_a_held_out_loss_climbing_epoch_after_epoch_is_overfitting() -> None:
+    text = (
+        "training loss 0.08 and still falling; validation loss 0.52 at epoch 3, 0.66 at 6, "
+        "0.91 at 9. 12k tabular rows, big MLP, no weight decay."
+    )
+    assert _top_ids(match(text)) == ["overfitting"]
+
+
+def test_units_that_never_give_a_positive_value_are_dead() -> None:
+    text = (
+        "logged over 3,000 batches: 41% of 1024 units in the second layer never produced a "
+        "positive value. loss 0.9 and creeping down, leaky relu not tried yet"
+    )
+    assert _top_ids(match(text)) == ["dead-neurons"]
+
+
+def test_a_call_said_to_eat_the_step_is_the_cost_belief() -> None:
+    text = (
+        "a colleague claims the norm clipping call eats a big slice of every step of our small "
+        "GPT, so he wants it gone. is he right?"
+    )
+    assert _top_ids(match(text)) == ["clipping-is-expensive"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "do we really have to use gradient clipping for a tiny one-layer LSTM that trains fine?",
+        "is norm clipping a thing I need to worry about for a small char-RNN, or only for huge "
+        "models?",
+    ],
+)
+def test_having_to_add_clipping_is_asking_whether_it_is_needed(text: str) -> None:
+    assert _top_ids(match(text)) == ["is-clipping-needed"]

@@ -1,0 +1,612 @@
+"""Quantity/trend frames: what a text says a training quantity *does*, in any vocabulary.
+
+Users describe the same event in very different words: "grad norm explodes then the loss goes
+NaN", "the orange line in the grad panel goes through the roof, then the loss chart is blank",
+"gnorm shot up 1000x, loss: nan". Word matching needs every phrasing in the index; instead this
+module reads each statement as a *frame*: which quantity it is about (the gradient norm, the
+loss, the loss scale, the clipping rate …, named as a metric or as the panel, chart, line or
+tile that shows it) and what that quantity does (goes vertical, goes blank, a single needle and
+back, a flat line at one exact value, pinned at zero, a slow ramp up, a slide to the floor, a
+saw blade, a staircase down …). A small table maps (quantity, trend) onto the catalogue entry
+the frame describes.
+
+A trend belongs to the quantity named last before it in its sentence ("the gradient panel hugs
+the bottom, then goes vertical"), or, when its sentence names none, to the one the previous
+sentence was about ("The scaler tile keeps dropping. It now reads 0.004"). When several frames
+are read, the earliest event in the text is the cause the later ones follow from ("the grad
+panel goes vertical and right after that the loss chart is blank": exploding gradients first).
+
+The frames are evidence beside the words and the numbers (``CodeHit`` with a strength below the
+numbers' sure readings); they never read code. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+
+from gradient_doctor.knowledge._code import CodeHit
+
+__all__ = ["Frame", "FrameEvidence", "frame_evidence", "frame_hits", "read_frames"]
+
+# -- quantities, named as metrics or as what shows them -------------------------------------
+
+_DISPLAY = r"(?:panel|graph|chart|plot|curve|line|tile|widget|trace|sparkline|bars?|scalar)"
+
+#: Each quantity, in the order they are tried at one position (the longer names first, so
+#: "loss scale" is not read as the loss).
+_QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "loss_scale",
+        re.compile(
+            r"\b(?:(?:amp\s+|grad(?:ient)?\s+)?loss[\s_-]?scal(?:e|ing)|grad[\s_]?scaler?\b|"
+            r"(?:amp\s+)?scaler(?:'s)?(?:\s+(?:value|scale))?|scale\s+factor)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "clip_rate",
+        re.compile(
+            r"\bclip(?:ping)?[\s_-]*(?:counter|count|rate|fraction|events?|activations?|hits?)\b"
+            r"|\bclip(?:ping)?\s+(?:at\s+[\d.]+\s+)?(?:engages?|kicks?\s+in|fires?|triggers?|"
+            r"activates?)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "grad_norm",
+        re.compile(
+            r"\b(?:total[\s_-]+)?(?:grad(?:ient)?s?[\s_/-]*(?:l2[\s_-]*)?(?:norms?|size|"
+            r"magnitudes?)|g[\s_-]?norms?)\b(?:\s+" + _DISPLAY + r")?"
+            r"|\bgrad(?:ient)?s?[\s_/-]+" + _DISPLAY + r"\b"
+            r"|\b(?:the\s+)?(?:orange|blue|green|red|purple|pink|grey|gray)\s+line\s+in\s+the\s+"
+            r"grad\w*(?:[\s_-]+norm)?\s+" + _DISPLAY + r"\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "loss",
+        re.compile(
+            r"\b(?:train(?:ing)?[\s_/-]*)?loss(?:es)?\b(?!\s*[\s_-]scal)(?:\s+" + _DISPLAY + r")?",
+            re.IGNORECASE,
+        ),
+    ),
+)
+
+#: Held-out losses are not the training loss a trend frame reads ("val loss climbs" is another
+#: story: the words and numbers handle it).
+_HELD_OUT_BEFORE = re.compile(r"\b(?:val(?:idation)?|eval|test|dev|held[-\s]?out)[\s_/-]*$", re.I)
+
+# -- trends ---------------------------------------------------------------------------------
+
+_NUMBER = r"(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
+
+#: Trend name → pattern. Order matters only for overlapping spans: the first listed wins.
+_TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        # One point far above the rest and straight back: needles, weeds, blips.
+        "needle",
+        re.compile(
+            r"\b(?:needles?|weeds?|lone\s+spikes?|isolated\s+spikes?|single\s+spikes?)\b"
+            r"|\b(?:one|a)\s+single\s+(?:point|step|value)\b"
+            r"|\b(?:falls?|drops?|comes?|snaps?|goes)\s+(?:right|straight|immediately)\s+back\b"
+            r"|\bback\s+(?:down\s+)?(?:to\s+(?:normal|~?\s*" + _NUMBER + r")\s+)?(?:on\s+)?the\s+"
+            r"(?:very\s+)?next\s+step\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "sawtooth",
+        re.compile(
+            r"\bsaw[\s-]?(?:tooth|teeth|blade)\b|\bteeth\b|\bzig[\s-]?zags?\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # Off the top: the quantity explodes.
+        "vertical",
+        re.compile(
+            r"\bgo(?:es|ing)?\s+vertical\b|\bwent\s+vertical\b|\bthrough\s+the\s+roof\b"
+            r"|\b(?:shoots?|shot|rockets?(?:ed)?|skyrocket\w*)\s+(?:straight\s+)?up\b"
+            r"|\boff\s+the\s+(?:top\s+of\s+the\s+)?(?:chart|charts|scale|graph)\b"
+            r"|\bhockey[\s-]?stick\b|\bstraight\s+up\b|\by[\s-]?axis\s+(?:auto[\s-]?)?rescal\w*",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # Nothing drawn any more: the value is NaN/Inf (dashboards drop non-finite points).
+        "blank",
+        re.compile(
+            r"\b(?:goes|went|turns?|is|became|becomes)\s+(?:completely\s+)?(?:blank|empty)\b"
+            r"|\bstops?\s+(?:drawing|plotting|showing)\b|\bstopped\s+(?:drawing|plotting|showing)\b"
+            r"|\b(?:the\s+)?line\s+(?:just\s+)?(?:ends|stops|disappears)\b"
+            r"|\b(?:disappears?|vanish(?:es)?)\s+(?:off|from)\s+the\s+(?:chart|graph|plot|panel)\b"
+            r"|\bno\s+(?:more\s+)?(?:points|data\s+points)\b|\bjust\s+(?:has\s+)?a\s+gap\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # A flat line at zero.
+        "zero",
+        re.compile(
+            r"\bpinned\s+to\s+the\s+x[\s-]?axis\b"
+            r"|\b(?:dead[\s-]?)?flat\s+(?:line\s+)?(?:at\s+|on\s+)?(?:0(?:\.0+)?|zero)\b(?!\.\d)"
+            r"|\b(?:a\s+)?(?:dead[\s-]?flat|flat)\s+0(?:\.0+)?\b(?!\.\d)",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # A flat line at one exact non-zero value: something holds it there.
+        "pinned",
+        re.compile(
+            r"\b(?:never\s+(?:budges|moves|changes)\s+from|(?:perfectly|ruler[\s-]?straight|"
+            r"dead)[\s-]+(?:flat|horizontal)\s+(?:line\s+)?(?:at|on)|(?:flat|horizontal)\s+line\s+"
+            r"at\s+exactly|(?:sits?|stuck|pinned)\s+(?:at\s+)?exactly)\s+(?!0(?:\.0+)?(?![\d.]))"
+            + _NUMBER
+            + r"|\bnot\s+a\s+(?:single\s+)?(?:hair|wiggle|blip)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "ramp_up",
+        re.compile(
+            r"\b(?:drifts?|drifting|creeps?|creeping|ramps?|ramping|trends?|trending)\s+"
+            r"(?:steadily\s+)?(?:up|upwards?|higher)\b|\bslow\s+ramp\b"
+            r"|\bdoubl\w+\s+every\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "slide_down",
+        re.compile(
+            r"\b(?:slides?|sliding|sinks?|sinking|fades?|fading|dwindl\w+|decays?|decaying)\s+"
+            r"(?:steadily\s+|slowly\s+)?(?:towards?|to|down\s+to|into)\s+(?:the\s+)?"
+            r"(?:floor|zero|bottom|nothing)\b|\bhugging\s+zero\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "staircase_down",
+        re.compile(
+            r"\b(?:stepping|steps?|stairs?)\s+down\b|\bstair[\s-]?case\b"
+            r"|\bkeeps?\s+halving\b|\bhalv(?:es|ing)\s+(?:again\s+)?and\s+again\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # Leaves its level and comes back: a heartbeat, a dip once in a while.
+        "occasional_dip",
+        re.compile(
+            r"\bonce\s+in\s+a\s+(?:blue\s+moon|while)\b|\bheart[\s-]?beat\b"
+            r"|\b(?:dips?|drops?)\s+(?:to\s+" + _NUMBER + r"\s+)?(?:now\s+and\s+then|occasionally|"
+            r"every\s+(?:so\s+often|now\s+and\s+then)|rarely)\b"
+            r"|\b(?:ticks?\s+up|fires?|engages?|kicks?\s+in)\s+(?:maybe\s+|only\s+|about\s+|~\s*)?"
+            r"\d+\s+times?\s+(?:per|every|in)\b"
+            r"|\b(?:engages?|fires?|kicks?\s+in|triggers?|is\s+active)\s+on\s+(?:only\s+|about\s+|"
+            r"~\s*)?\d(?:\.\d+)?\s*%\s+of\s+(?:the\s+)?steps\b"
+            r"|\bgoes\s+back\s+and\s+forth\s+between\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # Good for a while, then turns and climbs back.
+        "turns_up",
+        re.compile(
+            r"\bturns?\s+around\s+and\s+(?:climbs?|goes|heads?|creeps?)\s+(?:back\s+)?up\b"
+            r"|\bclimbs?\s+back\s+up\s+to\s+where\s+it\s+started\b",
+            re.IGNORECASE,
+        ),
+    ),
+)
+
+#: What a frame's quantity doing its trend means: (quantity, trend) → (entry id, strength).
+_FRAME_ENTRIES: dict[tuple[str, str], tuple[str, float]] = {
+    ("grad_norm", "vertical"): ("exploding-gradients", 0.75),
+    ("grad_norm", "needle"): ("grad-norm-spikes", 0.8),
+    ("grad_norm", "pinned"): ("clipping-slow-convergence", 0.8),
+    ("grad_norm", "zero"): ("zero-gradients", 0.6),
+    ("grad_norm", "ramp_up"): ("grad-norm-rising", 0.8),
+    ("grad_norm", "slide_down"): ("grad-norm-decaying", 0.8),
+    ("loss", "blank"): ("loss-nan", 0.8),
+    ("loss", "vertical"): ("loss-diverging", 0.6),
+    ("loss", "sawtooth"): ("loss-spikes", 0.8),
+    ("loss", "needle"): ("loss-spikes", 0.6),
+    ("loss", "turns_up"): ("diverges-after-stable-start", 0.7),
+    ("loss_scale", "staircase_down"): ("amp-overflow-skips", 0.8),
+}
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One statement read as "quantity does trend", with where the trend was said."""
+
+    quantity: str
+    trend: str
+    start: int
+    words: str
+
+
+#: Sentence ends (a point between digits is a decimal point, not an end).
+_SENTENCE_END = re.compile(r"(?<!\d)[.!?](?!\d)|[;\n]")
+
+#: The run goes on improving: frames that would call an alarm are then read as healthy.
+_LOSS_FALLING = re.compile(
+    r"\bloss(?:es)?\b(?:(?!\bnot\b|n't\b|\bstop)[^.;\n]){0,30}?\b(?:(?:sliding|going|falling|"
+    r"coming|trending|goes|keeps?\s+going)\s+down|dropping|decreasing|improving)\b",
+    re.IGNORECASE,
+)
+#: The gradient norm sits well under the clipping limit outside the rare clipped steps.
+_UNDER_LIMIT = re.compile(r"\b(?:well\s+)?(?:under|below)\s+the\s+(?:limit|max_norm|threshold)\b")
+#: A measuring hook that runs once the step (and so zero_grad) is done.
+_AFTER_STEP_HOOK = re.compile(
+    r"\b(?:callback|hook)\b[^.;\n]{0,40}\b(?:after|once)\b[^.;\n]{0,20}\bstep\b[^.;\n]{0,15}"
+    r"\b(?:finish\w*|done|complete\w*|ends?)\b|on_train_batch_end|on_after_optimizer_step",
+    re.IGNORECASE,
+)
+_STILL_LEARNING = re.compile(
+    r"\b(?:acc(?:uracy)?|score|f1|bleu)\b[^.;\n]{0,25}\b(?:climbs?|rises?|goes\s+up|improv\w+|"
+    r"keeps?\s+(?:going\s+up|improving))\b|\bobviously\s+(?:trains|learns)\b",
+    re.IGNORECASE,
+)
+
+
+def _quantities_in(sentence: str, offset: int) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    covered = bytearray(len(sentence) + 1)
+    for name, pattern in _QUANTITIES:
+        for m in pattern.finditer(sentence):
+            if covered[m.start()]:
+                continue
+            if name == "loss" and _HELD_OUT_BEFORE.search(
+                sentence, max(0, m.start() - 24), m.start()
+            ):
+                continue
+            covered[m.start() : m.end()] = b"\x01" * (m.end() - m.start())
+            found.append((offset + m.start(), name))
+    return sorted(found)
+
+
+def read_frames(text: str) -> list[Frame]:
+    """Every "quantity does trend" statement in ``text``, in the order they are said."""
+    frames: list[Frame] = []
+    subject: str | None = None
+    start = 0
+    bounds = [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]
+    for end in bounds:
+        sentence = text[start:end]
+        if sentence.strip():
+            mentions = _quantities_in(sentence, start)
+            taken = bytearray(len(sentence) + 1)
+            trends: list[tuple[int, str, str]] = []
+            for trend, pattern in _TRENDS:
+                for m in pattern.finditer(sentence):
+                    if taken[m.start()]:
+                        continue
+                    taken[m.start() : m.end()] = b"\x01" * (m.end() - m.start())
+                    trends.append((start + m.start(), trend, m.group(0)))
+            positions = [pos for pos, _ in mentions]
+            for at, trend, words in sorted(trends):
+                i = bisect_left(positions, at)
+                if i > 0:
+                    quantity: str | None = mentions[i - 1][1]
+                elif subject is not None:
+                    quantity = subject
+                else:
+                    quantity = mentions[i][1] if i < len(mentions) else None
+                if quantity is not None and not any(
+                    (f.quantity, f.trend) == (quantity, trend) for f in frames
+                ):
+                    frames.append(Frame(quantity, trend, at, words))
+            if mentions:
+                subject = mentions[-1][1]
+        start = end
+    return frames
+
+
+#: Entries about what the loss does, and about what the gradient norm does: a trend word the
+#: frames give to one quantity is no evidence for the other's entries.
+LOSS_TREND_ENTRIES = frozenset(
+    {"plateau", "loss-stuck", "loss-spikes", "loss-diverging", "diverges-after-stable-start"}
+)
+NORM_TREND_ENTRIES = frozenset(
+    {"grad-norm-spikes", "grad-norm-rising", "grad-norm-decaying", "exploding-gradients"}
+)
+#: A quantity read as healthy rules out the entries that say it misbehaves.
+_HEALTHY_RULES_OUT: dict[str, frozenset[str]] = {
+    "clip_rate": frozenset({"clip-too-aggressive", "clip-harder", "clipping-slow-convergence"}),
+    "loss_scale": frozenset({"amp-overflow-skips", "amp-diverges"}),
+}
+
+
+@dataclass
+class FrameEvidence:
+    """What the frames of one text add to the ranking."""
+
+    hits: list[CodeHit]
+    #: The quantities some trend was said about.
+    quantities: frozenset[str]
+    #: Entries a healthy reading contradicts.
+    ruled_out: frozenset[str]
+    #: Entries of the stages a NaN hunt checked and found finite.
+    cleared: frozenset[str] = frozenset()
+
+    def discounted(self) -> frozenset[str]:
+        """Entries whose trend words the frames gave to another quantity.
+
+        (Entries a healthy frame contradicts are ``ruled_out``, weighed with the numbers the
+        text gives inside their band.)
+        """
+        out: set[str] = set()
+        if "loss" not in self.quantities and self.quantities & {"grad_norm", "loss_scale"}:
+            out |= LOSS_TREND_ENTRIES
+        if "grad_norm" not in self.quantities and "loss" in self.quantities:
+            out |= NORM_TREND_ENTRIES
+        return frozenset(out - {h.entry_id for h in self.hits})
+
+
+def frame_evidence(text: str, code: str = "", full_text: str | None = None) -> FrameEvidence:
+    """Catalogue evidence from the frames of ``text`` (its prose).
+
+    ``code`` only tells where a hook runs; ``full_text`` (the prose with its inline code, where
+    a NaN hunt's checks are told: ``if torch.isnan(loss): breakpoint()``) is read for the stage
+    a NaN was located in.
+    """
+    frames = read_frames(text)
+    hits = frame_hits(text, code, frames)
+    checks = text if full_text is None else full_text
+    states = _stage_states(checks) if _NON_FINITE.search(checks) or _FINITE.search(checks) else {}
+    located = located_nan(checks, states)
+    if located is not None:
+        hits.append(located)
+    ruled_out: set[str] = set()
+    for hit in hits:
+        if hit.entry_id == "healthy":
+            quantity = hit.reason.split("'", 1)[0].removeprefix("text: the ").strip()
+            ruled_out |= _HEALTHY_RULES_OUT.get(quantity.replace(" ", "_"), frozenset())
+    return FrameEvidence(
+        hits,
+        frozenset(f.quantity for f in frames),
+        frozenset(ruled_out),
+        cleared_stages(checks, states),
+    )
+
+
+def frame_hits(text: str, code: str = "", frames: list[Frame] | None = None) -> list[CodeHit]:
+    """Catalogue evidence from the frames of ``text``; the earliest cause is the surest."""
+    frames = read_frames(text) if frames is None else frames
+    if not frames:
+        return []
+    hits: list[CodeHit] = []
+    loss_falling = bool(_LOSS_FALLING.search(text))
+    seen: set[str] = set()
+    for order, frame in enumerate(frames):
+        entry, strength = _FRAME_ENTRIES.get((frame.quantity, frame.trend), ("", 0.0))
+        if frame.quantity in ("loss_scale", "clip_rate") and frame.trend == "occasional_dip":
+            if loss_falling or _UNDER_LIMIT.search(text):
+                # The scale backs off once in a while and recovers, or clipping catches a few
+                # rare steps, while the loss falls: the mechanism doing its job.
+                entry, strength = "healthy", 0.7
+        elif (
+            frame.quantity == "grad_norm"
+            and frame.trend == "zero"
+            and (
+                _AFTER_STEP_HOOK.search(text)
+                or _AFTER_STEP_HOOK.search(code)
+                or _STILL_LEARNING.search(text)
+            )
+        ):
+            # A gradient norm of exactly zero all along while the model learns: the number is
+            # read where the gradients were already zeroed.
+            entry, strength = "monitor-after-zero-grad", 0.85
+        if not entry or entry in seen or strength <= 0.0:
+            continue
+        seen.add(entry)
+        # Later frames are what the first one leads to ("... then the loss chart is blank").
+        strength = strength if order == 0 else strength * 0.85
+        hits.append(
+            CodeHit(
+                entry,
+                round(strength, 3),
+                f"text: the {frame.quantity.replace('_', ' ')} {frame.words!r}",
+            )
+        )
+    return hits
+
+
+# -- where a NaN hunt found the first non-finite value ---------------------------------------
+
+#: The stages a value passes through in one training step, in order, and the entry that says
+#: the NaN begins there. A check that finds a stage finite and a later one non-finite has
+#: located the cause: the first non-finite stage.
+_STAGES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
+    (
+        "inputs",
+        "nonfinite-inputs",
+        re.compile(r"\b(?:inputs?|batch(?:es)?|features?|images?|samples?)\b", re.IGNORECASE),
+    ),
+    (
+        "parameters",
+        "nan-parameters",
+        re.compile(
+            r"\b(?:weights?|params?|parameters?|state_dict|checkpoint\s+tensors?)\b(?!\.grad)",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "outputs",
+        "nan-loss-before-backward",
+        re.compile(r"\b(?:logits|outputs?|predictions?|activations?)\b", re.IGNORECASE),
+    ),
+    (
+        "loss",
+        "nan-loss-before-backward",
+        re.compile(r"\bloss\b(?!\s*\.\s*backward)(?!\s+scal)", re.IGNORECASE),
+    ),
+    (
+        "gradients",
+        "nan-gradients",
+        re.compile(r"\.grad\b|\bgrads?\b|\bgradients?\b", re.IGNORECASE),
+    ),
+)
+_NON_FINITE = re.compile(
+    r"\b(?:nan|inf|non-?finite)s?\b(?!\s*(?:check|guard))|\bfull\s+of\s+nan"
+    r"|\b(?:trips|tripped|fires|fired)\b|\bstops\s+there\b",
+    re.IGNORECASE,
+)
+_FINITE = re.compile(
+    r"\b(?:all\s+|still\s+|perfectly\s+|totally\s+)?(?<!-)(?<!non)(?:finite|normal|clean)\b"
+    r"(?!\s+check)"
+    r"|\bno\s+(?:nans?|infs?)\b|\blooked\s+fine\b|\bwere\s+fine\b",
+    re.IGNORECASE,
+)
+_SENTENCE_STOP = re.compile(r"[.!?](?=\s)|[;\n]")
+_BEFORE_BACKWARD = re.compile(r"\bbefore\s+(?:\w+\.)?backward\b|\bbefore\s+backward\s*\(", re.I)
+#: A state said after its stage counts as far as one said this much closer before it ("the loss
+#: ... was 3.87, a totally normal number" vs "reports nan inside layer.grad").
+_FOLLOWING_PENALTY = 2.0
+_POINTS_AHEAD = re.compile(r"\s+(?:in|inside|within|anywhere\s+in|at)\b", re.IGNORECASE)
+_INF_ONLY = re.compile(r"\binf(?:s|inity|inite)?\b", re.IGNORECASE)
+
+
+def _stage_states(text: str) -> dict[str, set[str]]:
+    """Each stage the text says is non-finite ("bad") or finite ("good"), sentence by sentence.
+
+    A state word belongs to the nearest stage named in its sentence, a preceding one preferred.
+    """
+    states: dict[str, set[str]] = {}
+    start = 0
+    for end in [m.end() for m in _SENTENCE_STOP.finditer(text)] + [len(text)]:
+        sentence = text[start:end]
+        start = end
+        mentions = sorted(
+            (m.start(), m.end(), stage) for stage, _, p in _STAGES for m in p.finditer(sentence)
+        )
+        if not mentions:
+            continue
+        starts = [m[0] for m in mentions]
+        by_end = sorted((m[1], m[2]) for m in mentions)
+        ends = [e for e, _ in by_end]
+        good = [(m.start(), m.end()) for m in _FINITE.finditer(sentence)]
+        covered = bytearray(len(sentence) + 1)
+        for s, e in good:
+            covered[s:e] = b"\x01" * (e - s)
+        bad = [
+            (m.start(), m.end()) for m in _NON_FINITE.finditer(sentence) if not covered[m.start()]
+        ]
+        for state, spans in (("bad", bad), ("good", good)):
+            for s, e in spans:
+                # "no nan in any parameter", "nan inside layer.grad": the stage follows.
+                ahead = 1 / _FOLLOWING_PENALTY if _POINTS_AHEAD.match(sentence, e) else 1.0
+                candidates: list[tuple[float, str]] = []
+                i = bisect_right(ends, s)
+                if i > 0:
+                    candidates.append((s - by_end[i - 1][0], by_end[i - 1][1]))
+                j = bisect_left(starts, s)
+                if j < len(mentions):
+                    gap = max(0, mentions[j][0] - e) * _FOLLOWING_PENALTY * ahead
+                    candidates.append((gap, mentions[j][2]))
+                if candidates:
+                    stage = min(candidates, key=lambda c: c[0])[1]
+                    states.setdefault(stage, set()).add(state)
+    return states
+
+
+def cleared_stages(text: str, states: dict[str, set[str]] | None = None) -> frozenset[str]:
+    """Entries of the stages the text checked and found finite (and never non-finite)."""
+    if not _FINITE.search(text):
+        return frozenset()
+    states = _stage_states(text) if states is None else states
+    return frozenset(e for s, e, _ in _STAGES if states.get(s) == {"good"})
+
+
+def located_nan(text: str, states: dict[str, set[str]] | None = None) -> CodeHit | None:
+    """The entry for the first stage a NaN hunt found non-finite, when the text locates it."""
+    if not _NON_FINITE.search(text):
+        return None
+    states = _stage_states(text) if states is None else states
+    order = [stage for stage, _, _ in _STAGES]
+    bad = [s for s in order if "bad" in states.get(s, set()) and "good" not in states.get(s, set())]
+    if not bad:
+        return None
+    first = bad[0]
+    earlier_good = any("good" in states.get(s, set()) for s in order[: order.index(first)])
+    later_bad = len(bad) > 1
+    if first in ("outputs", "loss") and not (earlier_good and _BEFORE_BACKWARD.search(text)):
+        return None
+    if first == "inputs" or not (earlier_good or (first == "parameters" and later_bad)):
+        return None
+    entry = next(e for s, e, _ in _STAGES if s == first)
+    if first == "gradients" and _INF_ONLY.search(text) and not re.search(r"\bnan", text, re.I):
+        entry = "inf-gradients"
+    return CodeHit(entry, 0.8, f"text: the first stage checked and found non-finite is the {first}")
+
+
+# -- per-layer gradient norms told side by side ------------------------------------------------
+
+_LAYER_WORD = (
+    r"\b(?:[a-z_]\w*\.)*(?:stem|conv|stage|block|layers?|fc|linear|embed\w*|head|"
+    r"lm_head|encoder|decoder|lstm|gru|mlp|attn|classifier|input|output)\w*(?:\.\w+)*"
+)
+_LAYER_NAME = re.compile(_LAYER_WORD, re.IGNORECASE)
+_LAYER_VALUE = re.compile(
+    r"(?P<layer>" + _LAYER_WORD + r")"
+    r"(?:[^\d\n.;]|\.(?!\s)){0,40}?(?<![\w.])(?P<value>\d+(?:\.\d+)?(?:e[-+]?\d+)?)(?![\w%])(?!\.\d)",
+    re.IGNORECASE,
+)
+_LATE_FIRST = re.compile(r"^(?:output|head|lm_head|classifier|fc|decoder)", re.IGNORECASE)
+_PROFILE_STOP = re.compile(r"(?<!\d)[.!?;](?!\d)|\n")
+_WORRY = re.compile(r"vanish|not\s+learning|isn't\s+learning|smallest|tiny|invisible", re.I)
+
+
+def layer_profile_hits(text: str, early_late_ratio: float, improving: bool) -> list[CodeHit]:
+    """Gradient norms given layer by layer in one line or sentence, read from input to output.
+
+    The last layer's norm over the first one's above ``early_late_ratio`` (the profile's
+    threshold) while training does not improve is vanishing gradients; a profile within a
+    hundredfold while training improves answers a worry about a small early layer: healthy.
+    """
+    if not re.search(r"grad|bars?\b", text, re.IGNORECASE):
+        return []
+    hits: list[CodeHit] = []
+    start = 0
+    for end in [m.start() for m in _PROFILE_STOP.finditer(text)] + [len(text)]:
+        part = text[start:end]
+        start = end + 1
+        pairs: list[tuple[str, float]] = []
+        for m in _LAYER_VALUE.finditer(part):
+            # The layer named last before the value ("per block: embed 2e-11" is the embed's).
+            named = _LAYER_NAME.findall(part, m.start(), m.start("value"))
+            name = (named[-1] if named else m.group("layer")).lower()
+            if any(name == seen for seen, _ in pairs):
+                continue
+            try:
+                value = float(m.group("value"))
+            except ValueError:
+                continue
+            if value > 0:
+                pairs.append((name, value))
+        if len(pairs) < 2:
+            continue
+        first, last = pairs[0], pairs[-1]
+        if _LATE_FIRST.match(first[0].rsplit(".", 1)[-1]) and not _LATE_FIRST.match(
+            last[0].rsplit(".", 1)[-1]
+        ):
+            first, last = last, first
+        ratio = last[1] / first[1]
+        shown = f"{first[0]} {first[1]:g} vs {last[0]} {last[1]:g}"
+        if ratio > early_late_ratio and not improving:
+            hits.append(
+                CodeHit("vanishing-gradients", 0.9, f"per-layer norms {shown}: early ≪ late")
+            )
+        elif 0.01 <= ratio <= 100 and improving and _WORRY.search(text):
+            hits.append(
+                CodeHit(
+                    "healthy",
+                    0.75,
+                    f"per-layer norms {shown} within 100× while training improves",
+                )
+            )
+        if hits:
+            break
+    return hits

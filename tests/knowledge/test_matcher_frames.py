@@ -1,0 +1,154 @@
+"""Quantity/trend frames and NaN-stage location (knowledge/matcher_frames.py).
+
+Texts here are written for these tests, in phrasings unlike the evaluation set's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gradient_doctor.knowledge.matcher import match
+from gradient_doctor.knowledge.matcher_frames import (
+    cleared_stages,
+    frame_evidence,
+    frame_hits,
+    layer_profile_hits,
+    located_nan,
+    read_frames,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "quantity", "trend"),
+    [
+        ("The gnorm graph went vertical around noon.", "grad_norm", "vertical"),
+        ("After 5k steps the loss plot goes blank.", "loss", "blank"),
+        ("loss scale keeps halving and halving again and again", "loss_scale", "staircase_down"),
+        ("the gradient magnitude creeps up steadily all week", "grad_norm", "ramp_up"),
+        ("training loss: a saw-tooth pattern every epoch", "loss", "sawtooth"),
+        ("grad norm curve: dead flat at 0 since the start", "grad_norm", "zero"),
+    ],
+)
+def test_a_trend_belongs_to_the_quantity_named_before_it(
+    text: str, quantity: str, trend: str
+) -> None:
+    frames = read_frames(text)
+    assert [(f.quantity, f.trend) for f in frames] == [(quantity, trend)]
+
+
+def test_a_sentence_without_a_quantity_continues_the_previous_subject() -> None:
+    frames = read_frames("Look at the scaler widget. It keeps stepping down every hour.")
+    assert [(f.quantity, f.trend) for f in frames] == [("loss_scale", "staircase_down")]
+
+
+def test_a_held_out_loss_is_not_the_training_loss() -> None:
+    assert read_frames("the validation loss goes blank after the eval crashed") == []
+
+
+def test_the_earliest_frame_is_the_surest() -> None:
+    hits = frame_hits("the grad plot shot straight up; minutes later the loss curve went blank")
+    assert [h.entry_id for h in hits] == ["exploding-gradients", "loss-nan"]
+    assert hits[0].strength > hits[1].strength
+
+
+def test_a_rare_backoff_with_a_falling_loss_is_healthy() -> None:
+    evidence = frame_evidence(
+        "scaler value dips to 16384 now and then and recovers; loss keeps dropping"
+    )
+    assert [h.entry_id for h in evidence.hits] == ["healthy"]
+    assert "amp-overflow-skips" in evidence.ruled_out
+
+
+def test_trend_words_given_to_the_norm_do_not_count_for_loss_entries() -> None:
+    evidence = frame_evidence("our grad norm plot is a needle farm: single spikes, straight back")
+    assert "plateau" in evidence.discounted() and "loss-spikes" in evidence.discounted()
+    assert "grad-norm-spikes" not in evidence.discounted()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Loss printed just before backward: 1.93, perfectly normal. Right after backward a "
+            "scan finds nan in the lm_head .grad first.",
+            "nan-gradients",
+        ),
+        (
+            "Parameters are all finite at step 300; at step 301 the loss is nan before backward "
+            "is even called.",
+            "nan-loss-before-backward",
+        ),
+        (
+            "Loaded the EMA weights: 3 tensors are inf in the state_dict, and the logits are nan.",
+            "nan-parameters",
+        ),
+    ],
+)
+def test_the_first_non_finite_stage_is_located(text: str, expected: str) -> None:
+    hit = located_nan(text)
+    assert hit is not None and hit.entry_id == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my loss is nan after 3k steps",  # nothing checked and found finite: the symptom
+        "the grads are nan and the loss is nan",  # no stage cleared before the first bad one
+        "inputs are nan, weights are fine",  # bad data is the words' and checks' job
+    ],
+)
+def test_no_stage_is_located_without_a_finite_stage_before_it(text: str) -> None:
+    assert located_nan(text) is None
+
+
+def test_a_stage_said_to_hold_no_nan_is_cleared() -> None:
+    assert cleared_stages("no nan in any parameter, yet the loss is nan") == frozenset(
+        {"nan-parameters"}
+    )
+    assert cleared_stages("the loss is nan") == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "the grad norm graph looks like a lawn with weeds: one point, then right back",
+            "grad-norm-spikes",
+        ),
+        (
+            "total gradient norm sits exactly 0.25 all run, never budges from 0.25",
+            "clipping-slow-convergence",
+        ),
+        (
+            "gnorm chart goes through the roof and then the loss plot stops drawing",
+            "exploding-gradients",
+        ),
+    ],
+)
+def test_frames_reach_their_entry_through_match(text: str, expected: str) -> None:
+    result = match(text)
+    assert result.matches[0].id == expected, [(m.id, m.score) for m in result.matches[:3]]
+    assert any(r.startswith("text: the ") for r in result.matches[0].reasons)
+
+
+def test_a_starved_layer_profile_is_vanishing_when_training_does_not_improve() -> None:
+    text = "grad norms per block: embed 2e-11, block3 4e-08, block7 1e-05, lm_head 3e-03"
+    hits = layer_profile_hits(text, 1000.0, improving=False)
+    assert [h.entry_id for h in hits] == ["vanishing-gradients"]
+    assert "embed" in hits[0].reason and "lm_head" in hits[0].reason
+    assert layer_profile_hits(text, 1e9, improving=False) == []  # the profile's threshold
+
+
+def test_a_gentle_profile_answers_a_worry_about_the_first_layer() -> None:
+    text = (
+        "is my stem vanishing? grad norms stem 0.03, stage2 0.07, head 0.2, and accuracy keeps "
+        "improving"
+    )
+    assert [h.entry_id for h in layer_profile_hits(text, 1000.0, improving=True)] == ["healthy"]
+    assert layer_profile_hits(text, 1000.0, improving=False) == []
+
+
+def test_a_profile_told_from_the_output_down_is_read_from_the_input() -> None:
+    text = "grad norms: head 5e-03, block2 1e-06, block1 3e-10, loss flat"
+    hits = layer_profile_hits(text, 1000.0, improving=False)
+    assert [h.entry_id for h in hits] == ["vanishing-gradients"]
