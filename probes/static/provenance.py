@@ -298,6 +298,13 @@ class _Reader:
         """``base`` divided by ``denominator``; a division by this micro-batch's token count
         makes the loss a per-micro-batch token mean, whatever the helper is called."""
         factor = self.divisor(denominator, context, depth)
+        if factor == "accumulation" and base.verdict != "accumulation":
+            numerator = _numerator(node)
+            if numerator is not None and self._multiplied_by_count(numerator):
+                # `loss * N / window_tokens` (the transformers Trainer recipe): the product
+                # undoes the framework's own division by N, so the quotient is no
+                # accumulation scaling of its own.
+                return Scaling("none", others=[*base.others, _short(node)])
         result = self._scaled(base, factor, node)
         if (
             factor != "accumulation"
@@ -848,12 +855,40 @@ class _Reader:
                 return False
         return True
 
+    def _multiplied_by_count(self, numerator: cst.BaseExpression) -> bool:
+        """Whether ``numerator`` is a product with the accumulation count itself (not ``1 / N``)
+        as one of its factors."""
+        factors: list[cst.BaseExpression] = []
+        pending = [numerator]
+        while pending:
+            current = pending.pop()
+            if isinstance(current, cst.BinaryOperation) and isinstance(
+                current.operator, cst.Multiply
+            ):
+                pending += [current.left, current.right]
+            else:
+                factors.append(current)
+        return len(factors) > 1 and any(
+            isinstance(f, cst.Name | cst.Attribute | cst.Call)
+            and self._is_accumulation_count(f, code_of(f))
+            for f in factors
+        )
+
     def _is_accumulation_count(self, node: cst.BaseExpression, text: str) -> bool:
         if self.divisor_text is not None and _same_name(text, self.divisor_text):
             return True
         return bool(ACCUMULATION_WORDS.search(text)) and not BATCH_STATISTIC.search(
             re.sub(ACCUMULATION_WORDS, "", text)
         )
+
+
+def _numerator(division: cst.CSTNode) -> cst.BaseExpression | None:
+    """What ``a / b`` or ``a.div(b)`` divides."""
+    if isinstance(division, cst.BinaryOperation):
+        return division.left
+    if isinstance(division, cst.Call) and isinstance(division.func, cst.Attribute):
+        return division.func.value
+    return None
 
 
 def _assigned_value(site: cst.Assign, name: str) -> cst.BaseExpression | None:

@@ -97,6 +97,19 @@ class AccumDoubleScaling(Rule):
     valid: ClassVar[list[str]] = [
         """
 from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=accum)
+net, opt, data = accelerator.prepare(net, opt, data)
+for group in chunks(data, accum):
+    window_tokens = sum(int(b["mask"].sum()) for b in group)
+    for b in group:
+        with accelerator.accumulate(net):
+            summed = net(**b, reduction="sum")
+            accelerator.backward(summed * accum / window_tokens)
+            opt.step()
+            opt.zero_grad()
+""",
+        """
+from accelerate import Accelerator
 accelerator = Accelerator(gradient_accumulation_steps=4)
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 for batch in loader:
@@ -134,6 +147,22 @@ class Lit(L.LightningModule):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=accum)
+net, opt, data = accelerator.prepare(net, opt, data)
+for group in chunks(data, accum):
+    window_tokens = sum(int(b["mask"].sum()) for b in group)
+    for b in group:
+        with accelerator.accumulate(net):
+            summed = net(**b, reduction="sum")
+            accelerator.backward(summed * scale / window_tokens)
+            opt.step()
+            opt.zero_grad()
+""",
+            10,
+        ),
         Invalid(
             """
 import deepspeed

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+import libcst as cst
+
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed
 from gradient_doctor.probes.static.model import Event, FileModel, Unit
@@ -84,6 +86,20 @@ for x, y in loader:
     loss_fn(model(x), y).backward()
     optimizer.step()
 """,
+        """
+seen = 0
+for inputs in batches:
+    try:
+        (net(inputs).mean() / accum).backward()
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        opt.zero_grad()
+        continue
+    seen += 1
+    if seen % accum == 0:
+        opt.step()
+        opt.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -107,6 +123,22 @@ for it in range(iters):
 """,
             6,
         ),
+        Invalid(
+            """
+seen = 0
+for inputs in batches:
+    try:
+        opt.zero_grad()
+        (net(inputs).mean() / accum).backward()
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        continue
+    seen += 1
+    if seen % accum == 0:
+        opt.step()
+""",
+            5,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -118,6 +150,10 @@ for it in range(iters):
             single_optimizer = len({o for o in optimizers if o}) <= 1
             for zero in zeros:
                 if not unit.in_micro_step(zero) or only_without_accumulation(zero, acc):
+                    continue
+                if _in_except_handler(model, zero):
+                    # `except OutOfMemoryError: optimizer.zero_grad(); continue`: it runs only
+                    # when the micro-step failed, to drop the broken window, not every time.
                     continue
                 message = self.message
                 zeroes_model = False
@@ -176,6 +212,18 @@ ACCELERATE_MESSAGE = (
     "backward: on the micro-batch where Accelerate steps (line {step_line}) it wipes the "
     "gradients the previous `{divisor}` micro-batches accumulated, so only the last one is used"
 )
+
+
+def _in_except_handler(model: FileModel, zero: Event) -> bool:
+    """Whether ``zero`` (or a helper call it is inlined from) stands in an ``except`` clause."""
+    files = {id(m): m for m in (model, zero.func.model, *(h.target.model for h in zero.chain)) if m}
+    sites: list[cst.CSTNode] = [zero.call, *(h.call for h in zero.chain)]
+    return any(
+        isinstance(node, cst.ExceptHandler | cst.ExceptStarHandler)
+        for site in sites
+        for file_model in files.values()
+        for node in file_model.ancestors(site)
+    )
 
 
 def _backward_in_same_helper(unit: Unit, zero: Event) -> Event | None:

@@ -177,8 +177,45 @@ for i, batch in enumerate(loader):
         optimizer.step()
         optimizer.zero_grad()
 """,
+        """
+from contextlib import nullcontext
+from functools import partial
+from accelerate import Accelerator
+accelerator = Accelerator()
+net, opt = accelerator.prepare(net, opt)
+while done < total_updates:
+    for k in range(accum):
+        final = k == accum - 1
+        skip_sync = nullcontext if final else partial(accelerator.no_sync, net)
+        with accelerator.autocast(), skip_sync():
+            out = net(next(batches))
+            accelerator.backward(out / accum)
+    opt.step()
+    opt.zero_grad()
+    done += 1
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+from contextlib import nullcontext
+from functools import partial
+from accelerate import Accelerator
+accelerator = Accelerator()
+net, opt = accelerator.prepare(net, opt)
+while done < total_updates:
+    for k in range(accum):
+        final = k == accum - 1
+        skip_sync = partial(accelerator.no_sync, net) if final else nullcontext
+        with accelerator.autocast(), skip_sync():
+            out = net(next(batches))
+            accelerator.backward(out / accum)
+    opt.step()
+    opt.zero_grad()
+    done += 1
+""",
+            10,
+        ),
         Invalid(
             """
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -294,7 +331,7 @@ for step, batch in enumerate(loader):
             node=node,
             message=FORWARD_OUTSIDE,
             evidence={
-                "context": f"with {shorten(code_of(node.items[0].item))}",
+                "context": f"with {shorten(code_of(_no_sync_item(node, backward.func)))}",
                 "context_line": node,
                 "backward": label(backward.call),
                 "backward_line": backward.call,
@@ -477,6 +514,18 @@ def _context_value(item: cst.BaseExpression, func: FuncInfo) -> cst.BaseExpressi
     return item
 
 
+def _no_sync_item(node: cst.With, func: FuncInfo) -> cst.BaseExpression:
+    """The item of ``with autocast(), maybe_no_sync():`` that decides synchronisation: the
+    first whose expression (resolved like the loop model resolves it) names ``no_sync``.
+    Other items (autocast, profilers, ``torch.no_grad()``) never skip an all-reduce, so
+    reading them as the no-sync context would take an unconditional autocast for an
+    unconditional ``no_sync()``."""
+    for item in node.items:
+        if _mentions_no_sync(_context_value(item.item, func)):
+            return item.item
+    return node.items[0].item
+
+
 def _context_name(item: cst.BaseExpression) -> str | None:
     if isinstance(item, cst.Call) and isinstance(item.func, cst.Name) and not item.args:
         return item.func.value
@@ -617,7 +666,7 @@ def _sync_source(
     node = context.node
     assert isinstance(node, cst.With)
     holder = model.function_holding(node)
-    raw = node.items[0].item
+    raw = _no_sync_item(node, holder)
     item = _context_value(raw, holder)
     decided: cst.CSTNode = node
     name = _context_name(raw)
@@ -679,5 +728,6 @@ def _flag_value(flag: Event) -> cst.BaseExpression | None:
 
 def _describe(node: cst.CSTNode) -> str:
     if isinstance(node, cst.With):
-        return shorten("with " + code_of(node.items[0].item))
+        named = [i.item for i in node.items if _mentions_no_sync(i.item)]
+        return shorten("with " + code_of(named[0] if named else node.items[0].item))
     return shorten(code_of(node))

@@ -266,8 +266,53 @@ def mixture_log_prob(component_log_prob, mixing_logits):
     log_norm = (mixing_logits - top).exp().sum(dim=-1, keepdim=True).log() + top
     return torch.logsumexp(component_log_prob + mixing_logits - log_norm, dim=-1)
 """,
+        """
+import torch
+def focal_bce_loss(prob, target):
+    prob = prob.clamp(1e-6, 1 - 1e-6)
+    pos = target * torch.log(prob)
+    return -(pos + (1 - target) * torch.log(1 - prob)).mean()
+""",
+        """
+import torch
+import torch.nn.functional as F
+def box_regression_loss(pred, boxes, priors):
+    size = boxes[:, 2:] - boxes[:, :2]
+    size = size.clamp(min=1.0)
+    goal = torch.log(size / priors[:, 2:])
+    return F.smooth_l1_loss(pred, goal)
+""",
+        """
+import torch
+def flow_loss(pred, gt, valid):
+    speed = torch.sum(gt ** 2, dim=1).sqrt()
+    keep = valid & (speed < 400)
+    err = torch.sum((pred - gt) ** 2, dim=1).sqrt()
+    err = err[keep]
+    stats = {"err": err.mean().item(), "within_1": (err < 1).float().mean().item()}
+    return ((pred - gt).abs() * keep[:, None]).mean(), stats
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+def focal_bce_loss(prob, target):
+    prob = prob.clamp(0.0, 1.0)
+    return -((1 - target) * torch.log(1 - prob)).mean()
+""",
+            (5,),
+        ),
+        Invalid(
+            """
+import torch
+def flow_loss(pred, gt):
+    err = torch.sum((pred - gt) ** 2, dim=1).sqrt()
+    stats = {"err": err.mean().item()}
+    return err.mean(), stats
+""",
+            (4,),
+        ),
         Invalid(
             """
 import torch
@@ -437,6 +482,10 @@ def ratio_loss(p, q):
             ):
                 continue
             if hazard.startswith("log") and _sampled_action_probability(func, target, sampled):
+                continue
+            if hazard.startswith("log") and _away_from_zero(target, func, positivity):
+                continue
+            if _only_measured(model, func, call):
                 continue
             if hazard.startswith("log") and _additive_log_mask(model, call, target):
                 continue
@@ -775,6 +824,142 @@ def _safe_name(node: cst.BaseExpression, func: FuncInfo, clamped: set[tuple[int,
     if (id(func), node.value) in clamped:
         return True
     return any(_guarded(value) for value in func.assigns.get(node.value, []))
+
+
+def _away_from_zero(node: cst.BaseExpression, func: FuncInfo, positivity: Positivity) -> bool:
+    """The input of a log can never be 0: ``1 - p`` where ``p`` is clamped below 1
+    (``p = p.clamp(1e-4, 1 - 1e-4)``), or a ratio whose numerator is positive by construction
+    (``w.clamp(min=1) / anchor_w``: a zero or negative denominator is the division's hazard,
+    which is read where it is written, not log(0)). Like ``_safe_name``, a name counts as
+    bounded when one of its assignments bounds it."""
+    if not isinstance(node, cst.BinaryOperation):
+        return False
+    if isinstance(node.operator, cst.Subtract):
+        ceiling = _literal_value(node.left)
+        return ceiling is not None and _bounded_below(node.right, ceiling, func)
+    if isinstance(node.operator, cst.Divide):
+        numerator = node.left
+        if positivity.positive(numerator, func):
+            return True
+        return isinstance(numerator, cst.Name) and any(
+            positivity.positive(value, func) for value in func.assigns.get(numerator.value, [])
+        )
+    return False
+
+
+def _bounded_below(node: cst.BaseExpression, ceiling: float, func: FuncInfo) -> bool:
+    """``node`` is clamped to a maximum below ``ceiling`` (directly, or by one of the
+    assignments of the name it is)."""
+    values = func.assigns.get(node.value, []) if isinstance(node, cst.Name) else [node]
+    for value in values:
+        if isinstance(value, cst.Call) and _called_name(value) in {"clamp", "clip", "clamp_max"}:
+            maximum = _clamp_maximum(value)
+            bound = _literal_value(maximum) if maximum is not None else None
+            if bound is not None and bound < ceiling:
+                return True
+    return False
+
+
+def _clamp_maximum(call: cst.Call) -> cst.BaseExpression | None:
+    """The upper bound of ``x.clamp(lo, hi)``, ``torch.clamp(x, lo, hi)``, ``clamp(max=hi)``,
+    ``x.clamp_max(hi)``."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "max":
+            return arg.value
+    positional = [a.value for a in call.args if a.keyword is None]
+    owner = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
+    skip = 1 if owner in {"torch", "th", "np", "numpy"} or isinstance(call.func, cst.Name) else 0
+    index = skip if _called_name(call) == "clamp_max" else skip + 1
+    return positional[index] if len(positional) > index else None
+
+
+def _literal_value(node: cst.BaseExpression) -> float | None:
+    """The value of a literal or of arithmetic on literals (``1.0 - 1e-4``)."""
+    value = number_value(node)
+    if value is not None or not isinstance(node, cst.BinaryOperation):
+        return value
+    left, right = _literal_value(node.left), _literal_value(node.right)
+    if left is None or right is None:
+        return None
+    operator = node.operator
+    if isinstance(operator, cst.Add):
+        return left + right
+    if isinstance(operator, cst.Subtract):
+        return left - right
+    if isinstance(operator, cst.Multiply):
+        return left * right
+    if isinstance(operator, cst.Divide) and right != 0:
+        return left / right
+    return None
+
+
+MEASURING_CALLS = frozenset({"item", "tolist", "detach", "numpy"})
+
+
+def _only_measured(model: FileModel, func: FuncInfo, call: cst.Call) -> bool:
+    """``epe = (pred - gt).pow(2).sum(1).sqrt()`` whose value only ever reaches comparisons
+    (``epe < 1``, a validity mask) and ``.item()`` / ``.detach()`` (logged metrics): nothing
+    backpropagates through it, so an infinite gradient there never happens. The value must
+    reach a plain name directly (through method calls and indexing only), and every later read
+    of that name must end the same way or rebind the name itself."""
+    name = _bound_name(model, call)
+    if name is None or not isinstance(func.node, cst.FunctionDef):
+        return False
+    reads = [
+        node for node in walk(func.node.body) if isinstance(node, cst.Name) and node.value == name
+    ]
+    return all(_measured_read(model, read, name) for read in reads)
+
+
+def _bound_name(model: FileModel, node: cst.CSTNode) -> str | None:
+    """The name ``node`` is assigned to, through method calls and indexing only."""
+    current = node
+    for parent in model.ancestors(node):
+        if _carries(parent, current):
+            current = parent
+        elif isinstance(parent, cst.Assign) and parent.value is current:
+            targets = [t.target for t in parent.targets]
+            if len(targets) == 1 and isinstance(targets[0], cst.Name):
+                return targets[0].value
+            return None
+        else:
+            return None
+    return None
+
+
+def _carries(parent: cst.CSTNode, current: cst.CSTNode) -> bool:
+    """``parent`` hands on the value of ``current``: ``current.attr``, ``current(...)``,
+    ``current[...]``."""
+    return (
+        (isinstance(parent, cst.Attribute) and parent.value is current)
+        or (isinstance(parent, cst.Call) and parent.func is current)
+        or (isinstance(parent, cst.Subscript) and parent.value is current)
+    )
+
+
+def _measured_read(model: FileModel, read: cst.Name, name: str) -> bool:
+    """``read`` (a use of ``name``) ends in a comparison, a measuring call, or rebinds
+    ``name``; it is an assignment target itself; or it feeds anything else (False)."""
+    current: cst.CSTNode = read
+    for parent in model.ancestors(read):
+        if isinstance(parent, cst.AssignTarget) and parent.target is current:
+            return True
+        if isinstance(parent, cst.Comparison | cst.ComparisonTarget):
+            return True
+        if isinstance(parent, cst.Attribute) and parent.value is current:
+            current = parent
+        elif isinstance(parent, cst.Call) and parent.func is current:
+            if isinstance(current, cst.Attribute) and current.attr.value in MEASURING_CALLS:
+                return True
+            current = parent
+        elif isinstance(parent, cst.Subscript) and parent.value is current:
+            current = parent
+        elif isinstance(parent, cst.Assign) and parent.value is current:
+            targets = [t.target for t in parent.targets]
+            return all(isinstance(t, cst.Name) and t.value == name for t in targets)
+        else:
+            return False
+    return False
 
 
 def _manual_logsumexp(call: cst.Call) -> cst.BaseExpression | None:
