@@ -591,6 +591,35 @@ def _touched(stmts: Iterable[Stmt], lines: set[int]) -> list[Stmt]:
     return [s for s in stmts if any(s.first <= n <= s.last for n in lines)]
 
 
+#: Statements whose accumulation fix is "once per window, after the micro-batches": a clip or a
+#: scheduler step (a ``zero_grad`` placed after the micro-batches would wipe them, so it is not
+#: excused here).
+_ONCE_PER_WINDOW = re.compile(r"clip|sched|lr_|warmup")
+
+
+def _leaves_only_a_micro_batch_loop(
+    statements: Sequence[Stmt], old: Stmt, new: Stmt, lost: Sequence[Guard]
+) -> bool:
+    """A clip or scheduler step taken out of the loop over micro-batches (a loop
+    whose body runs a backward) and put after it, every other guard kept: the once-per-window
+    fixes of the accumulation rules. Leaving such a loop changes how often the statement runs,
+    which is the fix, not a dropped guard; a name bound by the loop is caught by the name check.
+    """
+    if not lost or any(g.kind not in ("for", "while") or g.branch != "body" for g in lost):
+        return False
+    lost_keys = {g.node_key for g in lost}
+    kept = [g for g in old.guards if g.node_key not in lost_keys]
+    if [_guard_key(g) for g in kept] != [_guard_key(g) for g in new.guards]:
+        return False
+    if new.function != old.function or not _ONCE_PER_WINDOW.search(old.code):
+        return False
+    for guard in lost:
+        in_loop = [s for s in statements if any(g.node_key == guard.node_key for g in s.guards)]
+        if not any("backward(" in s.code for s in in_loop):
+            return False
+    return True
+
+
 def guard_problems(original: cst.Module, patched: cst.Module, applied: Applied) -> list[str]:
     """Guards or branches the patch drops, and unsafe ``unscale_`` insertions."""
     before = statement_map(original)
@@ -610,6 +639,9 @@ def guard_problems(original: cst.Module, patched: cst.Module, applied: Applied) 
         for new in copies:
             new_guards = {_guard_key(g) for g in new.guards}
             lost = old_guards - new_guards
+            lost_guards = [g for g in old.guards if _guard_key(g) in lost]
+            if _leaves_only_a_micro_batch_loop(before.statements, old, new, lost_guards):
+                continue
             for kind, header, branch in sorted(lost):
                 problems.append(f"`{old.code}` moved out of `{kind} {header}` ({branch} branch)")
             for guard in new.guards:

@@ -139,6 +139,64 @@ def test_a_clip_moved_out_of_its_guard_is_broken() -> None:
     assert any("moved out of `if max_norm is not None`" in p for p in problems)
 
 
+def test_a_clip_taken_out_of_the_micro_batch_loop_is_the_fix() -> None:
+    """Leaving the loop that runs the backward changes how often the clip runs, which is what
+    the accumulation fix is for; its other guards are kept."""
+    before = """\
+    from torch.nn.utils import clip_grad_norm_ as clip
+
+
+    def train(model, loader, optimizer, chunk):
+        for batch in loader:
+            if batch is not None:
+                optimizer.zero_grad()
+                for j in range(0, len(batch), chunk):
+                    model(batch[j : j + chunk]).backward()
+                    clip(model.parameters(), 1.0)
+                optimizer.step()
+    """
+    after = """\
+    from torch.nn.utils import clip_grad_norm_ as clip
+
+
+    def train(model, loader, optimizer, chunk):
+        for batch in loader:
+            if batch is not None:
+                optimizer.zero_grad()
+                for j in range(0, len(batch), chunk):
+                    model(batch[j : j + chunk]).backward()
+                clip(model.parameters(), 1.0)
+                optimizer.step()
+    """
+    assert _problems(before, after) == []
+
+
+def test_a_clip_taken_out_of_a_loop_without_backward_is_broken() -> None:
+    before = """\
+    from torch.nn.utils import clip_grad_norm_ as clip
+
+
+    def train(model, batch, optimizer, groups):
+        model(batch).backward()
+        for group in groups:
+            clip(model.parameters(), 1.0)
+        optimizer.step()
+    """
+    after = """\
+    from torch.nn.utils import clip_grad_norm_ as clip
+
+
+    def train(model, batch, optimizer, groups):
+        model(batch).backward()
+        for group in groups:
+            pass
+        clip(model.parameters(), 1.0)
+        optimizer.step()
+    """
+    problems = _problems(before, after)
+    assert any("moved out of `for group in groups`" in p for p in problems)
+
+
 def test_a_removed_guard_is_broken() -> None:
     before = """\
     from torch.nn.utils import clip_grad_norm_ as clip
