@@ -63,6 +63,7 @@ from gradient_doctor.knowledge._code import (
     split_code,
     without_code,
 )
+from gradient_doctor.knowledge._errors import read_errors
 from gradient_doctor.knowledge._numbers import (
     Quantity,
     Series,
@@ -2160,6 +2161,25 @@ class Matcher:
                 found -= incidental
         return bool(found)
 
+    def _pasted_error(
+        self, text: str, code: str, evidence: Sequence[CodeHit]
+    ) -> tuple[str, str] | None:
+        """The kind and pointer of a pasted non-gradient error the text is about, if any.
+
+        Not when the text also holds an autograd, clipping or scaler error, when the numbers
+        read a gradient or loss problem, or when the text outside the error's own lines uses a
+        gradient word in its gradient sense ("fixed the import, now the loss is NaN").
+        """
+        reading = read_errors(text, code)
+        if reading is None or reading.gradient_kinds:
+            return None
+        if any(h.strength >= 0.9 for h in evidence):
+            return None
+        rest_terms = self.analyzer.terms(reading.rest)
+        if self._in_scope(reading.rest, rest_terms):
+            return None
+        return reading.kind.name.replace("-", " "), reading.kind.pointer
+
     def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
         if self._in_scope(text, terms):
             return False
@@ -2583,8 +2603,23 @@ class Matcher:
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
             best = max(scores, key=lambda k: scores[k])
             out_of_scope = best == OUT_OF_SCOPE_ID and not self._in_scope(text, terms)
+        # Read even in text the word ranker calls garbage: a launcher's log line is mostly
+        # words the knowledge never uses.
+        error = self._pasted_error(text, code or "", evidence)
         pointer = None
-        if out_of_scope and OUT_OF_SCOPE_ID in self.cards:
+        if error is not None and OUT_OF_SCOPE_ID in self.cards:
+            # A pasted error that is no gradient failure (an import, a loader worker, a shape,
+            # a device, memory in evaluation): what the rest of the text says decides nothing.
+            out_of_scope = True
+            top = max(scores.values(), default=0.0)
+            scores[OUT_OF_SCOPE_ID] = max(scores.get(OUT_OF_SCOPE_ID, 0.0), top + 1.0)
+            reasons.setdefault(OUT_OF_SCOPE_ID, []).insert(
+                0,
+                f"a pasted {error[0]} error that is not a gradient failure, and the rest of the "
+                "text reports no gradient problem",
+            )
+            pointer = error[1]
+        elif out_of_scope and OUT_OF_SCOPE_ID in self.cards:
             top = max(scores.values(), default=0.0)
             scores[OUT_OF_SCOPE_ID] = max(scores.get(OUT_OF_SCOPE_ID, 0.0), top + 1.0)
             reasons.setdefault(OUT_OF_SCOPE_ID, []).insert(
