@@ -2523,6 +2523,18 @@ class Matcher:
                 top = max(scores[e] for e in explained)
                 if scores[hit.entry_id] <= top:
                     scores[hit.entry_id] = top + 1.0
+        located = frames.located
+        if located in scores:
+            # A NaN hunt that found one stage finite and the next non-finite has located the
+            # NaN: that stage's entry is the answer, above the NaN symptom it explains and the
+            # other stages and observations the same words fit.
+            observed = [
+                score
+                for entry_id, score in scores.items()
+                if entry_id != located and self.cards[entry_id].kind in ("symptom", "signal")
+            ]
+            if observed and scores[located] <= max(observed):
+                scores[located] = max(observed) + 1.0
         chain = [
             h.entry_id for h in frames.hits if h.entry_id in scores and h.entry_id != "healthy"
         ]

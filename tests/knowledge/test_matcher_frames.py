@@ -101,6 +101,62 @@ def test_no_stage_is_located_without_a_finite_stage_before_it(text: str) -> None
     assert located_nan(text) is None
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A check's verdict after its name, and the last state said of a stage.
+        (
+            "1. inputs finite ..... ok\n2. weights finite ..... FAIL (head.weight 40 NaN)\n"
+            "3. loss ..... nan",
+            "nan-parameters",
+        ),
+        (
+            "step 10: params finite: True\nstep 11: params finite: False, loss nan",
+            "nan-parameters",
+        ),
+        # The loss non-finite where it is printed before backward, with no stage before it.
+        ("loss (printed before .backward()): nan at iter 900", "nan-loss-before-backward"),
+        # An inf told with its NaN denied, and a finite loss number of that same step.
+        ("grad norm printed inf, not nan, and the loss for that step was 2.02", "inf-gradients"),
+        # A table of gradient values under a heading that says so names parameters per row.
+        (
+            "per-param grad norms (loss 3.2, finite):\n  enc.0.attn.weight   inf\n"
+            "  enc.0.mlp.weight    0.21",
+            "inf-gradients",
+        ),
+        # One layer's grad against "every other" layer's: the stage is not finite.
+        (
+            "the loss looks fine; the out_proj grad has nan, every other grad looks normal",
+            "nan-gradients",
+        ),
+        # A check on the inputs that came back non-finite.
+        (
+            "weights finite; torch.isfinite(batch['x']).all(): False, loss nan",
+            "nonfinite-inputs",
+        ),
+    ],
+)
+def test_checks_told_in_logs_locate_the_stage(text: str, expected: str) -> None:
+    hit = located_nan(text)
+    assert hit is not None and hit.entry_id == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0 NaN/Inf, total grad norm 0.4-2.7, loss 2.31 -> 1.02",
+        "nan 0 | inf 0 | loss 0.93",
+        "no NaN or Inf anywhere, loss 2.8 -> 1.1",
+        # A backward function's "0th output" is a gradient, not the model's output.
+        "loss 1.30 just before backward; Function 'MulBackward0' returned nan values in its 0th"
+        " output",
+    ],
+)
+def test_zero_counts_and_anomaly_outputs_locate_nothing_wrong(text: str) -> None:
+    hit = located_nan(text)
+    assert hit is None or hit.entry_id == "nan-gradients"
+
+
 def test_a_stage_said_to_hold_no_nan_is_cleared() -> None:
     assert cleared_stages("no nan in any parameter, yet the loss is nan") == frozenset(
         {"nan-parameters"}
