@@ -464,8 +464,15 @@ _UNSTABLE = re.compile(
 _OCCASIONAL = re.compile(
     r"\b(?:except|apart\s+from|other\s+than|but\s+(?:at|on)|occasionally|sometimes|every\s+so\s+"
     r"often|once\s+in\s+a\s+while|now\s+and\s+then|from\s+time\s+to\s+time|(?:a\s+)?few\s+steps|"
-    r"some\s+steps|single\s+steps?|random\s+steps|mostly|usually|typically|most\s+of\s+the\s+time|"
+    r"some\s+steps|(?<!every\s)(?<!each\s)single\s+steps?|random\s+steps|mostly|usually|typically|"
+    r"most\s+of\s+the\s+time|"
     r"most\s+steps)\b",
+    re.IGNORECASE,
+)
+#: Gradients said not to be exactly zero ("no parameter with an exactly zero gradient").
+_ZERO_DENIED = re.compile(
+    r"\b(?:no|none(?:\s+of\s+(?:them|the\s+\w+))?|not\s+(?:a\s+single|one)|never)\b[^.;\n]{0,40}?"
+    r"\b(?:exactly|precisely|literally)\s+(?:zero|0)\b(?!\.\d)",
     re.IGNORECASE,
 )
 _EVERY_STEP = re.compile(
@@ -1826,6 +1833,17 @@ class Matcher:
             if last > p.exploding_warning.value:
                 hits.extend(self._norm_evidence(last, fmt(last), False))
             return hits
+        if (
+            n >= 2
+            and not occasional
+            and first > 0
+            and last > p.exploding_warning.value
+            and last > factor * max(values[:-1])
+        ):
+            # "used to hover around 2; since this morning it sits between 3,000 and 9,000":
+            # the norm moved to a level past the exploding threshold and is told as staying
+            # there, not as an exception to its usual level.
+            return self._norm_evidence(last, fmt(last), False)
         if n >= 2 and min(values) > p.exploding_warning.value:
             # "1.2e4, 8.9e3, 2.1e4 from the very first steps": every reading far past the
             # exploding threshold, with no trend to read; the size is the finding.
@@ -2447,6 +2465,10 @@ class Matcher:
             for entry_id in [e for e in scores if "nan" in e or "nonfinite" in e]:
                 scores[entry_id] *= 0.4
         contradicted = (self._contradicted(quantities) | frames.ruled_out) & scores.keys()
+        if "zero-gradients" in scores and _ZERO_DENIED.search(text):
+            # "tiny, but none of them is exactly zero": the words of the zero-gradient entry,
+            # said to be absent.
+            contradicted.add("zero-gradients")
         smooth_loss = next(
             (
                 s.values

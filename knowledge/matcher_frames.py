@@ -60,6 +60,10 @@ _QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"\b(?:total[\s_-]+)?(?:grad(?:ient)?s?[\s_/-]*(?:l2[\s_-]*)?(?:norms?|size|"
             r"magnitudes?)|g[\s_-]?norms?)\b(?:\s+" + _DISPLAY + r")?"
             r"|\bgrad(?:ient)?s?[\s_/-]+" + _DISPLAY + r"\b"
+            # "the grads on the critic are huge": the gradients said to be of some size.
+            r"|\bgrad(?:ient)?s\b(?=(?:\s+(?:on|of|in|for)\s+[^.;\n]{0,30}?)?\s+(?:are|were|look|"
+            r"looked|seem|seemed|got|get|became|become)\b)"
+            r"|\b(?:size|magnitude)\s+of\s+(?:the\s+)?grad(?:ient)?s?\b"
             r"|\b(?:the\s+)?(?:orange|blue|green|red|purple|pink|grey|gray)\s+line\s+in\s+the\s+"
             r"grad\w*(?:[\s_-]+norm)?\s+" + _DISPLAY + r"\b",
             re.IGNORECASE,
@@ -88,7 +92,11 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         # One point far above the rest and straight back: needles, weeds, blips.
         "needle",
         re.compile(
+            # Not a histogram's "needle at zero" (values bunched at 0, not one spike).
             r"\b(?:needles?|weeds?|lone\s+spikes?|isolated\s+spikes?|single\s+spikes?)\b"
+            r"(?!\s+(?:at|on|around)\s+(?:zero|0)\b)"
+            r"|\b(?:the\s+)?(?:very\s+)?next\s+(?:step|iteration|one)\s+(?:it'?s|it\s+is|is|goes|"
+            r"falls|drops|comes|snaps)\s+(?:right\s+|straight\s+)?back\b"
             r"|\b(?:one|a)\s+single\s+(?:point|step|value)\b"
             r"|\b(?:falls?|drops?|comes?|snaps?|goes)\s+(?:right|straight|immediately)\s+back\b"
             r"|\bback\s+(?:down\s+)?(?:to\s+(?:normal|~?\s*" + _NUMBER + r")\s+)?(?:on\s+)?the\s+"
@@ -111,6 +119,18 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"|\b(?:shoots?|shot|rockets?(?:ed)?|skyrocket\w*)\s+(?:straight\s+)?up\b"
             r"|\boff\s+the\s+(?:top\s+of\s+the\s+)?(?:chart|charts|scale|graph)\b"
             r"|\bhockey[\s-]?stick\b|\bstraight\s+up\b|\by[\s-]?axis\s+(?:auto[\s-]?)?rescal\w*",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        # A size far past any usual one, said in words ("sits in the thousands, sometimes tens
+        # of thousands", "the gradients are massive").
+        "huge",
+        re.compile(
+            r"(?<!not\s)(?<!n't\s)(?<!never\s)(?<!that\s)"
+            r"(?:\bin\s+the\s+(?:(?:tens|hundreds)\s+of\s+)?(?:thousands|millions)\b"
+            r"|\b(?:tens|hundreds)\s+of\s+thousands\b"
+            r"|\b(?:massive|huge|enormous|gigantic|astronomical|sky[\s-]?high)\b)",
             re.IGNORECASE,
         ),
     ),
@@ -153,6 +173,9 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"\b(?:drifts?|drifting|creeps?|creeping|ramps?|ramping|trends?|trending)\s+"
             r"(?:steadily\s+)?(?:up|upwards?|higher)\b|\bslow\s+ramp\b"
+            r"|\b(?:like|as)\s+a\s+(?:slow\s+|steady\s+|gentle\s+)?ramp\b"
+            r"|\b(?:going|goes|gone|went)\s+up\s+(?:slowly|steadily|gradually)\b"
+            r"|\b(?:slow|steady|gradual)\s+climb\b|\bclimbs?\s+(?:slowly|steadily|gradually)\b"
             r"|\bdoubl\w+\s+every\b",
             re.IGNORECASE,
         ),
@@ -200,9 +223,38 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
 )
 
+#: Lower-case words one of which every match of a trend holds (a cheap test before its regex).
+_TREND_CUES: dict[str, tuple[str, ...]] = {
+    "needle": ("needle", "weed", "spike", "single", "back"),
+    "sawtooth": ("saw", "teeth", "zig"),
+    "vertical": ("vertical", "roof", "shoot", "shot", "rocket", "off the", "hockey", "up", "axis"),
+    "huge": ("thousand", "million", "massive", "huge", "enormous", "gigantic", "astronom", "sky"),
+    "blank": ("blank", "empty", "stop", "line", "disappear", "vanish", "no more", "no ", "gap"),
+    "zero": ("axis", "flat"),
+    "pinned": ("never", "flat", "horizontal", "exactly", "hair", "wiggle", "blip"),
+    "ramp_up": ("drift", "creep", "ramp", "trend", "doubl", "up", "climb"),
+    "slide_down": ("slid", "sink", "fad", "dwindl", "decay", "hugging"),
+    "staircase_down": ("step", "stair", "halv"),
+    "occasional_dip": (
+        "once in",
+        "heart",
+        "dip",
+        "drop",
+        "tick",
+        "fire",
+        "engage",
+        "kick",
+        "trigger",
+        "active",
+        "back and forth",
+    ),
+    "turns_up": ("turn", "climb"),
+}
+
 #: What a frame's quantity doing its trend means: (quantity, trend) → (entry id, strength).
 _FRAME_ENTRIES: dict[tuple[str, str], tuple[str, float]] = {
     ("grad_norm", "vertical"): ("exploding-gradients", 0.75),
+    ("grad_norm", "huge"): ("exploding-gradients", 0.75),
     ("grad_norm", "needle"): ("grad-norm-spikes", 0.8),
     ("grad_norm", "pinned"): ("clipping-slow-convergence", 0.8),
     ("grad_norm", "zero"): ("zero-gradients", 0.6),
@@ -272,6 +324,14 @@ def read_frames(text: str) -> list[Frame]:
     frames: list[Frame] = []
     subject: str | None = None
     start = 0
+    lowered = text.lower()
+    active = [
+        (trend, pattern)
+        for trend, pattern in _TRENDS
+        if any(cue in lowered for cue in _TREND_CUES[trend])
+    ]
+    if not active:
+        return frames
     bounds = [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]
     for end in bounds:
         sentence = text[start:end]
@@ -279,7 +339,7 @@ def read_frames(text: str) -> list[Frame]:
             mentions = _quantities_in(sentence, start)
             taken = bytearray(len(sentence) + 1)
             trends: list[tuple[int, str, str]] = []
-            for trend, pattern in _TRENDS:
+            for trend, pattern in active:
                 for m in pattern.finditer(sentence):
                     if taken[m.start()]:
                         continue
@@ -292,8 +352,12 @@ def read_frames(text: str) -> list[Frame]:
                     quantity: str | None = mentions[i - 1][1]
                 elif subject is not None:
                     quantity = subject
-                else:
+                elif trend != "huge":
                     quantity = mentions[i][1] if i < len(mentions) else None
+                else:
+                    # "my huge model's grad norm is fine": a size word before the quantity
+                    # describes something else.
+                    quantity = None
                 if quantity is not None and not any(
                     (f.quantity, f.trend) == (quantity, trend) for f in frames
                 ):

@@ -208,3 +208,44 @@ def test_a_profile_told_from_the_output_down_is_read_from_the_input() -> None:
     text = "grad norms: head 5e-03, block2 1e-06, block1 3e-10, loss flat"
     hits = layer_profile_hits(text, 1000.0, improving=False)
     assert [h.entry_id for h in hits] == ["vanishing-gradients"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("the gradient size chart sits in the thousands, sometimes tens of thousands", "huge"),
+        ("the grads on the critic are massive on every update", "huge"),
+        ("grad norm 0.7 mostly, then one step at 250 and the next step it's back to 0.7", "needle"),
+        ("the grad norm line has been going up slowly like a ramp for days", "ramp_up"),
+    ],
+)
+def test_sizes_returns_and_ramps_in_lay_words(text: str, expected: str) -> None:
+    assert any(f.quantity == "grad_norm" and f.trend == expected for f in read_frames(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my huge model's grad norm is fine, around 1",  # the size word is the model's
+        "the grad norm isn't huge, about 3",
+        "histogram of the gradients: a thin needle at zero for the first conv layers",
+    ],
+)
+def test_size_words_of_something_else_and_histogram_needles_are_no_trend(text: str) -> None:
+    assert not any(f.trend in ("huge", "needle") for f in read_frames(text))
+
+
+def test_every_trend_match_in_the_eval_set_holds_one_of_its_cues() -> None:
+    """The cue words only skip regexes that could not match (a speed-up, never a filter)."""
+    from pathlib import Path
+
+    import yaml
+
+    from gradient_doctor.knowledge import matcher_frames
+
+    items = yaml.safe_load(Path(__file__).with_name("match_eval.yaml").read_text("utf-8"))
+    for item in items["items"]:
+        for trend, pattern in matcher_frames._TRENDS:
+            for m in pattern.finditer(item["text"]):
+                cues = matcher_frames._TREND_CUES[trend]
+                assert any(cue in m.group(0).lower() for cue in cues), (trend, m.group(0))
