@@ -282,8 +282,20 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         r"architecture|model",
         "scale-grads-not-loss": r"accum|micro[-\s]?batch|\.grad|grads?\b|gradients",
         "accum-scale-depends-on-batch": r"accum|micro[-\s]?batch|divisor|scal",
-        "smaller-model-for-memory": r"memory|oom|\bfit|vram|gpu|smaller|checkpoint|variant",
-        "need-bigger-gpus": r"gpu|memory|vram|card|a100|h100|hardware|oom|\bfit",
+        # The memory beliefs need their remedy in the text (a smaller model, bigger hardware):
+        # "OOM at batch 16, how do I reach 64?" holds neither belief, only the symptom.
+        "smaller-model-for-memory": r"smaller|shrink|downsiz|slimmer|"
+        r"(?:fewer|less)\s+(?:\w+\s+)?(?:layers|blocks|parameters|params|heads|channels|units)|"
+        r"lighter\s+(?:\w+\s+)?(?:model|architecture|network|net|backbone)|"
+        r"\bbase\s+(?:model|version|variant|one)|instead\s+of\s+the\s+(?:large|big)|"
+        r"cut\w*\s+(?:down\s+)?(?:the\s+)?(?:number|layers|depth|width|hidden|model)|"
+        r"(?:reduc|drop|lower|decreas)\w*\s+(?:the\s+)?(?:hidden|depth|width|layers?|d_model|"
+        r"model|parameters|blocks)|hidden[\s_]size|d_model|distil|prun|capacity|variant|"
+        r"too\s+(?:big|large)|\btiny\b|\bmini\b",
+        "need-bigger-gpus": r"\b(?:bigger|better|beter|larger|more|faster|expensive|another|"
+        r"second|extra)\s+(?:\w+\s+)?(?:gpus?|cards?|vram|hardware|machines?|nodes?|memory)\b|"
+        r"\bbuy|\brent|upgrad|\ba100|\bh100|\bh200|\b(?:40|48|80)\s*gb|\bcloud|cluster|"
+        r"expensive|\bneeds?\s+(?:an?\s+)?(?:gpu|card)|nothing\s+i\s+can\s+do",
         # A loss that stays put needs the loss (or the training, a metric) in the text: "the
         # norm is flat after step 200" is about the norm.
         "plateau": r"loss|ppl|perplexity|acc|metric|learn|train|improv|progress|score|\bf1\b|bleu|"
