@@ -48,7 +48,10 @@ _QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "clip_rate",
         re.compile(
-            r"\bclip(?:ping)?[\s_-]*(?:counter|count|rate|fraction|events?|activations?|hits?)\b"
+            r"\bclip(?:ping|ped)?[\s_-]*(?:counter|count|rate|fraction|frac|ratio|pct|percent(?:age)?|"
+            r"events?|activations?|hits?)\b"
+            r"|\b(?:fraction|share|percent(?:age)?|number|count)\s+of\s+(?:the\s+)?(?:steps|updates|"
+            r"iterations|batches)\s+(?:that\s+(?:were|are|got)\s+)?clipped\b"
             r"|\bclip(?:ping)?\s+(?:at\s+[\d.]+\s+)?(?:engages?|kicks?\s+in|fires?|triggers?|"
             r"activates?)\b",
             re.IGNORECASE,
@@ -152,7 +155,10 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"\bpinned\s+to\s+the\s+x[\s-]?axis\b"
             r"|\b(?:dead[\s-]?)?flat\s+(?:line\s+)?(?:at\s+|on\s+)?(?:0(?:\.0+)?|zero)\b(?!\.\d)"
-            r"|\b(?:a\s+)?(?:dead[\s-]?flat|flat)\s+0(?:\.0+)?\b(?!\.\d)",
+            r"|\b(?:a\s+)?(?:dead[\s-]?flat|flat)\s+0(?:\.0+)?\b(?!\.\d)"
+            # "has been 0.0 for the whole run", "stays at 0 for the whole run".
+            r"|\b(?:stays?|stayed|sits?|sat|has\s+been|remains?|remained)\s+(?:at\s+)?"
+            r"(?:0(?:\.0+)?|zero)\s+(?:for|through(?:out)?|during|over|across|the\s+whole|all)\b",
             re.IGNORECASE,
         ),
     ),
@@ -230,7 +236,7 @@ _TREND_CUES: dict[str, tuple[str, ...]] = {
     "vertical": ("vertical", "roof", "shoot", "shot", "rocket", "off the", "hockey", "up", "axis"),
     "huge": ("thousand", "million", "massive", "huge", "enormous", "gigantic", "astronom", "sky"),
     "blank": ("blank", "empty", "stop", "line", "disappear", "vanish", "no more", "no ", "gap"),
-    "zero": ("axis", "flat"),
+    "zero": ("axis", "flat", "0", "zero"),
     "pinned": ("never", "flat", "horizontal", "exactly", "hair", "wiggle", "blip"),
     "ramp_up": ("drift", "creep", "ramp", "trend", "doubl", "up", "climb"),
     "slide_down": ("slid", "sink", "fad", "dwindl", "decay", "hugging"),
@@ -254,6 +260,8 @@ _TREND_CUES: dict[str, tuple[str, ...]] = {
 #: What a frame's quantity doing its trend means: (quantity, trend) → (entry id, strength).
 _FRAME_ENTRIES: dict[tuple[str, str], tuple[str, float]] = {
     ("grad_norm", "vertical"): ("exploding-gradients", 0.75),
+    # The clipping counter at zero all run: the limit is above every norm, clipping never acts.
+    ("clip_rate", "zero"): ("clip-never-active", 0.9),
     ("grad_norm", "huge"): ("exploding-gradients", 0.75),
     ("grad_norm", "needle"): ("grad-norm-spikes", 0.8),
     ("grad_norm", "pinned"): ("clipping-slow-convergence", 0.8),

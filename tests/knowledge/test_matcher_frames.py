@@ -249,3 +249,14 @@ def test_every_trend_match_in_the_eval_set_holds_one_of_its_cues() -> None:
             for m in pattern.finditer(item["text"]):
                 cues = matcher_frames._TREND_CUES[trend]
                 assert any(cue in m.group(0).lower() for cue in cues), (trend, m.group(0))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the clip_fraction panel has been 0.0 for the whole run",
+        'the "fraction of steps clipped" panel stays at 0 for the whole run',
+    ],
+)
+def test_a_clipping_counter_at_zero_all_run_is_clipping_that_never_acts(text: str) -> None:
+    assert any(h.entry_id == "clip-never-active" for h in frame_evidence(text).hits)
