@@ -1605,8 +1605,11 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         ),
         (
             # "torch.isnan(batch['pixel_values']).any() is True": a check on the inputs.
-            r"\bis(?:nan|inf|finite)\s*\(\s*(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|"
-            r"features?|data|samples?|targets?|labels?|y|yb)\b",
+            # Not when the check's own result says finite ("isfinite(batch).all() is True").
+            r"\bis(?:nan|inf)\s*\(\s*(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|"
+            r"features?|data|samples?|targets?|labels?|y|yb)\b(?![^\n;]{0,50}?\b(?:false|0)\b)"
+            r"|\bisfinite\s*\(\s*(?:batch|inputs?|input_ids|x|xb|images?|imgs?|pixel\w*|"
+            r"features?|data|samples?|targets?|labels?|y|yb)\b(?![^\n;]{0,50}?\btrue\b)",
             "nonfinite-inputs",
             0.6,
             "text: a non-finite check on the model's inputs",

@@ -80,7 +80,8 @@ _CLIP_PRINTED = (
 _GRAD_NORM = _Lazy(
     rf"(?:(?:{_CLIP_RETURNS})\s*[:=~≈]?\s*(?:around\s+|about\s+|roughly\s+)?|"
     r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
-    r"norm\s+of\s+(?:the\s+)?(?:grad(?:ient)?s?)|grad(?:ient)?s?(?=\s+(?:are|is|were|was)\b)"
+    r"(?:norm|size|magnitude)\s+of\s+(?:the\s+)?(?:grad(?:ient)?s?)|grad(?:ient)?s?[_ \-]"
+    r"(?:size|magnitude)s?|grad(?:ient)?s?(?=\s+(?:are|is|were|was)\b)"
     # Per-layer values said of the early or late layers ("gradients in the first layers are").
     r"|grad(?:ient)?s?\s+(?:in|of|for|at|to)\s+(?:the\s+|my\s+)?(?:first|early|earliest|last|"
     r"top|bottom|lower|upper|initial|final|input|output)\s+(?:few\s+|\w+\s+)?layers?"
@@ -451,6 +452,11 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
             rf"norms?)\b|{_CLIP_RETURNS}|{_CLIP_PRINTED}"
+            # The norm in lay words: "the size of the gradient", "gradient magnitude".
+            r"|\b(?:size|magnitude)\s+of\s+(?:the\s+|its\s+|their\s+)?grad(?:ient)?s?\b"
+            # The panel that shows it: "the gradient panel looks like a ramp: 0.8 at the start".
+            r"|\bgrad(?:ient)?s?[_ /-](?:panel|graph|chart|plot|curve|line|tile)\b"
+            r"|\bgrad(?:ient)?s?[_ \-](?:size|magnitude)s?\b"
             # "per-layer norms 0.01-0.05, total 0.12": a bare "total" with its number.
             r"|\btotal\b(?=\s*[:=~≈]?\s*~?\s*[.\d])",
             re.IGNORECASE,
@@ -524,6 +530,20 @@ _MARKER_AFTER = re.compile(
     re.IGNORECASE,
 )
 _SERIES_SENTENCE = re.compile(r"(?<=[.;!?])\s+|\n|(?<=\})\s*(?:\.\.\.|…)?\s*(?=\{)")
+#: A sentence that goes on about the quantity the previous one named: a pronoun or "the
+#: line/panel/value" near its start, or a row of bare numbers.
+_CONTINUES = re.compile(
+    r"^\s*(?:[^.;\d\n]{0,30}?\b(?:it|it's|its|they|they're|this|that)\b(?!\s+(?:step|epoch|run|"
+    r"model|layer|batch)\b)"
+    r"|[^.;\d\n]{0,20}?\bthe\s+(?:line|panel|chart|curve|value|number|readout|reading)s?\b"
+    # A sentence that starts with a value ("About 0.8 on Monday, 3 on Tuesday ...").
+    # Not a table's row ("5000,0.72", "0        3.12"): a value, then when it was read.
+    r"|(?:about|around|roughly|approx\w*|~)?\s*[-+]?\d[\d.]*(?:e[-+]?\d+)?\s(?:on|at|in|by|after|"
+    r"yesterday|today|now|this|last)\b)",
+    re.IGNORECASE,
+)
+#: A row of bare numbers under a heading that ends with a colon (not a table's row).
+_NUMBER_ROW = re.compile(r"^[^\S\n]*[-+]?\d[-+\d.eE \t]*$")
 #: Values below this many are a level, not a series.
 MIN_SERIES = 2
 #: How far past a subject's scope the words after its last number are read ("10 classes").
@@ -544,12 +564,21 @@ class Series:
     ranges: tuple[tuple[float, float], ...] = ()
 
 
+_ASIDE = re.compile(r"\((?=[^()\n]*[a-z])[^()\d\n]{1,60}\)", re.IGNORECASE)
+
+
 def _subject_mentions(sentence: str) -> list[tuple[int, int, str]]:
-    """Subject names in order; of two that overlap, the earlier (then the listed-first) wins."""
+    """Subject names in order; of two that overlap, the earlier (then the listed-first) wins.
+
+    Another key inside a short aside in brackets ("total grad norm (pre-clip, no clip
+    actually) is 1500-3000") does not end the subject before it.
+    """
+    asides = [m.span() for m in _ASIDE.finditer(sentence)] if "(" in sentence else []
     found = sorted(
         (m.start(), priority, m.end(), name)
         for priority, (name, pattern) in enumerate(_SERIES_SUBJECTS)
         for m in pattern.finditer(sentence)
+        if name or not any(a < m.start() < b for a, b in asides)
     )
     spans: list[tuple[int, int, str]] = []
     for start, _, end, name in found:
@@ -580,7 +609,10 @@ def _scope_values(
         listed = (
             marker_end >= 0
             and whole
-            and _LIST_JOIN.fullmatch(scope[marker_end : m.start()]) is not None
+            and (
+                _LIST_JOIN.fullmatch(scope[marker_end : m.start()]) is not None
+                or _DASH.match(scope[marker_end : m.start()]) is not None
+            )
             and (parse_number(raw) or 0.0) > marker_value
         )
         # Steps and counts are whole numbers: "every 1k steps: 0.4, 0.8" lists values.
@@ -649,8 +681,18 @@ def read_series(text: str) -> list[Series]:
         if "|" in text or ";" in text:
             for name, column in binned_values(text).items():
                 values.setdefault(name, []).extend(column)
+    previous, heading = "", False
     for sentence in _SERIES_SENTENCE.split(text):
         mentions = _subject_mentions(sentence)
+        continues = _NUMBER_ROW.match(sentence) if heading else _CONTINUES.match(sentence)
+        heading = sentence.rstrip().endswith(":") or (heading and bool(continues))
+        first_number = _SERIES_NUMBER.search(sentence) if previous and continues else None
+        if first_number is not None and (not mentions or mentions[0][0] > first_number.start()):
+            # "The panel used to hover around 2. Since this morning it sits between 3,000 and
+            # 9,000": a sentence that names no quantity and goes on about "it", or the rows
+            # under "total grad norm, steps 3000-3014:", gives the previous one's values.
+            mentions = [(0, 0, previous), *mentions]
+        previous = mentions[-1][2] if mentions else ""
         for index, (_, end, name) in enumerate(mentions):
             if not name:
                 continue

@@ -63,6 +63,7 @@ from gradient_doctor.knowledge._code import (
     split_code,
     without_code,
 )
+from gradient_doctor.knowledge._errors import read_errors
 from gradient_doctor.knowledge._numbers import (
     Quantity,
     Series,
@@ -281,8 +282,20 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         r"architecture|model",
         "scale-grads-not-loss": r"accum|micro[-\s]?batch|\.grad|grads?\b|gradients",
         "accum-scale-depends-on-batch": r"accum|micro[-\s]?batch|divisor|scal",
-        "smaller-model-for-memory": r"memory|oom|\bfit|vram|gpu|smaller|checkpoint|variant",
-        "need-bigger-gpus": r"gpu|memory|vram|card|a100|h100|hardware|oom|\bfit",
+        # The memory beliefs need their remedy in the text (a smaller model, bigger hardware):
+        # "OOM at batch 16, how do I reach 64?" holds neither belief, only the symptom.
+        "smaller-model-for-memory": r"smaller|shrink|downsiz|slimmer|"
+        r"(?:fewer|less)\s+(?:\w+\s+)?(?:layers|blocks|parameters|params|heads|channels|units)|"
+        r"lighter\s+(?:\w+\s+)?(?:model|architecture|network|net|backbone)|"
+        r"\bbase\s+(?:model|version|variant|one)|instead\s+of\s+the\s+(?:large|big)|"
+        r"cut\w*\s+(?:down\s+)?(?:the\s+)?(?:number|layers|depth|width|hidden|model)|"
+        r"(?:reduc|drop|lower|decreas)\w*\s+(?:the\s+)?(?:hidden|depth|width|layers?|d_model|"
+        r"model|parameters|blocks)|hidden[\s_]size|d_model|distil|prun|capacity|variant|"
+        r"too\s+(?:big|large)|\btiny\b|\bmini\b",
+        "need-bigger-gpus": r"\b(?:bigger|better|beter|larger|more|faster|expensive|another|"
+        r"second|extra)\s+(?:\w+\s+)?(?:gpus?|cards?|vram|hardware|machines?|nodes?|memory)\b|"
+        r"\bbuy|\brent|upgrad|\ba100|\bh100|\bh200|\b(?:40|48|80)\s*gb|\bcloud|cluster|"
+        r"expensive|\bneeds?\s+(?:an?\s+)?(?:gpu|card)|nothing\s+i\s+can\s+do",
         # A loss that stays put needs the loss (or the training, a metric) in the text: "the
         # norm is flat after step 200" is about the norm.
         "plateau": r"loss|ppl|perplexity|acc|metric|learn|train|improv|progress|score|\bf1\b|bleu|"
@@ -463,8 +476,15 @@ _UNSTABLE = re.compile(
 _OCCASIONAL = re.compile(
     r"\b(?:except|apart\s+from|other\s+than|but\s+(?:at|on)|occasionally|sometimes|every\s+so\s+"
     r"often|once\s+in\s+a\s+while|now\s+and\s+then|from\s+time\s+to\s+time|(?:a\s+)?few\s+steps|"
-    r"some\s+steps|single\s+steps?|random\s+steps|mostly|usually|typically|most\s+of\s+the\s+time|"
+    r"some\s+steps|(?<!every\s)(?<!each\s)single\s+steps?|random\s+steps|mostly|usually|typically|"
+    r"most\s+of\s+the\s+time|"
     r"most\s+steps)\b",
+    re.IGNORECASE,
+)
+#: Gradients said not to be exactly zero ("no parameter with an exactly zero gradient").
+_ZERO_DENIED = re.compile(
+    r"\b(?:no|none(?:\s+of\s+(?:them|the\s+\w+))?|not\s+(?:a\s+single|one)|never)\b[^.;\n]{0,40}?"
+    r"\b(?:exactly|precisely|literally)\s+(?:zero|0)\b(?!\.\d)",
     re.IGNORECASE,
 )
 _EVERY_STEP = re.compile(
@@ -1825,6 +1845,17 @@ class Matcher:
             if last > p.exploding_warning.value:
                 hits.extend(self._norm_evidence(last, fmt(last), False))
             return hits
+        if (
+            n >= 2
+            and not occasional
+            and first > 0
+            and last > p.exploding_warning.value
+            and last > factor * max(values[:-1])
+        ):
+            # "used to hover around 2; since this morning it sits between 3,000 and 9,000":
+            # the norm moved to a level past the exploding threshold and is told as staying
+            # there, not as an exception to its usual level.
+            return self._norm_evidence(last, fmt(last), False)
         if n >= 2 and min(values) > p.exploding_warning.value:
             # "1.2e4, 8.9e3, 2.1e4 from the very first steps": every reading far past the
             # exploding threshold, with no trend to read; the size is the finding.
@@ -2160,6 +2191,25 @@ class Matcher:
                 found -= incidental
         return bool(found)
 
+    def _pasted_error(
+        self, text: str, code: str, evidence: Sequence[CodeHit]
+    ) -> tuple[str, str] | None:
+        """The kind and pointer of a pasted non-gradient error the text is about, if any.
+
+        Not when the text also holds an autograd, clipping or scaler error, when the numbers
+        read a gradient or loss problem, or when the text outside the error's own lines uses a
+        gradient word in its gradient sense ("fixed the import, now the loss is NaN").
+        """
+        reading = read_errors(text, code)
+        if reading is None or reading.gradient_kinds:
+            return None
+        if any(h.strength >= 0.9 for h in evidence):
+            return None
+        rest_terms = self.analyzer.terms(reading.rest)
+        if self._in_scope(reading.rest, rest_terms):
+            return None
+        return reading.kind.name.replace("-", " "), reading.kind.pointer
+
     def _out_of_scope(self, text: str, terms: Iterable[str]) -> bool:
         if self._in_scope(text, terms):
             return False
@@ -2427,6 +2477,10 @@ class Matcher:
             for entry_id in [e for e in scores if "nan" in e or "nonfinite" in e]:
                 scores[entry_id] *= 0.4
         contradicted = (self._contradicted(quantities) | frames.ruled_out) & scores.keys()
+        if "zero-gradients" in scores and _ZERO_DENIED.search(text):
+            # "tiny, but none of them is exactly zero": the words of the zero-gradient entry,
+            # said to be absent.
+            contradicted.add("zero-gradients")
         smooth_loss = next(
             (
                 s.values
@@ -2503,6 +2557,18 @@ class Matcher:
                 top = max(scores[e] for e in explained)
                 if scores[hit.entry_id] <= top:
                     scores[hit.entry_id] = top + 1.0
+        located = frames.located
+        if located in scores:
+            # A NaN hunt that found one stage finite and the next non-finite has located the
+            # NaN: that stage's entry is the answer, above the NaN symptom it explains and the
+            # other stages and observations the same words fit.
+            observed = [
+                score
+                for entry_id, score in scores.items()
+                if entry_id != located and self.cards[entry_id].kind in ("symptom", "signal")
+            ]
+            if observed and scores[located] <= max(observed):
+                scores[located] = max(observed) + 1.0
         chain = [
             h.entry_id for h in frames.hits if h.entry_id in scores and h.entry_id != "healthy"
         ]
@@ -2583,8 +2649,23 @@ class Matcher:
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
             best = max(scores, key=lambda k: scores[k])
             out_of_scope = best == OUT_OF_SCOPE_ID and not self._in_scope(text, terms)
+        # Read even in text the word ranker calls garbage: a launcher's log line is mostly
+        # words the knowledge never uses.
+        error = self._pasted_error(text, code or "", evidence)
         pointer = None
-        if out_of_scope and OUT_OF_SCOPE_ID in self.cards:
+        if error is not None and OUT_OF_SCOPE_ID in self.cards:
+            # A pasted error that is no gradient failure (an import, a loader worker, a shape,
+            # a device, memory in evaluation): what the rest of the text says decides nothing.
+            out_of_scope = True
+            top = max(scores.values(), default=0.0)
+            scores[OUT_OF_SCOPE_ID] = max(scores.get(OUT_OF_SCOPE_ID, 0.0), top + 1.0)
+            reasons.setdefault(OUT_OF_SCOPE_ID, []).insert(
+                0,
+                f"a pasted {error[0]} error that is not a gradient failure, and the rest of the "
+                "text reports no gradient problem",
+            )
+            pointer = error[1]
+        elif out_of_scope and OUT_OF_SCOPE_ID in self.cards:
             top = max(scores.values(), default=0.0)
             scores[OUT_OF_SCOPE_ID] = max(scores.get(OUT_OF_SCOPE_ID, 0.0), top + 1.0)
             reasons.setdefault(OUT_OF_SCOPE_ID, []).insert(

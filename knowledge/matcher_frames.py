@@ -48,7 +48,10 @@ _QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "clip_rate",
         re.compile(
-            r"\bclip(?:ping)?[\s_-]*(?:counter|count|rate|fraction|events?|activations?|hits?)\b"
+            r"\bclip(?:ping|ped)?[\s_-]*(?:counter|count|rate|fraction|frac|ratio|pct|percent(?:age)?|"
+            r"events?|activations?|hits?)\b"
+            r"|\b(?:fraction|share|percent(?:age)?|number|count)\s+of\s+(?:the\s+)?(?:steps|updates|"
+            r"iterations|batches)\s+(?:that\s+(?:were|are|got)\s+)?clipped\b"
             r"|\bclip(?:ping)?\s+(?:at\s+[\d.]+\s+)?(?:engages?|kicks?\s+in|fires?|triggers?|"
             r"activates?)\b",
             re.IGNORECASE,
@@ -60,6 +63,10 @@ _QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"\b(?:total[\s_-]+)?(?:grad(?:ient)?s?[\s_/-]*(?:l2[\s_-]*)?(?:norms?|size|"
             r"magnitudes?)|g[\s_-]?norms?)\b(?:\s+" + _DISPLAY + r")?"
             r"|\bgrad(?:ient)?s?[\s_/-]+" + _DISPLAY + r"\b"
+            # "the grads on the critic are huge": the gradients said to be of some size.
+            r"|\bgrad(?:ient)?s\b(?=(?:\s+(?:on|of|in|for)\s+[^.;\n]{0,30}?)?\s+(?:are|were|look|"
+            r"looked|seem|seemed|got|get|became|become)\b)"
+            r"|\b(?:size|magnitude)\s+of\s+(?:the\s+)?grad(?:ient)?s?\b"
             r"|\b(?:the\s+)?(?:orange|blue|green|red|purple|pink|grey|gray)\s+line\s+in\s+the\s+"
             r"grad\w*(?:[\s_-]+norm)?\s+" + _DISPLAY + r"\b",
             re.IGNORECASE,
@@ -88,7 +95,11 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         # One point far above the rest and straight back: needles, weeds, blips.
         "needle",
         re.compile(
+            # Not a histogram's "needle at zero" (values bunched at 0, not one spike).
             r"\b(?:needles?|weeds?|lone\s+spikes?|isolated\s+spikes?|single\s+spikes?)\b"
+            r"(?!\s+(?:at|on|around)\s+(?:zero|0)\b)"
+            r"|\b(?:the\s+)?(?:very\s+)?next\s+(?:step|iteration|one)\s+(?:it'?s|it\s+is|is|goes|"
+            r"falls|drops|comes|snaps)\s+(?:right\s+|straight\s+)?back\b"
             r"|\b(?:one|a)\s+single\s+(?:point|step|value)\b"
             r"|\b(?:falls?|drops?|comes?|snaps?|goes)\s+(?:right|straight|immediately)\s+back\b"
             r"|\bback\s+(?:down\s+)?(?:to\s+(?:normal|~?\s*" + _NUMBER + r")\s+)?(?:on\s+)?the\s+"
@@ -115,6 +126,18 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         ),
     ),
     (
+        # A size far past any usual one, said in words ("sits in the thousands, sometimes tens
+        # of thousands", "the gradients are massive").
+        "huge",
+        re.compile(
+            r"(?<!not\s)(?<!n't\s)(?<!never\s)(?<!that\s)"
+            r"(?:\bin\s+the\s+(?:(?:tens|hundreds)\s+of\s+)?(?:thousands|millions)\b"
+            r"|\b(?:tens|hundreds)\s+of\s+thousands\b"
+            r"|\b(?:massive|huge|enormous|gigantic|astronomical|sky[\s-]?high)\b)",
+            re.IGNORECASE,
+        ),
+    ),
+    (
         # Nothing drawn any more: the value is NaN/Inf (dashboards drop non-finite points).
         "blank",
         re.compile(
@@ -132,7 +155,10 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"\bpinned\s+to\s+the\s+x[\s-]?axis\b"
             r"|\b(?:dead[\s-]?)?flat\s+(?:line\s+)?(?:at\s+|on\s+)?(?:0(?:\.0+)?|zero)\b(?!\.\d)"
-            r"|\b(?:a\s+)?(?:dead[\s-]?flat|flat)\s+0(?:\.0+)?\b(?!\.\d)",
+            r"|\b(?:a\s+)?(?:dead[\s-]?flat|flat)\s+0(?:\.0+)?\b(?!\.\d)"
+            # "has been 0.0 for the whole run", "stays at 0 for the whole run".
+            r"|\b(?:stays?|stayed|sits?|sat|has\s+been|remains?|remained)\s+(?:at\s+)?"
+            r"(?:0(?:\.0+)?|zero)\s+(?:for|through(?:out)?|during|over|across|the\s+whole|all)\b",
             re.IGNORECASE,
         ),
     ),
@@ -153,6 +179,9 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"\b(?:drifts?|drifting|creeps?|creeping|ramps?|ramping|trends?|trending)\s+"
             r"(?:steadily\s+)?(?:up|upwards?|higher)\b|\bslow\s+ramp\b"
+            r"|\b(?:like|as)\s+a\s+(?:slow\s+|steady\s+|gentle\s+)?ramp\b"
+            r"|\b(?:going|goes|gone|went)\s+up\s+(?:slowly|steadily|gradually)\b"
+            r"|\b(?:slow|steady|gradual)\s+climb\b|\bclimbs?\s+(?:slowly|steadily|gradually)\b"
             r"|\bdoubl\w+\s+every\b",
             re.IGNORECASE,
         ),
@@ -200,9 +229,40 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
 )
 
+#: Lower-case words one of which every match of a trend holds (a cheap test before its regex).
+_TREND_CUES: dict[str, tuple[str, ...]] = {
+    "needle": ("needle", "weed", "spike", "single", "back"),
+    "sawtooth": ("saw", "teeth", "zig"),
+    "vertical": ("vertical", "roof", "shoot", "shot", "rocket", "off the", "hockey", "up", "axis"),
+    "huge": ("thousand", "million", "massive", "huge", "enormous", "gigantic", "astronom", "sky"),
+    "blank": ("blank", "empty", "stop", "line", "disappear", "vanish", "no more", "no ", "gap"),
+    "zero": ("axis", "flat", "0", "zero"),
+    "pinned": ("never", "flat", "horizontal", "exactly", "hair", "wiggle", "blip"),
+    "ramp_up": ("drift", "creep", "ramp", "trend", "doubl", "up", "climb"),
+    "slide_down": ("slid", "sink", "fad", "dwindl", "decay", "hugging"),
+    "staircase_down": ("step", "stair", "halv"),
+    "occasional_dip": (
+        "once in",
+        "heart",
+        "dip",
+        "drop",
+        "tick",
+        "fire",
+        "engage",
+        "kick",
+        "trigger",
+        "active",
+        "back and forth",
+    ),
+    "turns_up": ("turn", "climb"),
+}
+
 #: What a frame's quantity doing its trend means: (quantity, trend) → (entry id, strength).
 _FRAME_ENTRIES: dict[tuple[str, str], tuple[str, float]] = {
     ("grad_norm", "vertical"): ("exploding-gradients", 0.75),
+    # The clipping counter at zero all run: the limit is above every norm, clipping never acts.
+    ("clip_rate", "zero"): ("clip-never-active", 0.9),
+    ("grad_norm", "huge"): ("exploding-gradients", 0.75),
     ("grad_norm", "needle"): ("grad-norm-spikes", 0.8),
     ("grad_norm", "pinned"): ("clipping-slow-convergence", 0.8),
     ("grad_norm", "zero"): ("zero-gradients", 0.6),
@@ -272,6 +332,14 @@ def read_frames(text: str) -> list[Frame]:
     frames: list[Frame] = []
     subject: str | None = None
     start = 0
+    lowered = text.lower()
+    active = [
+        (trend, pattern)
+        for trend, pattern in _TRENDS
+        if any(cue in lowered for cue in _TREND_CUES[trend])
+    ]
+    if not active:
+        return frames
     bounds = [m.end() for m in _SENTENCE_END.finditer(text)] + [len(text)]
     for end in bounds:
         sentence = text[start:end]
@@ -279,7 +347,7 @@ def read_frames(text: str) -> list[Frame]:
             mentions = _quantities_in(sentence, start)
             taken = bytearray(len(sentence) + 1)
             trends: list[tuple[int, str, str]] = []
-            for trend, pattern in _TRENDS:
+            for trend, pattern in active:
                 for m in pattern.finditer(sentence):
                     if taken[m.start()]:
                         continue
@@ -292,8 +360,12 @@ def read_frames(text: str) -> list[Frame]:
                     quantity: str | None = mentions[i - 1][1]
                 elif subject is not None:
                     quantity = subject
-                else:
+                elif trend != "huge":
                     quantity = mentions[i][1] if i < len(mentions) else None
+                else:
+                    # "my huge model's grad norm is fine": a size word before the quantity
+                    # describes something else.
+                    quantity = None
                 if quantity is not None and not any(
                     (f.quantity, f.trend) == (quantity, trend) for f in frames
                 ):
@@ -330,6 +402,8 @@ class FrameEvidence:
     ruled_out: frozenset[str]
     #: Entries of the stages a NaN hunt checked and found finite.
     cleared: frozenset[str] = frozenset()
+    #: The entry of the first stage a NaN hunt found non-finite, when the text locates it.
+    located: str | None = None
 
     def discounted(self) -> frozenset[str]:
         """Entries whose trend words the frames gave to another quantity.
@@ -355,7 +429,9 @@ def frame_evidence(text: str, code: str = "", full_text: str | None = None) -> F
     frames = read_frames(text)
     hits = frame_hits(text, code, frames)
     checks = text if full_text is None else full_text
-    states = _stage_states(checks) if _NON_FINITE.search(checks) or _FINITE.search(checks) else {}
+    # Every non-finite reading holds one of these words; a finite one matters only next to it.
+    lowered = checks.lower()
+    states = _stage_states(checks) if any(cue in lowered for cue in _STATE_CUES) else {}
     located = located_nan(checks, states)
     if located is not None:
         hits.append(located)
@@ -369,6 +445,7 @@ def frame_evidence(text: str, code: str = "", full_text: str | None = None) -> F
         frozenset(f.quantity for f in frames),
         frozenset(ruled_out),
         cleared_stages(checks, states),
+        located.entry_id if located is not None else None,
     )
 
 
@@ -429,19 +506,27 @@ _STAGES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         "parameters",
         "nan-parameters",
         re.compile(
-            r"\b(?:weights?|params?|parameters?|state_dict|checkpoint\s+tensors?)\b(?!\.grad)",
+            # Not the parameter a gradient belongs to ("q_proj.weight grad amax inf", "gradients
+            # from `parameters`").
+            r"(?<!from\s)(?<!from\s`)\b(?:weights?|params?|parameters?|state_dict|"
+            r"checkpoint\s+tensors?)\b(?!\s*\.?\s*grad)",
             re.IGNORECASE,
         ),
     ),
     (
         "outputs",
         "nan-loss-before-backward",
-        re.compile(r"\b(?:logits|outputs?|predictions?|activations?)\b", re.IGNORECASE),
+        # Not a backward function's "0th output" (anomaly mode: that output is a gradient).
+        re.compile(
+            r"(?<!\dth\s)(?<!\dst\s)(?<!\dnd\s)(?<!\drd\s)"
+            r"\b(?:logits|outputs?|predictions?|activations?)\b",
+            re.IGNORECASE,
+        ),
     ),
     (
         "loss",
         "nan-loss-before-backward",
-        re.compile(r"\bloss\b(?!\s*\.\s*backward)(?!\s+scal)", re.IGNORECASE),
+        re.compile(r"\b(?:loss|criterion)\b(?!\s*\.\s*backward)(?!\s+scal)", re.IGNORECASE),
     ),
     (
         "gradients",
@@ -449,19 +534,92 @@ _STAGES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         re.compile(r"\.grad\b|\bgrads?\b|\bgradients?\b", re.IGNORECASE),
     ),
 )
+#: A check's verdict after its name: "parameters finite ....... FAIL", "isfinite(x): False".
+_FAILED = r"[\s.:=?()\]]*(?:fail(?:ed|s)?|false|no)\b"
+_PASSED = r"[\s.:=?()\]]*(?:ok|okay|pass(?:ed|es)?|true|yes)\b"
 _NON_FINITE = re.compile(
     r"\b(?:nan|inf|non-?finite)s?\b(?!\s*(?:check|guard))|\bfull\s+of\s+nan"
-    r"|\b(?:trips|tripped|fires|fired)\b|\bstops\s+there\b",
+    r"|\b(?:trips|tripped|fires|fired)\b|\bstops\s+there\b"
+    rf"|\b(?:is)?finite\b(?:\([^()\n]*(?:\([^()\n]*\))?[^()\n]*\))?(?:\.all\(\))?{_FAILED}"
+    rf"|\bis(?:nan|inf)\b(?:\([^()\n]*(?:\([^()\n]*\))?[^()\n]*\))?(?:\.any\(\))?{_PASSED}",
     re.IGNORECASE,
 )
 _FINITE = re.compile(
     r"\b(?:all\s+|still\s+|perfectly\s+|totally\s+)?(?<!-)(?<!non)(?:finite|normal|clean)\b"
-    r"(?!\s+check)"
-    r"|\bno\s+(?:nans?|infs?)\b|\blooked\s+fine\b|\bwere\s+fine\b",
+    rf"(?!\s+check)(?!{_FAILED})"
+    # "no nan/inf", "0 NaN/Inf", "nan 0 | inf 0", "nothing is non-finite": a count of zero.
+    r"|\b(?:no|zero|0)\s+(?:nans?|infs?)(?:\s*(?:/|or|and|,|nor)\s*(?:nans?|infs?))*\b"
+    r"|\bnot\s+(?:a\s+)?nans?\b"
+    r"|\b(?:nans?|infs?)(?:\s*/\s*(?:nans?|infs?))?[^\S\n]*[:=]?[^\S\n]*0\b(?![.,]\d)"
+    r"|\bnothing\s+(?:is\s+|was\s+|went\s+)?(?:non-?finite|nan|inf)\b"
+    r"|\blooked\s+fine\b|\bwere\s+fine\b"
+    r"|\b(?:totally|perfectly|completely|looks?|looked|seems?|seemed|printed|prints|is|was|"
+    r"reads?)\s+fine\b"
+    rf"|\bis(?:nan|inf)\b(?:\([^()\n]*(?:\([^()\n]*\))?[^()\n]*\))?(?:\.any\(\))?{_FAILED}",
     re.IGNORECASE,
 )
+#: A clause that sets the stage it names against another ("every other layer's grad looks
+#: normal"): its finite state leaves the non-finite one standing.
+_CONTRAST = re.compile(
+    r"\b(?:every|all|any)\s+other\b|\bthe\s+(?:other|rest)\b|\beverything\s+else\b|\bothers\b",
+    re.IGNORECASE,
+)
+#: "no nan" next to an inf: the text tells which non-finite value it is, not that all is finite.
+_NO_NAN = re.compile(r"\bno\s+nans?\b|\bnot\s+(?:a\s+)?nans?\b", re.IGNORECASE)
+#: A NaN the text says is absent ("not nan", "no nan anywhere", "isnan(...) False").
+_NAN_DENIED = re.compile(
+    r"\b(?:not|no|never|zero|without)\s+(?:a\s+|any\s+)?nans?\b"
+    r"|\bnans?\s*(?:[:=]\s*)?(?:0|false|none)\b"
+    rf"|\bisnan\b(?:\([^()\n]*(?:\([^()\n]*\))?[^()\n]*\))?(?:\.any\(\))?{_FAILED}",
+    re.IGNORECASE,
+)
+#: A loss printed as a plain number: finite, a weaker word than "finite" itself.
+_LOSS_NUMBER = re.compile(
+    r"\bloss\w*\b(?:[^\S\n]*[:=]?[^\S\n]*|[^\n.;,]{0,20}?)(?<![\w.])\d+\.\d+\b", re.IGNORECASE
+)
+#: A row of a per-parameter table: a dotted parameter name, then its value.
+_PARAM_ROW = re.compile(
+    r"^[^\S\n]*[A-Za-z_][\w.*\[\]-]*\.(?:weight|bias|\*|w\d*|b)\b[^\n]*$", re.MULTILINE
+)
+_GRADIENT_WORD = re.compile(r"\bgrad\w*|\.grad\b", re.IGNORECASE)
+
+
+def _gradient_tables(text: str) -> list[tuple[int, int]]:
+    """Rows of per-parameter tables whose values are gradients.
+
+    The rows name parameters ("encoder.0.ffn.w1   inf") but the lines just above them say
+    what the values are ("per-param grad norms at step 3307:", "grad scan ... walking
+    named_parameters:"): a gradient word there makes the rows' values gradients.
+    """
+    regions: list[tuple[int, int]] = []
+    rows = list(_PARAM_ROW.finditer(text))
+    index = 0
+    while index < len(rows):
+        first = rows[index]
+        last = first
+        while index + 1 < len(rows) and rows[index + 1].start() <= last.end() + 1 + 200:
+            between = text[last.end() : rows[index + 1].start()]
+            if between.count("\n") > 2:
+                break
+            index += 1
+            last = rows[index]
+        index += 1
+        above = text[: first.start()].rstrip("\n").split("\n")[-2:]
+        if _GRADIENT_WORD.search(" ".join(above)):
+            regions.append((first.start(), last.end()))
+    return regions
+
+
+#: Words one of which every non-finite state holds (a cheap test before the regexes).
+_STATE_CUES = ("nan", "inf", "finite", "fail", "false", "trip", "fire", "stops there")
 _SENTENCE_STOP = re.compile(r"[.!?](?=\s)|[;\n]")
-_BEFORE_BACKWARD = re.compile(r"\bbefore\s+(?:\w+\.)?backward\b|\bbefore\s+backward\s*\(", re.I)
+_BEFORE_BACKWARD = re.compile(
+    r"\bbefore\s+(?:the\s+|calling\s+|any\s+|it\s+\w+\s+|we\s+\w+\s+|i\s+\w+\s+)?"
+    r"(?:\w+)?\.?\s*backward\b|\b(?:right\s+|just\s+|directly\s+)?after\s+the\s+forward\b"
+    r"|\bskipped\s+(?:the\s+)?backward\b|\bbackward\b[^.\n]{0,30}\bnot\s+reached\b"
+    r"|\bbetween\b[^.\n]{0,40}\band\s+(?:the\s+)?(?:\w+\.)?backward\b",
+    re.I,
+)
 #: A state said after its stage counts as far as one said this much closer before it ("the loss
 #: ... was 3.87, a totally normal number" vs "reports nan inside layer.grad").
 _FOLLOWING_PENALTY = 2.0
@@ -469,32 +627,46 @@ _POINTS_AHEAD = re.compile(r"\s+(?:in|inside|within|anywhere\s+in|at)\b", re.IGN
 _INF_ONLY = re.compile(r"\binf(?:s|inity|inite)?\b", re.IGNORECASE)
 
 
-def _stage_states(text: str) -> dict[str, set[str]]:
-    """Each stage the text says is non-finite ("bad") or finite ("good"), sentence by sentence.
+def _stage_states(text: str) -> dict[str, list[str]]:
+    """Each stage the text says is non-finite ("bad") or finite ("good"), in the text's order.
 
     A state word belongs to the nearest stage named in its sentence, a preceding one preferred.
+    A loss printed as a plain number is finite too, said more weakly ("num"). A finite word in
+    a clause about the other members of a stage ("every other layer's grad looks normal"), and
+    "no nan" in a text that names an inf, do not say the stage is finite.
     """
-    states: dict[str, set[str]] = {}
+    said: dict[str, list[tuple[int, str]]] = {}
     start = 0
+    inf_named = bool(_INF_ONLY.search(text))
+    tables = _gradient_tables(text) if "." in text else []
     for end in [m.end() for m in _SENTENCE_STOP.finditer(text)] + [len(text)]:
         sentence = text[start:end]
+        offset = start
         start = end
         mentions = sorted(
             (m.start(), m.end(), stage) for stage, _, p in _STAGES for m in p.finditer(sentence)
         )
         if not mentions:
             continue
+        if any(a <= offset < b for a, b in tables):
+            mentions = [(a, b, "gradients" if st == "parameters" else st) for a, b, st in mentions]
         starts = [m[0] for m in mentions]
         by_end = sorted((m[1], m[2]) for m in mentions)
         ends = [e for e, _ in by_end]
-        good = [(m.start(), m.end()) for m in _FINITE.finditer(sentence)]
+        good_matches = list(_FINITE.finditer(sentence))
         covered = bytearray(len(sentence) + 1)
-        for s, e in good:
-            covered[s:e] = b"\x01" * (e - s)
+        for m in good_matches:
+            covered[m.start() : m.end()] = b"\x01" * (m.end() - m.start())
+        contrast = bool(_CONTRAST.search(sentence))
+        good = [
+            (m.start(), m.end())
+            for m in good_matches
+            if not (inf_named and _NO_NAN.fullmatch(m.group(0)))
+        ]
         bad = [
             (m.start(), m.end()) for m in _NON_FINITE.finditer(sentence) if not covered[m.start()]
         ]
-        for state, spans in (("bad", bad), ("good", good)):
+        for state, spans in (("bad", bad), ("other" if contrast else "good", good)):
             for s, e in spans:
                 # "no nan in any parameter", "nan inside layer.grad": the stage follows.
                 ahead = 1 / _FOLLOWING_PENALTY if _POINTS_AHEAD.match(sentence, e) else 1.0
@@ -508,38 +680,98 @@ def _stage_states(text: str) -> dict[str, set[str]]:
                     candidates.append((gap, mentions[j][2]))
                 if candidates:
                     stage = min(candidates, key=lambda c: c[0])[1]
-                    states.setdefault(stage, set()).add(state)
+                    said.setdefault(stage, []).append((offset + s, state))
+    if "loss" not in said or all(state == "good" for _, state in said["loss"]):
+        for m in _LOSS_NUMBER.finditer(text):
+            said.setdefault("loss", []).append((m.start(), "num"))
+    states = {stage: [state for _, state in sorted(told)] for stage, told in said.items()}
+    for stage, told in states.items():
+        # The other members finite next to one that is not: the stage is not finite.
+        states[stage] = [
+            "good" if state == "other" else state
+            for state in told
+            if state != "other" or "bad" not in told
+        ]
     return states
 
 
-def cleared_stages(text: str, states: dict[str, set[str]] | None = None) -> frozenset[str]:
+def _final(states: dict[str, list[str]], stage: str) -> str | None:
+    """What the text last says about ``stage`` ("the weights were finite at 7339 ... 12 NaN
+    entries at 7340": bad), a plain loss number only when nothing else is said."""
+    told = states.get(stage, [])
+    words = [state for state in told if state != "num"]
+    return words[-1] if words else ("num" if told else None)
+
+
+def cleared_stages(text: str, states: dict[str, list[str]] | None = None) -> frozenset[str]:
     """Entries of the stages the text checked and found finite (and never non-finite)."""
-    if not _FINITE.search(text):
-        return frozenset()
-    states = _stage_states(text) if states is None else states
-    return frozenset(e for s, e, _ in _STAGES if states.get(s) == {"good"})
+    if states is None:
+        if not _FINITE.search(text):
+            return frozenset()
+        states = _stage_states(text)
+    bad = {e for s, e, _ in _STAGES if "bad" in states.get(s, ())}
+    return frozenset(
+        e
+        for s, e, _ in _STAGES
+        if "good" in states.get(s, ()) and "bad" not in states.get(s, ()) and e not in bad
+    )
 
 
-def located_nan(text: str, states: dict[str, set[str]] | None = None) -> CodeHit | None:
+#: A check said to have run on the inputs ("torch.isfinite(batch[...]).all(): False").
+_INPUT_CHECK = re.compile(
+    r"\bis(?:nan|inf|finite)\s*\(\s*(?:\w+\.)?(?:batch|inputs?|input_\w+|x|xb|images?|"
+    r"features?|samples?|data)\b|\b\d+\s+(?:of|/)\s+\d+\s+(?:values?|elements?|entries)\s+(?:are\s+)?nan",
+    re.IGNORECASE,
+)
+
+
+#: The values told are of one step ("the loss for that step was 2.02").
+_SAME_STEP = re.compile(
+    r"\b(?:that|the\s+same|this|the\s+failing|the\s+bad|each\s+such)\s+(?:step|iteration|iter|batch)\b",
+    re.IGNORECASE,
+)
+
+
+def located_nan(text: str, states: dict[str, list[str]] | None = None) -> CodeHit | None:
     """The entry for the first stage a NaN hunt found non-finite, when the text locates it."""
-    if not _NON_FINITE.search(text):
-        return None
-    states = _stage_states(text) if states is None else states
+    if states is None:
+        if not _NON_FINITE.search(text):
+            return None
+        states = _stage_states(text)
     order = [stage for stage, _, _ in _STAGES]
-    bad = [s for s in order if "bad" in states.get(s, set()) and "good" not in states.get(s, set())]
+    final = {stage: _final(states, stage) for stage in order}
+    bad = [s for s in order if final[s] == "bad"]
     if not bad:
         return None
     first = bad[0]
-    earlier_good = any("good" in states.get(s, set()) for s in order[: order.index(first)])
+    # A loss printed as a number counts as a finite stage only in a hunt that checks stages.
+    checked = any("good" in told for told in states.values()) or bool(_SAME_STEP.search(text))
+    finite = ("good", "num") if checked else ("good",)
+    earlier_good = any(final[s] in finite for s in order[: order.index(first)])
     later_bad = len(bad) > 1
-    if first in ("outputs", "loss") and not (earlier_good and _BEFORE_BACKWARD.search(text)):
-        return None
-    if first == "inputs" or not (earlier_good or (first == "parameters" and later_bad)):
+    if first in ("outputs", "loss"):
+        # The loss already non-finite before backward runs: located in the forward pass.
+        if not _BEFORE_BACKWARD.search(text):
+            return None
+    elif first == "inputs":
+        # "batch" is also a step counter ("nan at batch 3412"): only a check on the inputs.
+        if not _INPUT_CHECK.search(text):
+            return None
+    elif not (earlier_good or (first == "parameters" and later_bad)):
         return None
     entry = next(e for s, e, _ in _STAGES if s == first)
-    if first == "gradients" and _INF_ONLY.search(text) and not re.search(r"\bnan", text, re.I):
+    if first == "gradients" and _INF_ONLY.search(text) and not _nan_told(text):
         entry = "inf-gradients"
     return CodeHit(entry, 0.8, f"text: the first stage checked and found non-finite is the {first}")
+
+
+def _nan_told(text: str) -> bool:
+    """Whether the text names a NaN it does not deny ("not nan, literally infinity": no)."""
+    denied = [m.span() for m in _NAN_DENIED.finditer(text)]
+    return any(
+        not any(s <= m.start() < e for s, e in denied)
+        for m in re.finditer(r"\bnan", text, re.IGNORECASE)
+    )
 
 
 # -- per-layer gradient norms told side by side ------------------------------------------------

@@ -101,6 +101,62 @@ def test_no_stage_is_located_without_a_finite_stage_before_it(text: str) -> None
     assert located_nan(text) is None
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A check's verdict after its name, and the last state said of a stage.
+        (
+            "1. inputs finite ..... ok\n2. weights finite ..... FAIL (head.weight 40 NaN)\n"
+            "3. loss ..... nan",
+            "nan-parameters",
+        ),
+        (
+            "step 10: params finite: True\nstep 11: params finite: False, loss nan",
+            "nan-parameters",
+        ),
+        # The loss non-finite where it is printed before backward, with no stage before it.
+        ("loss (printed before .backward()): nan at iter 900", "nan-loss-before-backward"),
+        # An inf told with its NaN denied, and a finite loss number of that same step.
+        ("grad norm printed inf, not nan, and the loss for that step was 2.02", "inf-gradients"),
+        # A table of gradient values under a heading that says so names parameters per row.
+        (
+            "per-param grad norms (loss 3.2, finite):\n  enc.0.attn.weight   inf\n"
+            "  enc.0.mlp.weight    0.21",
+            "inf-gradients",
+        ),
+        # One layer's grad against "every other" layer's: the stage is not finite.
+        (
+            "the loss looks fine; the out_proj grad has nan, every other grad looks normal",
+            "nan-gradients",
+        ),
+        # A check on the inputs that came back non-finite.
+        (
+            "weights finite; torch.isfinite(batch['x']).all(): False, loss nan",
+            "nonfinite-inputs",
+        ),
+    ],
+)
+def test_checks_told_in_logs_locate_the_stage(text: str, expected: str) -> None:
+    hit = located_nan(text)
+    assert hit is not None and hit.entry_id == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0 NaN/Inf, total grad norm 0.4-2.7, loss 2.31 -> 1.02",
+        "nan 0 | inf 0 | loss 0.93",
+        "no NaN or Inf anywhere, loss 2.8 -> 1.1",
+        # A backward function's "0th output" is a gradient, not the model's output.
+        "loss 1.30 just before backward; Function 'MulBackward0' returned nan values in its 0th"
+        " output",
+    ],
+)
+def test_zero_counts_and_anomaly_outputs_locate_nothing_wrong(text: str) -> None:
+    hit = located_nan(text)
+    assert hit is None or hit.entry_id == "nan-gradients"
+
+
 def test_a_stage_said_to_hold_no_nan_is_cleared() -> None:
     assert cleared_stages("no nan in any parameter, yet the loss is nan") == frozenset(
         {"nan-parameters"}
@@ -152,3 +208,55 @@ def test_a_profile_told_from_the_output_down_is_read_from_the_input() -> None:
     text = "grad norms: head 5e-03, block2 1e-06, block1 3e-10, loss flat"
     hits = layer_profile_hits(text, 1000.0, improving=False)
     assert [h.entry_id for h in hits] == ["vanishing-gradients"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("the gradient size chart sits in the thousands, sometimes tens of thousands", "huge"),
+        ("the grads on the critic are massive on every update", "huge"),
+        ("grad norm 0.7 mostly, then one step at 250 and the next step it's back to 0.7", "needle"),
+        ("the grad norm line has been going up slowly like a ramp for days", "ramp_up"),
+    ],
+)
+def test_sizes_returns_and_ramps_in_lay_words(text: str, expected: str) -> None:
+    assert any(f.quantity == "grad_norm" and f.trend == expected for f in read_frames(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my huge model's grad norm is fine, around 1",  # the size word is the model's
+        "the grad norm isn't huge, about 3",
+        "histogram of the gradients: a thin needle at zero for the first conv layers",
+    ],
+)
+def test_size_words_of_something_else_and_histogram_needles_are_no_trend(text: str) -> None:
+    assert not any(f.trend in ("huge", "needle") for f in read_frames(text))
+
+
+def test_every_trend_match_in_the_eval_set_holds_one_of_its_cues() -> None:
+    """The cue words only skip regexes that could not match (a speed-up, never a filter)."""
+    from pathlib import Path
+
+    import yaml
+
+    from gradient_doctor.knowledge import matcher_frames
+
+    items = yaml.safe_load(Path(__file__).with_name("match_eval.yaml").read_text("utf-8"))
+    for item in items["items"]:
+        for trend, pattern in matcher_frames._TRENDS:
+            for m in pattern.finditer(item["text"]):
+                cues = matcher_frames._TREND_CUES[trend]
+                assert any(cue in m.group(0).lower() for cue in cues), (trend, m.group(0))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the clip_fraction panel has been 0.0 for the whole run",
+        'the "fraction of steps clipped" panel stays at 0 for the whole run',
+    ],
+)
+def test_a_clipping_counter_at_zero_all_run_is_clipping_that_never_acts(text: str) -> None:
+    assert any(h.entry_id == "clip-never-active" for h in frame_evidence(text).hits)
