@@ -514,6 +514,21 @@ def _is_accumulation_gate(frame: Frame) -> bool:
     return frame.kind == "if" and frame.tag == _GATE_TAG
 
 
+def window_gate(frame: Frame) -> tuple[str, bool] | None:
+    """For a ``% N`` gate (``if (i + 1) % N == 0:``, ``if (i + 1) % N: continue``): the text
+    of its modulo expression and whether ``frame`` is the branch that runs once per window.
+    Two gates with the same modulo text pick the same micro-batch of each window."""
+    if not _is_accumulation_gate(frame) or not isinstance(frame.node, cst.If):
+        return None
+    update = _update_branch(frame)
+    if update is None:
+        return None
+    for node in walk(frame.node.test, prune=lambda n: isinstance(n, cst.Call)):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            return code_of(node), frame.branch == update
+    return None
+
+
 def _update_branch(frame: Frame) -> int | None:
     """Which branch of a ``% N`` gate runs once per window: 0 for ``if x % N == 0:``, 1 for
     ``if x % N != 0:`` (or ``if x % N:``), each flipped by ``not``; None for other tests."""
