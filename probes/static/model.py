@@ -999,7 +999,12 @@ class FileModel:
             if micro is None and id(func) in self._inlined:
                 continue  # a helper without a loop is analysed where it is called
             if micro is not None and id(micro.node) not in func.loop_ids:
-                continue  # the loop is in a helper, which is analysed on its own
+                # The loop is in a helper, which is analysed on its own; when the helper only
+                # runs the micro-batches and this function steps after it, the update is here.
+                unit = self._caller_unit(func, events, micro, groups[key])
+                if unit is not None:
+                    yield unit
+                continue
             yield self._unit(func, events, micro)
         if (
             not groups
@@ -1007,6 +1012,42 @@ class FileModel:
             and any(e.kind == "scaler_step" for e in events)
         ):
             yield Unit(func, None, None, events, partial=True)
+
+    def _caller_unit(
+        self, func: FuncInfo, events: list[Event], micro: Frame, backwards: list[Event]
+    ) -> Unit | None:
+        """The update of a function that calls a helper running the micro-batch loop (forward
+        and backward over a window, no step) and steps after that call: ``run_window(...)``
+        then ``clip; optimizer.step()``. Only the function that calls the helper directly
+        builds it (one unit per loop), and only when the helper's loop steps nowhere."""
+        direct = [
+            b
+            for b in backwards
+            if len(b.chain) == 1 and id(micro.node) in b.chain[0].target.loop_ids
+        ]
+        if not direct:
+            return None
+        call = direct[0].chain[0]
+        backwards = [b for b in direct if b.chain[0] is call]
+        inside = [e for e in events if e.inside(micro)]
+        if any(e.kind in STEP_KINDS for e in inside):
+            return None  # a whole training loop in the helper: its own unit judges it
+        loops = [f for f in call.frames if f.kind == "loop"]
+        scope = loops[-1] if loops else None
+        scoped = [e for e in events if e.inside(scope)]
+        steps_after = [
+            e
+            for e in scoped
+            if e.kind in STEP_KINDS and not e.inside(micro) and e.order > backwards[-1].order
+        ]
+        if not steps_after:
+            return None
+        framework = next((b.framework for b in backwards if b.framework), None)
+        unit = Unit(func, micro, scope, scoped, framework=framework)
+        unit.accumulation = self._accumulation(unit)
+        if unit.accumulation is None:
+            unit.variants = self._path_variants(unit)
+        return unit
 
     def _unit(self, func: FuncInfo, events: list[Event], micro: Frame | None) -> Unit:
         inside = [e for e in events if e.inside(micro)]
@@ -1045,6 +1086,9 @@ class FileModel:
             )
             if bound is not None or _is_micro_step_loop(micro.node):
                 return Accumulation("nested", bound, None)
+            share = _count_dividing_loss(micro.node, unit)
+            if share is not None:
+                return Accumulation("nested", share, None)
         return None
 
     def _accelerate_accumulation(self, unit: Unit) -> Accumulation | None:
@@ -1235,12 +1279,83 @@ _MICRO_WORDS = re.compile(r"micro|accum|chunk|split|shard|window", re.I)
 
 
 def _is_micro_step_loop(node: cst.CSTNode) -> bool:
-    """A loop over micro-batches: ``range(N)``, or one whose names say so."""
+    """A loop over micro-batches: ``range(N)``, one whose names say so, or a ``while`` loop
+    that counts what it has processed and stops at a total (:func:`_counted_window`)."""
+    if isinstance(node, cst.While):
+        return _counted_window(node)
     if not isinstance(node, cst.For):
         return False
     if _range_bound(node) is not None:
         return True
     return bool(_MICRO_WORDS.search(code_of(node.target) + " " + code_of(node.iter)))
+
+
+_COUNT_WORDS = re.compile(r"len\(|num|\bn_|_n\b|count|steps|accum|micro|\bmbs?\b", re.I)
+
+
+def _count_dividing_loss(loop: cst.CSTNode, unit: Unit) -> cst.BaseExpression | None:
+    """``C`` when the loop body divides the loss it backpropagates by a count
+    (``loss /= self.num_mb``, ``(loss / len(chunks)).backward()``): the author shares one
+    update among the loop's iterations, so the loop is a micro-batch window whatever its
+    names say (learned from static6 trlx's ``for mb in mbs:``)."""
+    body = getattr(loop, "body", None)
+    if body is None:
+        return None
+    losses = {
+        code_of(b.loss) for b in unit.backwards if b.loss is not None and b.inside(unit.micro)
+    }
+    for item in walk(body):
+        divisor: cst.BaseExpression | None = None
+        if (
+            isinstance(item, cst.AugAssign)
+            and isinstance(item.operator, cst.DivideAssign)
+            and code_of(item.target) in losses
+        ):
+            divisor = item.value
+        elif (
+            isinstance(item, cst.BinaryOperation)
+            and isinstance(item.operator, cst.Divide)
+            and code_of(item.left) in losses | {f"({text})" for text in losses}
+        ):
+            divisor = item.right
+        if (
+            divisor is not None
+            and not isinstance(divisor, cst.Integer | cst.Float)
+            and _COUNT_WORDS.search(code_of(divisor))
+        ):
+            return divisor
+    return None
+
+
+def _counted_window(node: cst.While) -> bool:
+    """``while True:`` whose body adds to a counter (``seen += batch_size``) and breaks once
+    it reaches a total (``if seen >= total: break``): a window of micro-batches (learned
+    from static6 minFM's ``run_fwdbwd``)."""
+    if not (isinstance(node.test, cst.Name) and node.test.value == "True"):
+        return False
+    counted: set[str] = set()
+    for item in walk(node.body):
+        if isinstance(item, cst.AugAssign) and isinstance(item.operator, cst.AddAssign):
+            text = dotted_name(item.target)
+            if text is not None:
+                counted.add(text)
+    for item in walk(node.body):
+        if not (isinstance(item, cst.If) and isinstance(item.body, cst.IndentedBlock)):
+            continue
+        first = item.body.body[0] if item.body.body else None
+        breaks = isinstance(first, cst.SimpleStatementLine) and any(
+            isinstance(small, cst.Break) for small in first.body
+        )
+        test = item.test
+        if (
+            breaks
+            and isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.GreaterThanEqual | cst.GreaterThan)
+            and dotted_name(test.left) in counted
+        ):
+            return True
+    return False
 
 
 def _window_bound(node: cst.CSTNode, func: FuncInfo) -> cst.BaseExpression | None:

@@ -136,6 +136,17 @@ for inputs, labels in loader:
         optimizer.backward(loss)
     optimizer.step()
 """,
+        """
+def backward_window(model, micro_batches):
+    for micro_batch in micro_batches:
+        (model(micro_batch).mean() / len(micro_batches)).backward()
+
+def train(model, optimizer, loader, pieces):
+    for batch in loader:
+        backward_window(model, batch.chunk(pieces))
+        optimizer.step()
+        optimizer.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -193,6 +204,44 @@ for inputs, labels in loader:
     optimizer.step()
 """,
             9,
+        ),
+        # The micro-batch window runs in a helper (a `while True` loop that counts samples
+        # and stops at the step's total); the caller clips and steps after it (learned from
+        # static6 minFM).
+        Invalid(
+            """
+import torch
+class Runner:
+    def run_window(self, batches, wanted):
+        seen = 0
+        while True:
+            batch = next(batches)
+            self.model(batch).loss.backward()
+            seen += len(batch)
+            if seen >= wanted:
+                break
+
+    def update(self, batches):
+        self.run_window(batches, self.samples_per_step)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+""",
+            8,
+        ),
+        Invalid(
+            """
+def backward_window(model, micro_batches):
+    for micro_batch in micro_batches:
+        model(micro_batch).mean().backward()
+
+def train(model, optimizer, loader, pieces):
+    for batch in loader:
+        backward_window(model, batch.chunk(pieces))
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            4,
         ),
     ]
 

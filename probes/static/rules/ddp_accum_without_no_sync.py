@@ -188,10 +188,12 @@ class StepRunner:
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        if not (model.uses_ddp or model.uses_fsdp or model.wrapper_checks or _wrapped_kinds(model)):
-            return
         for unit, acc, _ in accumulating_units(model, skip_deepspeed=True):
-            expected = model.uses_ddp or model.uses_fsdp
+            # `accelerator.backward(loss)` is meant for a model the accelerator prepared (in
+            # another file, often): on several processes that model is DDP-wrapped, exactly
+            # as when `prepare()` is seen here (learned from static6 trlx).
+            prepared_elsewhere = any(b.framework == "accelerator" for b in unit.backwards)
+            expected = model.uses_ddp or model.uses_fsdp or prepared_elsewhere
             wrapper_seen = None if expected else _wrapper_of_trained_model(model, unit)
             if not expected and wrapper_seen is None:
                 continue
@@ -234,7 +236,12 @@ class StepRunner:
                     "divisor": acc.divisor_text,
                     "wrapper": wrapper_seen or wrapper,
                 }
-                if implied:
+                if implied and not model.uses_ddp:
+                    evidence["uncertain"] = (
+                        "accelerator.backward() is meant for a model accelerator.prepare() "
+                        "wrapped (not in this file), in DDP only on several processes"
+                    )
+                elif implied:
                     evidence["uncertain"] = (
                         "accelerator.prepare() wraps the model in DDP only when the script "
                         "runs on several processes"
