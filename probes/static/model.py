@@ -1720,6 +1720,11 @@ class _Collector:
     def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
         if node.value is not None:
             self._assigned(node.target, node.value)
+            if isinstance(node.target, cst.Name):
+                # `loss: torch.Tensor = criterion(...)` binds like `loss = criterion(...)`
+                # (learned from static6 insightface arcface).
+                sites = self.func_stack[-1].assign_sites
+                sites.setdefault(node.target.value, []).append(node)
         return True
 
     def _assigned(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
@@ -2264,6 +2269,12 @@ class _EventWalker:
         if target is not None and target is not func:
             func.items.append(HelperCall(call, stmt, target, frames))
             return
+        if target is None and _injected_clipper(name):
+            # `self.gradient_clipper(model)`: a clipping callable handed in by configuration
+            # (built elsewhere, limit unknown): it clips where it is called (learned from
+            # static6 Modalities).
+            event("clip", clip_kind="norm", limit=None, result_used=result_used)
+            return
         lowered = (last or "").lower()
         if ("grad_norm" in lowered or lowered == "get_total_norm") and last not in CLIP_NORM_NAMES:
             event("norm_read", receiver=code_of(recv) if recv is not None else None)
@@ -2324,6 +2335,17 @@ class _EventWalker:
                 break
             expr = expr.args[1].value
         return expr
+
+
+_CLIPPER = re.compile(
+    r"^(?:grad(?:ient)?s?_?clip(?:per|ping|_fn|_func)?|clip_?grad(?:s|ients?)?(?:_fn|_func)?)$"
+)
+
+
+def _injected_clipper(name: str | None) -> bool:
+    """A call named as a gradient clipper (``gradient_clipper``, ``grad_clip_fn``,
+    ``clip_grad``) that the analyser cannot see into: it clips the gradients."""
+    return bool(name) and bool(_CLIPPER.match(name.lower().lstrip("_")))
 
 
 def _bound_names(target: cst.BaseExpression) -> list[str]:

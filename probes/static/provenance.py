@@ -562,6 +562,8 @@ class _Reader:
                 # `loss, stats = compute_loss(...)`: the first item of what it returns.
                 return self._call(value, context, depth + 1, element)
             return self.expression(value, context, depth + 1)
+        if isinstance(site, cst.AnnAssign) and site.value is not None:
+            return self.expression(site.value, context, depth + 1)
         return Scaling("unknown", reason=f"`{name}` is bound in a way not followed")
 
     def _order(self, func: FuncInfo) -> dict[int, int]:
