@@ -1009,7 +1009,7 @@ class FileModel:
         if (
             not groups
             and id(func) not in self._inlined
-            and any(e.kind == "scaler_step" for e in events)
+            and any(e.kind in {"scaler_step", "unscale"} for e in events)
         ):
             yield Unit(func, None, None, events, partial=True)
 
@@ -2246,6 +2246,18 @@ class _EventWalker:
                 receiver=code_of(recv) if recv is not None else None,
                 scaler=code_of(recv) if recv is not None else None,
                 optimizer=code_of(opt) if opt is not None else None,
+            )
+            return
+        if name == "unscale_gradients" and model.kind_of(recv) == "accelerator":
+            # Accelerate's explicit unscale (its GradScaler's `unscale_` on the prepared
+            # optimizers, all of them when none is named).
+            opt = call_arg(call, 0, "optimizer")
+            event(
+                "unscale",
+                receiver=code_of(recv) if recv is not None else None,
+                scaler=code_of(recv) if recv is not None else None,
+                optimizer=code_of(opt) if opt is not None else None,
+                framework="accelerator",
             )
             return
         if name == "zero_grad":
