@@ -1467,8 +1467,13 @@ def _modulo_counter(test: cst.BaseExpression) -> str | None:
     return None
 
 
-def _counter_gate(stmt: cst.If) -> tuple[str, cst.BaseExpression] | None:
-    """(counter, N) for ``if count >= N: ...; count = 0`` (a counter reset in the update)."""
+def _counter_gate(
+    stmt: cst.If, aliases: dict[str, str] | None = None
+) -> tuple[str, cst.BaseExpression] | None:
+    """(counter, N) for ``if count >= N: ...; count = 0`` (a counter reset in the update).
+    ``aliases`` maps a loop variable to the sequence it walks in step with (``for opt, seen
+    in zip(optimizers, counts):``): ``if seen >= N: ...; counts[i] = 0`` resets that counter
+    (one per optimizer; learned from static6 torchseq)."""
     resets: set[str] = set()
     for node in walk(stmt.body):
         if (
@@ -1477,7 +1482,10 @@ def _counter_gate(stmt: cst.If) -> tuple[str, cst.BaseExpression] | None:
             and node.value.value == "0"
         ):
             for target in node.targets:
-                text = dotted_name(target.target)
+                bound = target.target
+                if isinstance(bound, cst.Subscript):
+                    bound = bound.value  # `counts[i] = 0`: the counts list
+                text = dotted_name(bound)
                 if text:
                     resets.add(text)
     if not resets:
@@ -1487,9 +1495,42 @@ def _counter_gate(stmt: cst.If) -> tuple[str, cst.BaseExpression] | None:
             continue
         left = dotted_name(node.left)
         operator = node.comparisons[0].operator
-        if left in resets and isinstance(operator, cst.GreaterThanEqual | cst.Equal):
+        if not isinstance(operator, cst.GreaterThanEqual | cst.Equal) or left is None:
+            continue
+        if left in resets or (aliases or {}).get(left) in resets:
             return left, node.comparisons[0].comparator
     return None
+
+
+def _zip_aliases(model: FileModel, stmt: cst.CSTNode) -> dict[str, str]:
+    """Loop variables of the ``for`` loops around ``stmt`` that walk ``zip(a, b, ...)`` (or
+    ``enumerate(zip(...))``), each mapped to the sequence it takes its items from."""
+    aliases: dict[str, str] = {}
+    for node in model.ancestors(stmt):
+        if not isinstance(node, cst.For):
+            continue
+        target, iterable = node.target, node.iter
+        if (
+            isinstance(iterable, cst.Call)
+            and dotted_name(iterable.func) == "enumerate"
+            and iterable.args
+            and isinstance(target, cst.Tuple)
+            and len(target.elements) == 2
+        ):
+            target, iterable = target.elements[1].value, iterable.args[0].value
+        if not (
+            isinstance(iterable, cst.Call)
+            and dotted_name(iterable.func) == "zip"
+            and isinstance(target, cst.Tuple)
+            and len(target.elements) == len(iterable.args)
+        ):
+            continue
+        for element, arg in zip(target.elements, iterable.args, strict=True):
+            name = dotted_name(element.value)
+            source = dotted_name(arg.value)
+            if name is not None and source is not None:
+                aliases.setdefault(name, source)
+    return aliases
 
 
 def _is_prepare(value: cst.BaseExpression) -> bool:
@@ -2058,7 +2099,7 @@ class _EventWalker:
         if divisor is not None:
             counter = _modulo_counter(condition)
         else:
-            found = _counter_gate(stmt)
+            found = _counter_gate(stmt, _zip_aliases(self.model, stmt))
             if found is not None:
                 counter, divisor = found
         if divisor is not None:

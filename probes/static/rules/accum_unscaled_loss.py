@@ -9,7 +9,7 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import Event, FileModel, Unit
+from gradient_doctor.probes.static.model import Accumulation, Event, FileModel, Unit, modulo_divisor
 from gradient_doctor.probes.static.names import code_of, receiver
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.provenance import loss_scaling
@@ -147,6 +147,19 @@ def train(model, optimizer, loader, pieces):
         optimizer.step()
         optimizer.zero_grad()
 """,
+        # A window of samples: each micro-batch's mean loss weighs its share of the target.
+        """
+def train_epoch(model, optimizer, loader, target):
+    seen = 0
+    for batch in loader:
+        loss = model(batch).mean() * len(batch) / target
+        loss.backward()
+        seen += len(batch)
+        if seen >= target:
+            optimizer.step()
+            optimizer.zero_grad()
+            seen = 0
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -264,6 +277,11 @@ def train(model, optimizer, loader, pieces):
                     # division is the same convention: the window's gradient is the sum over
                     # all its samples, as one big batch would give.
                     continue
+                if scaling.others and _threshold_window(acc):
+                    # `if seen >= target: step; seen = 0` with `seen += len(batch)`: the
+                    # window counts samples, and a loss scaled by `len(batch) / target` is
+                    # exact though N is not written (learned from static6 torchseq).
+                    continue
                 loss = backward.loss
                 assert loss is not None
                 by_counter = scaling.by_counter
@@ -308,3 +326,13 @@ def train(model, optimizer, loader, pieces):
                 return None
         as_receiver = receiver(call) is loss
         return Patch().replace_node(loss, divide(loss, divisor, as_receiver=as_receiver))
+
+
+def _threshold_window(acc: Accumulation) -> bool:
+    """An update gated by a counter reaching a threshold (``if seen >= target:``), not by a
+    ``% N`` test: the window may count samples or tokens rather than micro-batches."""
+    return (
+        acc.style == "conditional"
+        and acc.condition is not None
+        and modulo_divisor(acc.condition) is None
+    )
