@@ -149,13 +149,13 @@ def train(model, optimizer, loader, pieces):
 """,
         # A window of samples: each micro-batch's mean loss weighs its share of the target.
         """
-def train_epoch(model, optimizer, loader, target):
+def train_epoch(model, optimizer, loader, config):
     seen = 0
     for batch in loader:
-        loss = model(batch).mean() * len(batch) / target
+        loss = model(batch).mean() * len(batch) / config.samples_per_step
         loss.backward()
         seen += len(batch)
-        if seen >= target:
+        if seen >= optimizer.samples_per_step:
             optimizer.step()
             optimizer.zero_grad()
             seen = 0
