@@ -1482,7 +1482,7 @@ def _counter_gate(
             and node.value.value == "0"
         ):
             for target in node.targets:
-                bound = target.target
+                bound: cst.BaseExpression = target.target
                 if isinstance(bound, cst.Subscript):
                     bound = bound.value  # `counts[i] = 0`: the counts list
                 text = dotted_name(bound)
@@ -1509,7 +1509,8 @@ def _zip_aliases(model: FileModel, stmt: cst.CSTNode) -> dict[str, str]:
     for node in model.ancestors(stmt):
         if not isinstance(node, cst.For):
             continue
-        target, iterable = node.target, node.iter
+        target: cst.BaseExpression = node.target
+        iterable: cst.BaseExpression = node.iter
         if (
             isinstance(iterable, cst.Call)
             and dotted_name(iterable.func) == "enumerate"
@@ -2398,7 +2399,7 @@ _CLIPPER = re.compile(
 def _injected_clipper(name: str | None) -> bool:
     """A call named as a gradient clipper (``gradient_clipper``, ``grad_clip_fn``,
     ``clip_grad``) that the analyser cannot see into: it clips the gradients."""
-    return bool(name) and bool(_CLIPPER.match(name.lower().lstrip("_")))
+    return name is not None and bool(_CLIPPER.match(name.lower().lstrip("_")))
 
 
 def _bound_names(target: cst.BaseExpression) -> list[str]:
