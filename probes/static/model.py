@@ -1017,37 +1017,41 @@ class FileModel:
         self, func: FuncInfo, events: list[Event], micro: Frame, backwards: list[Event]
     ) -> Unit | None:
         """The update of a function that calls a helper running the micro-batch loop (forward
-        and backward over a window, no step) and steps after that call: ``run_window(...)``
-        then ``clip; optimizer.step()``. Only the function that calls the helper directly
-        builds it (one unit per loop), and only when the helper's loop steps nowhere."""
-        direct = [
-            b
-            for b in backwards
-            if len(b.chain) == 1 and id(micro.node) in b.chain[0].target.loop_ids
-        ]
-        if not direct:
-            return None
-        call = direct[0].chain[0]
-        backwards = [b for b in direct if b.chain[0] is call]
+        and backward over a window, no step) and then steps, itself or through another helper:
+        ``run_window(...)`` then ``clip; optimizer.step()`` or ``self.apply_update()``. The
+        window's loop may sit any number of calls down. Only the function where the window
+        call and the update part ways builds the unit (its callers reach both through one
+        call), so each loop gets one unit."""
+        calls: list[HelperCall] = []
+        for backward in backwards:
+            if backward.chain and backward.chain[0] not in calls:
+                if any(id(micro.node) in h.target.loop_ids for h in backward.chain):
+                    calls.append(backward.chain[0])
         inside = [e for e in events if e.inside(micro)]
         if any(e.kind in STEP_KINDS for e in inside):
             return None  # a whole training loop in the helper: its own unit judges it
-        loops = [f for f in call.frames if f.kind == "loop"]
-        scope = loops[-1] if loops else None
-        scoped = [e for e in events if e.inside(scope)]
-        steps_after = [
-            e
-            for e in scoped
-            if e.kind in STEP_KINDS and not e.inside(micro) and e.order > backwards[-1].order
-        ]
-        if not steps_after:
-            return None
-        framework = next((b.framework for b in backwards if b.framework), None)
-        unit = Unit(func, micro, scope, scoped, framework=framework)
-        unit.accumulation = self._accumulation(unit)
-        if unit.accumulation is None:
-            unit.variants = self._path_variants(unit)
-        return unit
+        for call in calls:
+            window = [b for b in backwards if b.chain and b.chain[0] is call]
+            loops = [f for f in call.frames if f.kind == "loop"]
+            scope = loops[-1] if loops else None
+            scoped = [e for e in events if e.inside(scope)]
+            steps_after = [
+                e
+                for e in scoped
+                if e.kind in STEP_KINDS
+                and not e.inside(micro)
+                and e.order > window[-1].order
+                and not (e.chain and e.chain[0] is call)
+            ]
+            if not steps_after:
+                continue
+            framework = next((b.framework for b in window if b.framework), None)
+            unit = Unit(func, micro, scope, scoped, framework=framework)
+            unit.accumulation = self._accumulation(unit)
+            if unit.accumulation is None:
+                unit.variants = self._path_variants(unit)
+            return unit
+        return None
 
     def _unit(self, func: FuncInfo, events: list[Event], micro: Frame | None) -> Unit:
         inside = [e for e in events if e.inside(micro)]

@@ -57,3 +57,39 @@ for batch in loader:
 """
     assert _found(source, "ddp-accum-without-no-sync") == []
     assert _found(source, "accum-unscaled-loss") == []
+
+
+WINDOW_TWO_CALLS_DOWN = """
+import torch
+
+class Runner:
+    def _micro(self, batch):
+        self.model(batch).loss.backward()
+
+    def _window(self, batches):
+        for micro_batch in batches:
+            self._micro(micro_batch)
+
+    def _apply(self):
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    def train_step(self, batches):
+        self._window(batches)
+        self._apply()
+
+    def fit(self, loader):
+        for batches in loader:
+            self.train_step(batches)
+"""
+
+
+def test_window_two_calls_down_and_update_in_another_helper_is_one_unit() -> None:
+    # The shape of static6 minFM, spread further: the window loop one more call down, the
+    # update in its own method. One finding, at the backward, from train_step's unit.
+    assert _found(WINDOW_TWO_CALLS_DOWN, "accum-unscaled-loss") == [(6, "critical")]
+    divided = WINDOW_TWO_CALLS_DOWN.replace(
+        "self.model(batch).loss.backward()", "(self.model(batch).loss / self.parts).backward()"
+    )
+    assert _found(divided, "accum-unscaled-loss") == []
