@@ -1024,9 +1024,12 @@ class FileModel:
         call), so each loop gets one unit."""
         calls: list[HelperCall] = []
         for backward in backwards:
-            if backward.chain and backward.chain[0] not in calls:
-                if any(id(micro.node) in h.target.loop_ids for h in backward.chain):
-                    calls.append(backward.chain[0])
+            if (
+                backward.chain
+                and backward.chain[0] not in calls
+                and any(id(micro.node) in h.target.loop_ids for h in backward.chain)
+            ):
+                calls.append(backward.chain[0])
         inside = [e for e in events if e.inside(micro)]
         if any(e.kind in STEP_KINDS for e in inside):
             return None  # a whole training loop in the helper: its own unit judges it
