@@ -464,7 +464,7 @@ class Unit:
         if acc is None:
             return False
         if acc.style == "nested":
-            return event.inside(self.micro)
+            return event.inside(self.micro) and not _once_per_window(event, self.micro)
         if acc.style == "accelerate":
             if not event.inside(acc.gate) or event.kind in STEP_KINDS:
                 return False  # a prepared optimizer steps only on the sync step
@@ -508,6 +508,50 @@ class Unit:
 
 
 _GATE_TAG = "accumulation-gate"
+
+
+def _loop_index(loop: cst.CSTNode) -> str | None:
+    """The counter of a micro-step loop: ``i`` in ``for i, mb in enumerate(...)``, or the
+    target of ``for micro_step in range(N)``."""
+    if not isinstance(loop, cst.For):
+        return None
+    target = loop.target
+    if isinstance(loop.iter, cst.Call) and dotted_name(loop.iter.func) == "enumerate":
+        if isinstance(target, cst.Tuple) and target.elements:
+            first = target.elements[0].value
+            return first.value if isinstance(first, cst.Name) else None
+        return None
+    if _range_bound(loop) is not None and isinstance(target, cst.Name):
+        return target.value
+    return None
+
+
+def _once_per_window(event: Event, micro: Frame | None) -> bool:
+    """``event`` sits under ``if i == 0:`` (or ``if i == n - 1:``) on the micro-step loop's
+    own counter: it runs on one micro-batch of each window, not on all of them (learned from
+    static3 guided-diffusion, zeroing on the first micro-batch)."""
+    if micro is None:
+        return False
+    index = _loop_index(micro.node)
+    if index is None:
+        return False
+    for frame in event.frames_after(micro):
+        if frame.kind != "if" or frame.branch != 0 or not isinstance(frame.node, cst.If):
+            continue
+        test = frame.node.test
+        if (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)
+        ):
+            sides = (test.left, test.comparisons[0].comparator)
+            named = [isinstance(side, cst.Name) and side.value == index for side in sides]
+            other = sides[1] if named[0] else sides[0]
+            if any(named) and index not in {
+                n.value for n in walk(other) if isinstance(n, cst.Name)
+            }:
+                return True
+    return False
 
 
 def _is_accumulation_gate(frame: Frame) -> bool:

@@ -111,6 +111,20 @@ class Loop:
                 continue
             self.optimizer.step()
 """,
+        # Zeroing on the window's first micro-batch, in a helper that runs the window; the
+        # caller steps (learned from static3 guided-diffusion).
+        """
+def backward_window(model, optimizer, micro_batches):
+    for i, micro_batch in enumerate(micro_batches):
+        if i == 0:
+            optimizer.zero_grad()
+        (model(micro_batch).mean() / len(micro_batches)).backward()
+
+def train(model, optimizer, loader):
+    for micro_batches in loader:
+        backward_window(model, optimizer, micro_batches)
+        optimizer.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
