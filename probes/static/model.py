@@ -2374,7 +2374,12 @@ class _EventWalker:
         if target is not None and target is not func:
             func.items.append(HelperCall(call, stmt, target, frames))
             return
-        if target is None and _injected_clipper(name):
+        if target is None and isinstance(call.func, cst.Name) and last in ZERO_GRAD_FUNCTIONS:
+            # `zero_grad(model_params)`: the project's own zeroing function, from a module
+            # not read (learned from static seen improved-diffusion's fp16_util).
+            event("zero_grad", receiver=None)
+            return
+        if target is None and _injected_clipper(last):
             # `self.gradient_clipper(model)`: a clipping callable handed in by configuration
             # (built elsewhere, limit unknown): it clips where it is called (learned from
             # static6 Modalities).
@@ -2441,6 +2446,9 @@ class _EventWalker:
             expr = expr.args[1].value
         return expr
 
+
+ZERO_GRAD_FUNCTIONS = frozenset({"zero_grad", "zero_grads", "zero_gradients"})
+"""Plain functions (not methods) that zero the gradients of what they are given."""
 
 _CLIPPER = re.compile(
     r"^(?:grad(?:ient)?s?_?clip(?:per|ping|_fn|_func)?|clip_?grad(?:s|ients?)?(?:_fn|_func)?)$"

@@ -277,7 +277,7 @@ def train(model, optimizer, loader, pieces):
                     # division is the same convention: the window's gradient is the sum over
                     # all its samples, as one big batch would give.
                     continue
-                if scaling.others and _threshold_window(acc):
+                if scaling.others and not scaling.by_counter and _threshold_window(acc):
                     # `if seen >= target: step; seen = 0` with `seen += len(batch)`: the
                     # window counts samples, and a loss scaled by `len(batch) / target` is
                     # exact though N is not written (learned from static6 torchseq).

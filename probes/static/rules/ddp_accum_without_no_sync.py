@@ -209,7 +209,9 @@ class StepRunner:
                 # `for _ in accumulation_contexts(model, n):`: the loop's own iterator enters
                 # `no_sync()` around the micro-batches (a generator of the project).
                 continue
-            if _mentions_no_sync(unit.root.node):
+            if _mentions_no_sync(unit.root.node) or any(
+                _mentions_no_sync(helper.target.node) for b in unit.backwards for helper in b.chain
+            ):
                 # `ctx = model.no_sync()` on one branch, `nullcontext()` on the other, and only
                 # the forward under `with ctx:` (DDP decides in the forward): no_sync is used,
                 # and where it is placed is ddp-no-sync-misplaced's question, not this rule's.
