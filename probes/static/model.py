@@ -567,10 +567,17 @@ def window_gate(frame: Frame) -> tuple[str, bool] | None:
     update = _update_branch(frame)
     if update is None:
         return None
-    for node in walk(frame.node.test, prune=lambda n: isinstance(n, cst.Call)):
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
-            return code_of(node), frame.branch == update
-    return None
+    test: cst.BaseExpression = frame.node.test
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test = test.expression
+    if isinstance(test, cst.BinaryOperation):
+        return f"{code_of(test)} == 0", frame.branch == update  # `if x % N:`
+    if not isinstance(test, cst.Comparison):
+        return None
+    left, right = test.left, test.comparisons[0].comparator
+    modulo, residue = (left, right) if isinstance(left, cst.BinaryOperation) else (right, left)
+    # The residue matters: `x % N == 1` picks another micro-batch than `x % N == 0`.
+    return f"{code_of(modulo)} == {code_of(residue)}", frame.branch == update
 
 
 def _update_branch(frame: Frame) -> int | None:

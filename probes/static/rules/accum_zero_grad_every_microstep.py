@@ -292,10 +292,13 @@ def _zeroed_on_the_update_before_backward(unit: Unit, steps: list[Event]) -> Ite
         if not shared:
             continue
         text = shared[0]
+        own = [s for s in steps if _same_optimizer(zero, s)]
+        if any(s.order < zero.order for s in own):
+            continue  # it zeroes after its own optimizer's step: the next window starts clean
         step = next(
             (
                 s
-                for s in steps
+                for s in own
                 if s.order > zero.order
                 and any(b.order > zero.order and b.order < s.order for b in unit.backwards)
             ),
@@ -321,6 +324,13 @@ def _zeroed_on_the_update_before_backward(unit: Unit, steps: list[Event]) -> Ite
                 "Zero the gradients after the step (or on the window's first micro-batch)."
             ),
         )
+
+
+def _same_optimizer(zero: Event, step: Event) -> bool:
+    """Whether ``zero`` zeroes what ``step`` applies: the same optimizer, or a zeroing whose
+    target is not named (a model's ``zero_grad()``, a helper's)."""
+    stepped = optimizer_of(step)
+    return zero.receiver is None or stepped is None or zero.receiver == stepped
 
 
 def _in_except_handler(model: FileModel, zero: Event) -> bool:
