@@ -1099,6 +1099,16 @@ class FileModel:
             ]
             if not steps_after:
                 continue
+            if any(
+                e.kind == "backward"
+                and window[-1].order < e.order < steps_after[0].order
+                and not (e.chain and e.chain[0] is call)
+                for e in scoped
+            ):
+                # The caller backpropagates its own loss before the step: the helper's loop
+                # served something else (VAT's power iteration on an input perturbation,
+                # learned from static2 TorchSSL), not the window of this update.
+                continue
             framework = next((b.framework for b in window if b.framework), None)
             unit = Unit(func, micro, scope, scoped, framework=framework)
             unit.accumulation = self._accumulation(unit)

@@ -133,3 +133,32 @@ def test_window_helper_that_zeroes_and_skips_sync_itself_is_silent() -> None:
     assert serious == []
     without_zeroing = DIFFUSION_STYLE_STEP.replace("        zero_grad(self.params)\n", "")
     assert _found(without_zeroing, "accum-missing-zero-grad") == [(14, "critical")]
+
+
+ADVERSARIAL_DIRECTION = """
+import torch
+
+def adversarial_direction(model, inputs, rounds, radius):
+    direction = torch.randn_like(inputs).requires_grad_()
+    for _ in range(rounds):
+        model(inputs + radius * direction).sum().backward()
+        direction = direction.grad.detach().requires_grad_()
+        model.zero_grad()
+    return direction.detach()
+
+def train(model, optimizer, loader, rounds, radius):
+    for inputs, targets in loader:
+        direction = adversarial_direction(model, inputs, rounds, radius)
+        loss = torch.nn.functional.cross_entropy(model(inputs + radius * direction), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_helper_loop_before_the_callers_own_backward_is_no_accumulation_window() -> None:
+    # static2 TorchSSL VAT: the helper backpropagates to find an input direction; the
+    # caller's own backward feeds the step.
+    report = lint_source(ADVERSARIAL_DIRECTION, "train.py")
+    assert report.error is None
+    assert [f.id for f in report.findings if f.severity in {"warning", "critical"}] == []
