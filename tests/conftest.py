@@ -11,6 +11,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# A static rule that raises must fail the tests, not vanish silently as it does for users
+# (engine.RAISE_RULE_ERRORS_ENV); the CLI subprocesses inherit it.
+os.environ.setdefault("GRADIENT_DOCTOR_RAISE_RULE_ERRORS", "1")
+
 
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 300

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import logging
 import os
 import pkgutil
 from collections import Counter
@@ -45,7 +46,19 @@ from gradient_doctor.probes.static.report import FileReport
 if TYPE_CHECKING:
     from gradient_doctor.probes.static.project import ProjectIndex
 
-__all__ = ["all_rules", "lint_source", "rule_ids"]
+__all__ = ["RAISE_RULE_ERRORS_ENV", "all_rules", "lint_source", "rule_ids"]
+
+log = logging.getLogger("gradient_doctor.static")
+
+RAISE_RULE_ERRORS_ENV = "GRADIENT_DOCTOR_RAISE_RULE_ERRORS"
+"""Set to ``1`` to let an exception raised by a rule (or by the model) propagate out of
+``lint_source`` instead of being logged and dropped. The test suite sets it, so a crashing
+rule fails the tests; production leaves it unset (a broken rule must not hide the others)."""
+
+
+def raise_rule_errors() -> bool:
+    """Whether rule errors propagate (see :data:`RAISE_RULE_ERRORS_ENV`)."""
+    return os.environ.get(RAISE_RULE_ERRORS_ENV, "").strip().lower() in {"1", "true", "yes"}
 
 
 @lru_cache(maxsize=1)
@@ -118,8 +131,13 @@ def _run_rules(model: FileModel, rules: Sequence[Rule]) -> list[_Raw]:
             found.extend(_Raw(rule, raw) for raw in rule.check(model))
         except RecursionError:
             raise
-        except Exception:  # pragma: no cover - a rule bug must not take the others down
-            # Precision first: a rule that cannot understand this file reports nothing.
+        except Exception:
+            if raise_rule_errors():
+                raise
+            # Precision first: a rule that cannot understand this file reports nothing, and a
+            # rule bug must not take the others down; it is logged (silent unless the caller
+            # configures logging) so that it can still be found.
+            log.debug("rule %s failed on %s", rule.id, model.path, exc_info=True)
             continue
     return found
 
@@ -300,6 +318,9 @@ def _lint(
     except RecursionError:
         return FileReport(path=path, error="the file is too deeply nested to analyse")
     except Exception as exc:  # pragma: no cover - last line of defence: never a traceback
+        if raise_rule_errors():
+            raise
+        log.debug("analysis of %s failed", path, exc_info=True)
         return FileReport(path=path, error=f"internal analyser error ({type(exc).__name__})")
 
 

@@ -464,7 +464,7 @@ class Unit:
         if acc is None:
             return False
         if acc.style == "nested":
-            return event.inside(self.micro)
+            return event.inside(self.micro) and not _once_per_window(event, self.micro)
         if acc.style == "accelerate":
             if not event.inside(acc.gate) or event.kind in STEP_KINDS:
                 return False  # a prepared optimizer steps only on the sync step
@@ -510,8 +510,74 @@ class Unit:
 _GATE_TAG = "accumulation-gate"
 
 
+def _loop_index(loop: cst.CSTNode) -> str | None:
+    """The counter of a micro-step loop: ``i`` in ``for i, mb in enumerate(...)``, or the
+    target of ``for micro_step in range(N)``."""
+    if not isinstance(loop, cst.For):
+        return None
+    target = loop.target
+    if isinstance(loop.iter, cst.Call) and dotted_name(loop.iter.func) == "enumerate":
+        if isinstance(target, cst.Tuple) and target.elements:
+            first = target.elements[0].value
+            return first.value if isinstance(first, cst.Name) else None
+        return None
+    if _range_bound(loop) is not None and isinstance(target, cst.Name):
+        return target.value
+    return None
+
+
+def _once_per_window(event: Event, micro: Frame | None) -> bool:
+    """``event`` sits under ``if i == 0:`` (or ``if i == n - 1:``) on the micro-step loop's
+    own counter: it runs on one micro-batch of each window, not on all of them (learned from
+    static3 guided-diffusion, zeroing on the first micro-batch)."""
+    if micro is None:
+        return False
+    index = _loop_index(micro.node)
+    if index is None:
+        return False
+    for frame in event.frames_after(micro):
+        if frame.kind != "if" or frame.branch != 0 or not isinstance(frame.node, cst.If):
+            continue
+        test = frame.node.test
+        if (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)
+        ):
+            sides = (test.left, test.comparisons[0].comparator)
+            named = [isinstance(side, cst.Name) and side.value == index for side in sides]
+            other = sides[1] if named[0] else sides[0]
+            if any(named) and index not in {
+                n.value for n in walk(other) if isinstance(n, cst.Name)
+            }:
+                return True
+    return False
+
+
 def _is_accumulation_gate(frame: Frame) -> bool:
     return frame.kind == "if" and frame.tag == _GATE_TAG
+
+
+def window_gate(frame: Frame) -> tuple[str, bool] | None:
+    """For a ``% N`` gate (``if (i + 1) % N == 0:``, ``if (i + 1) % N: continue``): the text
+    of its modulo expression and whether ``frame`` is the branch that runs once per window.
+    Two gates with the same modulo text pick the same micro-batch of each window."""
+    if not _is_accumulation_gate(frame) or not isinstance(frame.node, cst.If):
+        return None
+    update = _update_branch(frame)
+    if update is None:
+        return None
+    test: cst.BaseExpression = frame.node.test
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test = test.expression
+    if isinstance(test, cst.BinaryOperation):
+        return f"{code_of(test)} == 0", frame.branch == update  # `if x % N:`
+    if not isinstance(test, cst.Comparison):
+        return None
+    left, right = test.left, test.comparisons[0].comparator
+    modulo, residue = (left, right) if isinstance(left, cst.BinaryOperation) else (right, left)
+    # The residue matters: `x % N == 1` picks another micro-batch than `x % N == 0`.
+    return f"{code_of(modulo)} == {code_of(residue)}", frame.branch == update
 
 
 def _update_branch(frame: Frame) -> int | None:
@@ -984,14 +1050,72 @@ class FileModel:
             if micro is None and id(func) in self._inlined:
                 continue  # a helper without a loop is analysed where it is called
             if micro is not None and id(micro.node) not in func.loop_ids:
-                continue  # the loop is in a helper, which is analysed on its own
+                # The loop is in a helper, which is analysed on its own; when the helper only
+                # runs the micro-batches and this function steps after it, the update is here.
+                unit = self._caller_unit(func, events, micro, groups[key])
+                if unit is not None:
+                    yield unit
+                continue
             yield self._unit(func, events, micro)
         if (
             not groups
             and id(func) not in self._inlined
-            and any(e.kind == "scaler_step" for e in events)
+            and any(e.kind in {"scaler_step", "unscale"} for e in events)
         ):
             yield Unit(func, None, None, events, partial=True)
+
+    def _caller_unit(
+        self, func: FuncInfo, events: list[Event], micro: Frame, backwards: list[Event]
+    ) -> Unit | None:
+        """The update of a function that calls a helper running the micro-batch loop (forward
+        and backward over a window, no step) and then steps, itself or through another helper:
+        ``run_window(...)`` then ``clip; optimizer.step()`` or ``self.apply_update()``. The
+        window's loop may sit any number of calls down. Only the function where the window
+        call and the update part ways builds the unit (its callers reach both through one
+        call), so each loop gets one unit."""
+        calls: list[HelperCall] = []
+        for backward in backwards:
+            if (
+                backward.chain
+                and backward.chain[0] not in calls
+                and any(id(micro.node) in h.target.loop_ids for h in backward.chain)
+            ):
+                calls.append(backward.chain[0])
+        inside = [e for e in events if e.inside(micro)]
+        if any(e.kind in STEP_KINDS for e in inside):
+            return None  # a whole training loop in the helper: its own unit judges it
+        for call in calls:
+            window = [b for b in backwards if b.chain and b.chain[0] is call]
+            loops = [f for f in call.frames if f.kind == "loop"]
+            scope = loops[-1] if loops else None
+            scoped = [e for e in events if e.inside(scope)]
+            steps_after = [
+                e
+                for e in scoped
+                if e.kind in STEP_KINDS
+                and not e.inside(micro)
+                and e.order > window[-1].order
+                and not (e.chain and e.chain[0] is call)
+            ]
+            if not steps_after:
+                continue
+            if any(
+                e.kind == "backward"
+                and window[-1].order < e.order < steps_after[0].order
+                and not (e.chain and e.chain[0] is call)
+                for e in scoped
+            ):
+                # The caller backpropagates its own loss before the step: the helper's loop
+                # served something else (VAT's power iteration on an input perturbation,
+                # learned from static2 TorchSSL), not the window of this update.
+                continue
+            framework = next((b.framework for b in window if b.framework), None)
+            unit = Unit(func, micro, scope, scoped, framework=framework)
+            unit.accumulation = self._accumulation(unit)
+            if unit.accumulation is None:
+                unit.variants = self._path_variants(unit)
+            return unit
+        return None
 
     def _unit(self, func: FuncInfo, events: list[Event], micro: Frame | None) -> Unit:
         inside = [e for e in events if e.inside(micro)]
@@ -1030,6 +1154,9 @@ class FileModel:
             )
             if bound is not None or _is_micro_step_loop(micro.node):
                 return Accumulation("nested", bound, None)
+            share = _count_dividing_loss(micro.node, unit)
+            if share is not None:
+                return Accumulation("nested", share, None)
         return None
 
     def _accelerate_accumulation(self, unit: Unit) -> Accumulation | None:
@@ -1220,12 +1347,83 @@ _MICRO_WORDS = re.compile(r"micro|accum|chunk|split|shard|window", re.I)
 
 
 def _is_micro_step_loop(node: cst.CSTNode) -> bool:
-    """A loop over micro-batches: ``range(N)``, or one whose names say so."""
+    """A loop over micro-batches: ``range(N)``, one whose names say so, or a ``while`` loop
+    that counts what it has processed and stops at a total (:func:`_counted_window`)."""
+    if isinstance(node, cst.While):
+        return _counted_window(node)
     if not isinstance(node, cst.For):
         return False
     if _range_bound(node) is not None:
         return True
     return bool(_MICRO_WORDS.search(code_of(node.target) + " " + code_of(node.iter)))
+
+
+_COUNT_WORDS = re.compile(r"len\(|num|\bn_|_n\b|count|steps|accum|micro|\bmbs?\b", re.I)
+
+
+def _count_dividing_loss(loop: cst.CSTNode, unit: Unit) -> cst.BaseExpression | None:
+    """``C`` when the loop body divides the loss it backpropagates by a count
+    (``loss /= self.num_mb``, ``(loss / len(chunks)).backward()``): the author shares one
+    update among the loop's iterations, so the loop is a micro-batch window whatever its
+    names say (learned from static6 trlx's ``for mb in mbs:``)."""
+    body = getattr(loop, "body", None)
+    if body is None:
+        return None
+    losses = {
+        code_of(b.loss) for b in unit.backwards if b.loss is not None and b.inside(unit.micro)
+    }
+    for item in walk(body):
+        divisor: cst.BaseExpression | None = None
+        if (
+            isinstance(item, cst.AugAssign)
+            and isinstance(item.operator, cst.DivideAssign)
+            and code_of(item.target) in losses
+        ):
+            divisor = item.value
+        elif (
+            isinstance(item, cst.BinaryOperation)
+            and isinstance(item.operator, cst.Divide)
+            and code_of(item.left) in losses | {f"({text})" for text in losses}
+        ):
+            divisor = item.right
+        if (
+            divisor is not None
+            and not isinstance(divisor, cst.Integer | cst.Float)
+            and _COUNT_WORDS.search(code_of(divisor))
+        ):
+            return divisor
+    return None
+
+
+def _counted_window(node: cst.While) -> bool:
+    """``while True:`` whose body adds to a counter (``seen += batch_size``) and breaks once
+    it reaches a total (``if seen >= total: break``): a window of micro-batches (learned
+    from static6 minFM's ``run_fwdbwd``)."""
+    if not (isinstance(node.test, cst.Name) and node.test.value == "True"):
+        return False
+    counted: set[str] = set()
+    for item in walk(node.body):
+        if isinstance(item, cst.AugAssign) and isinstance(item.operator, cst.AddAssign):
+            text = dotted_name(item.target)
+            if text is not None:
+                counted.add(text)
+    for item in walk(node.body):
+        if not (isinstance(item, cst.If) and isinstance(item.body, cst.IndentedBlock)):
+            continue
+        first = item.body.body[0] if item.body.body else None
+        breaks = isinstance(first, cst.SimpleStatementLine) and any(
+            isinstance(small, cst.Break) for small in first.body
+        )
+        test = item.test
+        if (
+            breaks
+            and isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.GreaterThanEqual | cst.GreaterThan)
+            and dotted_name(test.left) in counted
+        ):
+            return True
+    return False
 
 
 def _window_bound(node: cst.CSTNode, func: FuncInfo) -> cst.BaseExpression | None:
@@ -1337,8 +1535,13 @@ def _modulo_counter(test: cst.BaseExpression) -> str | None:
     return None
 
 
-def _counter_gate(stmt: cst.If) -> tuple[str, cst.BaseExpression] | None:
-    """(counter, N) for ``if count >= N: ...; count = 0`` (a counter reset in the update)."""
+def _counter_gate(
+    stmt: cst.If, aliases: dict[str, str] | None = None
+) -> tuple[str, cst.BaseExpression] | None:
+    """(counter, N) for ``if count >= N: ...; count = 0`` (a counter reset in the update).
+    ``aliases`` maps a loop variable to the sequence it walks in step with (``for opt, seen
+    in zip(optimizers, counts):``): ``if seen >= N: ...; counts[i] = 0`` resets that counter
+    (one per optimizer; learned from static6 torchseq)."""
     resets: set[str] = set()
     for node in walk(stmt.body):
         if (
@@ -1347,7 +1550,10 @@ def _counter_gate(stmt: cst.If) -> tuple[str, cst.BaseExpression] | None:
             and node.value.value == "0"
         ):
             for target in node.targets:
-                text = dotted_name(target.target)
+                bound: cst.BaseExpression = target.target
+                if isinstance(bound, cst.Subscript):
+                    bound = bound.value  # `counts[i] = 0`: the counts list
+                text = dotted_name(bound)
                 if text:
                     resets.add(text)
     if not resets:
@@ -1357,9 +1563,43 @@ def _counter_gate(stmt: cst.If) -> tuple[str, cst.BaseExpression] | None:
             continue
         left = dotted_name(node.left)
         operator = node.comparisons[0].operator
-        if left in resets and isinstance(operator, cst.GreaterThanEqual | cst.Equal):
+        if not isinstance(operator, cst.GreaterThanEqual | cst.Equal) or left is None:
+            continue
+        if left in resets or (aliases or {}).get(left) in resets:
             return left, node.comparisons[0].comparator
     return None
+
+
+def _zip_aliases(model: FileModel, stmt: cst.CSTNode) -> dict[str, str]:
+    """Loop variables of the ``for`` loops around ``stmt`` that walk ``zip(a, b, ...)`` (or
+    ``enumerate(zip(...))``), each mapped to the sequence it takes its items from."""
+    aliases: dict[str, str] = {}
+    for node in model.ancestors(stmt):
+        if not isinstance(node, cst.For):
+            continue
+        target: cst.BaseExpression = node.target
+        iterable: cst.BaseExpression = node.iter
+        if (
+            isinstance(iterable, cst.Call)
+            and dotted_name(iterable.func) == "enumerate"
+            and iterable.args
+            and isinstance(target, cst.Tuple)
+            and len(target.elements) == 2
+        ):
+            target, iterable = target.elements[1].value, iterable.args[0].value
+        if not (
+            isinstance(iterable, cst.Call)
+            and dotted_name(iterable.func) == "zip"
+            and isinstance(target, cst.Tuple)
+            and len(target.elements) == len(iterable.args)
+        ):
+            continue
+        for element, arg in zip(target.elements, iterable.args, strict=True):
+            name = dotted_name(element.value)
+            source = dotted_name(arg.value)
+            if name is not None and source is not None:
+                aliases.setdefault(name, source)
+    return aliases
 
 
 def _is_prepare(value: cst.BaseExpression) -> bool:
@@ -1590,6 +1830,11 @@ class _Collector:
     def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
         if node.value is not None:
             self._assigned(node.target, node.value)
+            if isinstance(node.target, cst.Name):
+                # `loss: torch.Tensor = criterion(...)` binds like `loss = criterion(...)`
+                # (learned from static6 insightface arcface).
+                sites = self.func_stack[-1].assign_sites
+                sites.setdefault(node.target.value, []).append(node)
         return True
 
     def _assigned(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
@@ -1923,7 +2168,7 @@ class _EventWalker:
         if divisor is not None:
             counter = _modulo_counter(condition)
         else:
-            found = _counter_gate(stmt)
+            found = _counter_gate(stmt, _zip_aliases(self.model, stmt))
             if found is not None:
                 counter, divisor = found
         if divisor is not None:
@@ -2113,6 +2358,18 @@ class _EventWalker:
                 optimizer=code_of(opt) if opt is not None else None,
             )
             return
+        if name == "unscale_gradients" and model.kind_of(recv) == "accelerator":
+            # Accelerate's explicit unscale (its GradScaler's `unscale_` on the prepared
+            # optimizers, all of them when none is named).
+            opt = call_arg(call, 0, "optimizer")
+            event(
+                "unscale",
+                receiver=code_of(recv) if recv is not None else None,
+                scaler=code_of(recv) if recv is not None else None,
+                optimizer=code_of(opt) if opt is not None else None,
+                framework="accelerator",
+            )
+            return
         if name == "zero_grad":
             event("zero_grad", receiver=code_of(recv) if recv is not None else None)
             return
@@ -2133,6 +2390,17 @@ class _EventWalker:
         target = model.function_for_call(call, func)
         if target is not None and target is not func:
             func.items.append(HelperCall(call, stmt, target, frames))
+            return
+        if target is None and isinstance(call.func, cst.Name) and last in ZERO_GRAD_FUNCTIONS:
+            # `zero_grad(model_params)`: the project's own zeroing function, from a module
+            # not read (learned from static seen improved-diffusion's fp16_util).
+            event("zero_grad", receiver=None)
+            return
+        if target is None and _injected_clipper(last):
+            # `self.gradient_clipper(model)`: a clipping callable handed in by configuration
+            # (built elsewhere, limit unknown): it clips where it is called (learned from
+            # static6 Modalities).
+            event("clip", clip_kind="norm", limit=None, result_used=result_used)
             return
         lowered = (last or "").lower()
         if ("grad_norm" in lowered or lowered == "get_total_norm") and last not in CLIP_NORM_NAMES:
@@ -2194,6 +2462,20 @@ class _EventWalker:
                 break
             expr = expr.args[1].value
         return expr
+
+
+ZERO_GRAD_FUNCTIONS = frozenset({"zero_grad", "zero_grads", "zero_gradients"})
+"""Plain functions (not methods) that zero the gradients of what they are given."""
+
+_CLIPPER = re.compile(
+    r"^(?:grad(?:ient)?s?_?clip(?:per|ping|_fn|_func)?|clip_?grad(?:s|ients?)?(?:_fn|_func)?)$"
+)
+
+
+def _injected_clipper(name: str | None) -> bool:
+    """A call named as a gradient clipper (``gradient_clipper``, ``grad_clip_fn``,
+    ``clip_grad``) that the analyser cannot see into: it clips the gradients."""
+    return name is not None and bool(_CLIPPER.match(name.lower().lstrip("_")))
 
 
 def _bound_names(target: cst.BaseExpression) -> list[str]:

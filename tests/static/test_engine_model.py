@@ -415,3 +415,36 @@ for x, y in loader:
 )
 def test_other_correct_shapes_get_no_warning(source: str) -> None:
     assert _serious(source) == []
+
+
+class _CrashingRule:
+    """A rule with a bug: it raises on every file."""
+
+    id = "crashing-rule"
+
+    def check(self, model: object) -> list[object]:
+        raise ValueError("rule bug")
+
+
+def test_a_crashing_rule_propagates_under_the_switch_and_is_dropped_without(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import libcst as cst
+
+    from gradient_doctor.probes.static import engine
+    from gradient_doctor.probes.static.model import FileModel
+
+    model = FileModel(cst.parse_module("x = 1\n"), "train.py")
+    monkeypatch.setenv(engine.RAISE_RULE_ERRORS_ENV, "1")
+    with pytest.raises(ValueError, match="rule bug"):
+        engine._run_rules(model, [_CrashingRule()])  # type: ignore[list-item]
+    monkeypatch.setenv(engine.RAISE_RULE_ERRORS_ENV, "0")
+    with caplog.at_level("DEBUG", logger="gradient_doctor.static"):
+        assert engine._run_rules(model, [_CrashingRule()]) == []  # type: ignore[list-item]
+    assert "crashing-rule" in caplog.text
+
+
+def test_the_test_suite_runs_with_rule_errors_raised() -> None:
+    from gradient_doctor.probes.static import engine
+
+    assert engine.raise_rule_errors()

@@ -89,6 +89,15 @@ for i, (real, noise) in enumerate(loader):
         gen_opt.step()
         gen_opt.zero_grad()
 """,
+        """
+class Trainer:
+    def train_batch(self, model, optimizer, batch, index):
+        (model(batch).mean() / self.accumulation).backward()
+        if (index + 1) % self.accumulation == 0:
+            self.gradient_clipper(model)
+            optimizer.step()
+            optimizer.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -129,6 +138,30 @@ for it in range(iters):
     optimizer.zero_grad()
 """,
             7,
+        ),
+        # The clipping is a callable handed to the trainer by configuration, called in the
+        # per-batch method that the epoch loop calls (learned from static6 Modalities).
+        Invalid(
+            """
+class Trainer:
+    def __init__(self, accumulation, gradient_clipper):
+        self.accumulation = accumulation
+        self.gradient_clipper = gradient_clipper
+
+    def train_batch(self, model, optimizer, batch, index):
+        loss = model(batch).mean() / self.accumulation
+        loss.backward()
+        norm = self.gradient_clipper(model)
+        if (index + 1) % self.accumulation == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+        return loss, norm
+
+    def train(self, model, optimizer, loader):
+        for index, batch in enumerate(loader):
+            self.train_batch(model, optimizer, batch, index)
+""",
+            10,
         ),
     ]
 

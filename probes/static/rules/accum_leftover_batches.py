@@ -98,6 +98,23 @@ def train(model, train_loader, optimizer, accum):
 """,
             7,
         ),
+        # One sample counter per optimizer, walked with zip() and reset by index when that
+        # optimizer steps; counted afresh each epoch (learned from static6 torchseq).
+        Invalid(
+            """
+def train_epoch(model, optimizers, loader, target):
+    seen = [0 for _ in optimizers]
+    for index, batch in enumerate(loader):
+        (model(batch).sum() / target).backward()
+        seen = [count + len(batch) for count in seen]
+        for slot, (opt, count) in enumerate(zip(optimizers, seen)):
+            if count >= target:
+                opt.step()
+                opt.zero_grad()
+                seen[slot] = 0
+""",
+            8,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:

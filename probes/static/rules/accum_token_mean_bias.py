@@ -12,7 +12,7 @@ import libcst as cst
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.model import Accumulation, Event, FileModel, FuncInfo, Unit
 from gradient_doctor.probes.static.names import call_arg, code_of, dotted_name, keyword_names
-from gradient_doctor.probes.static.provenance import loss_scaling
+from gradient_doctor.probes.static.provenance import loss_scaling, per_row_count
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
     has_scaling,
@@ -66,6 +66,21 @@ import torch.nn.functional as F
 for x, y in loader:
     loss = F.cross_entropy(model(x).view(-1, V), y.view(-1), ignore_index=-100)
     loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+        # Per-sequence means (a reduction over the token dimension only), then a plain mean
+        # over sequences: equal micro-batches weigh equally (learned from static6 DPO).
+        """
+import torch
+def sequence_scores(logits, targets, mask):
+    picked = torch.gather(logits.log_softmax(-1), 2, targets.unsqueeze(2)).squeeze(2)
+    return (picked * mask).sum(-1) / mask.sum(-1)
+for it in range(iters):
+    for part in range(parts):
+        logits = policy(inputs[part]).logits
+        loss = -sequence_scores(logits, targets[part], masks[part]).mean()
+        (loss / parts).backward()
     optimizer.step()
     optimizer.zero_grad()
 """,
@@ -236,6 +251,10 @@ def _masked_mean(model: FileModel, func: FuncInfo, call: cst.Call) -> bool:
 def _inline_token_mean(expr: cst.BaseExpression) -> bool:
     """``(x * mask).sum() / mask.sum()``: a sum divided by this batch's count of real tokens."""
     if not (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Divide)):
+        return False
+    if per_row_count(expr.right):
+        # `(x * mask).sum(-1) / mask.sum(-1)`: one mean per sequence, and the micro-batch's
+        # mean over sequences divides by N exactly (learned from static6 DPO).
         return False
     left, right = code_of(expr.left), code_of(expr.right)
     return ".sum(" in left and "mask" in right.lower() and ".sum(" in right

@@ -9,7 +9,7 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import Event, FileModel, Unit
+from gradient_doctor.probes.static.model import Accumulation, Event, FileModel, Unit, modulo_divisor
 from gradient_doctor.probes.static.names import code_of, receiver
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.provenance import loss_scaling
@@ -136,6 +136,30 @@ for inputs, labels in loader:
         optimizer.backward(loss)
     optimizer.step()
 """,
+        """
+def backward_window(model, micro_batches):
+    for micro_batch in micro_batches:
+        (model(micro_batch).mean() / len(micro_batches)).backward()
+
+def train(model, optimizer, loader, pieces):
+    for batch in loader:
+        backward_window(model, batch.chunk(pieces))
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        # A window of samples: each micro-batch's mean loss weighs its share of the target.
+        """
+def train_epoch(model, optimizer, loader, config):
+    seen = 0
+    for batch in loader:
+        loss = model(batch).mean() * len(batch) / config.samples_per_step
+        loss.backward()
+        seen += len(batch)
+        if seen >= optimizer.samples_per_step:
+            optimizer.step()
+            optimizer.zero_grad()
+            seen = 0
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -194,6 +218,44 @@ for inputs, labels in loader:
 """,
             9,
         ),
+        # The micro-batch window runs in a helper (a `while True` loop that counts samples
+        # and stops at the step's total); the caller clips and steps after it (learned from
+        # static6 minFM).
+        Invalid(
+            """
+import torch
+class Runner:
+    def run_window(self, batches, wanted):
+        seen = 0
+        while True:
+            batch = next(batches)
+            self.model(batch).loss.backward()
+            seen += len(batch)
+            if seen >= wanted:
+                break
+
+    def update(self, batches):
+        self.run_window(batches, self.samples_per_step)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+""",
+            8,
+        ),
+        Invalid(
+            """
+def backward_window(model, micro_batches):
+    for micro_batch in micro_batches:
+        model(micro_batch).mean().backward()
+
+def train(model, optimizer, loader, pieces):
+    for batch in loader:
+        backward_window(model, batch.chunk(pieces))
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            4,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -214,6 +276,11 @@ for inputs, labels in loader:
                     # samples (DDP's average undone), so summing micro-batches without a
                     # division is the same convention: the window's gradient is the sum over
                     # all its samples, as one big batch would give.
+                    continue
+                if scaling.others and not scaling.by_counter and _threshold_window(acc):
+                    # `if seen >= target: step; seen = 0` with `seen += len(batch)`: the
+                    # window counts samples, and a loss scaled by `len(batch) / target` is
+                    # exact though N is not written (learned from static6 torchseq).
                     continue
                 loss = backward.loss
                 assert loss is not None
@@ -259,3 +326,13 @@ for inputs, labels in loader:
                 return None
         as_receiver = receiver(call) is loss
         return Patch().replace_node(loss, divide(loss, divisor, as_receiver=as_receiver))
+
+
+def _threshold_window(acc: Accumulation) -> bool:
+    """An update gated by a counter reaching a threshold (``if seen >= target:``), not by a
+    ``% N`` test: the window may count samples or tokens rather than micro-batches."""
+    return (
+        acc.style == "conditional"
+        and acc.condition is not None
+        and modulo_divisor(acc.condition) is None
+    )

@@ -9,7 +9,7 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed
-from gradient_doctor.probes.static.model import Event, FileModel, Unit
+from gradient_doctor.probes.static.model import Event, FileModel, Unit, exclusive, window_gate
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
@@ -100,6 +100,31 @@ for inputs in batches:
         opt.step()
         opt.zero_grad()
 """,
+        """
+class Loop:
+    def fit(self, loader):
+        for index, batch in enumerate(loader):
+            if index % self.every == 0:
+                self.optimizer.zero_grad()
+            (self.model(batch).mean() / self.every).backward()
+            if (index + 1) % self.every:
+                continue
+            self.optimizer.step()
+""",
+        # Zeroing on the window's first micro-batch, in a helper that runs the window; the
+        # caller steps (learned from static3 guided-diffusion).
+        """
+def backward_window(model, optimizer, micro_batches):
+    for i, micro_batch in enumerate(micro_batches):
+        if i == 0:
+            optimizer.zero_grad()
+        (model(micro_batch).mean() / len(micro_batches)).backward()
+
+def train(model, optimizer, loader):
+    for micro_batches in loader:
+        backward_window(model, optimizer, micro_batches)
+        optimizer.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -139,10 +164,32 @@ for inputs in batches:
 """,
             5,
         ),
+        # The zeroing runs once per window, but on the update's own micro-batch and before
+        # its backward: the window's earlier micro-batches are wiped just before the step
+        # (learned from static6 mmf, where a `_start_update()` helper zeroes).
+        Invalid(
+            """
+class Loop:
+    def begin_update(self):
+        self.updates += 1
+        self.optimizer.zero_grad()
+
+    def fit(self, loader):
+        for index, batch in enumerate(loader):
+            if (index + 1) % self.every == 0:
+                self.begin_update()
+            (self.model(batch).mean() / self.every).backward()
+            if (index + 1) % self.every:
+                continue
+            self.optimizer.step()
+""",
+            10,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
+            yield from _zeroed_on_the_update_before_backward(unit, steps)
             zeros = unit.of_kind("zero_grad")
             gated_zero = [z for z in zeros if not unit.in_micro_step(z)]
             optimizers = {optimizer_of(s) for s in unit.steps} | {z.receiver for z in zeros}
@@ -212,6 +259,78 @@ ACCELERATE_MESSAGE = (
     "backward: on the micro-batch where Accelerate steps (line {step_line}) it wipes the "
     "gradients the previous `{divisor}` micro-batches accumulated, so only the last one is used"
 )
+
+
+UPDATE_MESSAGE = (
+    "`{zero_grad}` on line {zero_line} runs on the update's micro-batch (`{condition}`, as the "
+    "step on line {step_line}) but before its backward: it wipes the gradients the window's "
+    "earlier micro-batches accumulated, so the step sees only the last one"
+)
+
+
+def _zeroed_on_the_update_before_backward(unit: Unit, steps: list[Event]) -> Iterator[RawFinding]:
+    """``if (i + 1) % N == 0: opt.zero_grad()`` before the backward, with the step under the
+    same ``(i + 1) % N`` later in the iteration: the zeroing is gated, but on the very
+    micro-batch that steps, so the window is wiped before its last backward. (Zeroing on the
+    window's first micro-batch, ``i % N == 0``, tests another modulo and is right.)"""
+    acc = unit.accumulation
+    if acc is None or acc.style != "conditional":
+        return
+    step_windows = {
+        gate
+        for step in steps
+        for frame in step.frames_after(unit.scope)
+        if (gate := window_gate(frame)) is not None and gate[1]
+    }
+    for zero in unit.of_kind("zero_grad"):
+        windows = [
+            gate[0]
+            for frame in zero.frames_after(unit.scope)
+            if (gate := window_gate(frame)) is not None and gate[1]
+        ]
+        shared = [text for text in windows if (text, True) in step_windows]
+        if not shared:
+            continue
+        text = shared[0]
+        own = [s for s in steps if _same_optimizer(zero, s)]
+        if any(s.order < zero.order for s in own):
+            continue  # it zeroes after its own optimizer's step: the next window starts clean
+        step = next(
+            (
+                s
+                for s in own
+                if s.order > zero.order
+                and any(b.order > zero.order and b.order < s.order for b in unit.backwards)
+            ),
+            None,
+        )
+        if step is None:
+            continue
+        backward = next(b for b in unit.backwards if zero.order < b.order < step.order)
+        if not unit.in_micro_step(backward) or exclusive(zero, backward):
+            continue
+        zero_at, step_at = placements(zero, step)
+        yield RawFinding(
+            node=zero_at.node,
+            message=UPDATE_MESSAGE,
+            evidence={
+                "zero_grad": label(zero_at.node),
+                "zero_line": zero_at.node,
+                "step_line": step_at.node,
+                "condition": text,
+                "divisor": acc.divisor_text,
+            },
+            fix_description=(
+                "Zero the gradients after the step (or on the window's first micro-batch)."
+            ),
+        )
+
+
+def _same_optimizer(zero: Event, step: Event) -> bool:
+    """Whether ``zero`` zeroes what ``step`` applies: the same optimizer, or a zeroing whose
+    target is not named (a model's ``zero_grad()``, a helper's)."""
+    stepped = optimizer_of(step)
+    return zero.receiver is None or stepped is None or zero.receiver == stepped
 
 
 def _in_except_handler(model: FileModel, zero: Event) -> bool:

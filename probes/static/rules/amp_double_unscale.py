@@ -6,7 +6,13 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import Event, FileModel, checks_unscaled_state, exclusive
+from gradient_doctor.probes.static.model import (
+    Event,
+    FileModel,
+    Unit,
+    checks_unscaled_state,
+    exclusive,
+)
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import between, label, placements
 
@@ -61,6 +67,20 @@ for x, y in loader:
     scaler.step(opt_d)
     scaler.update()
 """,
+        """
+import torch
+class Trainer:
+    def update(self):
+        self.accelerator.unscale_gradients(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    def update_clipped_by_accelerate(self):
+        self.accelerator.clip_grad_norm_(self.net.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -94,10 +114,31 @@ for x, y in loader:
 """,
             11,
         ),
+        # A trainer's update method: Accelerate's clip unscales again after an explicit
+        # unscale (learned from static6 DALLE2's decoder trainer).
+        Invalid(
+            """
+class Trainer:
+    def __init__(self, accelerator, net, optimizer, max_norm):
+        self.accelerator = accelerator
+        self.net = net
+        self.optimizer = optimizer
+        self.max_norm = max_norm
+
+    def update(self):
+        if self.max_norm is not None:
+            self.accelerator.unscale_gradients(self.optimizer)
+            self.accelerator.clip_grad_norm_(self.net.parameters(), self.max_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+""",
+            12,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         for unit in model.units:
+            yield from _framework_clip_after_unscale(unit)
             unscales = unit.of_kind("unscale")
             for index, second in enumerate(unscales):
                 first = next(
@@ -138,6 +179,62 @@ for x, y in loader:
                     patch=patch,
                     fix_description="Remove the redundant `unscale_` call.",
                 )
+
+
+FRAMEWORK_CLIP_MESSAGE = (
+    "`{second}` on line {second_line} unscales the gradients itself (Accelerate's clipping "
+    "calls `unscale_gradients()` first), but line {first_line} already unscaled them for this "
+    "step: with fp16 mixed precision the second unscale raises `RuntimeError: unscale_() has "
+    "already been called on this optimizer since the last update()`"
+)
+
+UNSCALING_FRAMEWORKS = frozenset({"accelerator"})
+"""Frameworks whose clipping call unscales the gradients itself (Accelerate's
+``clip_grad_norm_`` / ``clip_grad_value_`` call ``unscale_gradients()`` first)."""
+
+
+def _framework_clip_after_unscale(unit: Unit) -> Iterator[RawFinding]:
+    """``accelerator.unscale_gradients(opt)`` (or ``scaler.unscale_``) and then
+    ``accelerator.clip_grad_norm_(...)`` in the same update: the clip unscales a second time
+    (learned from static6 DALLE2's decoder trainer)."""
+    unscales = unit.of_kind("unscale")
+    for clip in unit.of_kind("clip"):
+        if clip.framework not in UNSCALING_FRAMEWORKS:
+            continue
+        first = next(
+            (
+                u
+                for u in reversed(unscales)
+                if u.order < clip.order
+                and not exclusive(u, clip)
+                and u.inside(unit.micro) == clip.inside(unit.micro)
+                and not between(unit, u, clip, {"scaler_update", "step", "scaler_step"})
+            ),
+            None,
+        )
+        if first is None or checks_unscaled_state(first):
+            continue
+        clip_at, first_at = placements(clip, first)
+        patch = None
+        if (
+            first_at.standalone
+            and _runs_whenever(first, clip)
+            and _runs_whenever(clip, first)
+            and not between(unit, first, clip, {"clip", "norm_read"})
+        ):
+            patch = Patch(remove=[first_at.stmt])
+        yield RawFinding(
+            node=clip_at.node,
+            message=FRAMEWORK_CLIP_MESSAGE,
+            evidence={
+                "second": label(clip_at.node),
+                "second_line": clip_at.node,
+                "first_line": first_at.node,
+                "optimizer": first.optimizer or "optimizer",
+            },
+            patch=patch,
+            fix_description="Remove the explicit unscale: the framework's clip unscales.",
+        )
 
 
 def _runs_whenever(kept: Event, removed: Event) -> bool:

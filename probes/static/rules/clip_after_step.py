@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.model import STEP_KINDS, Event, FileModel, exclusive
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     between,
@@ -89,6 +89,24 @@ for x, y in loader:
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf)
     optimizer.zero_grad()
 """,
+        # A helper trains the critic over its own loop; the actor's clip that follows belongs
+        # to the actor's own backward and step.
+        """
+import torch
+def fit_critic(critic, critic_opt, batches):
+    for batch in batches:
+        critic_opt.zero_grad()
+        critic(batch).mean().backward()
+        critic_opt.step()
+
+def main(actor, critic, actor_opt, critic_opt, batches, rounds):
+    for _ in range(rounds):
+        fit_critic(critic, critic_opt, batches)
+        actor_opt.zero_grad()
+        (-critic(actor(batches[0]))).mean().backward()
+        torch.nn.utils.clip_grad_norm_(actor.parameters(), 1.0)
+        actor_opt.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -133,9 +151,52 @@ class Trainer:
 """,
             11,
         ),
+        # The training loop runs in a helper; the caller clips once it returns (learned from
+        # static6 Bert-VITS2, clipping after each epoch's `train_and_evaluate(...)`).
+        Invalid(
+            """
+import torch
+def run_epoch(net, opt, loader):
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+
+def main(net, opt, loader, sched, epochs):
+    for epoch in range(epochs):
+        run_epoch(net, opt, loader)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm=5.0)
+        sched.step()
+""",
+            12,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        reported: set[int] = set()
+        for finding in self._in_units(model):
+            reported.add(id(finding.node))
+            yield finding
+        for clip, step in _after_a_stepping_call(model):
+            if id(clip.call) in reported:
+                continue
+            reported.add(id(clip.call))
+            yield RawFinding(
+                node=clip.call,
+                message=CALL_MESSAGE,
+                evidence={
+                    "clip": label(clip.call),
+                    "clip_line": clip.call,
+                    "step": label(step.call),
+                    "call": label(step.chain[0].call),
+                    "call_line": step.chain[0].call,
+                },
+                fix_description=(
+                    "Clip inside the training loop, between the backward and the step."
+                ),
+            )
+
+    def _in_units(self, model: FileModel) -> Iterator[RawFinding]:
         for unit in model.units:
             for clip in clipping(unit):
                 step = previous(unit, clip, {"step", "scaler_step"})
@@ -168,3 +229,39 @@ class Trainer:
                     patch=patch,
                     fix_description="Move the clipping call to just before the optimizer step.",
                 )
+
+
+CALL_MESSAGE = (
+    "`{clip}` on line {clip_line} clips after `{call}` (line {call_line}) has run its training "
+    "loop: the optimizer already stepped (`{step}`), so the clipping changes gradients no step "
+    "uses"
+)
+
+
+def _after_a_stepping_call(model: FileModel) -> Iterator[tuple[Event, Event]]:
+    """Clipping written after the call of a helper that runs a whole training loop (backward
+    and step inside its own loop), with no backward between: ``train_one_epoch(...)`` then
+    ``clip_grad_norm_(...)`` in the epoch loop (learned from static6 Bert-VITS2). A step that
+    follows the clip in the caller (a second optimizer clipped before its own step) keeps it
+    silent."""
+    for func in [model.module_info, *model.functions]:
+        events = model.expanded(func)
+        for index, clip in enumerate(events):
+            if clip.kind != "clip" or clip.chain or clip.measures_only:
+                continue
+            earlier = events[:index]
+            step = next((e for e in reversed(earlier) if e.kind in STEP_KINDS), None)
+            if step is None or not step.chain or exclusive(step, clip):
+                continue
+            helper = step.chain[0]
+            own_loops = [f for f in step.frames[len(helper.frames) :] if f.kind == "loop"]
+            if not own_loops:
+                continue  # the helper steps once: the caller's own loop is the training loop
+            if any(e.kind == "backward" and e.order > step.order for e in earlier):
+                continue
+            if not any(e.kind == "backward" and e.chain[:1] == (helper,) for e in earlier):
+                continue
+            later = events[index + 1 :]
+            if any(e.kind in STEP_KINDS and not e.chain for e in later):
+                continue
+            yield clip, step

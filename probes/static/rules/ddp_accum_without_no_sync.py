@@ -8,7 +8,13 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import MODULE_METHODS, FileModel, Unit
+from gradient_doctor.probes.static.model import (
+    MODULE_METHODS,
+    FileModel,
+    FuncInfo,
+    Unit,
+    bind_arguments,
+)
 from gradient_doctor.probes.static.names import code_of, dotted_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
@@ -86,6 +92,24 @@ for it in range(iters):
     optimizer.step()
     optimizer.zero_grad()
 """,
+        # The micro-step loop iterates over a helper that enters `no_sync()` around every
+        # micro-batch but the last (learned from static6 lightweight-gan).
+        """
+from contextlib import nullcontext
+from torch.nn.parallel import DistributedDataParallel as DDP
+def sync_windows(count, net):
+    for index in range(count):
+        quiet = index < count - 1
+        with net.no_sync() if quiet else nullcontext():
+            yield index
+def fit(net, opt, data, every, steps):
+    net = DDP(net)
+    for _ in range(steps):
+        opt.zero_grad()
+        for _ in sync_windows(every, net):
+            (net(next(data)).mean() / every).backward()
+        opt.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -134,13 +158,42 @@ for it in range(iters):
 """,
             7,
         ),
+        # A framework's step method: one call per batch, the model handed in by the user and
+        # expected under FSDP (the class checks for it), the update gated by a flag (learned
+        # from static6 tnt AutoUnit).
+        Invalid(
+            """
+import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+def pick_scaler(net):
+    return ShardedGradScaler() if isinstance(net, FSDP) else torch.amp.GradScaler()
+class StepRunner:
+    def __init__(self, module, optimizer, accumulate):
+        self.module = module
+        self.optimizer = optimizer
+        self.accumulate = accumulate
+        self.scaler = pick_scaler(self.module)
+    def run_step(self, batch, index):
+        update_now = (index + 1) % self.accumulate == 0
+        loss = self.loss_of(batch) / self.accumulate
+        self.scaler.scale(loss).backward()
+        if update_now:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad()
+""",
+            16,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        if not (model.uses_ddp or model.uses_fsdp or model.wrapper_checks or _wrapped_kinds(model)):
-            return
         for unit, acc, _ in accumulating_units(model, skip_deepspeed=True):
-            expected = model.uses_ddp or model.uses_fsdp
+            # `accelerator.backward(loss)` is meant for a model the accelerator prepared (in
+            # another file, often): on several processes that model is DDP-wrapped, exactly
+            # as when `prepare()` is seen here (learned from static6 trlx).
+            prepared_elsewhere = any(b.framework == "accelerator" for b in unit.backwards)
+            expected = model.uses_ddp or model.uses_fsdp or prepared_elsewhere
             wrapper_seen = None if expected else _wrapper_of_trained_model(model, unit)
             if not expected and wrapper_seen is None:
                 continue
@@ -152,7 +205,13 @@ for it in range(iters):
                 continue
             if any(f.tag in {"no_sync", "sync_helper"} for b in unit.backwards for f in b.frames):
                 continue  # some micro-steps already skip the all-reduce
-            if _mentions_no_sync(unit.root.node):
+            if _iterator_skips_sync(model, unit):
+                # `for _ in accumulation_contexts(model, n):`: the loop's own iterator enters
+                # `no_sync()` around the micro-batches (a generator of the project).
+                continue
+            if _mentions_no_sync(unit.root.node) or any(
+                _mentions_no_sync(helper.target.node) for b in unit.backwards for helper in b.chain
+            ):
                 # `ctx = model.no_sync()` on one branch, `nullcontext()` on the other, and only
                 # the forward under `with ctx:` (DDP decides in the forward): no_sync is used,
                 # and where it is placed is ddp-no-sync-misplaced's question, not this rule's.
@@ -179,7 +238,12 @@ for it in range(iters):
                     "divisor": acc.divisor_text,
                     "wrapper": wrapper_seen or wrapper,
                 }
-                if implied:
+                if implied and not model.uses_ddp:
+                    evidence["uncertain"] = (
+                        "accelerator.backward() is meant for a model accelerator.prepare() "
+                        "wrapped (not in this file), in DDP only on several processes"
+                    )
+                elif implied:
                     evidence["uncertain"] = (
                         "accelerator.prepare() wraps the model in DDP only when the script "
                         "runs on several processes"
@@ -235,6 +299,18 @@ def _mentions_no_sync(node: cst.CSTNode) -> bool:
     )
 
 
+def _iterator_skips_sync(model: FileModel, unit: Unit) -> bool:
+    """Whether the micro-step loop iterates over a call of the project's own function (a
+    generator or an iterator factory) that uses ``no_sync``: the loop body runs inside the
+    contexts it enters."""
+    loop = micro_step_for(unit)
+    if loop is None or not isinstance(loop.iter, cst.Call):
+        return False
+    owner = unit.root.model or model
+    target = owner.function_for_call(loop.iter, unit.root)
+    return target is not None and _mentions_no_sync(target.node)
+
+
 def _wrapped_kinds(model: FileModel) -> dict[str, str]:
     """Names that hold a DDP / FSDP model because every caller passes one (project index)."""
     return {name: kind for name, kind in model.kinds.items() if kind in {"ddp", "fsdp"}}
@@ -249,10 +325,41 @@ def _wrapper_of_trained_model(model: FileModel, unit: Unit) -> str | None:
     for checked, kind, func in model.wrapper_checks:
         if func is root and checked in trained:
             return "FSDP" if kind == "fsdp" else "DDP"
+        held = _instance_attributes_checked(model, checked, func)
+        if root.class_name is not None and any(
+            name.split(":", 1)[0] == root.class_name and name.count(".") == 1 for name in held
+        ):
+            # A trainer class checks `isinstance(self.module, FSDP)` (here or in a helper it
+            # hands `self.module` to): the model it holds and trains, through methods its user
+            # overrides (`compute_loss`), is expected under that wrapper. Learned from static6
+            # tnt AutoUnit.
+            return "FSDP" if kind == "fsdp" else "DDP"
     for name, kind in _wrapped_kinds(model).items():
         if name in root.params and name in trained:
             return "FSDP" if kind == "fsdp" else "DDP"
     return None
+
+
+def _instance_attributes_checked(model: FileModel, checked: str, func: FuncInfo) -> set[str]:
+    """The instance attributes (``Class:self.module``) a wrapper check on ``checked`` in
+    ``func`` tests: ``checked`` itself when it is one, and, when it is a parameter of ``func``,
+    the ``self.X`` arguments the file's own methods pass for it (one call level)."""
+    found: set[str] = set()
+    if checked.startswith("self.") and func.class_name is not None:
+        found.add(f"{func.class_name}:{checked}")
+    if checked not in func.params or not isinstance(func.node, cst.FunctionDef):
+        return found
+    for caller in model.functions:
+        if caller.class_name is None:
+            continue
+        for node in walk(caller.node):
+            if not isinstance(node, cst.Call) or model.function_for_call(node, caller) is not func:
+                continue
+            for param, value in bind_arguments(node, func.node):
+                text = dotted_name(value)
+                if param == checked and text is not None and text.startswith("self."):
+                    found.add(f"{caller.class_name}:{text}")
+    return found
 
 
 def _trained_names(unit: Unit) -> set[str]:
