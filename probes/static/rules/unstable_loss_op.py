@@ -20,7 +20,12 @@ from gradient_doctor.probes.static.names import (
     parenthesize,
 )
 from gradient_doctor.probes.static.patches import Patch
-from gradient_doctor.probes.static.positivity import Positivity, exponent_of, offset_name
+from gradient_doctor.probes.static.positivity import (
+    Positivity,
+    clamp_bound,
+    exponent_of,
+    offset_name,
+)
 from gradient_doctor.probes.static.ruletools import shorten
 from gradient_doctor.probes.static.traverse import walk
 
@@ -835,7 +840,7 @@ def _away_from_zero(node: cst.BaseExpression, func: FuncInfo, positivity: Positi
     if not isinstance(node, cst.BinaryOperation):
         return False
     if isinstance(node.operator, cst.Subtract):
-        ceiling = _literal_value(node.left)
+        ceiling = number_value(node.left, arithmetic=True)
         return ceiling is not None and _bounded_below(node.right, ceiling, func)
     if isinstance(node.operator, cst.Divide):
         numerator = node.left
@@ -853,44 +858,11 @@ def _bounded_below(node: cst.BaseExpression, ceiling: float, func: FuncInfo) -> 
     values = func.assigns.get(node.value, []) if isinstance(node, cst.Name) else [node]
     for value in values:
         if isinstance(value, cst.Call) and _called_name(value) in {"clamp", "clip", "clamp_max"}:
-            maximum = _clamp_maximum(value)
-            bound = _literal_value(maximum) if maximum is not None else None
+            maximum = clamp_bound(value, "max")
+            bound = number_value(maximum, arithmetic=True) if maximum is not None else None
             if bound is not None and bound < ceiling:
                 return True
     return False
-
-
-def _clamp_maximum(call: cst.Call) -> cst.BaseExpression | None:
-    """The upper bound of ``x.clamp(lo, hi)``, ``torch.clamp(x, lo, hi)``, ``clamp(max=hi)``,
-    ``x.clamp_max(hi)``."""
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "max":
-            return arg.value
-    positional = [a.value for a in call.args if a.keyword is None]
-    owner = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
-    skip = 1 if owner in {"torch", "th", "np", "numpy"} or isinstance(call.func, cst.Name) else 0
-    index = skip if _called_name(call) == "clamp_max" else skip + 1
-    return positional[index] if len(positional) > index else None
-
-
-def _literal_value(node: cst.BaseExpression) -> float | None:
-    """The value of a literal or of arithmetic on literals (``1.0 - 1e-4``)."""
-    value = number_value(node)
-    if value is not None or not isinstance(node, cst.BinaryOperation):
-        return value
-    left, right = _literal_value(node.left), _literal_value(node.right)
-    if left is None or right is None:
-        return None
-    operator = node.operator
-    if isinstance(operator, cst.Add):
-        return left + right
-    if isinstance(operator, cst.Subtract):
-        return left - right
-    if isinstance(operator, cst.Multiply):
-        return left * right
-    if isinstance(operator, cst.Divide) and right != 0:
-        return left / right
-    return None
 
 
 MEASURING_CALLS = frozenset({"item", "tolist", "detach", "numpy"})
@@ -1085,17 +1057,10 @@ def _keeps_zero(call: cst.Call) -> bool:
     ``clamp(min=0)``, ``clamp(max=1)``): 0 itself passes through it."""
     if _called_name(call) not in {"clamp", "clamp_", "clip", "clamp_min"}:
         return False
-    positional = [a.value for a in call.args if a.keyword is None]
-    if not isinstance(call.func, cst.Attribute) or (dotted_name(call.func) or "").startswith(
-        ("torch.", "th.")
-    ):
-        positional = positional[1:]  # `torch.clamp(x, 0)`: the tensor comes first
-    lower = positional[0] if positional else None
-    keyword = next((a.value for a in call.args if a.keyword and a.keyword.value == "min"), None)
-    lower = lower if lower is not None else keyword
+    lower = clamp_bound(call, "min")
     if lower is None:
         return True
-    value = number_value(lower)
+    value = number_value(lower, arithmetic=True)
     return value is not None and value <= 0
 
 
