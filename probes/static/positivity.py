@@ -30,10 +30,10 @@ from gradient_doctor.probes.static.names import dotted_name, method_name, number
 
 MAX_DEPTH = 6
 
-POSITIVE_CALLS = frozenset({"exp", "softplus"})
+POSITIVE_CALLS = frozenset({"exp", "exp_", "softplus"})
 """Functions whose value is strictly positive whatever their input."""
 NON_NEGATIVE_CALLS = frozenset(
-    {"abs", "square", "relu", "sigmoid", "softmax", "norm", "exp", "softplus", "sqrt"}
+    {"abs", "square", "relu", "sigmoid", "softmax", "norm", "exp", "exp_", "softplus", "sqrt"}
 )
 """Functions whose value is at least 0 (but can be exactly 0)."""
 CLAMPS = frozenset({"clamp", "clip", "clamp_min", "clamp_"})
@@ -179,7 +179,13 @@ class Positivity:
     def _name_positive(self, name: str, func: FuncInfo, depth: int, seen: frozenset[str]) -> bool:
         if name in seen:
             return True  # `x = x.view(...)`: the earlier definition decides
-        values = func.assigns.get(name, [])
+        # `events = events.float()` of a parameter: a cast of the value passed in, which
+        # says nothing of its sign (only another definition could).
+        values = [
+            v
+            for v in func.assigns.get(name, [])
+            if not (isinstance(own := self._same_value(v), cst.Name) and own.value == name)
+        ]
         if not values:
             return False
         seen = seen | {name}

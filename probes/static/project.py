@@ -47,6 +47,9 @@ RELEVANT_WORDS = (
     "log(",
     "sqrt(",
     "loss",
+    "norm(",
+    "exp(",
+    ".div(",
 )
 CONSTRUCTOR_WORDS = ("Scaler", "optim", "DistributedDataParallel", "DDP", "FSDP", "fully_shard")
 MODEL_CACHE = 32
