@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key
-from gradient_doctor.probes.static.names import dotted_name
+from gradient_doctor.probes.static.names import dotted_name, number_value
 
 LOSS_WORDS = ("loss", "cross_entropy", "crossentropy", "nll", "kl_div")
 """Words that name a loss (in a function, a class or a variable)."""
@@ -102,12 +102,16 @@ def loss_scope(model: FileModel, followed: CallFilter) -> LossScope:
     seeds: list[tuple[FileModel, FuncInfo]] = []
     in_loss_file = loss_file(model.path)
     for func in model.functions:
-        if _loss_function(func) or (in_loss_file and _public_entry(func)):
+        if (
+            _loss_function(model, func)
+            or (in_loss_file and _public_entry(func))
+            or _overlap_function(func)
+        ):
             seeds.append((model, func))
     # A function whose result is assigned to a loss (`loss = criterion(cos_sim(a, b), y)`
     # anywhere): followed from the assignment.
-    for call, stmt, func in model.all_calls:
-        if assigns_loss(stmt) and followed(model, func, call):
+    for call, func in _calls_feeding_losses(model):
+        if followed(model, func, call):
             # Not a module's `forward` (`loss = model(x)`): a model that returns its loss is
             # read as a loss only where its own code says so.
             callee = resolve_call(model, func, call, modules=False)
@@ -123,15 +127,61 @@ def loss_scope(model: FileModel, followed: CallFilter) -> LossScope:
     return scope
 
 
-def _loss_function(func: FuncInfo) -> bool:
-    """Named like a loss, or ``forward`` / ``__call__`` of a ``*Loss`` class."""
+def _calls_feeding_losses(model: FileModel) -> Iterator[tuple[cst.Call, FuncInfo]]:
+    """The calls written in a ``loss = ...`` assignment (or ``self.total_loss = ...``), in
+    any function. The names it reads are not followed back: what reaches a training loop's
+    ``loss = criterion(model(x), y)`` through ``x`` and ``y`` is its data pipeline
+    (``x, y, adj = load_data()``), which nothing backpropagates into."""
+    for call, stmt, func in model.all_calls:
+        if assigns_loss(stmt):
+            yield call, func
+
+
+def _walk_expression(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Every node of an expression, not entering lambdas."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if isinstance(current, cst.Lambda):
+            continue
+        stack.extend(current.children)
+
+
+def _loss_function(model: FileModel, func: FuncInfo) -> bool:
+    """Named like a loss, or ``forward`` / ``__call__`` of a class named like a loss or
+    derived from one (``class ArcFace(_WeightedLoss)``)."""
     if loss_named(func.name):
         return True
-    return (
-        func.name in FORWARD_METHODS
-        and func.class_name is not None
-        and "loss" in func.class_name.lower()
-    )
+    if func.name not in FORWARD_METHODS or func.class_name is None:
+        return False
+    names = [func.class_name, *model.class_bases.get(func.class_name, [])]
+    return any("loss" in name.lower() for name in names)
+
+
+def _overlap_function(func: FuncInfo) -> bool:
+    """The function takes a ratio from 1 (``iou = inter / union``; ``1 - iou``): the shape of
+    the IoU, GIoU, CIoU and Dice losses, trained on whatever the function is called."""
+    if not isinstance(func.node, cst.FunctionDef):
+        return False
+    ratios = {
+        name
+        for name, values in func.assigns.items()
+        if any(
+            isinstance(v, cst.BinaryOperation) and isinstance(v.operator, cst.Divide)
+            for v in values
+        )
+    }
+    for node in _walk_expression(func.node.body):
+        if (
+            isinstance(node, cst.BinaryOperation)
+            and isinstance(node.operator, cst.Subtract)
+            and number_value(node.left) == 1
+            and isinstance(node.right, cst.Name)
+            and node.right.value in ratios
+        ):
+            return True
+    return False
 
 
 def _public_entry(func: FuncInfo) -> bool:

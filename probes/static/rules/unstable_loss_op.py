@@ -591,6 +591,22 @@ def ratio_loss(p, q):
                     continue
                 if (
                     scope.in_loss(func, stmt)
+                    and _extent(func, right)
+                    and not _safe(model, func, stmt, right)
+                    and not positivity.positive(right, func)
+                    and not _without_gradient(model, division.node)
+                ):
+                    yield self._finding(
+                        division.node,
+                        right,
+                        _plus_epsilon,
+                        "a division by zero",
+                        "a difference of two coordinates is 0 for a degenerate box or an "
+                        "empty range: add an epsilon to the denominator",
+                    )
+                    continue
+                if (
+                    scope.in_loss(func, stmt)
                     and not _python_number(division.left)
                     and (_counted_selection(func, right) or _data_count(func, right))
                     and not _safe(model, func, stmt, right)
@@ -941,6 +957,29 @@ def _data_count(func: FuncInfo, node: cst.BaseExpression) -> bool:
     )
 
 
+def _extent(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``h`` with ``h = y2 - y1`` (assigned once), or ``(x_max - x_min)`` written in place: a
+    difference of two tensors (a box's width or height, a value range), 0 when they are
+    equal. Differences with a literal (``1 - p``, ``n - 1``) or of sizes are not read."""
+    stripped = _strip(node)
+    value = _single_value(func, stripped) if isinstance(stripped, cst.Name) else stripped
+    if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract)):
+        return False
+    if isinstance(stripped, cst.Name) and _guarded(value):
+        return False
+    sides = (_strip(value.left), _strip(value.right))
+    if any(_constant(func, side, 0) for side in sides):
+        return False  # `beta - alpha` of two numeric settings
+    return all(
+        isinstance(side, cst.Name | cst.Subscript | cst.Attribute) and not _size_of(side)
+        for side in sides
+    ) and not any(
+        isinstance(n, cst.Attribute) and n.attr.value in SCALAR_ATTRIBUTES
+        for side in sides
+        for n in walk(side)
+    )
+
+
 def _size_of(node: cst.BaseExpression) -> bool:
     """``x.numel()``, ``x.size(0)``, ``len(x)``, ``x.shape[1]``."""
     node = _strip(node)
@@ -1231,20 +1270,54 @@ def _hand_written_log_of_exp(
         return None
     if _called_name(call) == "log1p":
         exponent = _exp_argument(operand)
-        if exponent is None or _bounded_above(func, exponent, 0):
+        if exponent is None or not _raw_logits(func, exponent):
             return None
         return exponent, f"F.softplus({shorten(code_of(exponent))})"
     terms = _addends(operand)
     if len(terms) < 2:
         return None
     exponents = [_exp_argument(term) for term in terms]
-    unbounded = [e for e in exponents if e is not None and not _bounded_above(func, e, 0)]
+    unbounded = [e for e in exponents if e is not None and _raw_logits(func, e)]
     others = [t for t, e in zip(terms, exponents, strict=True) if e is None]
     if not unbounded or not all(number_value(t, arithmetic=True) is not None for t in others):
         return None
     if len(terms) == 2 and others:
         return unbounded[0], f"F.softplus({shorten(code_of(unbounded[0]))})"
     return unbounded[0], "torch.logsumexp(torch.stack([...]), dim=0)"
+
+
+LOGIT_WORDS = ("logit", "score")
+
+
+def _raw_logits(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``node`` holds classification logits (``logits``, ``-1.0 * logits``, ``cls_score``):
+    a network's unbounded scores, not shifted by their maximum nor bounded. Other values
+    (a squared activity ``g``, an energy) are left alone: how large they grow is not
+    written in the code."""
+    if _bounded_above(func, node, 0):
+        return False
+    for inner in walk(node):
+        text = (
+            inner.value
+            if isinstance(inner, cst.Name)
+            else inner.attr.value
+            if isinstance(inner, cst.Attribute)
+            else ""
+        ).lower()
+        if any(word in text for word in LOGIT_WORDS):
+            return True
+        if isinstance(inner, cst.Name):
+            value = _single_value(func, inner)
+            if value is not None and any(
+                isinstance(n, cst.Name | cst.Attribute)
+                and any(
+                    word in (n.value if isinstance(n, cst.Name) else n.attr.value).lower()
+                    for word in LOGIT_WORDS
+                )
+                for n in walk(value)
+            ):
+                return True
+    return False
 
 
 def _addends(node: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -1909,27 +1982,69 @@ def _strip(node: cst.BaseExpression) -> cst.BaseExpression:
     return node
 
 
-def _constant(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
-    """A value with no gradient: a literal, a tensor built from plain values
-    (``torch.tensor(self.label_smoothing)``), or a parameter with a numeric default."""
+CONSTANT_ARRAYS = frozenset({"from_numpy", "array", "asarray"})
+ELEMENTWISE = frozenset({"log", "sqrt", "exp", "log10", "log2"})
+MATH_CONSTANTS = frozenset({"pi", "e", "inf"})
+
+
+def _constant(
+    func: FuncInfo, node: cst.BaseExpression, depth: int, seen: frozenset[str] = frozenset()
+) -> bool:
+    """A value with no gradient: a literal (or ``np.pi``), a tensor or array built from
+    plain values (``torch.tensor(self.label_smoothing)``, ``torch.from_numpy(np.array([2. *
+    np.pi]))``), an elementwise function of one (``const = torch.log(const)``), or a
+    parameter with a numeric default."""
     if depth > 4:
         return False
     node = _strip(node)
     if isinstance(node, cst.Integer | cst.Float):
         return True
+    if isinstance(node, cst.Attribute):
+        return node.attr.value in MATH_CONSTANTS and dotted_name(node.value) in {
+            "math",
+            "np",
+            "numpy",
+            "torch",
+        }
     if isinstance(node, cst.UnaryOperation):
-        return _constant(func, node.expression, depth + 1)
+        return _constant(func, node.expression, depth + 1, seen)
+    if isinstance(node, cst.BinaryOperation):
+        return _constant(func, node.left, depth + 1, seen) and _constant(
+            func, node.right, depth + 1, seen
+        )
+    if isinstance(node, cst.List | cst.Tuple):
+        return bool(node.elements) and all(
+            isinstance(e, cst.Element) and _constant(func, e.value, depth + 1, seen)
+            for e in node.elements
+        )
     if isinstance(node, cst.Call) and _called_name(node) in CONSTANT_TENSORS:
         return bool(node.args) and not any(
             isinstance(n, cst.Call) for n in walk(node.args[0].value)
         )
+    if isinstance(node, cst.Call) and _called_name(node) in CONSTANT_ARRAYS | ELEMENTWISE:
+        operand = _sole_operand(node, _called_name(node))
+        if operand is None and node.args and node.args[0].keyword is None:
+            operand = node.args[0].value  # `np.array([...])`, `torch.from_numpy(a)`
+        return operand is not None and _constant(func, operand, depth + 1, seen)
     if isinstance(node, cst.Name):
+        if node.value in seen:
+            return True  # `c = torch.log(c)`: the earlier definitions decide
         values = func.assigns.get(node.value, [])
+        own = node.value
+        if any(not _mentions(v, own) for v in values):
+            # At least one definition that is not a function of the name itself (a
+            # parameter's `x = x.float()` says nothing).
+            return all(_constant(func, v, depth + 1, seen | {own}) for v in values)
         if values:
-            return all(_constant(func, v, depth + 1) for v in values)
+            return False
         default = _parameter_default(func, node.value)
         return default is not None and number_value(default) is not None
     return False
+
+
+def _mentions(node: cst.BaseExpression, name: str) -> bool:
+    """``node`` reads the local name ``name``."""
+    return any(isinstance(n, cst.Name) and n.value == name for n in walk(node))
 
 
 def _parameter_default(func: FuncInfo, name: str) -> cst.BaseExpression | None:
