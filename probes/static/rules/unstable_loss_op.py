@@ -51,13 +51,22 @@ class UnstableLossOp(Rule):
     )
     what = (
         "Finds `log`, `sqrt` (or a root written as a power, `x ** 0.5`) or a division by a "
-        "computed tensor inside a custom loss, with no epsilon, clamp or numerically stable "
-        "built-in, where the value's provenance lets it reach 0 (see `positivity`: `exp`, "
-        "`softplus`, a positive clamp or `+ eps` cannot; a probability, `1 - p`, a sum or a "
-        "union can). An epsilon added after the root does not count. A division by a mask's "
-        "count is reported as info: only the data decides whether a mask can be empty. Log-sum-exp "
-        "written by hand (`x.exp().sum(d).log()`) is reported wherever it is written; code that "
-        "runs with autograd off (`torch.no_grad()`, `inference_mode()`) is left alone."
+        "computed tensor (`/`, `/=`, `.div()`) inside loss code, with no epsilon, clamp or "
+        "numerically stable built-in, where the value's provenance lets it reach 0 (see "
+        "`positivity`: `exp`, `softplus`, a positive clamp or `+ eps` cannot; a probability, "
+        "`1 - p`, a sum, a union or a box's `y2 - y1` can). Loss code is followed across the "
+        "project (`loss_scope`): a loss's helpers, methods, the `forward` of modules it "
+        "builds, functions of other files and functions stored from a parameter's default; "
+        "every function and `forward` of a loss file. In a model's forward pass a root is "
+        "reported only where the code says its input reaches 0 (an epsilon added after the "
+        "root, `max(root, eps)`, a clamp at 0 before it). An epsilon added after the root does "
+        "not count. Softplus, log-sum-exp and softmax written by hand from `exp` of logits "
+        "(`log1p(exp(x))`, `log(1 + exp(a) + exp(b))`, `x.exp().sum(d).log()`, `e / e.sum()`) "
+        "are reported for overflow. A division by a count the data decides (a mask's count, "
+        "`num_pos`, per-sample lengths) or by the total weight of a weighted mean is reported "
+        "as info: only the data says whether it can be 0. Code that runs with autograd off "
+        "(`torch.no_grad()`, `inference_mode()`), or whose value is only logged or measured, "
+        "is left alone."
     )
     why = (
         "`log(0)` is -inf, the gradient of `sqrt` at 0 is infinite, and dividing by a sum or "
@@ -298,8 +307,163 @@ def flow_loss(pred, gt, valid):
     stats = {"err": err.mean().item(), "within_1": (err < 1).float().mean().item()}
     return ((pred - gt).abs() * keep[:, None]).mean(), stats
 """,
+        """
+import torch
+def stable_softplus_loss(logits, target):
+    softplus = logits.clamp(min=0) + torch.log1p(torch.exp(-logits.abs()))
+    return (softplus - target * logits).mean()
+""",
+        """
+import torch
+def goodness_loss(g_pos, g_neg, threshold):
+    # Squared activities, not logits: how large they grow is not written in the code.
+    return torch.log1p(torch.exp(torch.cat([-g_pos + threshold, g_neg - threshold]))).mean()
+""",
+        """
+import torch
+class RowNorm(torch.nn.Module):
+    def forward(self, x):
+        return x / torch.sqrt((x ** 2).sum(dim=1, keepdim=True) + 1e-8)
+""",
+        """
+import torch
+import torch.nn.functional as F
+def load_graph(edges, n):
+    adjacency = torch.eye(n) + torch.sparse_coo_tensor(edges.T, torch.ones(len(edges)), (n, n))
+    degree = torch.sqrt(1 / torch.sum(adjacency, dim=1))
+    return torch.diag(degree) @ adjacency @ torch.diag(degree)
+def train(model, edges, n, features, labels, optimizer):
+    adjacency = load_graph(edges, n)
+    loss = F.cross_entropy(model(features, adjacency), labels)
+    loss.backward()
+    optimizer.step()
+""",
+        """
+import numpy as np
+import torch
+def log_normal_pdf(x, mean, logvar):
+    const = torch.from_numpy(np.array([2.0 * np.pi])).float().to(x.device)
+    const = torch.log(const)
+    return -0.5 * (const + logvar + (x - mean) ** 2 / torch.exp(logvar))
+def elbo_loss(x, mean, logvar):
+    return -log_normal_pdf(x, mean, logvar).sum(-1).mean()
+""",
+        """
+import torch
+def stable_pick_loss(logits, target):
+    e = torch.exp(logits - logits.max())
+    p = e / e.sum()
+    return -p[target].clamp_min(1e-8).log()
+""",
+        """
+import torch
+def box_aspect_loss(pred, gt, eps=1e-7):
+    w_p, h_p = pred[:, 2] - pred[:, 0], pred[:, 3] - pred[:, 1]
+    w_g = gt[:, 2] - gt[:, 0]
+    h_g = gt[:, 3] - gt[:, 1]
+    return (torch.atan(w_g / (h_g + eps)) - torch.atan(w_p / (h_p + eps))).pow(2).mean()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+def unit_rows(feat, eps=1e-10):
+    norm = torch.sqrt(torch.sum(feat ** 2, dim=1, keepdim=True))
+    return feat / (norm + eps)
+class PatchDistance(torch.nn.Module):
+    def forward(self, a, b):
+        return (unit_rows(self.net(a)) - unit_rows(self.net(b))).pow(2).mean()
+""",
+            4,
+        ),
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+class MarginHead(torch.nn.Module):
+    def forward(self, emb):
+        cosine = F.linear(F.normalize(emb), F.normalize(self.weight))
+        sine = torch.sqrt((1.0 - cosine * cosine).clamp(0, 1))
+        return cosine * self.cos_m - sine * self.sin_m
+""",
+            7,
+        ),
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+def pairwise_cos(a, b):
+    a_unit = a / a.norm(dim=1)[:, None]
+    return a_unit @ (b / b.norm(dim=1, keepdim=True).clamp_min(1e-8)).T
+class RankingLoss(torch.nn.Module):
+    def __init__(self, scale=20.0, similarity=pairwise_cos):
+        super().__init__()
+        self.scale = scale
+        self.similarity = similarity
+    def forward(self, a, b):
+        scores = self.similarity(a, b) * self.scale
+        return F.cross_entropy(scores, torch.arange(len(a)))
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
+class SpectralDistortionLoss(torch.nn.Module):
+    def frame_norms(self, bands):
+        energy = torch.sum(torch.pow(bands * self.band_width, 2.0), dim=-1)
+        return torch.sqrt(energy)
+    def forward(self, est, ref):
+        return (self.frame_norms(est) - self.frame_norms(ref)).abs().mean()
+""",
+            6,
+        ),
+        Invalid(
+            """
+import torch
+def focal_modulator(logits, targets, gamma=2.0):
+    neg_logits = -logits
+    return torch.exp(-gamma * targets * logits - gamma * torch.log1p(torch.exp(neg_logits)))
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
+class ImplicitObjectness(torch.nn.Module):
+    def forward(self, feature):
+        cls_score, objectness = self.cls(feature), self.obj(feature)
+        return cls_score + objectness - torch.log(
+            1.0 + torch.clamp(cls_score.exp(), max=1e8) + torch.clamp(objectness.exp(), max=1e8)
+        )
+""",
+            6,
+        ),
+        Invalid(
+            """
+import torch
+class CandidatePicker(torch.nn.Module):
+    def forward(self, logits, groups):
+        probs = torch.zeros(len(groups))
+        for i, idx in enumerate(groups):
+            probs[i] = torch.exp(torch.max(logits[idx]))
+        probs /= torch.sum(probs)
+        return probs
+""",
+            8,
+        ),
+        Invalid(
+            """
+import torch
+def box_aspect_loss(pred, gt):
+    w_p, h_p = pred[:, 2] - pred[:, 0], pred[:, 3] - pred[:, 1]
+    w_g = gt[:, 2] - gt[:, 0]
+    h_g = gt[:, 3] - gt[:, 1]
+    return (torch.atan(w_g / h_g) - torch.atan(w_p / h_p)).pow(2).mean()
+""",
+            7,
+        ),
         Invalid(
             """
 import torch
@@ -1994,7 +2158,7 @@ def _constant(
     plain values (``torch.tensor(self.label_smoothing)``, ``torch.from_numpy(np.array([2. *
     np.pi]))``), an elementwise function of one (``const = torch.log(const)``), or a
     parameter with a numeric default."""
-    if depth > 4:
+    if depth > 8:
         return False
     node = _strip(node)
     if isinstance(node, cst.Integer | cst.Float):
