@@ -62,7 +62,8 @@ class UnstableLossOp(Rule):
         "root, `max(root, eps)`, a clamp at 0 before it). An epsilon added after the root does "
         "not count. Softplus, log-sum-exp and softmax written by hand from `exp` of logits "
         "(`log1p(exp(x))`, `log(1 + exp(a) + exp(b))`, `x.exp().sum(d).log()`, `e / e.sum()`) "
-        "are reported for overflow. A division by a count the data decides (a mask's count, "
+        "are reported for overflow, and `acos` / `asin` of a value that can reach -1 or 1 "
+        "(a cosine) for its infinite gradient there. A division by a count the data decides (a mask's count, "
         "`num_pos`, per-sample lengths) or by the total weight of a weighted mean is reported "
         "as info: only the data says whether it can be 0. Code that runs with autograd off "
         "(`torch.no_grad()`, `inference_mode()`), or whose value is only logged or measured, "
@@ -363,8 +364,34 @@ def box_aspect_loss(pred, gt, eps=1e-7):
     h_g = gt[:, 3] - gt[:, 1]
     return (torch.atan(w_g / (h_g + eps)) - torch.atan(w_p / (h_p + eps))).pow(2).mean()
 """,
+        """
+import torch
+import torch.nn.functional as F
+class SafeArcHead(torch.nn.Module):
+    def forward(self, emb):
+        cosine = F.linear(F.normalize(emb), F.normalize(self.weight))
+        theta = torch.acos(cosine.clamp(-1 + 1e-7, 1 - 1e-7))
+        return torch.cos(theta + self.margin)
+def slerp(val, low, high):
+    omega = torch.acos((low * high).sum(1))
+    return torch.sin((1.0 - val) * omega) / torch.sin(omega)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+class ArcHead(torch.nn.Module):
+    def forward(self, emb):
+        cosine = F.linear(F.normalize(emb), F.normalize(self.weight))
+        theta = torch.acos(torch.clamp(cosine, -1.0, 1.0))
+        return torch.cos(theta + self.margin)
+def angular_loss(a, b):
+    return torch.acos(F.cosine_similarity(a, b)).mean()
+""",
+            (7, 10),
+        ),
         Invalid(
             """
 import torch
@@ -650,6 +677,11 @@ def ratio_loss(p, q):
                     if not _without_gradient(model, call):
                         yield self._logsumexp_finding(call, *written)
                     continue
+            if name in INVERSE_TRIG:
+                operand = _sole_operand(call, name)
+                if operand is not None and _at_boundary(model, scope, func, stmt, call, operand):
+                    yield self._boundary_finding(call, operand, in_loss=scope.in_loss(func, stmt))
+                continue
             if method_name(call) not in UNSTABLE and name not in UNSTABLE and name != "pow":
                 continue
             in_loss = scope.in_loss(func, stmt)
@@ -850,6 +882,29 @@ def ratio_loss(p, q):
             # would change the mean: not marked safe.
             fix_safe=False,
             severity="info",
+        )
+
+    def _boundary_finding(
+        self, call: cst.Call, operand: cst.BaseExpression, *, in_loss: bool
+    ) -> RawFinding:
+        """``acos(x)`` / ``asin(x)`` where ``x`` can reach -1 or 1."""
+        return RawFinding(
+            node=call,
+            message=(
+                "`{expression}` on line {line} {where} has an infinite gradient where its "
+                "input reaches -1 or 1 (a cosine of two aligned vectors does, and so does a "
+                "value clamped to [-1, 1]): the gradient turns inf/NaN and clipping cannot "
+                "repair it; clamp the input strictly inside, to [-1 + 1e-7, 1 - 1e-7]"
+            ),
+            evidence={
+                "expression": shorten(code_of(call)),
+                "line": call,
+                "where": "in a loss" if in_loss else "in a model's forward pass",
+            },
+            patch=Patch().replace_node(operand, _inside_unit_interval),
+            fix_description="Clamp the input to [-1 + 1e-7, 1 - 1e-7].",
+            # The angle changes by up to ~4.5e-4 rad next to the boundary: not marked safe.
+            fix_safe=False,
         )
 
     def _weighted_mean_finding(self, division: Division) -> RawFinding:
@@ -1154,6 +1209,46 @@ def _size_of(node: cst.BaseExpression) -> bool:
         and isinstance(node.value, cst.Attribute)
         and node.value.attr.value == "shape"
     )
+
+
+INVERSE_TRIG = frozenset({"acos", "arccos", "asin", "arcsin"})
+"""Their derivative, 1 / sqrt(1 - x ** 2), is infinite at x = -1 and x = 1."""
+
+
+def _at_boundary(
+    model: FileModel,
+    scope: LossScope,
+    func: FuncInfo,
+    stmt: cst.CSTNode,
+    call: cst.Call,
+    operand: cst.BaseExpression,
+) -> bool:
+    """``acos(x)`` in differentiated code where ``x`` can reach -1 or 1: anywhere in a loss
+    unless ``x`` is kept strictly inside (a clamp to ``1 - eps``, a factor below 1), and in
+    a forward pass where the code clamps ``x`` to exactly [-1, 1] (it expects the ends)."""
+    in_loss = scope.in_loss(func, stmt)
+    if not in_loss and id(func) not in scope.forward:
+        return False
+    if _without_gradient(model, call) or _only_measured(model, func, call):
+        return False
+    values = [operand]
+    stripped = _strip(operand)
+    if isinstance(stripped, cst.Name) and stripped.value in func.assigns:
+        values = func.assigns[stripped.value]
+    at_ends = False
+    for value in values:
+        value = _strip(value)
+        if isinstance(value, cst.Call) and _called_name(value) in {"clamp", "clip"}:
+            bounds = [clamp_bound(value, side) for side in ("min", "max")]
+            numbers = [number_value(b, arithmetic=True) if b is not None else None for b in bounds]
+            if any(n is not None and abs(n) < 1 for n in numbers):
+                return False  # `clamp(-1 + eps, 1 - eps)`
+            at_ends = at_ends or any(n is not None and abs(n) == 1 for n in numbers)
+        elif isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+            factors = [number_value(value.left), number_value(value.right)]
+            if any(f is not None and abs(f) < 1 for f in factors):
+                return False  # `cos * 0.9999`
+    return in_loss or at_ends
 
 
 def _followed(model: FileModel, func: FuncInfo, call: cst.Call) -> bool:
@@ -2318,6 +2413,12 @@ def _plus_epsilon(node: cst.CSTNode) -> cst.CSTNode:
         lpar=[cst.LeftParen()],
         rpar=[cst.RightParen()],
     )
+
+
+def _inside_unit_interval(node: cst.CSTNode) -> cst.CSTNode:
+    assert isinstance(node, cst.BaseExpression)
+    inner = node.with_changes(lpar=[], rpar=[]) if node.lpar else node
+    return cst.parse_expression(f"{code_of(parenthesize(inner))}.clamp(-1 + 1e-7, 1 - 1e-7)")
 
 
 def _at_least_one(node: cst.CSTNode) -> cst.CSTNode:
