@@ -41,11 +41,21 @@ def loss_named(name: str) -> bool:
     return any(word in lowered for word in LOSS_WORDS)
 
 
-def loss_file(path: str) -> bool:
+def loss_file(model: FileModel) -> bool:
     """A file whose module path says it holds losses (``losses/pmsqe.py``, ``loss.py``,
-    ``dino_loss.py``): its functions and ``forward`` methods compute losses."""
-    parts = path.replace("\\", "/").split("/")
-    return any("loss" in part.lower() for part in parts[-3:])
+    ``dino_loss.py``): its functions and ``forward`` methods compute losses. The path is read
+    inside the project (the folder the project was linted from is not part of it), else the
+    file's name and its folder's."""
+    from gradient_doctor.probes.static.project import ProjectIndex
+
+    name = (
+        model.project.module_name(model.path) if isinstance(model.project, ProjectIndex) else None
+    )
+    if name is not None:
+        parts = name.split(".")[-2:]
+    else:
+        parts = model.path.replace("\\", "/").split("/")[-2:]
+    return any("loss" in part.lower() for part in parts)
 
 
 def assigns_loss(stmt: cst.CSTNode) -> bool:
@@ -100,7 +110,7 @@ def loss_scope(model: FileModel, followed: CallFilter) -> LossScope:
     scope = LossScope(model)
     calls = _CallTable()
     seeds: list[tuple[FileModel, FuncInfo]] = []
-    in_loss_file = loss_file(model.path)
+    in_loss_file = loss_file(model)
     for func in model.functions:
         if (
             _loss_function(model, func)

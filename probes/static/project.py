@@ -126,6 +126,12 @@ class ProjectIndex:
         if key in self.by_path and key not in self._models:
             self._building[key] = model
 
+    def module_name(self, path: str) -> str | None:
+        """The dotted module name of the project file ``path`` (relative to the linted
+        folder: ``asteroid.losses.pmsqe``), or None when it is not in the project."""
+        summary = self.by_path.get(_key(Path(path)))
+        return summary.name if summary is not None else None
+
     def absolute(self, qualified: str, model: FileModel) -> str:
         """``qualified`` with a relative import (``.utils.clip`` / ``..pkg.x``) made absolute
         from the importing file's own module name."""
