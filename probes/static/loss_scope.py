@@ -26,6 +26,7 @@ import libcst as cst
 
 from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key
 from gradient_doctor.probes.static.names import dotted_name, number_value
+from gradient_doctor.probes.static.traverse import walk
 
 LOSS_WORDS = ("loss", "cross_entropy", "crossentropy", "nll", "kl_div")
 """Words that name a loss (in a function, a class or a variable)."""
@@ -121,12 +122,11 @@ def loss_scope(model: FileModel, followed: CallFilter) -> LossScope:
     # A function whose result is assigned to a loss (`loss = criterion(cos_sim(a, b), y)`
     # anywhere): followed from the assignment.
     for call, func in _calls_feeding_losses(model):
-        if followed(model, func, call):
-            # Not a module's `forward` (`loss = model(x)`): a model that returns its loss is
-            # read as a loss only where its own code says so.
-            callee = resolve_call(model, func, call, modules=False)
-            if callee is not None:
-                seeds.append((callee.model or model, callee))
+        # Not a module's `forward` (`loss = model(x)`): a model that returns its loss is
+        # read as a loss only where its own code says so.
+        callee = resolve_call(model, func, call, modules=False)
+        if callee is not None and followed(model, func, call):
+            seeds.append((callee.model or model, callee))
     _spread(scope.loss, scope, seeds, calls, followed)
     forwards = [
         (model, func)
@@ -145,17 +145,6 @@ def _calls_feeding_losses(model: FileModel) -> Iterator[tuple[cst.Call, FuncInfo
     for call, stmt, func in model.all_calls:
         if assigns_loss(stmt):
             yield call, func
-
-
-def _walk_expression(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """Every node of an expression, not entering lambdas."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        if isinstance(current, cst.Lambda):
-            continue
-        stack.extend(current.children)
 
 
 def _loss_function(model: FileModel, func: FuncInfo) -> bool:
@@ -182,7 +171,9 @@ def _overlap_function(func: FuncInfo) -> bool:
             for v in values
         )
     }
-    for node in _walk_expression(func.node.body):
+    if not ratios:
+        return False
+    for node in walk(func.node.body):
         if (
             isinstance(node, cst.BinaryOperation)
             and isinstance(node.operator, cst.Subtract)
@@ -218,11 +209,11 @@ def _spread(
         if depth >= MAX_REACH:
             continue
         for call in calls.of(owner, func):
-            if not followed(owner, func, call):
-                continue
             callee = resolve_call(owner, func, call)
-            if callee is not None and id(callee) not in marked:
-                frontier.append((callee.model or owner, callee, depth + 1))
+            # Resolved first: most calls are library calls, and `followed` reads the function.
+            if callee is None or id(callee) in marked or not followed(owner, func, call):
+                continue
+            frontier.append((callee.model or owner, callee, depth + 1))
 
 
 class _CallTable:
