@@ -64,7 +64,16 @@ SAME_VALUE_METHODS = frozenset(
 REDUCTIONS_OF_ELEMENTS = frozenset({"sum", "mean", "prod", "amax", "amin", "max", "min"})
 """Reductions whose result is positive when every element is."""
 SELECTIONS = frozenset(
-    {"masked_select", "gather", "index_select", "take", "take_along_dim", "narrow", "select"}
+    {
+        "masked_select",
+        "gather",
+        "index_select",
+        "take",
+        "take_along_dim",
+        "narrow",
+        "select",
+        "diagonal",
+    }
 )
 """Calls that keep a subset of the elements: positive when every element of the input is."""
 JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})

@@ -382,6 +382,16 @@ def slerp(val, low, high):
         Invalid(
             """
 import torch
+def distill_loss(student_logits, teacher_logits, temperature):
+    e = torch.exp(teacher_logits / temperature)
+    p = e / e.sum(dim=1, keepdim=True)
+    return -(p * torch.log_softmax(student_logits / temperature, dim=1)).sum(1).mean()
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
 import torch.nn.functional as F
 class ArcHead(torch.nn.Module):
     def forward(self, emb):
@@ -1099,7 +1109,8 @@ def _hand_softmax(func: FuncInfo, division: Division) -> cst.BaseExpression | No
         if not isinstance(value, cst.Call) or _called_name(value) != "exp":
             continue  # `torch.zeros(n)`: the buffer the exps are written into
         argument = _sole_operand(value, "exp")
-        if argument is None or not _unshifted(func, argument):
+        # `exp(logits / T)`: a temperature scales logits but does not bound them.
+        if argument is None or not (_unshifted(func, argument) or _raw_logits(func, argument)):
             return None
         logits = argument
     return logits
