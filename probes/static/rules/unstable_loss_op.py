@@ -377,6 +377,16 @@ def slerp(val, low, high):
     omega = torch.acos((low * high).sum(1))
     return torch.sin((1.0 - val) * omega) / torch.sin(omega)
 """,
+        """
+import torch
+import torch.nn.functional as F
+def row_norm(x):
+    return torch.sqrt((x * x).sum(dim=1))
+class ContrastLoss(torch.nn.Module):
+    def forward(self, a, b):
+        stats = {"norm": row_norm(a).mean().item()}
+        return F.cross_entropy(a @ b.T, torch.arange(len(a))), stats
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -1266,7 +1276,28 @@ def _at_boundary(
 def _followed(model: FileModel, func: FuncInfo, call: cst.Call) -> bool:
     """The value of ``call`` flows on into what it is part of: not only measured
     (``.item()``, comparisons), not computed with autograd off."""
-    return not _without_gradient(model, call) and not _only_measured(model, func, call)
+    return (
+        not _without_gradient(model, call)
+        and not _measured_directly(model, call)
+        and not _only_measured(model, func, call)
+    )
+
+
+def _measured_directly(model: FileModel, call: cst.Call) -> bool:
+    """``helper(x).mean().item()``: the value ends in a measuring call (``.item()``,
+    ``.detach()``...) through method calls and indexing, whatever it is then stored in."""
+    current: cst.CSTNode = call
+    for parent in model.ancestors(call):
+        if not _carries(parent, current):
+            return False
+        if (
+            isinstance(parent, cst.Call)
+            and isinstance(current, cst.Attribute)
+            and current.attr.value in MEASURING_CALLS
+        ):
+            return True
+        current = parent
+    return False
 
 
 SAMPLERS = frozenset({"Categorical", "OneHotCategorical"})
