@@ -59,12 +59,27 @@ def loss_file(model: FileModel) -> bool:
     return any("loss" in part.lower() for part in parts)
 
 
-def assigns_loss(stmt: cst.CSTNode) -> bool:
-    """``loss = ...`` / ``self.total_loss = ...``: a statement that assigns a loss."""
-    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
-        targets = [dotted_name(t.target) or "" for t in stmt.body[0].targets]
+LOSS_RETURNING_METHODS = frozenset({"training_step"})
+"""Methods whose return value is the loss (Lightning's ``training_step``)."""
+
+
+def assigns_loss(stmt: cst.CSTNode, func: FuncInfo | None = None) -> bool:
+    """``loss = ...`` / ``self.total_loss = ...``: a statement that assigns a loss; or (given
+    its function) the ``return`` of a method whose return value is the loss
+    (``training_step``)."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    first = stmt.body[0]
+    if isinstance(first, cst.Assign):
+        targets = [dotted_name(t.target) or "" for t in first.targets]
         return any("loss" in t.lower() for t in targets)
-    return False
+    return (
+        isinstance(first, cst.Return)
+        and first.value is not None
+        and func is not None
+        and func.class_name is not None
+        and func.name in LOSS_RETURNING_METHODS
+    )
 
 
 @dataclass
@@ -85,7 +100,7 @@ class LossScope:
 
     def in_loss(self, func: FuncInfo, stmt: cst.CSTNode) -> bool:
         """``stmt`` (of ``func``) computes a loss: the function does, or it assigns one."""
-        return id(func) in self.loss or assigns_loss(stmt)
+        return id(func) in self.loss or assigns_loss(stmt, func)
 
     def differentiated(self, func: FuncInfo, stmt: cst.CSTNode) -> bool:
         """``stmt`` runs in a loss or in a model's forward pass."""
@@ -143,7 +158,7 @@ def _calls_feeding_losses(model: FileModel) -> Iterator[tuple[cst.Call, FuncInfo
     ``loss = criterion(model(x), y)`` through ``x`` and ``y`` is its data pipeline
     (``x, y, adj = load_data()``), which nothing backpropagates into."""
     for call, stmt, func in model.all_calls:
-        if assigns_loss(stmt):
+        if assigns_loss(stmt, func):
             yield call, func
 
 

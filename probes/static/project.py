@@ -50,7 +50,11 @@ RELEVANT_WORDS = (
     "norm(",
     "exp(",
     ".div(",
+    ".sum(",
+    "acos(",
 )
+"""Words of a file whose functions a rule may follow into: gradient management, and the ops
+of loss helpers (``unstable-loss-op`` judges a helper's roots, logs and divisions)."""
 CONSTRUCTOR_WORDS = ("Scaler", "optim", "DistributedDataParallel", "DDP", "FSDP", "fully_shard")
 MODEL_CACHE = 32
 """Full models of helper files kept at once (a libcst tree is large)."""

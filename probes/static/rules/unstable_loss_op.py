@@ -392,6 +392,24 @@ class ContrastLoss(torch.nn.Module):
         Invalid(
             """
 import torch
+import lightning as L
+class Classifier(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        probs = torch.softmax(self(x), dim=-1)
+        return -torch.log(probs.gather(1, y[:, None])).mean()
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        probs = torch.softmax(self(x), dim=-1)
+        return -torch.log(probs.gather(1, y[:, None])).mean()
+""",
+            # `training_step` returns the loss Lightning backpropagates; `validation_step`'s
+            # value is only a metric.
+            8,
+        ),
+        Invalid(
+            """
+import torch
 def distill_loss(student_logits, teacher_logits, temperature):
     e = torch.exp(teacher_logits / temperature)
     p = e / e.sum(dim=1, keepdim=True)
@@ -2095,7 +2113,7 @@ def _fractional_powers(
                 if _guarded(node.left):
                     continue
                 stmt = _statement_of(model, node)
-                if stmt is None or not (whole or assigns_loss(stmt)):
+                if stmt is None or not (whole or assigns_loss(stmt, func)):
                     continue
                 yield node, stmt, func
 
