@@ -1179,7 +1179,9 @@ def _unshifted(func: FuncInfo, node: cst.BaseExpression, depth: int = 0) -> bool
     return isinstance(node, cst.Subscript | cst.Attribute)
 
 
-COUNT_NAME_WORDS = ("length", "lens")
+COUNT_NAME_WORDS = ("lengths", "lens")
+"""Per-sample sizes (``x_lengths``, ``seq_lens``): a tensor with one count per sample. A
+single ``max_length`` / ``seq_length`` is a setting, never 0."""
 COUNTED_WORDS = ("pos", "valid", "event", "match", "visible", "active", "fg")
 """What a data-dependent count counts (``num_pos``, ``n_valid``, ``event_count``). Token and
 label counts are left to the accumulation rules (a caller's ``rows * width`` is a token count
@@ -1202,6 +1204,8 @@ def _data_count(func: FuncInfo, node: cst.BaseExpression) -> bool:
     if isinstance(node, cst.Name) and any(_guarded(v) for v in func.assigns.get(node.value, [])):
         return False  # `n_pos = pos.sum().clamp(min=1)`
     name = (node.value if isinstance(node, cst.Name) else node.attr.value).lower()
+    if name.startswith(("max", "min")):
+        return False  # `max_completion_length`: a bound from the configuration
     if any(word in name for word in COUNT_NAME_WORDS):
         return True
     counted = name.startswith(("num_", "n_")) or name.endswith(("_num", "_count", "count"))
