@@ -25,16 +25,33 @@ def dotted_name(node: cst.BaseExpression) -> str | None:
     return ".".join(reversed(parts))
 
 
-def number_value(node: cst.BaseExpression) -> float | None:
-    """The value of a numeric literal (``1e-3``, ``-2``, ``0.5``), else None."""
+def number_value(node: cst.BaseExpression, *, arithmetic: bool = False) -> float | None:
+    """The value of a numeric literal (``1e-3``, ``-2``, ``0.5``), else None.
+
+    With ``arithmetic``, also the value of ``+ - * /`` on literals (``1.0 - 1e-4``, ``1 / 3``),
+    read through brackets."""
     if isinstance(node, cst.Integer | cst.Float):
         try:
             return float(node.evaluated_value)
         except (ValueError, OverflowError):
             return None
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-        inner = number_value(node.expression)
+        inner = number_value(node.expression, arithmetic=arithmetic)
         return None if inner is None else -inner
+    if arithmetic and isinstance(node, cst.BinaryOperation):
+        left = number_value(node.left, arithmetic=True)
+        right = number_value(node.right, arithmetic=True)
+        if left is None or right is None:
+            return None
+        operator = node.operator
+        if isinstance(operator, cst.Add):
+            return left + right
+        if isinstance(operator, cst.Subtract):
+            return left - right
+        if isinstance(operator, cst.Multiply):
+            return left * right
+        if isinstance(operator, cst.Divide) and right != 0:
+            return left / right
     return None
 
 

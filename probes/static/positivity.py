@@ -21,6 +21,8 @@ Only reads the file's model; follows at most :data:`MAX_DEPTH` definitions.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import libcst as cst
 
 from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key
@@ -28,10 +30,10 @@ from gradient_doctor.probes.static.names import dotted_name, method_name, number
 
 MAX_DEPTH = 6
 
-POSITIVE_CALLS = frozenset({"exp", "softplus"})
+POSITIVE_CALLS = frozenset({"exp", "exp_", "softplus"})
 """Functions whose value is strictly positive whatever their input."""
 NON_NEGATIVE_CALLS = frozenset(
-    {"abs", "square", "relu", "sigmoid", "softmax", "norm", "exp", "softplus", "sqrt"}
+    {"abs", "square", "relu", "sigmoid", "softmax", "norm", "exp", "exp_", "softplus", "sqrt"}
 )
 """Functions whose value is at least 0 (but can be exactly 0)."""
 CLAMPS = frozenset({"clamp", "clip", "clamp_min", "clamp_"})
@@ -62,7 +64,16 @@ SAME_VALUE_METHODS = frozenset(
 REDUCTIONS_OF_ELEMENTS = frozenset({"sum", "mean", "prod", "amax", "amin", "max", "min"})
 """Reductions whose result is positive when every element is."""
 SELECTIONS = frozenset(
-    {"masked_select", "gather", "index_select", "take", "take_along_dim", "narrow", "select"}
+    {
+        "masked_select",
+        "gather",
+        "index_select",
+        "take",
+        "take_along_dim",
+        "narrow",
+        "select",
+        "diagonal",
+    }
 )
 """Calls that keep a subset of the elements: positive when every element of the input is."""
 JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
@@ -153,7 +164,7 @@ class Positivity:
         if name in POSITIVE_CALLS:
             return True
         if name in CLAMPS:
-            return _positive_bound(_clamp_minimum(call))
+            return _positive_bound(clamp_bound(call, "min"))
         if name in JOINS:
             # `torch.cat([pos, pos])`: positive when every joined tensor is.
             joined = call.args[0].value if call.args else None
@@ -177,7 +188,13 @@ class Positivity:
     def _name_positive(self, name: str, func: FuncInfo, depth: int, seen: frozenset[str]) -> bool:
         if name in seen:
             return True  # `x = x.view(...)`: the earlier definition decides
-        values = func.assigns.get(name, [])
+        # `events = events.float()` of a parameter: a cast of the value passed in, which
+        # says nothing of its sign (only another definition could).
+        values = [
+            v
+            for v in func.assigns.get(name, [])
+            if not (isinstance(own := self._same_value(v), cst.Name) and own.value == name)
+        ]
         if not values:
             return False
         seen = seen | {name}
@@ -256,7 +273,7 @@ class Positivity:
             if name in NON_NEGATIVE_CALLS:
                 return True
             if name in CLAMPS:
-                minimum = _clamp_minimum(node)
+                minimum = clamp_bound(node, "min")
                 return minimum is not None and (number_value(minimum) or -1) >= 0
             subject = _subject(node)
             if subject is not None and name in REDUCTIONS_OF_ELEMENTS:
@@ -364,43 +381,42 @@ def exponent_of(node: cst.BaseExpression) -> tuple[cst.BaseExpression, float] | 
     """(base, exponent) for ``x ** e`` / ``x.pow(e)`` / ``torch.pow(x, e)`` with a literal
     exponent."""
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power):
-        value = _literal_exponent(node.right)
+        value = number_value(node.right, arithmetic=True)
         return None if value is None else (node.left, value)
     if isinstance(node, cst.Call) and called_name(node) == "pow":
         subject = _subject(node)
         exponent = _exponent(node)
         if subject is None or exponent is None:
             return None
-        value = _literal_exponent(exponent)
+        value = number_value(exponent, arithmetic=True)
         return None if value is None else (subject, value)
     return None
 
 
-def _literal_exponent(node: cst.BaseExpression) -> float | None:
-    """``0.5``, ``(1 / 2)``, ``1/3``: a literal exponent."""
-    value = number_value(node)
-    if value is not None:
-        return value
-    if (
-        isinstance(node, cst.BinaryOperation)
-        and isinstance(node.operator, cst.Divide)
-        and (numerator := number_value(node.left)) is not None
-        and (denominator := number_value(node.right))
-    ):
-        return numerator / denominator
-    return None
+FUNCTION_OWNERS = frozenset({"torch", "th", "np", "numpy"})
+"""Modules whose ``clamp`` / ``clip`` take the tensor first (``torch.clamp(x, lo, hi)``,
+``np.clip(x, lo, hi)``)."""
 
 
-def _clamp_minimum(call: cst.Call) -> cst.BaseExpression | None:
-    """The lower bound of ``x.clamp(min=c)``, ``x.clamp(c, hi)``, ``torch.clamp(x, c)``,
-    ``x.clamp_min(c)``."""
+def clamp_bound(call: cst.Call, side: Literal["min", "max"]) -> cst.BaseExpression | None:
+    """The lower (``side="min"``) or upper bound of a clamp: ``x.clamp(lo, hi)``,
+    ``torch.clamp(x, lo, hi)``, ``np.clip(x, lo, hi)``, ``clamp(x, min=lo)``,
+    ``x.clamp_min(lo)``, ``x.clamp_max(hi)``; None when the call sets no such bound."""
     for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "min":
+        if arg.keyword is not None and arg.keyword.value == side:
             return arg.value
+    name = called_name(call)
+    if name in {"clamp_min", "clamp_min_"} and side == "max":
+        return None
+    if name in {"clamp_max", "clamp_max_"} and side == "min":
+        return None
     positional = [a.value for a in call.args if a.keyword is None]
     owner = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
-    skip = 1 if owner in {"torch", "th"} or isinstance(call.func, cst.Name) else 0
-    return positional[skip] if len(positional) > skip else None
+    # `torch.clamp(x, lo)` / a bare `clamp(x, lo)`: the tensor comes first.
+    index = 1 if owner in FUNCTION_OWNERS or isinstance(call.func, cst.Name) else 0
+    if side == "max" and name not in {"clamp_max", "clamp_max_"}:
+        index += 1
+    return positional[index] if len(positional) > index else None
 
 
 def _unpacked_index(name: str, value: cst.BaseExpression, sites: list[cst.CSTNode]) -> int | None:

@@ -47,7 +47,14 @@ RELEVANT_WORDS = (
     "log(",
     "sqrt(",
     "loss",
+    "norm(",
+    "exp(",
+    ".div(",
+    ".sum(",
+    "acos(",
 )
+"""Words of a file whose functions a rule may follow into: gradient management, and the ops
+of loss helpers (``unstable-loss-op`` judges a helper's roots, logs and divisions)."""
 CONSTRUCTOR_WORDS = ("Scaler", "optim", "DistributedDataParallel", "DDP", "FSDP", "fully_shard")
 MODEL_CACHE = 32
 """Full models of helper files kept at once (a libcst tree is large)."""
@@ -122,6 +129,12 @@ class ProjectIndex:
         key = _key(Path(model.path))
         if key in self.by_path and key not in self._models:
             self._building[key] = model
+
+    def module_name(self, path: str) -> str | None:
+        """The dotted module name of the project file ``path`` (relative to the linted
+        folder: ``asteroid.losses.pmsqe``), or None when it is not in the project."""
+        summary = self.by_path.get(_key(Path(path)))
+        return summary.name if summary is not None else None
 
     def absolute(self, qualified: str, model: FileModel) -> str:
         """``qualified`` with a relative import (``.utils.clip`` / ``..pkg.x``) made absolute

@@ -182,3 +182,130 @@ def distance_loss(a, b, eps=1e-8):
     assert finding.line == 3
     assert finding.severity == "warning"
     assert "added after it" in finding.message
+
+
+WEIGHTED_MEANS = """\
+import torch
+def cox_loss(log_h, events):
+    if events.dtype is torch.bool:
+        events = events.float()
+    return -log_h.mul(events).sum().div(events.sum())
+def embedding_loss(weight, score):
+    return -(weight * score).sum() / weight.sum()
+"""
+
+
+def test_a_weighted_mean_is_an_info_in_any_spelling_with_an_unsafe_clamp() -> None:
+    report = lint_source(WEIGHTED_MEANS, "weighted.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(5, "info"), (7, "info")]
+    for finding in report.findings:
+        assert "total weight" in finding.message
+        assert finding.fix is not None and finding.fix.safe is False
+        assert ".clamp_min(1e-8)" in (finding.fix.diff or "")
+
+
+DATA_COUNTS = """\
+import torch
+class AnchorLoss(torch.nn.Module):
+    def forward(self, loc_loss, cls_loss, labels):
+        pos = labels > 0
+        num_pos = pos.data.long().sum()
+        print(f"loc {loc_loss / num_pos:.3f}")
+        return (loc_loss + cls_loss) / num_pos
+def chamfer_loss(cham_x, x_lengths):
+    cham_x = cham_x.sum(1)
+    cham_x /= x_lengths
+    return cham_x.mean()
+def cross_view_loss(scores):
+    loss = scores.sum(-1)
+    n_terms = loss.numel() - loss.diagonal().numel()
+    return loss.sum() / (n_terms * scores.shape[1])
+"""
+
+
+def test_division_by_a_count_the_data_decides_is_an_info_wherever_it_is_written() -> None:
+    report = lint_source(DATA_COUNTS, "counts.py", select=["unstable-loss-op"])
+    # The printed ratio (line 6) is only formatted for a log: silent.
+    assert [(f.line, f.severity) for f in report.findings] == [
+        (7, "info"),
+        (10, "info"),
+        (15, "info"),
+    ]
+    assert all("cannot tell" in f.message for f in report.findings)
+
+
+def test_a_guarded_data_count_stays_silent() -> None:
+    guarded = DATA_COUNTS.replace("pos.data.long().sum()", "pos.data.long().sum().clamp(min=1)")
+    report = lint_source(guarded, "counts.py", select=["unstable-loss-op"])
+    assert 7 not in [f.line for f in report.findings]
+
+
+def test_a_forward_pass_finding_says_where_it_is() -> None:
+    code = """\
+import torch
+class MarginHead(torch.nn.Module):
+    def forward(self, cosine):
+        return torch.sqrt((1.0 - cosine * cosine).clamp(0, 1))
+"""
+    (finding,) = lint_source(code, "head.py", select=["unstable-loss-op"]).findings
+    assert "in a model's forward pass" in finding.message
+    assert "not to 0" in finding.message
+    # Without the clamp at 0 the author did not say the value reaches 0: silent there.
+    plain = code.replace("(1.0 - cosine * cosine).clamp(0, 1)", "1.0 + cosine * cosine")
+    assert lint_source(plain, "head.py", select=["unstable-loss-op"]).findings == []
+
+
+def _scope(code: str, path: str = "<string>") -> tuple[FileModel, set[str], set[str]]:
+    from gradient_doctor.probes.static.loss_scope import loss_scope
+
+    model = FileModel(cst.parse_module(textwrap.dedent(code)), path)
+    scope = loss_scope(model, lambda *_: True)
+    names = {id(f): f"{f.class_name}.{f.name}" if f.class_name else f.name for f in model.functions}
+    return (
+        model,
+        {names[i] for i in scope.loss if i in names},
+        {names[i] for i in scope.forward if i in names},
+    )
+
+
+def test_loss_scope_follows_a_loss_into_its_helpers_and_stops_at_the_data() -> None:
+    _, loss, forward = _scope(
+        """
+        import torch
+        def load(path):
+            return torch.load(path)
+        def spread(x):
+            return x.std()
+        class Criterion(torch.nn.modules.loss._Loss):
+            def forward(self, a, b):
+                return self.gap(a, b).mean()
+            def gap(self, a, b):
+                return (a - b).abs() / spread(b)
+        class Net(torch.nn.Module):
+            def forward(self, x):
+                return self.body(x)
+        def train(model, path, y):
+            x = load(path)
+            loss = Criterion()(model(x), y)
+        """
+    )
+    assert loss == {"Criterion.forward", "Criterion.gap", "spread"}
+    assert {"Net.forward", "Criterion.forward"} <= forward
+    assert "load" not in loss | forward
+
+
+def test_loss_scope_of_a_loss_file_covers_its_entry_points() -> None:
+    code = """
+        import torch
+        def _helper(x):
+            return x
+        def distortion(a, b):
+            return _helper(a - b)
+        class Quality(torch.nn.Module):
+            def forward(self, a, b):
+                return distortion(a, b)
+        """
+    _, loss, _ = _scope(code, "pkg/losses/quality.py")
+    assert loss == {"distortion", "_helper", "Quality.forward"}
+    _, elsewhere, _ = _scope(code, "pkg/metrics/quality.py")
+    assert elsewhere == set()

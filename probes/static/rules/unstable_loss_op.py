@@ -6,11 +6,12 @@ Whether a value can reach 0 is read from its provenance
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.loss_scope import LossScope, assigns_loss, loss_scope
 from gradient_doctor.probes.static.model import FileModel, FuncInfo
 from gradient_doctor.probes.static.names import (
     code_of,
@@ -20,7 +21,12 @@ from gradient_doctor.probes.static.names import (
     parenthesize,
 )
 from gradient_doctor.probes.static.patches import Patch
-from gradient_doctor.probes.static.positivity import Positivity, exponent_of, offset_name
+from gradient_doctor.probes.static.positivity import (
+    Positivity,
+    clamp_bound,
+    exponent_of,
+    offset_name,
+)
 from gradient_doctor.probes.static.ruletools import shorten
 from gradient_doctor.probes.static.traverse import walk
 
@@ -28,7 +34,7 @@ EPSILON = "1e-8"
 GUARDS = frozenset({"clamp", "clamp_min", "clip", "clamp_", "maximum", "max", "log1p", "softplus"})
 REDUCTIONS = frozenset({"sum", "norm", "std", "var", "sqrt", "mean", "abs", "amax"})
 """Denominators that can reach 0 (``exp`` cannot: it is positive)."""
-POSITIVE = frozenset({"exp", "softplus", "sigmoid_positive"})
+POSITIVE = frozenset({"exp", "exp_", "softplus", "sigmoid_positive"})
 CONSTANT_TENSORS = frozenset({"tensor", "as_tensor", "full", "full_like", "scalar_tensor"})
 UNSTABLE = frozenset({"log", "sqrt", "log2", "log10"})
 BOUNDED = frozenset({"sigmoid", "tanh", "softmax", "log_softmax", "cos", "sin", "clamp", "clip"})
@@ -40,18 +46,29 @@ class UnstableLossOp(Rule):
     id = "unstable-loss-op"
     severity = "warning"
     message = (
-        "`{expression}` on line {line} in a loss can hit {hazard}: the loss becomes inf/NaN "
+        "`{expression}` on line {line} {where} can hit {hazard}: the {result} becomes inf/NaN "
         "and clipping cannot repair it; {remedy}"
     )
     what = (
         "Finds `log`, `sqrt` (or a root written as a power, `x ** 0.5`) or a division by a "
-        "computed tensor inside a custom loss, with no epsilon, clamp or numerically stable "
-        "built-in, where the value's provenance lets it reach 0 (see `positivity`: `exp`, "
-        "`softplus`, a positive clamp or `+ eps` cannot; a probability, `1 - p`, a sum or a "
-        "union can). An epsilon added after the root does not count. A division by a mask's "
-        "count is reported as info: only the data decides whether a mask can be empty. Log-sum-exp "
-        "written by hand (`x.exp().sum(d).log()`) is reported wherever it is written; code that "
-        "runs with autograd off (`torch.no_grad()`, `inference_mode()`) is left alone."
+        "computed tensor (`/`, `/=`, `.div()`) inside loss code, with no epsilon, clamp or "
+        "numerically stable built-in, where the value's provenance lets it reach 0 (see "
+        "`positivity`: `exp`, `softplus`, a positive clamp or `+ eps` cannot; a probability, "
+        "`1 - p`, a sum, a union or a box's `y2 - y1` can). Loss code is followed across the "
+        "project (`loss_scope`): a loss's helpers, methods, the `forward` of modules it "
+        "builds, functions of other files and functions stored from a parameter's default; "
+        "every function and `forward` of a loss file. In a model's forward pass a root is "
+        "reported only where the code says its input reaches 0 (an epsilon added after the "
+        "root, `max(root, eps)`, a clamp at 0 before it). An epsilon added after the root does "
+        "not count. Softplus, log-sum-exp and softmax written by hand from `exp` of logits "
+        "(`log1p(exp(x))`, `log(1 + exp(a) + exp(b))`, `x.exp().sum(d).log()`, `e / e.sum()`) "
+        "are reported for overflow, and `acos` / `asin` of a value that can reach -1 or 1 "
+        "(a cosine) for its infinite gradient there. A division by a count the data decides "
+        "(a mask's count, `num_pos`, per-sample lengths) or by the total weight of a weighted "
+        "mean is reported "
+        "as info: only the data says whether it can be 0. Code that runs with autograd off "
+        "(`torch.no_grad()`, `inference_mode()`), or whose value is only logged or measured, "
+        "is left alone."
     )
     why = (
         "`log(0)` is -inf, the gradient of `sqrt` at 0 is infinite, and dividing by a sum or "
@@ -292,8 +309,227 @@ def flow_loss(pred, gt, valid):
     stats = {"err": err.mean().item(), "within_1": (err < 1).float().mean().item()}
     return ((pred - gt).abs() * keep[:, None]).mean(), stats
 """,
+        """
+import torch
+def stable_softplus_loss(logits, target):
+    softplus = logits.clamp(min=0) + torch.log1p(torch.exp(-logits.abs()))
+    return (softplus - target * logits).mean()
+""",
+        """
+import torch
+def goodness_loss(g_pos, g_neg, threshold):
+    # Squared activities, not logits: how large they grow is not written in the code.
+    return torch.log1p(torch.exp(torch.cat([-g_pos + threshold, g_neg - threshold]))).mean()
+""",
+        """
+import torch
+class RowNorm(torch.nn.Module):
+    def forward(self, x):
+        return x / torch.sqrt((x ** 2).sum(dim=1, keepdim=True) + 1e-8)
+""",
+        """
+import torch
+import torch.nn.functional as F
+def load_graph(edges, n):
+    adjacency = torch.eye(n) + torch.sparse_coo_tensor(edges.T, torch.ones(len(edges)), (n, n))
+    degree = torch.sqrt(1 / torch.sum(adjacency, dim=1))
+    return torch.diag(degree) @ adjacency @ torch.diag(degree)
+def train(model, edges, n, features, labels, optimizer):
+    adjacency = load_graph(edges, n)
+    loss = F.cross_entropy(model(features, adjacency), labels)
+    loss.backward()
+    optimizer.step()
+""",
+        """
+import numpy as np
+import torch
+def log_normal_pdf(x, mean, logvar):
+    const = torch.from_numpy(np.array([2.0 * np.pi])).float().to(x.device)
+    const = torch.log(const)
+    return -0.5 * (const + logvar + (x - mean) ** 2 / torch.exp(logvar))
+def elbo_loss(x, mean, logvar):
+    return -log_normal_pdf(x, mean, logvar).sum(-1).mean()
+""",
+        """
+import torch
+def stable_pick_loss(logits, target):
+    e = torch.exp(logits - logits.max())
+    p = e / e.sum()
+    return -p[target].clamp_min(1e-8).log()
+""",
+        """
+import torch
+def box_aspect_loss(pred, gt, eps=1e-7):
+    w_p, h_p = pred[:, 2] - pred[:, 0], pred[:, 3] - pred[:, 1]
+    w_g = gt[:, 2] - gt[:, 0]
+    h_g = gt[:, 3] - gt[:, 1]
+    return (torch.atan(w_g / (h_g + eps)) - torch.atan(w_p / (h_p + eps))).pow(2).mean()
+""",
+        """
+import torch
+import torch.nn.functional as F
+class SafeArcHead(torch.nn.Module):
+    def forward(self, emb):
+        cosine = F.linear(F.normalize(emb), F.normalize(self.weight))
+        theta = torch.acos(cosine.clamp(-1 + 1e-7, 1 - 1e-7))
+        return torch.cos(theta + self.margin)
+def slerp(val, low, high):
+    omega = torch.acos((low * high).sum(1))
+    return torch.sin((1.0 - val) * omega) / torch.sin(omega)
+""",
+        """
+import torch
+import torch.nn.functional as F
+def row_norm(x):
+    return torch.sqrt((x * x).sum(dim=1))
+class ContrastLoss(torch.nn.Module):
+    def forward(self, a, b):
+        stats = {"norm": row_norm(a).mean().item()}
+        return F.cross_entropy(a @ b.T, torch.arange(len(a))), stats
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+import lightning as L
+class Classifier(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        probs = torch.softmax(self(x), dim=-1)
+        return -torch.log(probs.gather(1, y[:, None])).mean()
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        probs = torch.softmax(self(x), dim=-1)
+        return -torch.log(probs.gather(1, y[:, None])).mean()
+""",
+            # `training_step` returns the loss Lightning backpropagates; `validation_step`'s
+            # value is only a metric.
+            8,
+        ),
+        Invalid(
+            """
+import torch
+def distill_loss(student_logits, teacher_logits, temperature):
+    e = torch.exp(teacher_logits / temperature)
+    p = e / e.sum(dim=1, keepdim=True)
+    return -(p * torch.log_softmax(student_logits / temperature, dim=1)).sum(1).mean()
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+class ArcHead(torch.nn.Module):
+    def forward(self, emb):
+        cosine = F.linear(F.normalize(emb), F.normalize(self.weight))
+        theta = torch.acos(torch.clamp(cosine, -1.0, 1.0))
+        return torch.cos(theta + self.margin)
+def angular_loss(a, b):
+    return torch.acos(F.cosine_similarity(a, b)).mean()
+""",
+            (7, 10),
+        ),
+        Invalid(
+            """
+import torch
+def unit_rows(feat, eps=1e-10):
+    norm = torch.sqrt(torch.sum(feat ** 2, dim=1, keepdim=True))
+    return feat / (norm + eps)
+class PatchDistance(torch.nn.Module):
+    def forward(self, a, b):
+        return (unit_rows(self.net(a)) - unit_rows(self.net(b))).pow(2).mean()
+""",
+            4,
+        ),
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+class MarginHead(torch.nn.Module):
+    def forward(self, emb):
+        cosine = F.linear(F.normalize(emb), F.normalize(self.weight))
+        sine = torch.sqrt((1.0 - cosine * cosine).clamp(0, 1))
+        return cosine * self.cos_m - sine * self.sin_m
+""",
+            7,
+        ),
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+def pairwise_cos(a, b):
+    a_unit = a / a.norm(dim=1)[:, None]
+    return a_unit @ (b / b.norm(dim=1, keepdim=True).clamp_min(1e-8)).T
+class RankingLoss(torch.nn.Module):
+    def __init__(self, scale=20.0, similarity=pairwise_cos):
+        super().__init__()
+        self.scale = scale
+        self.similarity = similarity
+    def forward(self, a, b):
+        scores = self.similarity(a, b) * self.scale
+        return F.cross_entropy(scores, torch.arange(len(a)))
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
+class SpectralDistortionLoss(torch.nn.Module):
+    def frame_norms(self, bands):
+        energy = torch.sum(torch.pow(bands * self.band_width, 2.0), dim=-1)
+        return torch.sqrt(energy)
+    def forward(self, est, ref):
+        return (self.frame_norms(est) - self.frame_norms(ref)).abs().mean()
+""",
+            6,
+        ),
+        Invalid(
+            """
+import torch
+def focal_modulator(logits, targets, gamma=2.0):
+    neg_logits = -logits
+    return torch.exp(-gamma * targets * logits - gamma * torch.log1p(torch.exp(neg_logits)))
+""",
+            5,
+        ),
+        Invalid(
+            """
+import torch
+class ImplicitObjectness(torch.nn.Module):
+    def forward(self, feature):
+        cls_score, objectness = self.cls(feature), self.obj(feature)
+        return cls_score + objectness - torch.log(
+            1.0 + torch.clamp(cls_score.exp(), max=1e8) + torch.clamp(objectness.exp(), max=1e8)
+        )
+""",
+            6,
+        ),
+        Invalid(
+            """
+import torch
+class CandidatePicker(torch.nn.Module):
+    def forward(self, logits, groups):
+        probs = torch.zeros(len(groups))
+        for i, idx in enumerate(groups):
+            probs[i] = torch.exp(torch.max(logits[idx]))
+        probs /= torch.sum(probs)
+        return probs
+""",
+            8,
+        ),
+        Invalid(
+            """
+import torch
+def box_aspect_loss(pred, gt):
+    w_p, h_p = pred[:, 2] - pred[:, 0], pred[:, 3] - pred[:, 1]
+    w_g = gt[:, 2] - gt[:, 0]
+    h_g = gt[:, 3] - gt[:, 1]
+    return (torch.atan(w_g / h_g) - torch.atan(w_p / h_p)).pow(2).mean()
+""",
+            7,
+        ),
         Invalid(
             """
 import torch
@@ -333,7 +569,9 @@ def covariance_match_loss(cov_a, cov_b):
     root_det = (cov_a.det() * cov_b.det()).clamp(min=0).sqrt()
     return (1.0 / root_det.sqrt().clamp(min=1e-6)).mean()
 """,
-            5,
+            # A clamp at 0 before a root sends negatives to exactly 0, where its gradient is
+            # infinite; the clamp after the second root keeps only the division finite.
+            (4, 5),
         ),
         Invalid(
             """
@@ -375,10 +613,10 @@ def nll_loss(probs, target):
 import torch
 for x, y in loader:
     p = torch.softmax(model(x), dim=-1)
-    loss = -(y * p.log()).sum() / y.sum()
+    loss = -(y * p.log()).sum(-1).mean()
     loss.backward()
 """,
-            (5, 5),
+            5,
         ),
         Invalid(
             """
@@ -454,26 +692,49 @@ def ratio_loss(p, q):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        loss_functions = _loss_functions(model)
+        scope = loss_scope(model, _followed)
+        yield from self._judge(model, scope, None)
+        # Helpers of other files that this file's losses call (`util.cos_sim`): their ops are
+        # judged in their own file's model, and reported there.
+        for owner, functions in scope.foreign():
+            yield from self._judge(owner, scope, {id(f) for f in functions})
+
+    def _judge(
+        self, model: FileModel, scope: LossScope, only: set[int] | None
+    ) -> Iterator[RawFinding]:
+        """The findings in ``model`` (only in the functions ``only`` when given)."""
         clamped = _clamped_names(model)
         sampled = _sampled_actions(model)
         positivity = Positivity(model)
         for call, stmt, func in model.all_calls:
+            if only is not None and id(func) not in only:
+                continue
             name = _called_name(call)
+            if name in {"log", "log1p"}:
+                written = _hand_written_log_of_exp(func, call)
+                if written is not None:
+                    if not _without_gradient(model, call):
+                        yield self._logsumexp_finding(call, *written)
+                    continue
+            if name in INVERSE_TRIG:
+                operand = _sole_operand(call, name)
+                if operand is not None and _at_boundary(model, scope, func, stmt, call, operand):
+                    yield self._boundary_finding(call, operand, in_loss=scope.in_loss(func, stmt))
+                continue
             if method_name(call) not in UNSTABLE and name not in UNSTABLE and name != "pow":
                 continue
-            logits = _manual_logsumexp(call)
-            if logits is not None:
-                if not _without_gradient(model, call):
-                    yield self._logsumexp_finding(call, logits)
-                continue
-            if not _in_loss(func, stmt, loss_functions):
+            in_loss = scope.in_loss(func, stmt)
+            if not in_loss and id(func) not in scope.forward:
                 continue
             found = _unstable_call(call) if name != "pow" else _fractional_power(call)
             if found is None:
                 continue
             target, hazard = found
-            outside = _epsilon_outside(model, call) if not hazard.startswith("log") else None
+            outside = _epsilon_outside(model, func, call) if not hazard.startswith("log") else None
+            if not in_loss and outside is None and not _clamped_at_zero(target):
+                # Forward-pass code: only a root whose author expected 0 (an epsilon after
+                # it, a clamp at 0 before it) is a certain hazard there.
+                continue
             if (
                 _safe_name(target, func, clamped)
                 or positivity.positive(target, func)
@@ -491,14 +752,19 @@ def ratio_loss(p, q):
                 continue
             if _without_gradient(model, call):
                 continue
-            remedy = (
-                f"the epsilon is added after it (`{shorten(code_of(outside))}`), where it "
-                "cannot keep the gradient finite: clamp the input instead"
-                if outside is not None
-                else "clamp the input (or use log_softmax)"
-            )
-            yield self._finding(call, target, _clamped, hazard, remedy)
-        for power, stmt, func in _fractional_powers(model, loss_functions):
+            if outside is not None:
+                remedy = (
+                    f"the epsilon is added after it (`{shorten(code_of(outside))}`), where it "
+                    "cannot keep the gradient finite: clamp the input instead"
+                )
+            elif _clamped_at_zero(target) and not hazard.startswith("log"):
+                remedy = "clamp the input to a small positive minimum, not to 0"
+            else:
+                remedy = "clamp the input (or use log_softmax)"
+            yield self._finding(call, target, _clamped, hazard, remedy, forward_pass=not in_loss)
+        for power, stmt, func in _fractional_powers(model, scope):
+            if only is not None and id(func) not in only:
+                continue
             base = power.left
             if (
                 _safe_name(base, func, clamped)
@@ -512,24 +778,45 @@ def ratio_loss(p, q):
             yield self._finding(
                 power, base, _clamped, "an infinite gradient at 0", "clamp the input"
             )
-        for division, stmt, func in model.divisions:
+        for division, stmt, func in _divisions(model):
+            if only is not None and id(func) not in only:
+                continue
             right = division.right
+            if _only_reported(model, division.node):
+                continue
+            if scope.differentiated(func, stmt) and not _without_gradient(model, division.node):
+                # Like log-sum-exp, a softmax is written where probabilities are made: in the
+                # model's forward as often as in the loss.
+                softmax = _hand_softmax(func, division)
+                if softmax is not None:
+                    yield self._softmax_finding(division, softmax)
+                    continue
             if _guarded(right):
                 continue
-            if _in_loss(func, stmt, loss_functions) and _has_reduction(right):
+            if (
+                scope.in_loss(func, stmt)
+                and _weighted_mean(division)
+                and not _sums_mask(right)  # a mask's count: the selected-count note below
+                and not _safe(model, func, stmt, right)
+                and not positivity.positive(right, func)
+                and not _without_gradient(model, division.node)
+            ):
+                yield self._weighted_mean_finding(division)
+                continue
+            if scope.in_loss(func, stmt) and _has_reduction(right):
                 denominator: cst.BaseExpression | None = right
-            elif _overlap_loss(model, func, division):
+            elif _overlap_loss(model, func, division.node, right):
                 # A ratio taken from 1: its denominator may be a local name (`union`).
                 denominator = _denominator(func, right)
             else:
                 unapplied = (
                     _unapplied_positive_mask(func, stmt, right)
-                    if _in_loss(func, stmt, loss_functions)
+                    if scope.in_loss(func, stmt)
                     else None
                 )
-                if unapplied is not None and not _without_gradient(model, division):
+                if unapplied is not None and not _without_gradient(model, division.node):
                     yield self._finding(
-                        division,
+                        division.node,
                         right,
                         _plus_epsilon,
                         "a division by zero",
@@ -538,13 +825,29 @@ def ratio_loss(p, q):
                     )
                     continue
                 if (
-                    _in_loss(func, stmt, loss_functions)
-                    and not _python_number(division.left)
-                    and _counted_selection(func, right)
+                    scope.in_loss(func, stmt)
+                    and _extent(func, right)
                     and not _safe(model, func, stmt, right)
-                    and not _without_gradient(model, division)
+                    and not positivity.positive(right, func)
+                    and not _without_gradient(model, division.node)
                 ):
-                    yield self._selected_count_finding(division, right, patch=False)
+                    yield self._finding(
+                        division.node,
+                        right,
+                        _plus_epsilon,
+                        "a division by zero",
+                        "a difference of two coordinates is 0 for a degenerate box or an "
+                        "empty range: add an epsilon to the denominator",
+                    )
+                    continue
+                if (
+                    scope.in_loss(func, stmt)
+                    and not _python_number(division.left)
+                    and (_counted_selection(func, right) or _data_count(func, right))
+                    and not _safe(model, func, stmt, right)
+                    and not _without_gradient(model, division.node)
+                ):
+                    yield self._selected_count_finding(division.node, right, patch=False)
                 continue
             if (
                 denominator is None
@@ -552,41 +855,47 @@ def ratio_loss(p, q):
                 or positivity.positive(right, func)
             ):
                 continue
-            if _without_gradient(model, division):
+            if _without_gradient(model, division.node):
                 continue
             if _counts_tokens(right) or _counts_tokens(denominator):
                 if denominator is right and _sums_mask(right):
-                    yield self._selected_count_finding(division, right)
+                    yield self._selected_count_finding(division.node, right)
                 continue
             yield self._finding(
-                division,
+                division.node,
                 right,
                 _plus_epsilon,
                 "a division by zero",
                 "add an epsilon to the denominator",
             )
 
-    def _logsumexp_finding(self, call: cst.Call, logits: cst.BaseExpression) -> RawFinding:
-        """``x.exp().sum(d).log()``: log-sum-exp written by hand. Not tied to a loss function:
-        it is how log-probabilities (mixtures, partition functions) are computed, and they
-        feed the loss wherever they are written."""
+    def _logsumexp_finding(
+        self, call: cst.Call, logits: cst.BaseExpression, stable: str
+    ) -> RawFinding:
+        """``x.exp().sum(d).log()``, ``log(1 + a.exp() + b.exp())``, ``log1p(exp(x))``:
+        log-sum-exp (or softplus, its two-term case with a 0 logit) written by hand. Not tied
+        to a loss function: it is how log-probabilities (mixtures, partition functions,
+        implicit objectness, focal modulators) are computed, and they feed the loss wherever
+        they are written."""
         return RawFinding(
             node=call,
             message=(
-                "`{expression}` on line {line} computes log-sum-exp by hand: `exp` overflows to "
-                "inf for logits above ~88 (float32), and underflows to 0 for very negative "
-                "ones (log(0) = -inf), so the loss turns inf/NaN; use `torch.logsumexp("
-                "{logits}, dim=...)`, which subtracts the maximum first"
+                "`{expression}` on line {line} computes {what} by hand: `exp` overflows to "
+                "inf for values above ~88 (float32), and the loss or its gradient turns "
+                "inf/NaN (a clamp after `exp` does not help: the gradient through it is "
+                "inf * 0); use `{stable}`, which never exponentiates a large value"
             ),
             evidence={
                 "expression": shorten(code_of(call)),
                 "line": call,
+                "what": "softplus" if stable.startswith("F.softplus") else "log-sum-exp",
+                "stable": stable,
                 "logits": shorten(code_of(logits)),
             },
         )
 
     def _selected_count_finding(
-        self, division: cst.BinaryOperation, right: cst.BaseExpression, *, patch: bool = True
+        self, division: cst.CSTNode, right: cst.BaseExpression, *, patch: bool = True
     ) -> RawFinding:
         """A division by a count of selected elements (``mask.sum()``, ``(y != pad).sum()``):
         0 when a batch (or a sample) selects nothing. Correct code divides the same way when
@@ -614,6 +923,72 @@ def ratio_loss(p, q):
             severity="info",
         )
 
+    def _boundary_finding(
+        self, call: cst.Call, operand: cst.BaseExpression, *, in_loss: bool
+    ) -> RawFinding:
+        """``acos(x)`` / ``asin(x)`` where ``x`` can reach -1 or 1."""
+        return RawFinding(
+            node=call,
+            message=(
+                "`{expression}` on line {line} {where} has an infinite gradient where its "
+                "input reaches -1 or 1 (a cosine of two aligned vectors does, and so does a "
+                "value clamped to [-1, 1]): the gradient turns inf/NaN and clipping cannot "
+                "repair it; clamp the input strictly inside, to [-1 + 1e-7, 1 - 1e-7]"
+            ),
+            evidence={
+                "expression": shorten(code_of(call)),
+                "line": call,
+                "where": "in a loss" if in_loss else "in a model's forward pass",
+            },
+            patch=Patch().replace_node(operand, _inside_unit_interval),
+            fix_description="Clamp the input to [-1 + 1e-7, 1 - 1e-7].",
+            # The angle changes by up to ~4.5e-4 rad next to the boundary: not marked safe.
+            fix_safe=False,
+        )
+
+    def _weighted_mean_finding(self, division: Division) -> RawFinding:
+        """``(x * w).sum() / w.sum()``: a weighted (or masked) mean, 0/0 when every weight of
+        a batch is 0. Whether that can happen is a property of the data (a batch with no
+        event, no positive, no valid step), which the code does not show: info."""
+        return RawFinding(
+            node=division.node,
+            message=(
+                "`{expression}` on line {line} divides by the total weight `{denominator}` of "
+                "its own numerator (a weighted or masked mean): if every weight of a batch can "
+                "be 0 (no event, no positive, no valid step), this is 0/0 = NaN; the analyser "
+                "cannot tell from the code whether your data allows that. Clamping the total "
+                "to a small positive minimum changes only that case"
+            ),
+            evidence={
+                "expression": shorten(code_of(division.node)),
+                "line": division.node,
+                "denominator": shorten(code_of(division.right)),
+            },
+            patch=Patch().replace_node(division.right, _clamped),
+            fix_description="Clamp the total weight to at least 1e-8.",
+            # Weights whose total is legitimately below 1e-8 would change: not marked safe.
+            fix_safe=False,
+            severity="info",
+        )
+
+    def _softmax_finding(self, division: Division, logits: cst.BaseExpression) -> RawFinding:
+        """``e = exp(x); e / e.sum()``: softmax written by hand without subtracting the
+        maximum first."""
+        return RawFinding(
+            node=division.node,
+            message=(
+                "`{expression}` on line {line} computes a softmax by hand from `exp({logits})` "
+                "without subtracting the maximum: `exp` overflows to inf for logits above ~88 "
+                "(float32) and inf / inf is NaN, so the loss turns NaN; use `torch.softmax` (or "
+                "`log_softmax`), or subtract the maximum logit before `exp`"
+            ),
+            evidence={
+                "expression": shorten(code_of(division.node)),
+                "line": division.node,
+                "logits": shorten(code_of(logits)),
+            },
+        )
+
     def _finding(
         self,
         node: cst.CSTNode,
@@ -621,6 +996,8 @@ def ratio_loss(p, q):
         fix: Callable[[cst.CSTNode], cst.CSTNode],
         hazard: str,
         remedy: str,
+        *,
+        forward_pass: bool = False,
     ) -> RawFinding:
         return RawFinding(
             node=node,
@@ -628,6 +1005,8 @@ def ratio_loss(p, q):
             evidence={
                 "expression": shorten(code_of(node)),
                 "line": node,
+                "where": "in a model's forward pass" if forward_pass else "in a loss",
+                "result": "gradient" if forward_pass else "loss",
                 "hazard": hazard,
                 "remedy": remedy,
             },
@@ -636,40 +1015,311 @@ def ratio_loss(p, q):
         )
 
 
-LOSS_WORDS = ("loss", "cross_entropy", "crossentropy", "nll", "kl_div")
+class Division(NamedTuple):
+    """A division however it is written: ``a / b``, ``a /= b``, ``a.div(b)``,
+    ``torch.div(a, b)``."""
+
+    node: cst.CSTNode
+    """What the finding points at (the operation, the statement or the call)."""
+    left: cst.BaseExpression
+    right: cst.BaseExpression
 
 
-def _loss_functions(model: FileModel) -> set[int]:
-    """ids of the local functions whose result is assigned to a ``*loss*`` variable."""
-    found: set[int] = set()
+DIVIDING_METHODS = frozenset({"div", "div_", "divide", "true_divide"})
+
+
+def _divisions(model: FileModel) -> Iterator[tuple[Division, cst.CSTNode, FuncInfo]]:
+    """Every division of the file, with its statement and function."""
+    for operation, stmt, func in model.divisions:
+        yield Division(operation, operation.left, operation.right), stmt, func
+    for func in [model.module_info, *model.functions]:
+        for sites in func.assign_sites.values():
+            for site in sites:
+                if not isinstance(site, cst.AugAssign) or not isinstance(
+                    site.operator, cst.DivideAssign
+                ):
+                    continue
+                site_stmt = _statement_of(model, site)
+                if site_stmt is not None:
+                    yield Division(site, site.target, site.value), site_stmt, func
     for call, stmt, func in model.all_calls:
-        if _assigns_loss(stmt):
-            target = model.function_for_call(call, func)
-            if target is not None:
-                found.add(id(target))
-    return found
+        if _called_name(call) not in DIVIDING_METHODS:
+            continue
+        if any(a.keyword is not None and a.keyword.value == "rounding_mode" for a in call.args):
+            continue  # floor or truncating division of integers
+        positional = [a.value for a in call.args if a.keyword is None and not a.star]
+        owner = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
+        if owner in {"torch", "th"} and len(positional) == 2:
+            yield Division(call, positional[0], positional[1]), stmt, func
+        elif (
+            owner not in {"torch", "th", "np", "numpy", "math", "operator"}
+            and isinstance(call.func, cst.Attribute)
+            and len(positional) == 1
+        ):
+            yield Division(call, call.func.value, positional[0]), stmt, func
 
 
-def _assigns_loss(stmt: cst.CSTNode) -> bool:
-    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
-        targets = [dotted_name(t.target) or "" for t in stmt.body[0].targets]
-        return any("loss" in t.lower() for t in targets)
+REPORTING_CALLS = frozenset(
+    {"print", "info", "debug", "warning", "log", "write", "format", "set_postfix", "add_scalar"}
+)
+
+
+def _reporting(call: cst.Call) -> bool:
+    """``print(...)``, ``logger.info(...)``, ``self.log("loss", v)``, ``wandb.log({...})``;
+    not ``torch.log(x)`` nor ``x.log()``."""
+    name = _called_name(call)
+    if name not in REPORTING_CALLS:
+        return False
+    if name != "log":
+        return True
+    owner = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
+    return bool(call.args) and owner not in {None, "torch", "th", "np", "numpy", "math"}
+
+
+def _only_reported(model: FileModel, node: cst.CSTNode) -> bool:
+    """``print(... % (loss / n))``, ``logger.info(f"{a / b}")``: a value formatted for a log,
+    which nothing backpropagates through."""
+    for parent in model.ancestors(node):
+        if isinstance(parent, cst.FormattedString):
+            return True
+        if isinstance(parent, cst.Call) and _reporting(parent):
+            return True
+        if isinstance(parent, cst.BaseStatement):
+            return False
     return False
 
 
-def _in_loss(func: FuncInfo, stmt: cst.CSTNode, loss_functions: set[int]) -> bool:
-    """Code inside a loss: a function named like one (``*loss*``, ``*entropy*``...) or whose
-    result is assigned to a loss, ``forward`` of a ``*Loss`` class, or the value assigned to a
-    variable named ``*loss*``."""
-    return _function_in_loss(func, loss_functions) or _assigns_loss(stmt)
+def _summed(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``w`` for ``w.sum()`` / ``torch.sum(w)`` (through casts)."""
+    node = _strip(node)
+    if not isinstance(node, cst.Call) or _called_name(node) not in {"sum", "nansum"}:
+        return None
+    if isinstance(node.func, cst.Attribute):
+        if dotted_name(node.func.value) in {"torch", "th"}:
+            return node.args[0].value if node.args and node.args[0].keyword is None else None
+        return node.func.value
+    return None
 
 
-def _function_in_loss(func: FuncInfo, loss_functions: set[int]) -> bool:
-    """The whole function computes a loss (see :func:`_in_loss`)."""
-    name = func.name.lower()
-    if any(word in name for word in LOSS_WORDS) or id(func) in loss_functions:
+def _weighted_mean(division: Division) -> bool:
+    """``(x * w).sum() / w.sum()``, ``x.mul(w).sum().div(w.sum())``: the denominator is the
+    total of a weight (or mask) that multiplies the numerator."""
+    weight = _summed(division.right)
+    if weight is None:
+        return False
+    text = code_of(_strip(weight))
+    sides: tuple[cst.BaseExpression, ...]
+    for node in walk(division.left):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            sides = (node.left, node.right)
+        elif isinstance(node, cst.Call) and _called_name(node) in {"mul", "mul_", "multiply"}:
+            sides = tuple(a.value for a in node.args)
+        else:
+            continue
+        if any(code_of(_strip(side)) == text for side in sides):
+            return True
+    return False
+
+
+def _hand_softmax(func: FuncInfo, division: Division) -> cst.BaseExpression | None:
+    """The logits of ``e / e.sum()`` where ``e`` holds ``exp(x)`` of logits that were not
+    shifted by their maximum (``e = torch.exp(x)``, or ``e[i] = torch.exp(x_i)`` into a
+    buffer): softmax written by hand, which overflows."""
+    total = _summed(division.right)
+    if total is None or code_of(_strip(total)) != code_of(_strip(division.left)):
+        return None
+    values = _element_values(func, _strip(division.left))
+    if not values:
+        return None
+    logits: cst.BaseExpression | None = None
+    for value in values:
+        value = _strip(value)
+        if not isinstance(value, cst.Call) or _called_name(value) != "exp":
+            continue  # `torch.zeros(n)`: the buffer the exps are written into
+        argument = _sole_operand(value, "exp")
+        # `exp(logits / T)`: a temperature scales logits but does not bound them.
+        if argument is None or not (_unshifted(func, argument) or _raw_logits(func, argument)):
+            return None
+        logits = argument
+    return logits
+
+
+def _element_values(func: FuncInfo, node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The values assigned to the name ``node``, and to its elements (``e[i] = ...``)."""
+    if not isinstance(node, cst.Name) or not isinstance(func.node, cst.FunctionDef):
+        return []
+    values = list(func.assigns.get(node.value, []))
+    for inner in walk(func.node.body):
+        if isinstance(inner, cst.Assign):
+            for target in inner.targets:
+                if (
+                    isinstance(target.target, cst.Subscript)
+                    and isinstance(target.target.value, cst.Name)
+                    and target.target.value.value == node.value
+                ):
+                    values.append(inner.value)
+    return values
+
+
+BOUNDING_CALLS = BOUNDED | {"clamp_max", "clamp_", "log", "log1p", "logsigmoid", "softplus"}
+"""Calls whose value is bounded above (or grows only like ``log``): ``exp`` of them is safe."""
+
+
+def _unshifted(func: FuncInfo, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """Logits used as they come: not shifted or scaled (``x - x.max()``, ``x / t``), not
+    bounded (``sigmoid``, ``log_softmax``, a clamp), through at most two local names."""
+    node = _strip(node)
+    if isinstance(node, cst.BinaryOperation | cst.UnaryOperation):
+        return False
+    if isinstance(node, cst.Call):
+        return _called_name(node) not in BOUNDING_CALLS
+    if isinstance(node, cst.Name):
+        values = func.assigns.get(node.value, [])
+        return depth < 2 and len(values) == 1 and _unshifted(func, values[0], depth + 1)
+    return isinstance(node, cst.Subscript | cst.Attribute)
+
+
+COUNT_NAME_WORDS = ("lengths", "lens")
+"""Per-sample sizes (``x_lengths``, ``seq_lens``): a tensor with one count per sample. A
+single ``max_length`` / ``seq_length`` is a setting, never 0."""
+COUNTED_WORDS = ("pos", "valid", "event", "match", "visible", "active", "fg")
+"""What a data-dependent count counts (``num_pos``, ``n_valid``, ``event_count``). Token and
+label counts are left to the accumulation rules (a caller's ``rows * width`` is a token count
+that is never 0); sizes fixed by the configuration (``num_points``, ``num_classes``) are
+never 0."""
+
+
+def _data_count(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """A count that the data decides and that can be 0: per-sample lengths
+    (``x_lengths``), a count of positives / valid tokens / events (``num_pos``,
+    ``num_label_tokens``), or a difference of two sizes (``x.numel() - x.diagonal().numel()``,
+    0 when they are equal)."""
+    node = _strip(node)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return _data_count(func, node.left) or _data_count(func, node.right)
+    if isinstance(node, cst.Subscript):
+        node = node.value  # `x_lengths[:, None]`
+    if not isinstance(node, cst.Name | cst.Attribute):
+        return False
+    if isinstance(node, cst.Name) and any(_guarded(v) for v in func.assigns.get(node.value, [])):
+        return False  # `n_pos = pos.sum().clamp(min=1)`
+    name = (node.value if isinstance(node, cst.Name) else node.attr.value).lower()
+    if name.startswith(("max", "min")):
+        return False  # `max_completion_length`: a bound from the configuration
+    if any(word in name for word in COUNT_NAME_WORDS):
         return True
-    return name == "forward" and func.class_name is not None and "loss" in func.class_name.lower()
+    counted = name.startswith(("num_", "n_")) or name.endswith(("_num", "_count", "count"))
+    if counted and any(word in name for word in COUNTED_WORDS):
+        return True
+    value = _single_value(func, node) if isinstance(node, cst.Name) else None
+    return (
+        isinstance(value, cst.BinaryOperation)
+        and isinstance(value.operator, cst.Subtract)
+        and _size_of(value.left)
+        and _size_of(value.right)
+    )
+
+
+def _extent(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``h`` with ``h = y2 - y1`` (assigned once), or ``(x_max - x_min)`` written in place: a
+    difference of two tensors (a box's width or height, a value range), 0 when they are
+    equal. Differences with a literal (``1 - p``, ``n - 1``) or of sizes are not read."""
+    stripped = _strip(node)
+    value = _single_value(func, stripped) if isinstance(stripped, cst.Name) else stripped
+    if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract)):
+        return False
+    if isinstance(stripped, cst.Name) and _guarded(value):
+        return False
+    sides = (_strip(value.left), _strip(value.right))
+    if any(_constant(func, side, 0) for side in sides):
+        return False  # `beta - alpha` of two numeric settings
+    return all(
+        isinstance(side, cst.Name | cst.Subscript | cst.Attribute) and not _size_of(side)
+        for side in sides
+    ) and not any(
+        isinstance(n, cst.Attribute) and n.attr.value in SCALAR_ATTRIBUTES
+        for side in sides
+        for n in walk(side)
+    )
+
+
+def _size_of(node: cst.BaseExpression) -> bool:
+    """``x.numel()``, ``x.size(0)``, ``len(x)``, ``x.shape[1]``."""
+    node = _strip(node)
+    if isinstance(node, cst.Call):
+        return _called_name(node) in {"numel", "size", "len"}
+    return (
+        isinstance(node, cst.Subscript)
+        and isinstance(node.value, cst.Attribute)
+        and node.value.attr.value == "shape"
+    )
+
+
+INVERSE_TRIG = frozenset({"acos", "arccos", "asin", "arcsin"})
+"""Their derivative, 1 / sqrt(1 - x ** 2), is infinite at x = -1 and x = 1."""
+
+
+def _at_boundary(
+    model: FileModel,
+    scope: LossScope,
+    func: FuncInfo,
+    stmt: cst.CSTNode,
+    call: cst.Call,
+    operand: cst.BaseExpression,
+) -> bool:
+    """``acos(x)`` in differentiated code where ``x`` can reach -1 or 1: anywhere in a loss
+    unless ``x`` is kept strictly inside (a clamp to ``1 - eps``, a factor below 1), and in
+    a forward pass where the code clamps ``x`` to exactly [-1, 1] (it expects the ends)."""
+    in_loss = scope.in_loss(func, stmt)
+    if not in_loss and id(func) not in scope.forward:
+        return False
+    if _without_gradient(model, call) or _only_measured(model, func, call):
+        return False
+    values = [operand]
+    stripped = _strip(operand)
+    if isinstance(stripped, cst.Name) and stripped.value in func.assigns:
+        values = func.assigns[stripped.value]
+    at_ends = False
+    for value in values:
+        value = _strip(value)
+        if isinstance(value, cst.Call) and _called_name(value) in {"clamp", "clip"}:
+            bounds = [clamp_bound(value, side) for side in ("min", "max")]
+            numbers = [number_value(b, arithmetic=True) if b is not None else None for b in bounds]
+            if any(n is not None and abs(n) < 1 for n in numbers):
+                return False  # `clamp(-1 + eps, 1 - eps)`
+            at_ends = at_ends or any(n is not None and abs(n) == 1 for n in numbers)
+        elif isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+            factors = [number_value(value.left), number_value(value.right)]
+            if any(f is not None and abs(f) < 1 for f in factors):
+                return False  # `cos * 0.9999`
+    return in_loss or at_ends
+
+
+def _followed(model: FileModel, func: FuncInfo, call: cst.Call) -> bool:
+    """The value of ``call`` flows on into what it is part of: not only measured
+    (``.item()``, comparisons), not computed with autograd off."""
+    return (
+        not _without_gradient(model, call)
+        and not _measured_directly(model, call)
+        and not _only_measured(model, func, call)
+    )
+
+
+def _measured_directly(model: FileModel, call: cst.Call) -> bool:
+    """``helper(x).mean().item()``: the value ends in a measuring call (``.item()``,
+    ``.detach()``...) through method calls and indexing, whatever it is then stored in."""
+    current: cst.CSTNode = call
+    for parent in model.ancestors(call):
+        if not _carries(parent, current):
+            return False
+        if (
+            isinstance(parent, cst.Call)
+            and isinstance(current, cst.Attribute)
+            and current.attr.value in MEASURING_CALLS
+        ):
+            return True
+        current = parent
+    return False
 
 
 SAMPLERS = frozenset({"Categorical", "OneHotCategorical"})
@@ -835,7 +1485,7 @@ def _away_from_zero(node: cst.BaseExpression, func: FuncInfo, positivity: Positi
     if not isinstance(node, cst.BinaryOperation):
         return False
     if isinstance(node.operator, cst.Subtract):
-        ceiling = _literal_value(node.left)
+        ceiling = number_value(node.left, arithmetic=True)
         return ceiling is not None and _bounded_below(node.right, ceiling, func)
     if isinstance(node.operator, cst.Divide):
         numerator = node.left
@@ -853,44 +1503,11 @@ def _bounded_below(node: cst.BaseExpression, ceiling: float, func: FuncInfo) -> 
     values = func.assigns.get(node.value, []) if isinstance(node, cst.Name) else [node]
     for value in values:
         if isinstance(value, cst.Call) and _called_name(value) in {"clamp", "clip", "clamp_max"}:
-            maximum = _clamp_maximum(value)
-            bound = _literal_value(maximum) if maximum is not None else None
+            maximum = clamp_bound(value, "max")
+            bound = number_value(maximum, arithmetic=True) if maximum is not None else None
             if bound is not None and bound < ceiling:
                 return True
     return False
-
-
-def _clamp_maximum(call: cst.Call) -> cst.BaseExpression | None:
-    """The upper bound of ``x.clamp(lo, hi)``, ``torch.clamp(x, lo, hi)``, ``clamp(max=hi)``,
-    ``x.clamp_max(hi)``."""
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "max":
-            return arg.value
-    positional = [a.value for a in call.args if a.keyword is None]
-    owner = dotted_name(call.func.value) if isinstance(call.func, cst.Attribute) else None
-    skip = 1 if owner in {"torch", "th", "np", "numpy"} or isinstance(call.func, cst.Name) else 0
-    index = skip if _called_name(call) == "clamp_max" else skip + 1
-    return positional[index] if len(positional) > index else None
-
-
-def _literal_value(node: cst.BaseExpression) -> float | None:
-    """The value of a literal or of arithmetic on literals (``1.0 - 1e-4``)."""
-    value = number_value(node)
-    if value is not None or not isinstance(node, cst.BinaryOperation):
-        return value
-    left, right = _literal_value(node.left), _literal_value(node.right)
-    if left is None or right is None:
-        return None
-    operator = node.operator
-    if isinstance(operator, cst.Add):
-        return left + right
-    if isinstance(operator, cst.Subtract):
-        return left - right
-    if isinstance(operator, cst.Multiply):
-        return left * right
-    if isinstance(operator, cst.Divide) and right != 0:
-        return left / right
-    return None
 
 
 MEASURING_CALLS = frozenset({"item", "tolist", "detach", "numpy"})
@@ -959,6 +1576,131 @@ def _measured_read(model: FileModel, read: cst.Name, name: str) -> bool:
             return all(isinstance(t, cst.Name) and t.value == name for t in targets)
         else:
             return False
+    return False
+
+
+def _hand_written_log_of_exp(
+    func: FuncInfo, call: cst.Call
+) -> tuple[cst.BaseExpression, str] | None:
+    """(the logits, the stable built-in) for ``log(sum(exp(x)))`` written out (see
+    :func:`_manual_logsumexp`), ``log(1 + exp(a) + exp(b))`` and ``log1p(exp(x))`` (softplus)
+    with logits not bounded above."""
+    if _called_name(call) == "log":
+        logits = _manual_logsumexp(call)
+        if logits is not None:
+            return logits, f"torch.logsumexp({shorten(code_of(logits))}, dim=...)"
+    operand = _sole_operand(call, _called_name(call))
+    if operand is None:
+        return None
+    if _called_name(call) == "log1p":
+        exponent = _exp_argument(operand)
+        if exponent is None or not _raw_logits(func, exponent):
+            return None
+        return exponent, f"F.softplus({shorten(code_of(exponent))})"
+    terms = _addends(operand)
+    if len(terms) < 2:
+        return None
+    exponents = [_exp_argument(term) for term in terms]
+    unbounded = [e for e in exponents if e is not None and _raw_logits(func, e)]
+    others = [t for t, e in zip(terms, exponents, strict=True) if e is None]
+    if not unbounded or not all(number_value(t, arithmetic=True) is not None for t in others):
+        return None
+    if len(terms) == 2 and others:
+        return unbounded[0], f"F.softplus({shorten(code_of(unbounded[0]))})"
+    return unbounded[0], "torch.logsumexp(torch.stack([...]), dim=0)"
+
+
+LOGIT_WORDS = ("logit", "score")
+
+
+def _raw_logits(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``node`` holds classification logits (``logits``, ``-1.0 * logits``, ``cls_score``):
+    a network's unbounded scores, not shifted by their maximum nor bounded. Other values
+    (a squared activity ``g``, an energy) are left alone: how large they grow is not
+    written in the code."""
+    if _bounded_above(func, node, 0):
+        return False
+    for inner in walk(node):
+        text = (
+            inner.value
+            if isinstance(inner, cst.Name)
+            else inner.attr.value
+            if isinstance(inner, cst.Attribute)
+            else ""
+        ).lower()
+        if any(word in text for word in LOGIT_WORDS):
+            return True
+        if isinstance(inner, cst.Name):
+            value = _single_value(func, inner)
+            if value is not None and any(
+                isinstance(n, cst.Name | cst.Attribute)
+                and any(
+                    word in (n.value if isinstance(n, cst.Name) else n.attr.value).lower()
+                    for word in LOGIT_WORDS
+                )
+                for n in walk(value)
+            ):
+                return True
+    return False
+
+
+def _addends(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The terms of ``a + b + c`` (one term for anything else)."""
+    node = _strip(node)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+        return [*_addends(node.left), *_addends(node.right)]
+    return [node]
+
+
+def _exp_argument(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``x`` for ``exp(x)`` / ``x.exp()``, also under a clamp that sets only a maximum
+    (``torch.clamp(x.exp(), max=INF)``: applied after the overflow)."""
+    node = _strip(node)
+    if (
+        isinstance(node, cst.Call)
+        and _called_name(node) in {"clamp", "clip", "clamp_max"}
+        and clamp_bound(node, "min") is None
+    ):
+        inner = _sole_operand(node, _called_name(node))
+        node = _strip(inner) if inner is not None else node
+    if isinstance(node, cst.Call) and _called_name(node) == "exp":
+        return _sole_operand(node, "exp")
+    return None
+
+
+NON_NEGATIVE = frozenset({"abs", "relu", "softplus", "exp", "square", "norm", "sigmoid"})
+
+
+def _bounded_above(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``node`` cannot be large: a literal, ``-abs(x)``, a bounded call (``sigmoid``,
+    ``log_softmax``, a clamp with a maximum), a value shifted by its maximum
+    (``x - x.max()``), or a local name bound only to such values."""
+    node = _strip(node)
+    if number_value(node, arithmetic=True) is not None or depth > 3:
+        return depth <= 3
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        inner = _strip(node.expression)
+        return isinstance(inner, cst.Call) and _called_name(inner) in NON_NEGATIVE
+    if isinstance(node, cst.Call):
+        name = _called_name(node)
+        if name in {"clamp", "clip", "clamp_max"}:
+            return clamp_bound(node, "max") is not None
+        return name in BOUNDING_CALLS
+    if isinstance(node, cst.BinaryOperation):
+        if isinstance(node.operator, cst.Subtract):
+            right = _strip(node.right)
+            if isinstance(right, cst.Call) and _called_name(right) in {
+                "max",
+                "amax",
+                "logsumexp",
+            }:
+                return True
+        return _bounded_above(func, node.left, depth + 1) and _bounded_above(
+            func, node.right, depth + 1
+        )
+    if isinstance(node, cst.Name):
+        values = [v for v in func.assigns.get(node.value, []) if code_of(_strip(v)) != node.value]
+        return bool(values) and all(_bounded_above(func, v, depth + 1) for v in values)
     return False
 
 
@@ -1085,17 +1827,10 @@ def _keeps_zero(call: cst.Call) -> bool:
     ``clamp(min=0)``, ``clamp(max=1)``): 0 itself passes through it."""
     if _called_name(call) not in {"clamp", "clamp_", "clip", "clamp_min"}:
         return False
-    positional = [a.value for a in call.args if a.keyword is None]
-    if not isinstance(call.func, cst.Attribute) or (dotted_name(call.func) or "").startswith(
-        ("torch.", "th.")
-    ):
-        positional = positional[1:]  # `torch.clamp(x, 0)`: the tensor comes first
-    lower = positional[0] if positional else None
-    keyword = next((a.value for a in call.args if a.keyword and a.keyword.value == "min"), None)
-    lower = lower if lower is not None else keyword
+    lower = clamp_bound(call, "min")
     if lower is None:
         return True
-    value = number_value(lower)
+    value = number_value(lower, arithmetic=True)
     return value is not None and value <= 0
 
 
@@ -1151,11 +1886,13 @@ def _counts_tokens(node: cst.BaseExpression) -> bool:
     )
 
 
-def _overlap_loss(model: FileModel, func: FuncInfo, division: cst.BinaryOperation) -> bool:
+def _overlap_loss(
+    model: FileModel, func: FuncInfo, division: cst.CSTNode, right: cst.BaseExpression
+) -> bool:
     """``1 - inter / union``: a ratio of reductions taken from 1, the shape of the IoU, Dice
     and Tversky losses (``iou = inter / union`` and ``1 - iou`` later in the function too).
     The ratio is trained on even where no variable is named ``loss``."""
-    if _denominator(func, division.right) is None:
+    if _denominator(func, right) is None:
         return False
     ratio: cst.CSTNode = division
     for parent in model.ancestors(division):
@@ -1227,12 +1964,18 @@ def _counted_selection(func: FuncInfo, node: cst.BaseExpression) -> bool:
             selected = count.args[0].value if count.args else None
     else:
         selected = None
-    while (
-        isinstance(selected, cst.Call)
-        and isinstance(selected.func, cst.Attribute)
-        and selected.func.attr.value in COUNT_CASTS
-    ):
-        selected = selected.func.value
+    while True:
+        if (
+            isinstance(selected, cst.Call)
+            and isinstance(selected.func, cst.Attribute)
+            and selected.func.attr.value in COUNT_CASTS
+        ):
+            selected = selected.func.value
+        elif isinstance(selected, cst.Attribute) and selected.attr.value == "data":
+            # `pos.data.long().sum()`: `.data` is the same values without their history.
+            selected = selected.value
+        else:
+            break
     test = _single_value(func, selected) if selected is not None else None
     return isinstance(test, cst.Comparison) and not any(
         isinstance(c.operator, cst.NotEqual) for c in test.comparisons
@@ -1344,12 +2087,12 @@ def _fractional_power(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
 
 
 def _fractional_powers(
-    model: FileModel, loss_functions: set[int]
+    model: FileModel, scope: LossScope
 ) -> Iterator[tuple[cst.BinaryOperation, cst.CSTNode, FuncInfo]]:
     """``x ** 0.5`` (any literal exponent in (0, 1)) of a tensor in loss code, with its
     statement and function."""
     for func in [model.module_info, *model.functions]:
-        whole = _function_in_loss(func, loss_functions)
+        whole = scope.whole_loss(func)
         # Only loss code is read: a whole loss function, or the values assigned to `*loss*`
         # names elsewhere (walking every function would cost a second pass over the file).
         if whole:
@@ -1374,7 +2117,7 @@ def _fractional_powers(
                 if _guarded(node.left):
                     continue
                 stmt = _statement_of(model, node)
-                if stmt is None or not (whole or _assigns_loss(stmt)):
+                if stmt is None or not (whole or assigns_loss(stmt, func)):
                     continue
                 yield node, stmt, func
 
@@ -1408,45 +2151,128 @@ def _tensor_valued(node: cst.BaseExpression) -> bool:
     return isinstance(_strip(node), cst.Name | cst.Attribute | cst.Subscript)
 
 
-def _small_offset(node: cst.BaseExpression) -> bool:
-    """``1e-8`` or an epsilon-named constant."""
+def _small_offset(node: cst.BaseExpression, func: FuncInfo | None = None) -> bool:
+    """``1e-8``, an epsilon-named constant, or (in ``func``) a name bound only to a small
+    positive constant (``escape_nan = torch.FloatTensor([1e-4])``)."""
     if isinstance(node, cst.Float):
         return True
     if isinstance(node, cst.Name):
-        return offset_name(node.value)
+        if offset_name(node.value):
+            return True
+        values = func.assigns.get(node.value, []) if func is not None else []
+        # `escape = escape.cuda()`: a copy of the name's own value.
+        values = [v for v in values if code_of(_strip_casts(v)) != node.value]
+        return bool(values) and all(_small_constant(v) for v in values)
     return isinstance(node, cst.Attribute) and offset_name(node.attr.value)
+
+
+SMALL = 1e-2
+"""Largest constant read as an epsilon."""
+
+
+def _strip_casts(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``x`` for ``x.cuda()``, ``x.to(device)``, ``x.float()``."""
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in {"cuda", "to", "float", "double", "half"}
+    ):
+        node = node.func.value
+    return node
+
+
+def _small_constant(node: cst.BaseExpression) -> bool:
+    """``1e-4``, ``torch.tensor(1e-4)``, ``torch.FloatTensor([1e-4])``, with ``.cuda()`` /
+    ``.to(...)`` casts."""
+    node = _strip_casts(node)
+    if isinstance(node, cst.Call) and _called_name(node) in SMALL_TENSORS and node.args:
+        node = node.args[0].value
+        if isinstance(node, cst.List | cst.Tuple) and len(node.elements) == 1:
+            node = node.elements[0].value
+    value = number_value(node, arithmetic=True)
+    return value is not None and 0 < value <= SMALL
+
+
+SMALL_TENSORS = CONSTANT_TENSORS | {"FloatTensor", "Tensor", "DoubleTensor"}
 
 
 SCALAR_CALLS = frozenset({"size", "len", "int", "float", "numel", "dim", "item", "max", "min"})
 SCALAR_ATTRIBUTES = frozenset({"shape", "ndim"})
 
 
-def _epsilon_outside(model: FileModel, call: cst.Call) -> cst.BaseExpression | None:
-    """``sqrt(x) + eps`` (or ``sqrt(x).clamp(1e-7)``): the epsilon is added to (or the clamp
-    applied to) the root's result, where it keeps a division finite but not the root's
-    gradient at 0 (the author expected ``x`` to reach 0)."""
-    ancestors = model.ancestors(call)
+def _epsilon_outside(model: FileModel, func: FuncInfo, call: cst.Call) -> cst.BaseExpression | None:
+    """``sqrt(x) + eps``, ``sqrt(x).clamp(1e-7)``, ``torch.max(sqrt(x), eps)``, or the same
+    on a name that holds the root (``norm = sqrt(x)``; ``v / (norm + eps)``): the epsilon is
+    added to (or the clamp applied to) the root's result, where it keeps a division finite but
+    not the root's gradient at 0 (the author expected ``x`` to reach 0)."""
+    found = _offset_on(model, func, call)
+    if found is not None:
+        return found
+    name = _bound_name(model, call)
+    if name is None or not isinstance(func.node, cst.FunctionDef):
+        return None
+    for node in walk(func.node.body):
+        if isinstance(node, cst.Name) and node.value == name:
+            found = _offset_on(model, func, node)
+            if found is not None:
+                return found
+    return None
+
+
+def _offset_on(
+    model: FileModel, func: FuncInfo, value: cst.BaseExpression
+) -> cst.BaseExpression | None:
+    """The expression that adds an epsilon to ``value``, or bounds it below by one."""
+    ancestors = model.ancestors(value)
     if (
         len(ancestors) >= 2
         and isinstance(ancestors[0], cst.Attribute)
-        and ancestors[0].value is call
+        and ancestors[0].value is value
         and ancestors[0].attr.value in {"clamp", "clamp_min", "clip"}
         and isinstance(ancestors[1], cst.Call)
         and ancestors[1].func is ancestors[0]
-        and ancestors[1].args
-        and (ancestors[1].args[0].keyword is None or ancestors[1].args[0].keyword.value == "min")
-        and _small_offset(ancestors[1].args[0].value)
+        and (lower := clamp_bound(ancestors[1], "min")) is not None
+        and _small_offset(lower, func)
     ):
         return ancestors[1]
+    if (
+        len(ancestors) >= 2
+        and isinstance(ancestors[0], cst.Arg)
+        and isinstance(ancestors[1], cst.Call)
+        and _called_name(ancestors[1]) in {"max", "maximum", "clamp", "clamp_min", "clip"}
+        and isinstance(ancestors[1].func, cst.Attribute)
+        and dotted_name(ancestors[1].func.value) in {"torch", "th"}
+        and ancestors[1].args
+        and ancestors[1].args[0] is ancestors[0]
+    ):
+        bound = ancestors[1]
+        others = [a.value for a in bound.args[1:] if a.keyword is None or a.keyword.value == "min"]
+        if others and _small_offset(others[0], func):
+            return bound
     for parent in ancestors:
         if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Add):
             for mine, other in ((parent.left, parent.right), (parent.right, parent.left)):
-                if mine is call and _small_offset(other):
+                if mine is value and _small_offset(other, func):
                     return parent
             return None
         if not isinstance(parent, cst.BaseExpression) or isinstance(parent, cst.Call):
             return None
     return None
+
+
+def _clamped_at_zero(node: cst.BaseExpression) -> bool:
+    """``x.clamp(min=0)``, ``torch.clamp(x, 0, 1)``, ``relu(x)``: the code itself sends every
+    value below 0 to exactly 0, where a root's gradient is infinite."""
+    node = _strip(node)
+    if not isinstance(node, cst.Call):
+        return False
+    name = _called_name(node)
+    if name == "relu":
+        return True
+    if name not in {"clamp", "clip", "clamp_min"}:
+        return False
+    lower = clamp_bound(node, "min")
+    return lower is not None and number_value(lower, arithmetic=True) == 0
 
 
 def _positive(node: cst.BaseExpression) -> bool:
@@ -1480,27 +2306,69 @@ def _strip(node: cst.BaseExpression) -> cst.BaseExpression:
     return node
 
 
-def _constant(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
-    """A value with no gradient: a literal, a tensor built from plain values
-    (``torch.tensor(self.label_smoothing)``), or a parameter with a numeric default."""
-    if depth > 4:
+CONSTANT_ARRAYS = frozenset({"from_numpy", "array", "asarray"})
+ELEMENTWISE = frozenset({"log", "sqrt", "exp", "log10", "log2"})
+MATH_CONSTANTS = frozenset({"pi", "e", "inf"})
+
+
+def _constant(
+    func: FuncInfo, node: cst.BaseExpression, depth: int, seen: frozenset[str] = frozenset()
+) -> bool:
+    """A value with no gradient: a literal (or ``np.pi``), a tensor or array built from
+    plain values (``torch.tensor(self.label_smoothing)``, ``torch.from_numpy(np.array([2. *
+    np.pi]))``), an elementwise function of one (``const = torch.log(const)``), or a
+    parameter with a numeric default."""
+    if depth > 8:
         return False
     node = _strip(node)
     if isinstance(node, cst.Integer | cst.Float):
         return True
+    if isinstance(node, cst.Attribute):
+        return node.attr.value in MATH_CONSTANTS and dotted_name(node.value) in {
+            "math",
+            "np",
+            "numpy",
+            "torch",
+        }
     if isinstance(node, cst.UnaryOperation):
-        return _constant(func, node.expression, depth + 1)
+        return _constant(func, node.expression, depth + 1, seen)
+    if isinstance(node, cst.BinaryOperation):
+        return _constant(func, node.left, depth + 1, seen) and _constant(
+            func, node.right, depth + 1, seen
+        )
+    if isinstance(node, cst.List | cst.Tuple):
+        return bool(node.elements) and all(
+            isinstance(e, cst.Element) and _constant(func, e.value, depth + 1, seen)
+            for e in node.elements
+        )
     if isinstance(node, cst.Call) and _called_name(node) in CONSTANT_TENSORS:
         return bool(node.args) and not any(
             isinstance(n, cst.Call) for n in walk(node.args[0].value)
         )
+    if isinstance(node, cst.Call) and _called_name(node) in CONSTANT_ARRAYS | ELEMENTWISE:
+        operand = _sole_operand(node, _called_name(node))
+        if operand is None and node.args and node.args[0].keyword is None:
+            operand = node.args[0].value  # `np.array([...])`, `torch.from_numpy(a)`
+        return operand is not None and _constant(func, operand, depth + 1, seen)
     if isinstance(node, cst.Name):
+        if node.value in seen:
+            return True  # `c = torch.log(c)`: the earlier definitions decide
         values = func.assigns.get(node.value, [])
+        own = node.value
+        if any(not _mentions(v, own) for v in values):
+            # At least one definition that is not a function of the name itself (a
+            # parameter's `x = x.float()` says nothing).
+            return all(_constant(func, v, depth + 1, seen | {own}) for v in values)
         if values:
-            return all(_constant(func, v, depth + 1) for v in values)
+            return False
         default = _parameter_default(func, node.value)
         return default is not None and number_value(default) is not None
     return False
+
+
+def _mentions(node: cst.BaseExpression, name: str) -> bool:
+    """``node`` reads the local name ``name``."""
+    return any(isinstance(n, cst.Name) and n.value == name for n in walk(node))
 
 
 def _parameter_default(func: FuncInfo, name: str) -> cst.BaseExpression | None:
@@ -1559,7 +2427,11 @@ def _grad_mode(node: cst.BaseExpression) -> bool | None:
 def _statement_guards(stmt: cst.CSTNode) -> bool:
     """The statement clamps, or adds an epsilon, anywhere in it."""
     for node in walk(stmt):
-        if isinstance(node, cst.Call) and _called_name(node) in GUARDS - {"abs", "max"}:
+        if (
+            isinstance(node, cst.Call)
+            and _called_name(node) in GUARDS - {"abs", "max"}
+            and not _keeps_zero(node)
+        ):
             return True
         if isinstance(node, cst.Name) and "eps" in node.value.lower():
             return True
@@ -1606,6 +2478,12 @@ def _plus_epsilon(node: cst.CSTNode) -> cst.CSTNode:
         lpar=[cst.LeftParen()],
         rpar=[cst.RightParen()],
     )
+
+
+def _inside_unit_interval(node: cst.CSTNode) -> cst.CSTNode:
+    assert isinstance(node, cst.BaseExpression)
+    inner = node.with_changes(lpar=[], rpar=[]) if node.lpar else node
+    return cst.parse_expression(f"{code_of(parenthesize(inner))}.clamp(-1 + 1e-7, 1 - 1e-7)")
 
 
 def _at_least_one(node: cst.CSTNode) -> cst.CSTNode:
