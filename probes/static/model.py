@@ -2349,25 +2349,19 @@ class _EventWalker:
         if name == "update" and model.kind_of(recv) == "scaler":
             event("scaler_update", receiver=code_of(recv) if recv is not None else None)
             return
-        if name == "unscale_" and model.kind_of(recv) == "scaler":
+        # A GradScaler's `unscale_`, or Accelerate's explicit `unscale_gradients` (its
+        # GradScaler's `unscale_` on the prepared optimizers, all of them when none is named).
+        unscaler = {"unscale_": "scaler", "unscale_gradients": "accelerator"}.get(name or "")
+        if unscaler is not None and model.kind_of(recv) == unscaler:
             opt = call_arg(call, 0, "optimizer")
+            unscaled_by = code_of(recv) if recv is not None else None
+            extra = {"framework": "accelerator"} if unscaler == "accelerator" else {}
             event(
                 "unscale",
-                receiver=code_of(recv) if recv is not None else None,
-                scaler=code_of(recv) if recv is not None else None,
+                receiver=unscaled_by,
+                scaler=unscaled_by,
                 optimizer=code_of(opt) if opt is not None else None,
-            )
-            return
-        if name == "unscale_gradients" and model.kind_of(recv) == "accelerator":
-            # Accelerate's explicit unscale (its GradScaler's `unscale_` on the prepared
-            # optimizers, all of them when none is named).
-            opt = call_arg(call, 0, "optimizer")
-            event(
-                "unscale",
-                receiver=code_of(recv) if recv is not None else None,
-                scaler=code_of(recv) if recv is not None else None,
-                optimizer=code_of(opt) if opt is not None else None,
-                framework="accelerator",
+                **extra,
             )
             return
         if name == "zero_grad":
