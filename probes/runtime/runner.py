@@ -201,12 +201,13 @@ class _Watch:
         self.absorb()
         return _read_report(self.started)
 
-    def close(self) -> None:
-        """Read the other ranks' files, stop stragglers, remove the run's folder (always)."""
+    def close(self, wait: bool = True) -> None:
+        """Read the other ranks' files, stop stragglers, remove the run's folder (always;
+        ``wait=False``: in a thread, see :meth:`StartedRun.close`)."""
         try:
             self.ranks.finish()
         finally:
-            self.started.close()
+            self.started.close(wait=wait)
 
     def result(self, report: dict[str, Any]) -> ProbeResult:
         """The diagnosed result of the ended run (see :func:`run_probe_async` for the errors)."""
@@ -338,7 +339,10 @@ def complete_probe(
 ) -> ProbeResult:
     """:func:`complete_probe_async` without an event loop (the CLI: asyncio, its import and its
     worker threads cost some 30 ms of CPU that a command line does not need). A thread waits
-    on the process; Ctrl-C or any failure stops the run before it propagates."""
+    on the process; Ctrl-C or any failure stops the run before it propagates.
+
+    The run's folder is removed by a thread while the result is diagnosed and reported:
+    ``started.close()`` waits for it (the CLI calls it once its report is written)."""
     watch = _Watch(started, profile)
     steps = started.steps
     try:
@@ -367,7 +371,7 @@ def complete_probe(
             raise
         report = watch.ended()
     finally:
-        watch.close()
+        watch.close(wait=False)
     return watch.result(report)
 
 
