@@ -41,7 +41,6 @@ import marshal
 import os
 import resource
 import select
-import signal
 import sys
 import time
 
@@ -49,7 +48,16 @@ import time
 # before the script's interpreter can start. Type checkers treat any TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal
     from typing import Any
+else:
+    try:
+        # The C module under ``signal``: the same functions and numbers without the enum
+        # wrappers, whose import (``enum``) costs some 5 ms before the script's interpreter can
+        # start. Signal names come from ``signal`` itself, imported once the script runs.
+        import _signal as signal
+    except ImportError:  # another implementation than CPython
+        import signal
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -91,8 +99,18 @@ def _set_parent_death_signal(expected_parent: int) -> None:
         os._exit(1)
 
 
-def _catchable() -> set[signal.Signals]:
-    return {s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)}
+def _catchable() -> set[int]:
+    return {int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)}
+
+
+def _signal_name(number: int) -> str:
+    """``SIGTERM`` for 15 (``signal`` is imported here, after the script has started)."""
+    import signal as named
+
+    try:
+        return named.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def _preload_json() -> None:
@@ -140,7 +158,7 @@ def _run_shim(config: dict[str, Any], supervisor: int) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
 
         def note(signum: int, _frame: Any) -> None:
-            state["signals"].append({"signal": signal.Signals(signum).name, "from_pid": None})
+            state["signals"].append({"signal": _signal_name(signum), "from_pid": None})
             _write_json(report, state)
 
         for sig in blocked - {signal.SIGCHLD}:
@@ -160,7 +178,7 @@ def _run_shim(config: dict[str, Any], supervisor: int) -> None:
             if info.si_pid not in (supervisor, 0):
                 # Someone below us (the script, in practice) signalled its parent: ignored.
                 state["signals"].append(
-                    {"signal": signal.Signals(info.si_signo).name, "from_pid": info.si_pid}
+                    {"signal": _signal_name(info.si_signo), "from_pid": info.si_pid}
                 )
                 _write_json(report, state)
             continue
@@ -317,7 +335,7 @@ def _reap(statuses: dict[int, int]) -> None:
         statuses[pid] = status
 
 
-def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+def _signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         with _suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
@@ -366,7 +384,7 @@ def _describe_status(status: int | None) -> dict[str, Any]:
     if status is None:
         return {}
     if os.WIFSIGNALED(status):
-        return {"signal": signal.Signals(os.WTERMSIG(status)).name}
+        return {"signal": _signal_name(os.WTERMSIG(status))}
     return {"exit_code": os.waitstatus_to_exitcode(status)}
 
 
@@ -385,7 +403,7 @@ def main() -> int:
     stop: dict[str, str] = {}
 
     def on_deadly(signum: int, _frame: Any) -> None:
-        stop.setdefault("reason", signal.Signals(signum).name)
+        stop.setdefault("reason", _signal_name(signum))
 
     for sig in _DEADLY:
         signal.signal(sig, on_deadly)
