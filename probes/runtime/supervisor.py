@@ -2,8 +2,9 @@
 
 Standard library only, Linux first (other POSIX systems lose the subreaper and the parent-death
 signal, nothing else). The runner starts it in the tool's own interpreter as
-``python -I -S supervisor.py CONFIG`` (CONFIG: the settings as :mod:`marshal` bytes in hex) with
-the child's environment; the process tree is::
+``python -I -S -c "...; import supervisor; supervisor.run()" CONFIG`` (imported from this file's
+folder, so that its cached bytecode is used; CONFIG: the settings as :mod:`marshal` bytes in
+hex) with the child's environment; the process tree is::
 
     caller ── supervisor ── shim ── child (the user's interpreter: python -m PROBE SCRIPT ...)
               (subreaper)   (a fork of the supervisor; the script's parent)
@@ -29,9 +30,12 @@ caller reads the script's own results from the probe's side channel.
 
 Start-up is on the critical path (every millisecond before the script's interpreter is started
 adds to the probe's wall time): before the shim has started the child, only the modules the
-start needs are imported (``ctypes`` for ``prctl``, ``signal``, ``resource``; the configuration
-is :mod:`marshal`, built in, rather than JSON, and the shim starts the child with ``fork`` and
-``exec`` rather than :mod:`subprocess`). ``json`` and the rest come after, beside the script.
+start needs are imported (``ctypes`` for ``prctl``, the C module ``_signal`` rather than
+``signal`` and its enums, ``resource``; no ``typing``; the configuration is :mod:`marshal`,
+built in, rather than JSON, and the shim starts the child with ``fork`` and ``exec`` rather
+than :mod:`subprocess`). ``json`` and the rest come after, beside the script. The end is on the
+critical path too: ``json`` is imported at the first quiet poll rather than for the final
+report, and the process ends with ``os._exit`` (no interpreter teardown).
 """
 
 from __future__ import annotations
@@ -477,11 +481,16 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The process: :func:`main`, then ``os._exit`` with its status. Not ``sys.exit``: the
+    interpreter's teardown takes some 15 ms, all of it between the script's end and the
+    caller's report, and nothing is left to finalise (the reports are written and closed, no
+    thread or atexit handler runs here)."""
     code = main()
-    # os._exit, not sys.exit: the interpreter's teardown takes some 15 ms, all of it between the
-    # script's end and the caller's report. Nothing is left to finalise: the reports are
-    # written and closed, no thread or atexit handler runs here.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    run()
