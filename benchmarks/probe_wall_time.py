@@ -2,7 +2,8 @@
 
 The plain baseline runs SCRIPT unmodified (same interpreter, folder, arguments) and ends the
 process after N optimizer steps (one global step post-hook calls ``os._exit``: the point where
-the probe stops the script). The probe is the CLI as a user runs it (``python -m
+the probe stops the script), or after N ``backward()`` calls (``--unit backward``, for scripts
+that update their weights by hand). The probe is the CLI as a user runs it (``python -m
 gradient_doctor.skill_server probe SCRIPT --steps N --format json -- ARGS``): its start-up, the
 supervisor, the child's interpreter, the hooked run, the diagnosis and the JSON report. Rounds
 are interleaved (plain, probe, [before]) and summarised by medians (of the times, and of each
@@ -30,7 +31,7 @@ knowledge, the channel) runs beside the script and costs wall time only when the
 
     python benchmarks/probe_wall_time.py [SCRIPT] [--steps 30] [--rounds 5] [--threads 1]
         [--python PYTHON] [--cwd DIR] [--before SITE] [--format json|markdown]
-        [--summary FILE] [-- SCRIPT_ARGS...]
+        [--unit step|backward] [--summary FILE] [-- SCRIPT_ARGS...]
 
 ``--python``: the interpreter of the plain run and of the probed script (default: this one; the
 probe itself always runs in this one). ``--before SITE``: also time the probe of another
@@ -65,14 +66,23 @@ MARKS_ENV = "GD_BENCH_MARKS"
 PLAIN = """
 import os, runpy, sys, time
 import torch.optim.optimizer as optimizer_module
-limit, script, *args = int(sys.argv[1]), sys.argv[2], *sys.argv[3:]
+limit, unit, script, *args = int(sys.argv[1]), sys.argv[2], sys.argv[3], *sys.argv[4:]
 done = [0]
 def count(*_):
     done[0] += 1
     if done[0] >= limit:
         sys.stdout.flush()
         os._exit(0)
-optimizer_module.register_optimizer_step_post_hook(count)
+if unit == "step":
+    optimizer_module.register_optimizer_step_post_hook(count)
+else:  # a hand-written update: count backward() calls
+    import torch.autograd
+    original = torch.autograd.backward
+    def backward(*a, **k):
+        result = original(*a, **k)
+        count()
+        return result
+    torch.autograd.backward = backward
 sys.argv = [script, *args]
 sys.path[0] = os.path.dirname(os.path.abspath(script))
 with open(os.environ["GD_BENCH_MARKS"], "a") as marks:
@@ -226,6 +236,13 @@ def main() -> None:
     parser.add_argument("script", nargs="?", default=str(DEFAULT_SCRIPT))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--unit",
+        choices=("step", "backward"),
+        default="step",
+        help="what ends the plain run: optimizer steps, or backward() calls for a script that "
+        "updates its weights by hand (the probe counts those updates as steps)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS (default 1)")
     parser.add_argument(
         "--format",
@@ -255,8 +272,9 @@ def main() -> None:
     probe_options = ["--steps", steps, "--format", args.format, "--fail-on", "never"]
     probe_options += ["--python", args.python, "--cwd", str(cwd)]
     probe = [sys.executable, "-c", PROBE, "probe", str(script), *probe_options, "--"]
+    plain = [args.python, "-c", PLAIN, steps, args.unit, str(script), *script_args]
     commands = {
-        "plain": ([args.python, "-c", PLAIN, steps, str(script), *script_args], base_env),
+        "plain": (plain, base_env),
         "probe": ([*probe, *script_args], base_env),
     }
     if args.before:
