@@ -2,7 +2,8 @@
 
 The plain baseline runs SCRIPT unmodified (same interpreter, folder, arguments) and ends the
 process after N optimizer steps (one global step post-hook calls ``os._exit``: the point where
-the probe stops the script). The probe is the CLI as a user runs it (``python -m
+the probe stops the script), or after N ``backward()`` calls (``--unit backward``, for scripts
+that update their weights by hand). The probe is the CLI as a user runs it (``python -m
 gradient_doctor.skill_server probe SCRIPT --steps N --format json -- ARGS``): its start-up, the
 supervisor, the child's interpreter, the hooked run, the diagnosis and the JSON report. Rounds
 are interleaved (plain, probe, [before]) and summarised by medians (of the times, and of each
@@ -30,7 +31,7 @@ knowledge, the channel) runs beside the script and costs wall time only when the
 
     python benchmarks/probe_wall_time.py [SCRIPT] [--steps 30] [--rounds 5] [--threads 1]
         [--python PYTHON] [--cwd DIR] [--before SITE] [--format json|markdown]
-        [-- SCRIPT_ARGS...]
+        [--unit step|backward] [--summary FILE] [-- SCRIPT_ARGS...]
 
 ``--python``: the interpreter of the plain run and of the probed script (default: this one; the
 probe itself always runs in this one). ``--before SITE``: also time the probe of another
@@ -65,14 +66,23 @@ MARKS_ENV = "GD_BENCH_MARKS"
 PLAIN = """
 import os, runpy, sys, time
 import torch.optim.optimizer as optimizer_module
-limit, script, *args = int(sys.argv[1]), sys.argv[2], *sys.argv[3:]
+limit, unit, script, *args = int(sys.argv[1]), sys.argv[2], sys.argv[3], *sys.argv[4:]
 done = [0]
 def count(*_):
     done[0] += 1
     if done[0] >= limit:
         sys.stdout.flush()
         os._exit(0)
-optimizer_module.register_optimizer_step_post_hook(count)
+if unit == "step":
+    optimizer_module.register_optimizer_step_post_hook(count)
+else:  # a hand-written update: count backward() calls
+    import torch.autograd
+    original = torch.autograd.backward
+    def backward(*a, **k):
+        result = original(*a, **k)
+        count()
+        return result
+    torch.autograd.backward = backward
 sys.argv = [script, *args]
 sys.path[0] = os.path.dirname(os.path.abspath(script))
 with open(os.environ["GD_BENCH_MARKS"], "a") as marks:
@@ -226,6 +236,13 @@ def main() -> None:
     parser.add_argument("script", nargs="?", default=str(DEFAULT_SCRIPT))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--unit",
+        choices=("step", "backward"),
+        default="step",
+        help="what ends the plain run: optimizer steps, or backward() calls for a script that "
+        "updates its weights by hand (the probe counts those updates as steps)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS (default 1)")
     parser.add_argument(
         "--format",
@@ -237,6 +254,9 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable, help="the script's interpreter")
     parser.add_argument("--cwd", default=None, help="the script's folder (default: its own)")
     parser.add_argument("--before", default=None, metavar="SITE", help="an older installation")
+    parser.add_argument(
+        "--summary", default=None, metavar="FILE", help="also write the numbers as JSON to FILE"
+    )
     args = parser.parse_args(words)
     script = Path(args.script).resolve()
     cwd = Path(args.cwd).resolve() if args.cwd else script.parent
@@ -252,8 +272,9 @@ def main() -> None:
     probe_options = ["--steps", steps, "--format", args.format, "--fail-on", "never"]
     probe_options += ["--python", args.python, "--cwd", str(cwd)]
     probe = [sys.executable, "-c", PROBE, "probe", str(script), *probe_options, "--"]
+    plain = [args.python, "-c", PLAIN, steps, args.unit, str(script), *script_args]
     commands = {
-        "plain": ([args.python, "-c", PLAIN, steps, str(script), *script_args], base_env),
+        "plain": (plain, base_env),
         "probe": ([*probe, *script_args], base_env),
     }
     if args.before:
@@ -261,7 +282,7 @@ def main() -> None:
         commands["before"] = ([*probe, *script_args], {**base_env, "PYTHONPATH": path})
     results: dict[str, list[tuple[float, float, dict[str, float]]]] = {n: [] for n in commands}
     timelines: dict[str, list[dict[str, float]]] = {n: [] for n in commands}
-    load = os.getloadavg()[0]
+    loads = [os.getloadavg()[0]]
     try:
         for round_index in range(args.rounds + 1):  # round 0 warms the caches
             for name, (command, env) in commands.items():
@@ -272,7 +293,8 @@ def main() -> None:
     finally:
         marks.unlink(missing_ok=True)
         shutil.rmtree(site, ignore_errors=True)
-    load = (load + os.getloadavg()[0]) / 2
+    loads.append(os.getloadavg()[0])
+    load = sum(loads) / 2
 
     def median(name: str, index: int) -> float:
         return statistics.median(float(value[index]) for value in results[name])  # type: ignore[arg-type]
@@ -283,7 +305,8 @@ def main() -> None:
     print(
         f"{script.name} {' '.join(script_args)}".strip()
         + f", {args.steps} steps, {args.rounds} rounds (medians), load {load:.1f} on "
-        f"{os.cpu_count()} cores"
+        f"{os.cpu_count()} cores (1-min load average {loads[0]:.2f} at the start, "
+        f"{loads[1]:.2f} at the end)"
     )
     for name in commands:
         breakdown = ", ".join(f"{key} {part(name, key):.2f}" for key in results[name][0][2])
@@ -293,16 +316,55 @@ def main() -> None:
         )
     print(_timeline(timelines))
     plain_wall, plain_cpu = median("plain", 0), median("plain", 1)
+    summary: dict[str, object] = {
+        "script": f"{script.name} {' '.join(script_args)}".strip(),
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "load": [round(loads[0], 2), round(loads[1], 2)],
+        "variants": {},
+    }
     for name in commands:
+        row: dict[str, object] = {"wall_s": median(name, 0), "cpu_s": median(name, 1)}
         if name != "plain":
             # Also the median of each round's own ratio: the load of a shared machine drifts
-            # over minutes, and a round's variants run seconds apart.
-            rounds = zip(results[name], results["plain"], strict=True)
-            paired = statistics.median(mine[0] / plain[0] for mine, plain in rounds)
-            print(
-                f"{name} / plain: wall {median(name, 0) / plain_wall:.3f}x "
-                f"(per round {paired:.3f}x), cpu {median(name, 1) / plain_cpu:.3f}x"
+            # over minutes, and a round's variants run seconds apart. The quartiles of those
+            # ratios say how far one round can be trusted.
+            walls = _per_round(results[name], results["plain"], 0)
+            cpus = _per_round(results[name], results["plain"], 1)
+            row.update(
+                wall_ratio=median(name, 0) / plain_wall,
+                wall_ratio_per_round=statistics.median(walls),
+                wall_ratio_quartiles=_quartiles(walls),
+                cpu_ratio=median(name, 1) / plain_cpu,
+                cpu_ratio_per_round=statistics.median(cpus),
+                cpu_ratio_quartiles=_quartiles(cpus),
             )
+            low, high = row["wall_ratio_quartiles"]  # type: ignore[misc]
+            print(
+                f"{name} / plain: wall {row['wall_ratio']:.3f}x (per round "
+                f"{row['wall_ratio_per_round']:.3f}x, quartiles {low:.3f}-{high:.3f}), "
+                f"cpu {row['cpu_ratio']:.3f}x (per round {row['cpu_ratio_per_round']:.3f}x)"
+            )
+        summary["variants"][name] = row  # type: ignore[index]
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+def _per_round(
+    mine: list[tuple[float, float, dict[str, float]]],
+    plain: list[tuple[float, float, dict[str, float]]],
+    index: int,
+) -> list[float]:
+    """Each round's own ratio of wall (index 0) or CPU (index 1) time to the plain run's."""
+    return [float(a[index]) / float(b[index]) for a, b in zip(mine, plain, strict=True)]
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    """The lower and upper quartiles (the values themselves when there are fewer than 4)."""
+    if len(values) < 4:
+        return min(values), max(values)
+    low, _, high = statistics.quantiles(values, n=4)
+    return low, high
 
 
 if __name__ == "__main__":

@@ -54,8 +54,18 @@ _DRAIN_POLL_S = 0.25
 
 #: The child package's folder; a module attribute so that tests can stage another copy.
 CHILD_SOURCE = Path(__file__).resolve().parent / "child"
-#: The supervisor's file: run by path (``python -I -S FILE``), so never imported here.
+#: The supervisor's file: never imported here (see :func:`supervisor_command`).
 SUPERVISOR_FILE = Path(__file__).resolve().parent / "supervisor.py"
+
+
+def supervisor_command(config_hex: str) -> list[str]:
+    """``python -I -S -c CODE CONFIG``: CODE imports :data:`SUPERVISOR_FILE` as a module from its
+    folder (appended to the path, after the standard library) and runs it. Imported, not run by
+    path: a script given by path is compiled on every run (some 2.5 ms of the time before the
+    script's interpreter can start), a module loads its cached bytecode."""
+    folder, name = str(SUPERVISOR_FILE.parent), SUPERVISOR_FILE.stem
+    code = f"import sys; sys.path.append({folder!r}); import {name}; {name}.run()"
+    return [sys.executable, "-I", "-S", "-c", code, config_hex]
 
 
 @dataclass(frozen=True)
@@ -238,7 +248,8 @@ class StartedRun:
     """A probe run whose supervisor has been started: what the runner needs to watch it.
 
     ``folder`` is the run's private temporary folder (channel, reports, the staged child);
-    :meth:`close` removes it. ``started`` is the ``time.perf_counter()`` just before launch.
+    :meth:`close` removes it (or starts removing it). ``started`` is the
+    ``time.perf_counter()`` just before launch.
     """
 
     process: subprocess.Popen[bytes]
@@ -261,6 +272,8 @@ class StartedRun:
     stderr: OutputTail
     closing: threading.Event
     closed: bool = False
+    #: The thread removing the run's folder after ``close(wait=False)``.
+    removal: threading.Thread | None = None
 
     def child_pid(self) -> int | None:
         """The script process's pid, as the shim recorded it (for the last-resort group kill)."""
@@ -299,10 +312,17 @@ class StartedRun:
             tail.join(max(0.0, deadline - time.perf_counter()))
         self.closing.set()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Stop the run if it still runs, end the lifeline and remove the run's folder
-        (idempotent). Nothing is left behind."""
+        (idempotent). Nothing is left behind.
+
+        ``wait=False``: the folder is removed by a thread of its own (on some disks removing
+        its two dozen files takes 10 ms, which the caller can spend on its report instead);
+        a later ``close()`` waits for it. The thread is not a daemon, so an interpreter that
+        exits normally also waits for it."""
         if self.closed:
+            if wait and self.removal is not None:
+                self.removal.join()
             return
         self.closed = True
         if self.process.poll() is None:
@@ -311,7 +331,16 @@ class StartedRun:
         if self.process.stdin is not None:
             with contextlib.suppress(OSError, ValueError):
                 self.process.stdin.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if wait:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return
+        self.removal = threading.Thread(
+            target=shutil.rmtree,
+            args=(self.folder,),
+            kwargs={"ignore_errors": True},
+            name="gd-remove-run-folder",
+        )
+        self.removal.start()
 
 
 def _child_environment(
@@ -403,7 +432,7 @@ def start_probe(
         started = time.perf_counter()
         process = subprocess.Popen(
             # marshal, not JSON: the supervisor reads it without importing json (built in).
-            [sys.executable, "-I", "-S", str(SUPERVISOR_FILE), marshal.dumps(supervision).hex()],
+            supervisor_command(marshal.dumps(supervision).hex()),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

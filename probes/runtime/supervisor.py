@@ -2,8 +2,9 @@
 
 Standard library only, Linux first (other POSIX systems lose the subreaper and the parent-death
 signal, nothing else). The runner starts it in the tool's own interpreter as
-``python -I -S supervisor.py CONFIG`` (CONFIG: the settings as :mod:`marshal` bytes in hex) with
-the child's environment; the process tree is::
+``python -I -S -c "...; import supervisor; supervisor.run()" CONFIG`` (imported from this file's
+folder, so that its cached bytecode is used; CONFIG: the settings as :mod:`marshal` bytes in
+hex) with the child's environment; the process tree is::
 
     caller ── supervisor ── shim ── child (the user's interpreter: python -m PROBE SCRIPT ...)
               (subreaper)   (a fork of the supervisor; the script's parent)
@@ -29,9 +30,12 @@ caller reads the script's own results from the probe's side channel.
 
 Start-up is on the critical path (every millisecond before the script's interpreter is started
 adds to the probe's wall time): before the shim has started the child, only the modules the
-start needs are imported (``ctypes`` for ``prctl``, ``signal``, ``resource``; the configuration
-is :mod:`marshal`, built in, rather than JSON, and the shim starts the child with ``fork`` and
-``exec`` rather than :mod:`subprocess`). ``json`` and the rest come after, beside the script.
+start needs are imported (``ctypes`` for ``prctl``, the C module ``_signal`` rather than
+``signal`` and its enums, ``resource``; no ``typing``; the configuration is :mod:`marshal`,
+built in, rather than JSON, and the shim starts the child with ``fork`` and ``exec`` rather
+than :mod:`subprocess`). ``json`` and the rest come after, beside the script. The end is on the
+critical path too: ``json`` is imported at the first quiet poll rather than for the final
+report, and the process ends with ``os._exit`` (no interpreter teardown).
 """
 
 from __future__ import annotations
@@ -41,13 +45,23 @@ import marshal
 import os
 import resource
 import select
-import signal
 import sys
 import time
-from typing import TYPE_CHECKING
 
+# Not ``typing.TYPE_CHECKING``: importing ``typing`` (and the ``re`` it imports) costs some 6 ms
+# before the script's interpreter can start. Type checkers treat any TYPE_CHECKING as true.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal
     from typing import Any
+else:
+    try:
+        # The C module under ``signal``: the same functions and numbers without the enum
+        # wrappers, whose import (``enum``) costs some 5 ms before the script's interpreter can
+        # start. Signal names come from ``signal`` itself, imported once the script runs.
+        import _signal as signal
+    except ImportError:  # another implementation than CPython
+        import signal
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -89,8 +103,24 @@ def _set_parent_death_signal(expected_parent: int) -> None:
         os._exit(1)
 
 
-def _catchable() -> set[signal.Signals]:
-    return {s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)}
+def _catchable() -> set[int]:
+    return {int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)}
+
+
+def _signal_name(number: int) -> str:
+    """``SIGTERM`` for 15 (``signal`` is imported here, after the script has started)."""
+    import signal as named
+
+    try:
+        return named.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def _preload_json() -> None:
+    """Import ``json`` (and ``re``, some 10 ms) while the script runs: the final report needs
+    it, and importing it only then would delay the end of every run."""
+    import json  # noqa: F401
 
 
 def _write_json(path: str, payload: dict[str, Any]) -> None:
@@ -132,7 +162,7 @@ def _run_shim(config: dict[str, Any], supervisor: int) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
 
         def note(signum: int, _frame: Any) -> None:
-            state["signals"].append({"signal": signal.Signals(signum).name, "from_pid": None})
+            state["signals"].append({"signal": _signal_name(signum), "from_pid": None})
             _write_json(report, state)
 
         for sig in blocked - {signal.SIGCHLD}:
@@ -152,7 +182,7 @@ def _run_shim(config: dict[str, Any], supervisor: int) -> None:
             if info.si_pid not in (supervisor, 0):
                 # Someone below us (the script, in practice) signalled its parent: ignored.
                 state["signals"].append(
-                    {"signal": signal.Signals(info.si_signo).name, "from_pid": info.si_pid}
+                    {"signal": _signal_name(info.si_signo), "from_pid": info.si_pid}
                 )
                 _write_json(report, state)
             continue
@@ -309,7 +339,7 @@ def _reap(statuses: dict[int, int]) -> None:
         statuses[pid] = status
 
 
-def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+def _signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         with _suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
@@ -358,7 +388,7 @@ def _describe_status(status: int | None) -> dict[str, Any]:
     if status is None:
         return {}
     if os.WIFSIGNALED(status):
-        return {"signal": signal.Signals(os.WTERMSIG(status)).name}
+        return {"signal": _signal_name(os.WTERMSIG(status))}
     return {"exit_code": os.waitstatus_to_exitcode(status)}
 
 
@@ -377,7 +407,7 @@ def main() -> int:
     stop: dict[str, str] = {}
 
     def on_deadly(signum: int, _frame: Any) -> None:
-        stop.setdefault("reason", signal.Signals(signum).name)
+        stop.setdefault("reason", _signal_name(signum))
 
     for sig in _DEADLY:
         signal.signal(sig, on_deadly)
@@ -401,6 +431,9 @@ def main() -> int:
     while "reason" not in stop:
         watched = [wake_read, 0] if lifeline_open else [wake_read]
         ready, _, _ = select.select(watched, [], [], POLL_S)
+        if not ready and "json" not in sys.modules:
+            # The first quiet moment (the script's interpreter is importing torch by now).
+            _preload_json()
         if wake_read in ready:
             with _suppress(OSError):
                 os.read(wake_read, 512)
@@ -448,5 +481,16 @@ def main() -> int:
     return 0
 
 
+def run() -> None:
+    """The process: :func:`main`, then ``os._exit`` with its status. Not ``sys.exit``: the
+    interpreter's teardown takes some 15 ms, all of it between the script's end and the
+    caller's report, and nothing is left to finalise (the reports are written and closed, no
+    thread or atexit handler runs here)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

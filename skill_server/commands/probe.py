@@ -161,16 +161,12 @@ def run(args: argparse.Namespace) -> int:
             from gradient_doctor.probes.runtime.runner import complete_probe
 
             result = complete_probe(started, profile=args.profile)
+            _write_report(result, args.format)  # while a thread removes the run's folder
         finally:
-            started.close()  # idempotent: stops the run only if something above failed
+            # Idempotent: stops the run only if something above failed; waits for the folder.
+            started.close()
     except ProbeInputError as exc:
         raise UsageError(str(exc)) from None
-    if args.format == "json":
-        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
-    else:
-        from gradient_doctor.skill_server.views_probe import probe_markdown
-
-        sys.stdout.write(probe_markdown(result))
     if plots_dir is not None:
         _write_plots(result, plots_dir)
     if not result.ok:
@@ -182,6 +178,16 @@ def run(args: argparse.Namespace) -> int:
     ):
         return EXIT_FINDINGS
     return EXIT_OK
+
+
+def _write_report(result: Any, output_format: str) -> None:
+    """The report on stdout: JSON, or the markdown a person reads."""
+    if output_format == "json":
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        return
+    from gradient_doctor.skill_server.views_probe import probe_markdown
+
+    sys.stdout.write(probe_markdown(result))
 
 
 def _check_profile(name: str) -> None:

@@ -19,7 +19,6 @@ import contextlib
 import json
 import linecache
 import os
-import platform
 import runpy
 import sys
 import time
@@ -91,6 +90,16 @@ def _read_source_file(writer: ChannelWriter, settings: dict[str, Any]) -> str | 
             return handle.read()
     except OSError as exc:
         _refuse(writer, f"cannot read the patched copy {name}: {exc}")
+
+
+def _python_version() -> str:
+    """What ``platform.python_version()`` says, without its regular expression over
+    ``sys.version`` (compiling it costs a few milliseconds before the script starts): the
+    version's first word, with the patch level added where it is missing."""
+    parts = (sys.version.split() or [".".join(map(str, sys.version_info[:3]))])[0].split(".")
+    if len(parts) == 2:
+        parts.append("0")
+    return ".".join(parts)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -227,13 +236,13 @@ def main() -> None:
     # First message: the parent knows from it that this interpreter runs the probe at all.
     writer.send(
         "hello",
-        {"python": platform.python_version(), "executable": sys.executable, "pid": os.getpid()},
+        {"python": _python_version(), "executable": sys.executable, "pid": os.getpid()},
     )
     if sys.version_info < MIN_PYTHON:
         oldest = ".".join(map(str, MIN_PYTHON))
         _refuse(
             writer,
-            f"Python {platform.python_version()} ({sys.executable}) is older than {oldest}, "
+            f"Python {_python_version()} ({sys.executable}) is older than {oldest}, "
             "the oldest the probe runs in",
         )
 
