@@ -536,11 +536,31 @@ def _exclusive(a: Stmt, b: Stmt) -> bool:
 _BUILTINS = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__", "__builtins__"}
 
 
-def unbound_names(module: cst.Module, lines: set[int]) -> list[str]:
+def free_names(module: cst.Module) -> set[str]:
+    """Names the module reads but never binds anywhere (other than builtins).
+
+    A pasted fragment (a loop lifted out of a method, a forum snippet) reads ``self``,
+    ``optimizer`` or ``dataloader`` that the user's real program binds; a patch that reads them
+    too is no less runnable than the code it patches.
+    """
+    scopes = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
+    free: set[str] = set()
+    for scope in {scope for scope in scopes.values() if scope is not None}:
+        for access in scope.accesses:
+            if isinstance(access.node, cst.Name) and not access.referents:
+                free.add(access.node.value)
+    return free - _BUILTINS
+
+
+def unbound_names(
+    module: cst.Module, lines: set[int], already_free: frozenset[str] = frozenset()
+) -> list[str]:
     """Names used on ``lines`` that have no binding that reaches them.
 
     A binding in the same scope counts only when it starts on an earlier line; a binding in an
-    enclosing scope (a global used in a function, a closure) counts wherever it is.
+    enclosing scope (a global used in a function, a closure) counts wherever it is. Names in
+    ``already_free`` (read and never bound by the original text: a fragment's context) are
+    not reported as never bound.
     """
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     scopes = wrapper.resolve(ScopeProvider)
@@ -558,7 +578,7 @@ def unbound_names(module: cst.Module, lines: set[int]) -> list[str]:
             name = node.value
             referents = list(access.referents)
             if not referents:
-                if name not in _BUILTINS:
+                if name not in _BUILTINS and name not in already_free:
                     problems.append(f"{name} (line {position.start.line}) is never bound")
                 continue
             reached = False
@@ -745,7 +765,8 @@ def check_patch(text: str, diff: str, path: str) -> tuple[list[str], dict[str, s
         except cst.ParserSyntaxError as exc:
             problems.append(f"does not parse: {' '.join(str(exc).split())[:160]}")
             continue
-        problems.extend(unbound_names(new_module, applied.added))
+        context = frozenset(free_names(original_module)) if original_module else frozenset()
+        problems.extend(unbound_names(new_module, applied.added, context))
         if original_module is not None:
             problems.extend(guard_problems(original_module, new_module, applied))
     return problems, patched

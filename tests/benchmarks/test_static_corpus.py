@@ -322,6 +322,25 @@ def test_a_name_used_before_it_is_bound_is_broken() -> None:
     assert any(p.startswith("optimizer (line 6)") for p in problems), problems
 
 
+def test_a_fragments_free_names_are_its_context_not_a_patch_error() -> None:
+    # A loop lifted out of a method reads ``self`` and ``loader`` that the real program binds.
+    before = """\
+    for batch in loader:
+        self.optimizer.zero_grad()
+        loss = self.model(batch) / 4
+        loss.backward()
+        self.optimizer.step()
+    """
+    after = before.replace(
+        "        self.optimizer.step()\n",
+        "        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)\n"
+        "        self.optimizer.step()\n",
+    )
+    problems = _problems(before, after)
+    # ``torch`` is new: the original never read it, so the patch must import it.
+    assert problems == ["torch (line 5) is never bound"], problems
+
+
 def test_names_bound_earlier_globally_or_as_builtins_pass() -> None:
     before = """\
     import torch
