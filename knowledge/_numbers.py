@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from gradient_doctor.knowledge._text import unwrap_prose, wrapped_breaks
+
 
 class _Lazy:
     """A pattern compiled on first use and skipped when the text has none of its trigger words
@@ -315,6 +317,8 @@ def _fraction_subject(subject: str, context: str, what: str) -> str:
 
 #: Longest stretch of one line the patterns look at; bounds regex work on pathological input.
 _PIECE_CHARS = 400
+#: How far either side of a wrapped line break a quantity read across it may reach.
+_WRAP_WINDOW = 120
 
 
 def read_quantities(text: str) -> list[Quantity]:
@@ -328,6 +332,17 @@ def read_quantities(text: str) -> list[Quantity]:
                 for pos, q in _read_piece(line[start : start + _PIECE_CHARS])
             )
         offset += len(line) + 1
+    for at in wrapped_breaks(text):
+        # A name at the end of a wrapped line and its value at the start of the next ("the
+        # total grad norm is\n3e-9"): read across the break, keeping what spans it.
+        start = max(0, at - _WRAP_WINDOW)
+        window = text[start:at] + " " + text[at + 1 : at + _WRAP_WINDOW]
+        join = at - start
+        found.extend(
+            (start + pos, q)
+            for pos, q in _read_piece(window)
+            if pos < join < pos + len(q.text)
+        )
     found.sort(key=lambda item: item[0])
     unique: list[Quantity] = []
     seen: set[tuple[str, str]] = set()
@@ -682,7 +697,8 @@ def read_series(text: str) -> list[Series]:
             for name, column in binned_values(text).items():
                 values.setdefault(name, []).extend(column)
     previous, heading = "", False
-    for sentence in _SERIES_SENTENCE.split(text):
+    # A sentence wrapped over lines is one sentence (its subject on one line, values on the next).
+    for sentence in _SERIES_SENTENCE.split(unwrap_prose(text)):
         mentions = _subject_mentions(sentence)
         continues = _NUMBER_ROW.match(sentence) if heading else _CONTINUES.match(sentence)
         heading = sentence.rstrip().endswith(":") or (heading and bool(continues))

@@ -27,6 +27,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from gradient_doctor.knowledge._code import CodeHit
+from gradient_doctor.knowledge._text import unwrap_prose
 
 __all__ = ["Frame", "FrameEvidence", "frame_evidence", "frame_hits", "read_frames"]
 
@@ -436,6 +437,11 @@ def frame_evidence(text: str, code: str = "", full_text: str | None = None) -> F
     if located is not None:
         hits.append(located)
     ruled_out: set[str] = set()
+    settled = scaler_settles(text)
+    if settled is not None:
+        hits = [h for h in hits if h.entry_id not in _HEALTHY_RULES_OUT["loss_scale"]]
+        hits.append(settled)
+        ruled_out |= _HEALTHY_RULES_OUT["loss_scale"]
     for hit in hits:
         if hit.entry_id == "healthy":
             quantity = hit.reason.split("'", 1)[0].removeprefix("text: the ").strip()
@@ -842,3 +848,70 @@ def layer_profile_hits(text: str, early_late_ratio: float, improving: bool) -> l
         if hits:
             break
     return hits
+
+
+# -- a GradScaler that backs off at the start and then settles --------------------------------
+
+_SCALER_TOPIC = re.compile(
+    r"\b(?:loss[\s_-]?scal(?:e|er|ing)|grad[\s_]?scaler|scaler|get_scale)\b"
+    r"|\bskipp\w*\s+(?:the\s+)?(?:optimizer\s+)?steps?\b|\b(?:gradient\s+)?overflow\b",
+    re.IGNORECASE,
+)
+#: The opening steps of a run, in the words and numbers people use for them.
+_EARLY = re.compile(
+    r"\b(?:first|opening|initial|early|starting)\s+(?:~\s*|few\s+|couple\s+(?:of\s+)?|dozen\s+|"
+    r"handful\s+(?:of\s+)?|\d+\s+|\w+\s+){0,3}(?:steps?|iterations?|iters?|updates?|lines|batches|"
+    r"hundred\s+steps)\b|\bat\s+the\s+(?:very\s+)?(?:start|beginning)\b|\bearly\s+(?:on|skips?|"
+    r"drops?|overflows?)\b|\bat\s+step\s+[1-9]\d?\b|\bskipped\s+steps\s+at\s+[1-9]\d?\b",
+    re.IGNORECASE,
+)
+#: After the opening back-off the scale holds, grows back, or nothing is skipped any more.
+_SETTLES = re.compile(
+    r"\b(?:then|after\s+that|since\s+then|afterwards|from\s+then\s+on)\b[^.;\n]{0,80}?"
+    r"(?:\b(?:sits?|sat|stays?|stayed|holds?|held|stable|stabili[sz]\w*|settles?|settled|flat|"
+    r"grows?\s+back|grew\s+back|climbs?\s+back|climbed\s+back|(?:goes|went|comes|came)\s+back\s+up|"
+    r"recover\w*|nothing|no\s+(?:more\s+)?(?:skips?|overflows?))\b|\bbetween\b)"
+    r"|\bnever\s+again\b|\bno\s+(?:more\s+)?(?:skips?|skipped\s+steps|overflows?)\s+(?:after|since|"
+    r"for)\b|\b(?:grows?|grew|climbs?|climbed|goes|went)\s+back\s+(?:up\s+)?to\b",
+    re.IGNORECASE,
+)
+#: Training goes well meanwhile: the loss falls, or results match full precision.
+_GOES_WELL = re.compile(
+    r"\bloss(?:es)?\b(?:[^.;\n]|\.(?=\d)){0,40}?(?:->|→|\bgoing\s+down|\bgoes\s+down|\bfall(?:s|ing)?\b|"
+    r"\bdecreas\w+|\bdown\s+normally|\bsmooth\w*|\bdrops?\b|\bdropping\b|\bimprov\w+)"
+    r"|\b(?:matches|match|tracks|track|same\s+as|like)\s+(?:the\s+|my\s+|our\s+)?(?:fp32|"
+    r"full[\s-]precision|bf16)\b|\b(?:accuracy|acc|f1|wer|bleu|samples?)\b[^.;\n]{0,40}\b"
+    r"(?:improv\w+|better|go(?:es)?\s+up|rises?|keeps?\s+improving)",
+    re.IGNORECASE,
+)
+#: Signs the back-off was not harmless: a non-finite or diverging loss, a scale that keeps
+#: falling, a precision that fails where full precision trains.
+_GOES_BADLY = re.compile(
+    r"(?<!\bno\s)(?<!\bnot\s)(?<!\bwithout\s)\bnan\b|\bdiverg\w*|\bblows?\s+up|\bblew\s+up"
+    r"|\bkeeps?\s+(?:halving|dropping|falling|shrinking)\b|\b(?:collapses?|collapsed)\b"
+    r"|\bunderflow\w*|\bonly\s+(?:in|with)\s+fp16\b",
+    re.IGNORECASE,
+)
+
+
+def scaler_settles(text: str) -> CodeHit | None:
+    """A loss scale that backs off in the opening steps and then holds or grows back.
+
+    GradScaler starts high on purpose and halves on each overflowing step until it finds a
+    scale that fits: a few skipped steps at the start are its calibration, not a fault. Told
+    with the scale holding afterwards and training going well, that is a healthy run.
+    """
+    text = unwrap_prose(text)
+    if not (
+        _SCALER_TOPIC.search(text)
+        and _EARLY.search(text)
+        and _SETTLES.search(text)
+        and _GOES_WELL.search(text)
+    ) or _GOES_BADLY.search(text):
+        return None
+    return CodeHit(
+        "healthy",
+        1.0,
+        "text: the loss scale backs off in the opening steps (GradScaler calibrating) and then "
+        "holds while training goes well",
+    )
