@@ -442,6 +442,11 @@ def frame_evidence(text: str, code: str = "", full_text: str | None = None) -> F
         hits = [h for h in hits if h.entry_id not in _HEALTHY_RULES_OUT["loss_scale"]]
         hits.append(settled)
         ruled_out |= _HEALTHY_RULES_OUT["loss_scale"]
+    noisy = noisy_loss_improving(text)
+    if noisy is not None:
+        hits = [h for h in hits if h.entry_id not in noisy[1]]
+        hits.append(noisy[0])
+        ruled_out |= noisy[1]
     for hit in hits:
         if hit.entry_id == "healthy":
             quantity = hit.reason.split("'", 1)[0].removeprefix("text: the ").strip()
@@ -914,4 +919,89 @@ def scaler_settles(text: str) -> CodeHit | None:
         1.0,
         "text: the loss scale backs off in the opening steps (GradScaler calibrating) and then "
         "holds while training goes well",
+    )
+
+
+# -- a noisy per-step loss whose average falls ------------------------------------------------
+
+#: The loss said to be noisy from one batch or step to the next.
+_NOISY = re.compile(
+    r"\b(?:nois(?:e|y)|jitter\w*|bounc\w+|jumpy|wiggl\w+|fuzzy|all\s+over\s+the\s+place|"
+    r"thick\s+(?:noisy\s+)?band|jumps?\s+(?:a\s+lot|around|between)|(?:step|batch)[\s-]to[\s-]"
+    r"(?:step|batch)\s+(?:noise|variation|swings?))\b",
+    re.IGNORECASE,
+)
+#: What is noisy is the raw, per-step or per-batch loss (not the gradient norm or an average).
+_RAW_LOSS = re.compile(
+    r"\b(?:per[\s-](?:batch|step|iteration)|step[\s-]level|batch[\s-]level|raw|unsmoothed|"
+    r"step[\s-]to[\s-]step|batch\s+to\s+batch|between\s+batches|from\s+one\s+(?:batch|step))\b"
+    r"|\bloss\s+(?:chart|curve|plot|panel|graph|line)\b|\bloss\b",
+    re.IGNORECASE,
+)
+#: A smoothed view of the loss: a running or moving average, epoch means, the trend.
+_AVERAGED = re.compile(
+    r"\b(?:smooth(?:ed|ing)?|running\s+(?:average|mean)|moving\s+average|ema|rolling\s+(?:average|"
+    r"mean|median)|\d+[\s-]*(?:step|batch|iter)\s+(?:mean|average)s?|epoch\s+(?:averages?|means?|"
+    r"loss(?:es)?)|averaged?|mean\s+loss|trend(?:\s*line)?|per[\s-]epoch)\b",
+    re.IGNORECASE,
+)
+_FALLS = re.compile(
+    r"\b(?:goes|going|went|trends?|trending|heads?|heading|comes?|coming)\s+(?:steadily\s+|nicely\s+|"
+    r"slowly\s+)?down\b|\bdecreas\w+|\bfall(?:s|ing)?\b|\bdrops?\b|\bdropping\b|\bdeclin\w+"
+    r"|\bsteadily\s+(?:lower|down)\b|\bdownwards?\b|\bimprov\w+",
+    re.IGNORECASE,
+)
+_DECIMAL = re.compile(r"(?<![\w.@])(\d+\.\d+)(?![\w.])")
+#: Held-out results or samples that get better: learning goes on whatever the raw curve does.
+_OUTCOME_IMPROVES = re.compile(
+    r"\b(?:val(?:idation)?|eval|test|held[\s-]?out|dev)[\s_/-]*(?:acc(?:uracy)?|f1|wer|cer|bleu|"
+    r"score|auc|map|metric)\b(?:[^.;\n]|\.(?=\d)){0,40}?\b(?:improv\w+|goes\s+up|went\s+up|better|"
+    r"rises?|climbs?|keeps?\s+(?:going\s+up|improving))"
+    r"|\b(?:samples?|images?|generations?|outputs?)\b[^.;\n]{0,60}?\b(?:better|improv\w+)"
+    r"|\b(?:accuracy|f1|wer|bleu)\s+(?:improves|is\s+improving|keeps\s+improving)",
+    re.IGNORECASE,
+)
+_NOISE_BAD = re.compile(
+    r"(?<!\bno\s)(?<!\bnot\s)(?<!\bwithout\s)(?<!\bany\s)\bnan\b|\bdiverg\w*|\bblows?\s+up|"
+    r"\bblew\s+up|\bexplod\w*|\b(?:keeps?|kept)\s+(?:climbing|rising|going\s+up)",
+    re.IGNORECASE,
+)
+
+
+def _averaged_falls(sentence: str) -> bool:
+    for m in _AVERAGED.finditer(sentence):
+        after = sentence[m.end() : m.end() + 100]
+        if _FALLS.search(after):
+            return True
+        values = [float(v) for v in _DECIMAL.findall(after)]
+        if len(values) >= 3 and values[-1] < values[0] and values == sorted(values, reverse=True):
+            return True
+    return False
+
+
+def noisy_loss_improving(text: str) -> tuple[CodeHit, frozenset[str]] | None:
+    """A per-step loss said to be noisy while its average falls or held-out results improve.
+
+    Small batches make each step's loss jump; what says whether training works is the smoothed
+    curve and the held-out results. Returns the healthy reading and the entries it rules out
+    (spikes and divergence; a plateau too when the held-out results improve).
+    """
+    text = unwrap_prose(text)
+    if _NOISE_BAD.search(text):
+        return None
+    noisy = False
+    falls = improves = False
+    for sentence in _PROFILE_STOP.split(text):
+        m = _NOISY.search(sentence)
+        if m and _RAW_LOSS.search(sentence):
+            noisy = True
+        falls = falls or _averaged_falls(sentence)
+        improves = improves or bool(_OUTCOME_IMPROVES.search(sentence))
+    if not noisy or not (falls or improves):
+        return None
+    why = "its average falls" if falls else "the held-out results improve"
+    ruled = {"loss-spikes", "loss-diverging"} | (set() if falls else {"plateau", "loss-stuck"})
+    return (
+        CodeHit("healthy", 1.0, f"text: the per-step loss is noisy but {why}: small-batch noise"),
+        frozenset(ruled),
     )
