@@ -321,7 +321,7 @@ _REAL_WORDS_TEXT = """
     agent agents aided based blank brown calms cheek clone coats codes coder crush death device
     devices draft drafts fever files grass latter liner lines lasts maxed mates modes newer
     older paint pasted pasts plane sages sated scalar scalars score shared smell stale stall
-    stick stock taken thorough throughout tough trail valve white wrote
+    stick stock taken thorough throughout tough trail valve white wrote chance chances
 """
 REAL_WORDS: frozenset[str] = frozenset(_REAL_WORDS_TEXT.split())
 
@@ -421,9 +421,9 @@ _OWN_LINE_START = re.compile(
 )
 #: A line of code (a statement, a block header, an assignment) is never part of a paragraph.
 _CODE_LIKE = re.compile(
-    r"^\s*(?:(?:for|if|elif|else|def|class|import|from|with|return|while|try|except|"
-    r"finally|lambda)\b[^\n]*:?\s*$|[\w.\[\]'\"]+\s*(?:[-+*/]?=)(?!=)\s*\S)|[:{(\[\\]\s*$"
-    r"|^\s*[\w.]+\([^\n]*\)\s*$"
+    r"^\s*(?:for|if|elif|while|with|def|class|try|except|finally|else)\b[^\n]*:\s*$"
+    r"|^\s*(?:import\s+[\w.]+|from\s+[\w.]+\s+import\b|return\b|lambda\b)"
+    r"|^\s*[\w.\[\]'\"]+\s*(?:[-+*/]?=)(?!=)\s*\S|[{(\[\\]\s*$|^\s*[\w.]+\([^\n]*\)\s*$"
 )
 _NUMBER_ROW = re.compile(r"^[\s\d.eE+\-−,:/|%x×]*$")
 
