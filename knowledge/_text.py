@@ -94,6 +94,8 @@ _PROTECTED: tuple[tuple[str, str], ...] = (
     ("normaliz", "normaliz"),
     ("normalis", "normaliz"),
     ("normal", "normal"),
+    # Running a model ("inference") is not an infinite value ("inf").
+    ("inferenc", "inferenc"),
 )
 _NO_UNDOUBLE = frozenset("lsz")
 
