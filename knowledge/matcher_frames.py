@@ -434,6 +434,10 @@ def frame_evidence(text: str, code: str = "", full_text: str | None = None) -> F
     lowered = checks.lower()
     states = _stage_states(checks) if any(cue in lowered for cue in _STATE_CUES) else {}
     located = located_nan(checks, states)
+    checked = checked_stage(checks) if any(cue in lowered for cue in _CHECK_CUES) else None
+    if checked is not None:
+        # An explicit check's verdict outranks the stage read from the words around it.
+        located = checked
     if located is not None:
         hits.append(located)
     ruled_out: set[str] = set()
@@ -621,6 +625,8 @@ def _gradient_tables(text: str) -> list[tuple[int, int]]:
     return regions
 
 
+#: Words one of which every explicit check holds.
+_CHECK_CUES = ("isfinite", "isnan", "isinf", "first non", "first nan", "first inf", "whose")
 #: Words one of which every non-finite state holds (a cheap test before the regexes).
 _STATE_CUES = ("nan", "inf", "finite", "fail", "false", "trip", "fire", "stops there")
 _SENTENCE_STOP = re.compile(r"[.!?](?=\s)|[;\n]")
@@ -1005,3 +1011,76 @@ def noisy_loss_improving(text: str) -> tuple[CodeHit, frozenset[str]] | None:
         CodeHit("healthy", 1.0, f"text: the per-step loss is noisy but {why}: small-batch noise"),
         frozenset(ruled),
     )
+
+
+# -- an explicit check on one stage and its verdict --------------------------------------------
+
+#: ``torch.isfinite(p).all()`` / ``isinf(model.emb.weight.grad).any()`` and what follows it.
+_CHECK_CALL = re.compile(
+    r"(?P<neg>\bnot\s+)?(?:torch\.)?(?P<fn>isfinite|isnan|isinf)\s*\(\s*"
+    r"(?P<arg>[^()\n]*(?:\([^()\n]*\))?[^()\n]*)\)\s*(?:\.\s*(?:any|all)\s*\(\s*\))?",
+    re.IGNORECASE,
+)
+_VERDICT = re.compile(
+    r"\s*[)\]]?\s*(?:(?:returns?|returned|is|was|gives|gave|comes\s+back|evaluates\s+to|==|:|->|→|=)"
+    r"\s*)?(?P<v>true|false)\b",
+    re.IGNORECASE,
+)
+#: A comprehension that lists what fails the check, then its non-empty output.
+_LISTED = re.compile(r"\s*\]?\s*\n?[^\n]{0,12}\[\s*['\"][\w.]+['\"]")
+_ARG_STAGES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("gradients", re.compile(r"\.grad\b|\bgrads?\b", re.IGNORECASE)),
+    ("loss", re.compile(r"\bloss\b", re.IGNORECASE)),
+    ("outputs", re.compile(r"\b(?:logits|outputs?|out|preds?|activations?)\b", re.IGNORECASE)),
+    (
+        "inputs",
+        re.compile(r"\b(?:batch|inputs?|input_\w+|x|xb|images?|features?|samples?|data)\b", re.I),
+    ),
+    ("parameters", re.compile(r"\b(?:p|param\w*|w|weights?|bias)\b|\.(?:weight|bias)\b", re.I)),
+)
+#: A gradient hook or scan that names the first parameter whose gradient is non-finite.
+_GRAD_REPORT = re.compile(
+    r"\bfirst\s+(?:non-?finite|nan|inf)\s+grad\w*"
+    r"|\bfirst\s+param\w*\s+whose\s+\.?grad\w*\s+(?:is|was|goes|went|turns?)\s+(?:non-?finite|nan|inf)",
+    re.IGNORECASE,
+)
+_LOSS_STILL_FINITE = re.compile(
+    r"\bloss\b(?:[^.;\n]|\.(?=\d)){0,40}?\b(?:still\s+(?:finite|a\s+number)|(?<!non-)(?<!non)finite)\b",
+    re.IGNORECASE,
+)
+
+
+def checked_stage(text: str) -> CodeHit | None:
+    """The stage an explicit check found non-finite, as the entry that says the NaN starts there.
+
+    A check call with its verdict ("torch.isinf(model.emb.weight.grad).any() returns True",
+    "isfinite(batch['x']).all() is False"), a comprehension over the parameters that prints the
+    names failing it, or a gradient hook naming the first non-finite gradient while the loss is
+    still finite: each says which stage holds the first non-finite value, more surely than the
+    words around it (the NaN loss that follows, the weights it later reaches).
+    """
+    found: list[tuple[int, str, bool]] = []  # (stage order, stage, inf only)
+    order = [stage for stage, _, _ in _STAGES]
+    for m in _CHECK_CALL.finditer(text):
+        verdict = _VERDICT.match(text, m.end())
+        if verdict is not None:
+            true = verdict.group("v").lower() == "true"
+            bad = true != (m.group("fn").lower() == "isfinite")
+        elif m.group("neg") and m.group("fn").lower() == "isfinite" and _LISTED.match(text, m.end()):
+            bad, true = True, False
+        else:
+            continue
+        if not bad:
+            continue
+        stage = next((s for s, p in _ARG_STAGES if p.search(m.group("arg"))), None)
+        if stage is not None:
+            found.append((order.index(stage), stage, m.group("fn").lower() == "isinf" and true))
+    if _GRAD_REPORT.search(text) and _LOSS_STILL_FINITE.search(text):
+        found.append((order.index("gradients"), "gradients", False))
+    if not found:
+        return None
+    _, stage, inf_only = min(found)
+    entry = next(e for s, e, _ in _STAGES if s == stage)
+    if stage == "gradients" and inf_only and not _nan_told(text):
+        entry = "inf-gradients"
+    return CodeHit(entry, 0.85, f"text: a check on the {stage} found them non-finite first")
