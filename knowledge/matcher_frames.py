@@ -297,6 +297,12 @@ _LOSS_FALLING = re.compile(
     r"coming|trending|goes|keeps?\s+going)\s+down|dropping|decreasing|improving)\b",
     re.IGNORECASE,
 )
+#: A stable start told right before what the loss does next.
+_STABLE_BEFORE = re.compile(
+    r"\b(?:fine|perfect\w*|good|great|stable|stably|smooth\w*|normal\w*|healthy|beautiful\w*|"
+    r"nicely)\b[^.;\n]{0,60}\b(?:then|until|but|suddenly|abruptly)\b[^.;\n]*$",
+    re.IGNORECASE,
+)
 #: The gradient norm sits well under the clipping limit outside the rare clipped steps.
 _UNDER_LIMIT = re.compile(r"\b(?:well\s+)?(?:under|below)\s+the\s+(?:limit|max_norm|threshold)\b")
 #: A measuring hook that runs once the step (and so zero_grad) is done.
@@ -491,6 +497,14 @@ def frame_hits(text: str, code: str = "", frames: list[Frame] | None = None) -> 
             # A gradient norm of exactly zero all along while the model learns: the number is
             # read where the gradients were already zeroed.
             entry, strength = "monitor-after-zero-grad", 0.85
+        elif (
+            frame.quantity == "loss"
+            and entry == "loss-diverging"
+            and _STABLE_BEFORE.search(text, max(0, frame.start - 120), frame.start)
+        ):
+            # "trains beautifully for 6 epochs, then the loss shoots up": a divergence after a
+            # stable start, told in the one sentence.
+            entry, strength = "diverges-after-stable-start", 0.7
         if not entry or entry in seen or strength <= 0.0:
             continue
         seen.add(entry)
