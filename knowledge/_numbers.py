@@ -935,6 +935,12 @@ def binned_values(text: str) -> dict[str, list[float]]:
     return out
 
 
+def _layer_values(rows: list[list[str]], at: int) -> list[float]:
+    """The finite values in column ``at``, less a row that sums the others ("total")."""
+    values = [parse_number(row[at].rstrip(":,;")) for row in rows if not _TOTAL.match(row[0])]
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
 def _listing_series(
     lines: list[str], start: int, rows: list[list[str]], numeric: tuple[bool, ...]
 ) -> dict[str, list[float]]:
@@ -971,9 +977,7 @@ def _listing_series(
             and len(set(names)) == len(names)
             and not any(_STEP_LABEL.match(name) for name in names)
         ):
-            return {
-                "layer_norms": [v for row, v in zip(rows, column(2)) if not _TOTAL.match(row[0])]
-            }
+            return {"layer_norms": _layer_values(rows, 2)}
         return {}
     subjects = _subjects_before(lines, start)
     if not subjects:
@@ -986,9 +990,7 @@ def _listing_series(
         # says in passing, "(loss stuck at 2.30)"): a value per layer.
         if {"grad_norm", "layer_norms"} & set(subjects):
             # (A "total" row is the sum over the layers, not one more layer.)
-            return {
-                "layer_norms": [v for row, v in zip(rows, column(1)) if not _TOTAL.match(row[0])]
-            }
+            return {"layer_norms": _layer_values(rows, 1)}
         return {}
     subject = subjects[-1]
     steps = [parse_number(row[-2]) for row in rows]

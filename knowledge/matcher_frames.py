@@ -1080,7 +1080,9 @@ def checked_stage(text: str) -> CodeHit | None:
         if verdict is not None:
             true = verdict.group("v").lower() == "true"
             bad = true != (m.group("fn").lower() == "isfinite")
-        elif m.group("neg") and m.group("fn").lower() == "isfinite" and _LISTED.match(text, m.end()):
+        elif (
+            m.group("neg") and m.group("fn").lower() == "isfinite" and _LISTED.match(text, m.end())
+        ):
             bad, true = True, False
         else:
             continue
