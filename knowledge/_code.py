@@ -100,6 +100,8 @@ _GRAD_DIV_BY_N = re.compile(
     re.IGNORECASE,
 )
 #: ``from torch.nn.utils import clip_grad_norm_ as clip``: the alias is a clip call too.
+#: A trainer configured to clip element by element (Lightning's ``gradient_clip_algorithm``).
+_CLIP_BY_VALUE_SETTING = re.compile(r"gradient_clip_algorithm\s*[=:]\s*['\"]?value\b")
 _CLIP_ALIAS = re.compile(r"\bclip_grad_(norm|value)_?\s+as\s+(\w+)")
 _LEFTOVER_HANDLED = re.compile(r"len\s*\(\s*\w*loader\w*\s*\)|is_last|last_batch|remainder")
 _LIGHTNING = re.compile(r"pl\.Trainer|Trainer\s*\(|LightningModule|on_after_backward")
@@ -298,6 +300,12 @@ def analyse(code: str, prose: str = "") -> list[CodeHit]:
             )
         if event.kind == "clip_value":
             add("value-clipping", 0.9, "code: clip_grad_value_ clips each element, not the norm")
+    if _CLIP_BY_VALUE_SETTING.search(code):
+        add(
+            "value-clipping",
+            0.9,
+            "code: the trainer is set to clip by value (each element), not by the norm",
+        )
 
     for m in _MAX_NORM.finditer(code):
         raw = m.group("num") or m.group("kw")
@@ -1288,7 +1296,9 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
         (
             r"clip_grad_value_?|\b(?:clip|clamp)(?:ping|s|ed)?\s+(?:each|every|individual|all)\s+"
             r"(?:of\s+the\s+)?(?:gradient\s+|grad\s+)?(?:element|value|entr|component|coordinate)"
-            r"|\.grad\w*(?:\.data)?\.clamp_?\(",
+            r"|\.grad\w*(?:\.data)?\.clamp_?\("
+            # Lightning's Trainer told to clip element by element.
+            r"|gradient_clip_algorithm\s*[=:]\s*['\"]?value\b",
             "value-clipping",
             0.6,
             "text: clipping element by element (clip_grad_value_)",
@@ -1300,11 +1310,16 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
             "text: a Transformer/RNN trained without clipping",
         ),
         (
-            r"\b(?:fine|perfect|good|great|stable|stably|smooth\w*|normal\w*|healthy)\b[^.;\n]{0,50}"
+            r"\b(?:fine|perfect|good|great|stable|stably|smooth\w*|normal\w*|healthy|beautiful\w*|"
+            r"nicely)\b[^.;\n]{0,50}"
             r"\b(?:then|until|before|but|suddenly|abruptly|all\s+of\s+a\s+sudden)\b[^.;\n]{0,40}"
             r"\b(?:explod\w*|diverg\w*|skyrocket\w*|"
             r"blows?\s+up|blew\s+up|shoots?\s+up|shot\s+up|spikes?\s+up|jumps?\s+up|goes\s+to\s+"
-            r"(?:nan|inf))",
+            r"(?:nan|inf)"
+            # "... then the loss climbs and keeps climbing": a climb that does not come back.
+            r"|(?:climbs?|climbed|rises|rose|goes\s+up|went\s+up)\b[^.;\n]{0,40}\b(?:keeps?\s+"
+            r"(?:climbing|rising|going)|never\s+(?:comes?|came)\s+back|(?:has\s+)?not\s+recovered|"
+            r"stay(?:s|ed)?\s+up|since))",
             "diverges-after-stable-start",
             0.5,
             "text: stable at first, then it diverges",

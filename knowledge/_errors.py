@@ -127,12 +127,17 @@ _OTHER_KINDS = (
             "driver",
             "kernel image",
             "compiled with cuda",
+            "is_available",
+            "cuda setup",
         ),
         re.compile(
             r"\bModuleNotFoundError\b|\bImportError\b|\bNo\s+module\s+named\b"
             r"|cannot\s+open\s+shared\s+object\s+file|\bundefined\s+symbol\b|DLL\s+load\s+failed"
             r"|CUDA\s+driver\s+version\s+is\s+insufficient|no\s+kernel\s+image\s+is\s+available"
-            r"|Found\s+no\s+NVIDIA\s+driver|Torch\s+not\s+compiled\s+with\s+CUDA",
+            r"|Found\s+no\s+NVIDIA\s+driver|Torch\s+not\s+compiled\s+with\s+CUDA"
+            # No GPU seen by torch, or a package's own CUDA set-up (bitsandbytes) failing.
+            r"|\bcuda\.is_available\(\)\s*(?:returns?|returned|is|gives|gave|==|:|->)?\s*False\b"
+            r"|\bCUDA\s+Setup\s+failed\b",
             _I,
         ),
         pointer=(
@@ -158,6 +163,30 @@ _OTHER_KINDS = (
             "container more shared memory (`--shm-size=8g` or `--ipc=host`), lower "
             "num_workers, or set torch.multiprocessing's sharing strategy to 'file_system'; "
             "num_workers=0 shows the underlying error in the main process."
+        ),
+    ),
+    ErrorKind(
+        # A saved state that does not fit the model built now: the message names a
+        # checkpoint, weights and parameters in their file sense, never a gradient problem.
+        "checkpoint",
+        ("state_dict", "size mismatch", "current model"),
+        re.compile(
+            r"Error\(s\)\s+in\s+loading\s+state_dict"
+            r"|\bsize\s+mismatch\s+for\s+[\w.]+:\s+copying\s+a\s+param\s+with\s+shape[\s\S]{0,240}?"
+            r"current\s+model\s+is\s+torch\.Size\(\[[\d,\s]*\]\)\)?\.?"
+            r"|\b(?:Missing|Unexpected)\s+key\(s\)\s+in\s+state_dict",
+            _I,
+        ),
+        pointer=(
+            "A checkpoint that does not fit the model, not a gradient problem: the saved "
+            "tensors' shapes or names differ from the model built now (another number of "
+            "classes, a resized vocabulary or embedding, a wrapper's prefix such as 'module.'). "
+            "Build the model with the configuration used when saving (for an adapter, resize "
+            "the base model's embeddings to the tokenizer it was trained with), or drop the "
+            "mismatched head and load with strict=False, then train that head."
+        ),
+        incidental=re.compile(
+            r"\b(?:checkpoint\w*|inference|weights?|params?|parameters?|embed\w*|heads?)\b", _I
         ),
     ),
     ErrorKind(
@@ -188,6 +217,9 @@ _OTHER_KINDS = (
             "failing line; after changing an input size, recompute the first linear layer's "
             "in_features; samples of different sizes need a resize or a custom collate_fn."
         ),
+        # Layers named in a shape question ("Conv2D x3, Flatten, Dense(128)"): not a curve
+        # that flattens.
+        incidental=re.compile(r"\b(?:flatten\w*|dense|conv\w*|linear)\b", _I),
     ),
     ErrorKind(
         "device",

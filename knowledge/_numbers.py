@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from gradient_doctor.knowledge._text import unwrap_prose, wrapped_breaks
+
 
 class _Lazy:
     """A pattern compiled on first use and skipped when the text has none of its trigger words
@@ -45,12 +47,15 @@ _FILLER = (
     r"|\bjumped\s+to\b|\bbecomes?\b|\bbecame\b|\bturns?\s+(?:into|to)?\b|\bturned\s+(?:into|to)?\b"
     r"|\bto\b|\bsuddenly\b|\bstill\b|\bnow\b|\bthen\b|\bonly\b|\bjust\b|\balways\b|\blike\b"
     r"|\bapprox(?:imately)?\b|\broughly\b|\bover\b|\babove\b|\bbelow\b|\bunder\b|\bless\s+than\b"
-    r"|\bmore\s+than\b|\bshows?\b|\bprints?\b|\bsays\b|\bequals?\b|\bvalues?\b|\btiny\b|\bhuge\b"
+    r"|\bmore\s+than\b|\bshows?\b|\bprints?\b|\bsays\b|\bgives\b|\bgave\b|\breads\b|\bequals?\b|\bvalues?\b|\btiny\b|\bhuge\b"
     r"|\bvery\b|\bsmall\b|\blarge\b|\bimmediately\b|\bsometimes\b|\bspikes?\s+to\b|->|→|=>"
     # Level words: "the grad norm hovers around 0.05", "is pretty flat at ~0.25".
     r"|\bhover(?:s|ed|ing)?\b|\bsits?\b|\bsat\b|\bstay(?:s|ed)?\b|\bremain(?:s|ed)?\b"
     r"|\bpretty\b|\bfairly\b|\bquite\b|\bflat\b|\bsteady\b|\bstable\b|\bconstant\b|\bnear\b"
     r"|\bconsistently\b|\busually\b|\btypically\b|\bmostly\b|\bsettles?\b|\bsettled\b"
+    # How often it is read: "the total norm (I) log(ged) every 50 steps is 9000".
+    r"|\b(?:i\s+|we\s+)?(?:print|log|report|measur|track|record)(?:ed|e|s)?\s+(?:it\s+)?(?:every|each|"
+    r"per|once\s+per)\s+(?:\d+\s*k?\s+)?(?:steps?|iters?|iterations?|batch(?:es)?|epochs?|updates?)\b"
     r")*?"
 )
 
@@ -189,7 +194,7 @@ _NORM_CEILING = _Lazy(
 _MAX_NORM = _Lazy(
     r"\b(?:max_(?:grad_)?norm|gradient_clip_val|clip(?:_value|_norm|ping)?(?:\s+(?:value|threshold|norm))?"
     rf"(?:\s+(?:at|to|of))?)(?:\s+(?:is|was|of|to|set\s+to|equals?))?\s*[:=]?\s*{_NUM}",
-    ("max_norm", "clip"),
+    ("max_norm", "max_grad_norm", "clip"),
     re.IGNORECASE,
 )
 _RATIO = _Lazy(
@@ -315,6 +320,8 @@ def _fraction_subject(subject: str, context: str, what: str) -> str:
 
 #: Longest stretch of one line the patterns look at; bounds regex work on pathological input.
 _PIECE_CHARS = 400
+#: How far either side of a wrapped line break a quantity read across it may reach.
+_WRAP_WINDOW = 120
 
 
 def read_quantities(text: str) -> list[Quantity]:
@@ -328,6 +335,15 @@ def read_quantities(text: str) -> list[Quantity]:
                 for pos, q in _read_piece(line[start : start + _PIECE_CHARS])
             )
         offset += len(line) + 1
+    for at in wrapped_breaks(text):
+        # A name at the end of a wrapped line and its value at the start of the next ("the
+        # total grad norm is\n3e-9"): read across the break, keeping what spans it.
+        start = max(0, at - _WRAP_WINDOW)
+        window = text[start:at] + " " + text[at + 1 : at + _WRAP_WINDOW]
+        join = at - start
+        found.extend(
+            (start + pos, q) for pos, q in _read_piece(window) if pos < join < pos + len(q.text)
+        )
     found.sort(key=lambda item: item[0])
     unique: list[Quantity] = []
     seen: set[tuple[str, str]] = set()
@@ -682,7 +698,8 @@ def read_series(text: str) -> list[Series]:
             for name, column in binned_values(text).items():
                 values.setdefault(name, []).extend(column)
     previous, heading = "", False
-    for sentence in _SERIES_SENTENCE.split(text):
+    # A sentence wrapped over lines is one sentence (its subject on one line, values on the next).
+    for sentence in _SERIES_SENTENCE.split(unwrap_prose(text)):
         mentions = _subject_mentions(sentence)
         continues = _NUMBER_ROW.match(sentence) if heading else _CONTINUES.match(sentence)
         heading = sentence.rstrip().endswith(":") or (heading and bool(continues))
@@ -811,6 +828,10 @@ _STEP_LABEL = re.compile(
 _SCALE_LABEL = re.compile(r"^(?:loss[_-]?|grad[_-]?|amp[_-]?)?scale[:=]?$", re.IGNORECASE)
 #: Lines skipped inside a run of rows: an ellipsis standing for the rows left out.
 _ELLIPSIS_ROW = re.compile(r"^\s*(?:\.\.\.|…|\[\.\.\.\])\s*$")
+#: The middle cell of "name grad value" rows that makes the values gradient norms.
+_GRAD_CELL = re.compile(r"^(?:grad(?:ient)?s?|g?norms?|grad_norm|gnorm|\|g\|)[:=]?$", re.IGNORECASE)
+#: A row that sums the others ("total  1.7e-02").
+_TOTAL = re.compile(r"^(?:total|sum|global|overall|all)[:=]?$", re.IGNORECASE)
 #: Fewest rows that make a listing (two lines could be a sentence and its number).
 _MIN_ROWS = 3
 
@@ -829,9 +850,13 @@ def _row_shape(line: str) -> tuple[list[str], tuple[bool, ...]] | None:
 def _subjects_before(lines: list[str], start: int) -> list[str]:
     """The quantities named by the line(s) right above a listing ("Loss print:", "norm per
     layer"), in order; none when the nearest line naming something names another quantity."""
-    for back in (1, 2):
-        if start - back < 0:
+    read = 0
+    for back in (1, 2, 3):
+        if start - back < 0 or read == 2:
             break
+        if not lines[start - back].strip():
+            continue  # a blank line between the heading and its rows
+        read += 1
         mentions = [name for _, _, name in _subject_mentions(lines[start - back])]
         named = [name for name in mentions if name]
         if named or mentions:
@@ -910,6 +935,12 @@ def binned_values(text: str) -> dict[str, list[float]]:
     return out
 
 
+def _layer_values(rows: list[list[str]], at: int) -> list[float]:
+    """The finite values in column ``at``, less a row that sums the others ("total")."""
+    values = [parse_number(row[at].rstrip(":,;")) for row in rows if not _TOTAL.match(row[0])]
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
 def _listing_series(
     lines: list[str], start: int, rows: list[list[str]], numeric: tuple[bool, ...]
 ) -> dict[str, list[float]]:
@@ -937,6 +968,17 @@ def _listing_series(
                 out["amp_scale"] = column(at + 1)
         if out or len(numeric) != 2:
             return out
+    if numeric == (False, False, True) and len({row[1].lower().rstrip(":=") for row in rows}) == 1:
+        # "blocks.0.fc.weight   grad 3.1e-10" row after row: the middle word names what each
+        # layer's value is; a gradient word there makes the rows per-layer norms.
+        names = [row[0] for row in rows]
+        if (
+            _GRAD_CELL.match(rows[0][1])
+            and len(set(names)) == len(names)
+            and not any(_STEP_LABEL.match(name) for name in names)
+        ):
+            return {"layer_norms": _layer_values(rows, 2)}
+        return {}
     subjects = _subjects_before(lines, start)
     if not subjects:
         return {}
@@ -947,7 +989,8 @@ def _listing_series(
         # Different names, one value each, under a line naming the norm (whatever else it
         # says in passing, "(loss stuck at 2.30)"): a value per layer.
         if {"grad_norm", "layer_norms"} & set(subjects):
-            return {"layer_norms": column(1)}
+            # (A "total" row is the sum over the layers, not one more layer.)
+            return {"layer_norms": _layer_values(rows, 1)}
         return {}
     subject = subjects[-1]
     steps = [parse_number(row[-2]) for row in rows]

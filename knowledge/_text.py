@@ -6,6 +6,7 @@ pipeline runs over the knowledge entries (to build the index) and over a questio
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -93,6 +94,8 @@ _PROTECTED: tuple[tuple[str, str], ...] = (
     ("normaliz", "normaliz"),
     ("normalis", "normaliz"),
     ("normal", "normal"),
+    # Running a model ("inference") is not an infinite value ("inf").
+    ("inferenc", "inferenc"),
 )
 _NO_UNDOUBLE = frozenset("lsz")
 
@@ -320,7 +323,7 @@ _REAL_WORDS_TEXT = """
     agent agents aided based blank brown calms cheek clone coats codes coder crush death device
     devices draft drafts fever files grass latter liner lines lasts maxed mates modes newer
     older paint pasted pasts plane sages sated scalar scalars score shared smell stale stall
-    stick stock taken thorough throughout tough trail valve white wrote
+    stick stock taken thorough throughout tough trail valve white wrote chance chances
 """
 REAL_WORDS: frozenset[str] = frozenset(_REAL_WORDS_TEXT.split())
 
@@ -404,3 +407,70 @@ def vocabulary(texts: Iterable[str]) -> dict[str, int]:
             if word.isalpha():
                 counts[word] = counts.get(word, 0) + 1
     return counts
+
+
+# -- paragraphs wrapped at a fixed width ------------------------------------------------------
+
+#: A wrapped paragraph's lines are long: a short line ended where its writer ended it.
+_WRAPPED_WIDTH = 60
+_PROSE_WORD = re.compile(r"[A-Za-z]{2,}")
+#: A next line that starts something of its own: a bullet or number mark, a log or table row, a
+#: traceback frame, a prompt, a comment, a quotation.
+_OWN_LINE_START = re.compile(
+    r"^\s*(?:[-*•>|#\[]|\d+[.)]\s|(?:step|iter(?:ation)?|epoch|it)\s*[:=]?\s*\d|File\s\"|"
+    r"Traceback\b|[A-Z]\w*(?:Error|Exception|Warning)\b|>>>|\.\.\.\s|\{)",
+    re.IGNORECASE,
+)
+#: A line of code (a statement, a block header, an assignment) is never part of a paragraph.
+_CODE_LIKE = re.compile(
+    r"^\s*(?:for|if|elif|while|with|def|class|try|except|finally|else)\b[^\n]*:\s*$"
+    r"|^\s*(?:import\s+[\w.]+|from\s+[\w.]+\s+import\b|return\b|lambda\b)"
+    r"|^\s*[\w.\[\]'\"]+\s*(?:[-+*/]?=)(?!=)\s*\S|[{(\[\\]\s*$|^\s*[\w.]+\([^\n]*\)\s*$"
+)
+_NUMBER_ROW = re.compile(r"^[\s\d.eE+\-−,:/|%x×]*$")
+
+
+def _paragraph_line(line: str) -> bool:
+    return len(_PROSE_WORD.findall(line)) >= 3 and not _CODE_LIKE.search(line)
+
+
+def wrapped_breaks(text: str) -> list[int]:
+    """The offsets of the line breaks inside wrapped paragraphs of ``text``.
+
+    Text pasted from a forum, an email or a YAML file is often wrapped at a fixed width, so a
+    quantity's name can end one line and its value start the next ("the total grad norm is\n
+    3e-9 from step 0 on"). Readers that go line by line (log lines, tables, tracebacks, code)
+    lose it. A break is a wrap only between two prose lines with the same indent, the first one
+    long and not ended by a colon, the next one starting no bullet, log or table row, traceback
+    frame or code.
+    """
+    breaks: list[int] = []
+    if "\n" not in text:
+        return breaks
+    offset = 0
+    lines = text.split("\n")
+    for prev, line in itertools.pairwise(lines):
+        offset += len(prev) + 1
+        stripped = prev.rstrip()
+        indent = len(prev) - len(prev.lstrip())
+        if (
+            len(stripped) >= _WRAPPED_WIDTH
+            and line.strip()
+            and len(line) - len(line.lstrip()) == indent
+            and not stripped.endswith(":")
+            # (A line ended by a comma goes on: "step 200: 4300,\nstep 300: 2750.")
+            and (stripped.endswith(",") or not _OWN_LINE_START.match(line))
+            and not _NUMBER_ROW.match(line)
+            and _paragraph_line(stripped)
+            and (_paragraph_line(line) or line.rstrip()[-1:] in ".?!")
+        ):
+            breaks.append(offset - 1)
+    return breaks
+
+
+def unwrap_prose(text: str) -> str:
+    """``text`` with the line breaks inside wrapped paragraphs (``wrapped_breaks``) as spaces."""
+    chars = list(text)
+    for at in wrapped_breaks(text):
+        chars[at] = " "
+    return "".join(chars)

@@ -27,6 +27,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from gradient_doctor.knowledge._code import CodeHit
+from gradient_doctor.knowledge._text import unwrap_prose
 
 __all__ = ["Frame", "FrameEvidence", "frame_evidence", "frame_hits", "read_frames"]
 
@@ -296,6 +297,12 @@ _LOSS_FALLING = re.compile(
     r"coming|trending|goes|keeps?\s+going)\s+down|dropping|decreasing|improving)\b",
     re.IGNORECASE,
 )
+#: A stable start told right before what the loss does next.
+_STABLE_BEFORE = re.compile(
+    r"\b(?:fine|perfect\w*|good|great|stable|stably|smooth\w*|normal\w*|healthy|beautiful\w*|"
+    r"nicely)\b[^.;\n]{0,60}\b(?:then|until|but|suddenly|abruptly)\b[^.;\n]*$",
+    re.IGNORECASE,
+)
 #: The gradient norm sits well under the clipping limit outside the rare clipped steps.
 _UNDER_LIMIT = re.compile(r"\b(?:well\s+)?(?:under|below)\s+the\s+(?:limit|max_norm|threshold)\b")
 #: A measuring hook that runs once the step (and so zero_grad) is done.
@@ -433,9 +440,23 @@ def frame_evidence(text: str, code: str = "", full_text: str | None = None) -> F
     lowered = checks.lower()
     states = _stage_states(checks) if any(cue in lowered for cue in _STATE_CUES) else {}
     located = located_nan(checks, states)
+    checked = checked_stage(checks) if any(cue in lowered for cue in _CHECK_CUES) else None
+    if checked is not None:
+        # An explicit check's verdict outranks the stage read from the words around it.
+        located = checked
     if located is not None:
         hits.append(located)
     ruled_out: set[str] = set()
+    settled = scaler_settles(text)
+    if settled is not None:
+        hits = [h for h in hits if h.entry_id not in _HEALTHY_RULES_OUT["loss_scale"]]
+        hits.append(settled)
+        ruled_out |= _HEALTHY_RULES_OUT["loss_scale"]
+    noisy = noisy_loss_improving(text)
+    if noisy is not None:
+        hits = [h for h in hits if h.entry_id not in noisy[1]]
+        hits.append(noisy[0])
+        ruled_out |= noisy[1]
     for hit in hits:
         if hit.entry_id == "healthy":
             quantity = hit.reason.split("'", 1)[0].removeprefix("text: the ").strip()
@@ -476,6 +497,14 @@ def frame_hits(text: str, code: str = "", frames: list[Frame] | None = None) -> 
             # A gradient norm of exactly zero all along while the model learns: the number is
             # read where the gradients were already zeroed.
             entry, strength = "monitor-after-zero-grad", 0.85
+        elif (
+            frame.quantity == "loss"
+            and entry == "loss-diverging"
+            and _STABLE_BEFORE.search(text, max(0, frame.start - 120), frame.start)
+        ):
+            # "trains beautifully for 6 epochs, then the loss shoots up": a divergence after a
+            # stable start, told in the one sentence.
+            entry, strength = "diverges-after-stable-start", 0.7
         if not entry or entry in seen or strength <= 0.0:
             continue
         seen.add(entry)
@@ -610,6 +639,8 @@ def _gradient_tables(text: str) -> list[tuple[int, int]]:
     return regions
 
 
+#: Words one of which every explicit check holds.
+_CHECK_CUES = ("isfinite", "isnan", "isinf", "first non", "first nan", "first inf", "whose")
 #: Words one of which every non-finite state holds (a cheap test before the regexes).
 _STATE_CUES = ("nan", "inf", "finite", "fail", "false", "trip", "fire", "stops there")
 _SENTENCE_STOP = re.compile(r"[.!?](?=\s)|[;\n]")
@@ -842,3 +873,230 @@ def layer_profile_hits(text: str, early_late_ratio: float, improving: bool) -> l
         if hits:
             break
     return hits
+
+
+# -- a GradScaler that backs off at the start and then settles --------------------------------
+
+_SCALER_TOPIC = re.compile(
+    r"\b(?:loss[\s_-]?scal(?:e|er|ing)|grad[\s_]?scaler|scaler|get_scale)\b"
+    r"|\bskipp\w*\s+(?:the\s+)?(?:optimizer\s+)?steps?\b|\b(?:gradient\s+)?overflow\b",
+    re.IGNORECASE,
+)
+#: The opening steps of a run, in the words and numbers people use for them.
+_EARLY = re.compile(
+    r"\b(?:first|opening|initial|early|starting)\s+(?:~\s*|few\s+|couple\s+(?:of\s+)?|dozen\s+|"
+    r"handful\s+(?:of\s+)?|\d+\s+|\w+\s+){0,3}(?:steps?|iterations?|iters?|updates?|lines|batches|"
+    r"hundred\s+steps)\b|\bat\s+the\s+(?:very\s+)?(?:start|beginning)\b|\bearly\s+(?:on|skips?|"
+    r"drops?|overflows?)\b|\bat\s+step\s+[1-9]\d?\b|\bskipped\s+steps\s+at\s+[1-9]\d?\b",
+    re.IGNORECASE,
+)
+#: After the opening back-off the scale holds, grows back, or nothing is skipped any more.
+_SETTLES = re.compile(
+    r"\b(?:then|after\s+that|since\s+then|afterwards|from\s+then\s+on)\b[^.;\n]{0,80}?"
+    r"(?:\b(?:sits?|sat|stays?|stayed|holds?|held|stable|stabili[sz]\w*|settles?|settled|flat|"
+    r"grows?\s+back|grew\s+back|climbs?\s+back|climbed\s+back|(?:goes|went|comes|came)\s+back\s+up|"
+    r"recover\w*|nothing|no\s+(?:more\s+)?(?:skips?|overflows?))\b|\bbetween\b)"
+    r"|\bnever\s+again\b|\bno\s+(?:more\s+)?(?:skips?|skipped\s+steps|overflows?)\s+(?:after|since|"
+    r"for)\b|\b(?:grows?|grew|climbs?|climbed|goes|went)\s+back\s+(?:up\s+)?to\b",
+    re.IGNORECASE,
+)
+#: Training goes well meanwhile: the loss falls, or results match full precision.
+_GOES_WELL = re.compile(
+    r"\bloss(?:es)?\b(?:[^.;\n]|\.(?=\d)){0,40}?(?:->|→|\bgoing\s+down|\bgoes\s+down|\bfall(?:s|ing)?\b|"
+    r"\bdecreas\w+|\bdown\s+normally|\bsmooth\w*|\bdrops?\b|\bdropping\b|\bimprov\w+)"
+    r"|\b(?:matches|match|tracks|track|same\s+as|like)\s+(?:the\s+|my\s+|our\s+)?(?:fp32|"
+    r"full[\s-]precision|bf16)\b|\b(?:accuracy|acc|f1|wer|bleu|samples?)\b[^.;\n]{0,40}\b"
+    r"(?:improv\w+|better|go(?:es)?\s+up|rises?|keeps?\s+improving)",
+    re.IGNORECASE,
+)
+#: Signs the back-off was not harmless: a non-finite or diverging loss, a scale that keeps
+#: falling, a precision that fails where full precision trains.
+_GOES_BADLY = re.compile(
+    r"(?<!\bno\s)(?<!\bnot\s)(?<!\bwithout\s)\bnan\b|\bdiverg\w*|\bblows?\s+up|\bblew\s+up"
+    r"|\bkeeps?\s+(?:halving|dropping|falling|shrinking)\b|\b(?:collapses?|collapsed)\b"
+    r"|\bunderflow\w*|\bonly\s+(?:in|with)\s+fp16\b",
+    re.IGNORECASE,
+)
+
+
+def scaler_settles(text: str) -> CodeHit | None:
+    """A loss scale that backs off in the opening steps and then holds or grows back.
+
+    GradScaler starts high on purpose and halves on each overflowing step until it finds a
+    scale that fits: a few skipped steps at the start are its calibration, not a fault. Told
+    with the scale holding afterwards and training going well, that is a healthy run.
+    """
+    text = unwrap_prose(text)
+    if not (
+        _SCALER_TOPIC.search(text)
+        and _EARLY.search(text)
+        and _SETTLES.search(text)
+        and _GOES_WELL.search(text)
+    ) or _GOES_BADLY.search(text):
+        return None
+    return CodeHit(
+        "healthy",
+        1.0,
+        "text: the loss scale backs off in the opening steps (GradScaler calibrating) and then "
+        "holds while training goes well",
+    )
+
+
+# -- a noisy per-step loss whose average falls ------------------------------------------------
+
+#: The loss said to be noisy from one batch or step to the next.
+_NOISY = re.compile(
+    r"\b(?:nois(?:e|y)|jitter\w*|bounc\w+|jumpy|wiggl\w+|fuzzy|all\s+over\s+the\s+place|"
+    r"thick\s+(?:noisy\s+)?band|jumps?\s+(?:a\s+lot|around|between)|(?:step|batch)[\s-]to[\s-]"
+    r"(?:step|batch)\s+(?:noise|variation|swings?))\b",
+    re.IGNORECASE,
+)
+#: What is noisy is the raw, per-step or per-batch loss (not the gradient norm or an average).
+_RAW_LOSS = re.compile(
+    r"\b(?:per[\s-](?:batch|step|iteration)|step[\s-]level|batch[\s-]level|raw|unsmoothed|"
+    r"step[\s-]to[\s-]step|batch\s+to\s+batch|between\s+batches|from\s+one\s+(?:batch|step))\b"
+    r"|\bloss\s+(?:chart|curve|plot|panel|graph|line)\b|\bloss\b",
+    re.IGNORECASE,
+)
+#: A smoothed view of the loss: a running or moving average, epoch means, the trend.
+_AVERAGED = re.compile(
+    r"\b(?:smooth(?:ed|ing)?|running\s+(?:average|mean)|moving\s+average|ema|rolling\s+(?:average|"
+    r"mean|median)|\d+[\s-]*(?:step|batch|iter)\s+(?:mean|average)s?|epoch\s+(?:averages?|means?|"
+    r"loss(?:es)?)|averaged?|mean\s+loss|trend(?:\s*line)?|per[\s-]epoch)\b",
+    re.IGNORECASE,
+)
+_FALLS = re.compile(
+    r"\b(?:goes|going|went|trends?|trending|heads?|heading|comes?|coming)\s+(?:steadily\s+|nicely\s+|"
+    r"slowly\s+)?down\b|\bdecreas\w+|\bfall(?:s|ing)?\b|\bdrops?\b|\bdropping\b|\bdeclin\w+"
+    r"|\bsteadily\s+(?:lower|down)\b|\bdownwards?\b|\bimprov\w+",
+    re.IGNORECASE,
+)
+_DECIMAL = re.compile(r"(?<![\w.@])(\d+\.\d+)(?![\w.])")
+#: Held-out results or samples that get better: learning goes on whatever the raw curve does.
+_OUTCOME_IMPROVES = re.compile(
+    r"\b(?:val(?:idation)?|eval|test|held[\s-]?out|dev)[\s_/-]*(?:acc(?:uracy)?|f1|wer|cer|bleu|"
+    r"score|auc|map|metric)\b(?:[^.;\n]|\.(?=\d)){0,40}?\b(?:improv\w+|goes\s+up|went\s+up|better|"
+    r"rises?|climbs?|keeps?\s+(?:going\s+up|improving))"
+    r"|\b(?:samples?|images?|generations?|outputs?)\b[^.;\n]{0,60}?\b(?:better|improv\w+)"
+    r"|\b(?:accuracy|f1|wer|bleu)\s+(?:improves|is\s+improving|keeps\s+improving)",
+    re.IGNORECASE,
+)
+_NOISE_BAD = re.compile(
+    r"(?<!\bno\s)(?<!\bnot\s)(?<!\bwithout\s)(?<!\bany\s)\bnan\b|\bdiverg\w*|\bblows?\s+up|"
+    r"\bblew\s+up|\bexplod\w*|\b(?:keeps?|kept)\s+(?:climbing|rising|going\s+up)",
+    re.IGNORECASE,
+)
+
+
+def _averaged_falls(sentence: str) -> bool:
+    for m in _AVERAGED.finditer(sentence):
+        after = sentence[m.end() : m.end() + 100]
+        if _FALLS.search(after):
+            return True
+        values = [float(v) for v in _DECIMAL.findall(after)]
+        if len(values) >= 3 and values[-1] < values[0] and values == sorted(values, reverse=True):
+            return True
+    return False
+
+
+def noisy_loss_improving(text: str) -> tuple[CodeHit, frozenset[str]] | None:
+    """A per-step loss said to be noisy while its average falls or held-out results improve.
+
+    Small batches make each step's loss jump; what says whether training works is the smoothed
+    curve and the held-out results. Returns the healthy reading and the entries it rules out
+    (spikes and divergence; a plateau too when the held-out results improve).
+    """
+    text = unwrap_prose(text)
+    if _NOISE_BAD.search(text):
+        return None
+    noisy = False
+    falls = improves = False
+    for sentence in _PROFILE_STOP.split(text):
+        m = _NOISY.search(sentence)
+        if m and _RAW_LOSS.search(sentence):
+            noisy = True
+        falls = falls or _averaged_falls(sentence)
+        improves = improves or bool(_OUTCOME_IMPROVES.search(sentence))
+    if not noisy or not (falls or improves):
+        return None
+    why = "its average falls" if falls else "the held-out results improve"
+    ruled = {"loss-spikes", "loss-diverging"} | (set() if falls else {"plateau", "loss-stuck"})
+    return (
+        CodeHit("healthy", 1.0, f"text: the per-step loss is noisy but {why}: small-batch noise"),
+        frozenset(ruled),
+    )
+
+
+# -- an explicit check on one stage and its verdict --------------------------------------------
+
+#: ``torch.isfinite(p).all()`` / ``isinf(model.emb.weight.grad).any()`` and what follows it.
+_CHECK_CALL = re.compile(
+    r"(?P<neg>\bnot\s+)?(?:torch\.)?(?P<fn>isfinite|isnan|isinf)\s*\(\s*"
+    r"(?P<arg>[^()\n]*(?:\([^()\n]*\))?[^()\n]*)\)\s*(?:\.\s*(?:any|all)\s*\(\s*\))?",
+    re.IGNORECASE,
+)
+_VERDICT = re.compile(
+    r"\s*[)\]]?\s*(?:(?:returns?|returned|is|was|gives|gave|comes\s+back|evaluates\s+to|==|:|->|→|=)"
+    r"\s*)?(?P<v>true|false)\b",
+    re.IGNORECASE,
+)
+#: A comprehension that lists what fails the check, then its non-empty output.
+_LISTED = re.compile(r"\s*\]?\s*\n?[^\n]{0,12}\[\s*['\"][\w.]+['\"]")
+_ARG_STAGES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("gradients", re.compile(r"\.grad\b|\bgrads?\b", re.IGNORECASE)),
+    ("loss", re.compile(r"\bloss\b", re.IGNORECASE)),
+    ("outputs", re.compile(r"\b(?:logits|outputs?|out|preds?|activations?)\b", re.IGNORECASE)),
+    (
+        "inputs",
+        re.compile(r"\b(?:batch|inputs?|input_\w+|x|xb|images?|features?|samples?|data)\b", re.I),
+    ),
+    ("parameters", re.compile(r"\b(?:p|param\w*|w|weights?|bias)\b|\.(?:weight|bias)\b", re.I)),
+)
+#: A gradient hook or scan that names the first parameter whose gradient is non-finite.
+_GRAD_REPORT = re.compile(
+    r"\bfirst\s+(?:non-?finite|nan|inf)\s+grad\w*"
+    r"|\bfirst\s+param\w*\s+whose\s+\.?grad\w*\s+(?:is|was|goes|went|turns?)\s+(?:non-?finite|nan|inf)",
+    re.IGNORECASE,
+)
+_LOSS_STILL_FINITE = re.compile(
+    r"\bloss\b(?:[^.;\n]|\.(?=\d)){0,40}?\b(?:still\s+(?:finite|a\s+number)|(?<!non-)(?<!non)finite)\b",
+    re.IGNORECASE,
+)
+
+
+def checked_stage(text: str) -> CodeHit | None:
+    """The stage an explicit check found non-finite, as the entry that says the NaN starts there.
+
+    A check call with its verdict ("torch.isinf(model.emb.weight.grad).any() returns True",
+    "isfinite(batch['x']).all() is False"), a comprehension over the parameters that prints the
+    names failing it, or a gradient hook naming the first non-finite gradient while the loss is
+    still finite: each says which stage holds the first non-finite value, more surely than the
+    words around it (the NaN loss that follows, the weights it later reaches).
+    """
+    found: list[tuple[int, str, bool]] = []  # (stage order, stage, inf only)
+    order = [stage for stage, _, _ in _STAGES]
+    for m in _CHECK_CALL.finditer(text):
+        verdict = _VERDICT.match(text, m.end())
+        if verdict is not None:
+            true = verdict.group("v").lower() == "true"
+            bad = true != (m.group("fn").lower() == "isfinite")
+        elif (
+            m.group("neg") and m.group("fn").lower() == "isfinite" and _LISTED.match(text, m.end())
+        ):
+            bad, true = True, False
+        else:
+            continue
+        if not bad:
+            continue
+        stage = next((s for s, p in _ARG_STAGES if p.search(m.group("arg"))), None)
+        if stage is not None:
+            found.append((order.index(stage), stage, m.group("fn").lower() == "isinf" and true))
+    if _GRAD_REPORT.search(text) and _LOSS_STILL_FINITE.search(text):
+        found.append((order.index("gradients"), "gradients", False))
+    if not found:
+        return None
+    _, stage, inf_only = min(found)
+    entry = next(e for s, e, _ in _STAGES if s == stage)
+    if stage == "gradients" and inf_only and not _nan_told(text):
+        entry = "inf-gradients"
+    return CodeHit(entry, 0.85, f"text: a check on the {stage} found them non-finite first")
