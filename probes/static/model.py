@@ -1129,9 +1129,23 @@ class FileModel:
             sample = backwards[0] if backwards else inside[0]
             loops = [f for f in sample.frames if f.kind == "loop"]
             outer = loops[-2] if len(loops) >= 2 else None
-            unit = Unit(
-                func, micro, outer, [e for e in events if e.inside(outer)], framework=framework
-            )
+            scoped = [e for e in events if e.inside(outer)]
+            steps_after = [e for e in scoped if e.kind in STEP_KINDS]
+            if (
+                outer is not None
+                and steps_after
+                and all(
+                    any(_is_accumulation_gate(f) for f in e.frames_after(outer))
+                    for e in steps_after
+                )
+            ):
+                # The inner loop only splits one sample (truncated BPTT over slices, chunks)
+                # and the outer loop steps under `if step % N == 0:`: the window is N outer
+                # iterations, so whatever runs on each outer iteration runs per micro-batch
+                # (learned from static7 rwkv, zero_grad before the slice loop).
+                unit = Unit(func, outer, outer, scoped, framework=framework)
+            else:
+                unit = Unit(func, micro, outer, scoped, framework=framework)
         unit.accumulation = self._accumulation(unit)
         if unit.accumulation is None:
             unit.variants = self._path_variants(unit)
@@ -1242,13 +1256,24 @@ class FileModel:
             # every batch (a critic beside a generator stepped every N) is no accumulation.
             # Both must run on one path: a plain step in the `else` of `if accum_steps > 1:`
             # is another configuration, which the path variants judge apart.
+            # The optimizer stepped, not the receiver: `scaler.step(critic_opt)` and
+            # `scaler.step(actor_opt)` share a scaler but step two optimizers (learned from
+            # static7 skrl-td3, whose delayed actor step read as the critic's window).
             gated = [s for s in steps if s not in stray]
             if any(
-                s.receiver is None
-                or not any(g.receiver == s.receiver and not exclusive(g, s) for g in gated)
+                stepped_optimizer(s) is None
+                or not any(
+                    stepped_optimizer(g) == stepped_optimizer(s) and not exclusive(g, s)
+                    for g in gated
+                )
                 for s in stray
             ):
                 return None
+        if all(_self_contained_update(unit, step) for step in steps if step not in stray):
+            # Every gated step has its own zero_grad and backward under its gate: a periodic
+            # update (TD3's delayed actor, a generator every `n_critic` batches), not a window
+            # that sums the backward calls outside the gate into it.
+            return None
         gate = gates[0]
         info = self._gate_info.get(id(gate.node))
         if info is None:
@@ -1276,6 +1301,33 @@ class FileModel:
             gates=distinct,
             counter=self._gate_counters.get(id(gate.node)),
         )
+
+
+def stepped_optimizer(step: Event) -> str | None:
+    """The optimizer a step updates: the argument of ``scaler.step(opt)``, the receiver of
+    ``opt.step()``."""
+    return step.optimizer or step.receiver
+
+
+def _self_contained_update(unit: Unit, step: Event) -> bool:
+    """``step`` runs under a ``% N`` gate that also zeroes its optimizer and then runs a
+    backward before it: whatever earlier backward calls left in that optimizer's gradients is
+    wiped, so the gate is one whole update of its own, not the end of an accumulation window."""
+    gate = next((f for f in step.frames_after(unit.scope) if _is_accumulation_gate(f)), None)
+    optimizer = stepped_optimizer(step)
+    if gate is None or optimizer is None:
+        return False
+    zeroed = False
+    for event in unit.events:
+        if event is step:
+            return False
+        if not any(f.same(gate) for f in event.frames):
+            continue
+        if event.kind == "zero_grad" and event.receiver == optimizer:
+            zeroed = True
+        elif event.kind == "backward" and zeroed:
+            return True
+    return False
 
 
 MAX_PATH_GROUPS = 4
@@ -2181,10 +2233,27 @@ class _EventWalker:
             if counter is not None:
                 self.model._gate_counters[id(stmt)] = counter
             return Frame("if", stmt, branch, _GATE_TAG)
+        window = self._flag_window(test)
+        if window is not None:
+            self.model._gate_info[id(stmt)] = (window, stmt.test, False)
+            return Frame("if", stmt, branch, _GATE_TAG)
         text = code_of(test)
         if "sync_gradients" in text:
             return Frame("if", stmt, branch, "framework-gate")
         return Frame("if", stmt, branch)
+
+    def _flag_window(self, test: cst.BaseExpression) -> cst.BaseExpression | None:
+        """The accumulation count ``N`` when ``test`` is an is-last-micro-batch flag handed
+        in by the caller (``def optimize(self, batch, apply_gradient): ... if
+        apply_gradient: step``) in a function that divides by ``N`` itself (``loss /
+        self.accum_iters``): the caller runs the window, this function one micro-batch of
+        it (learned from static7 traiNNer-redux). A bare flag without such a division may
+        mean anything (``if training:``), and is left alone."""
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test = test.expression
+        if not isinstance(test, cst.Name) or test.value not in self.func.params:
+            return None
+        return _window_divisor(self.func)
 
     def _if(self, stmt: cst.If, frames: tuple[Frame, ...]) -> None:
         self._body(stmt.body, stmt, (*frames, self._if_frame(stmt, 0)))
@@ -2456,6 +2525,33 @@ class _EventWalker:
                 break
             expr = expr.args[1].value
         return expr
+
+
+_WINDOW_COUNT = re.compile(
+    r"accum|grad_acc|gradient_acc|micro_?batches|micro_?steps|iters_to_accumulate"
+    r"|backward_passes|update_freq",
+    re.I,
+)
+"""Names of a gradient-accumulation count (a narrower list than the loss-provenance one:
+here the name alone makes a flag an accumulation gate)."""
+
+
+def _window_divisor(func: FuncInfo) -> cst.BaseExpression | None:
+    """The first ``N`` that ``func`` divides by (``x / self.accum_iters``, ``x /= accum``)
+    whose name says it counts accumulated micro-batches; None when there is none."""
+    if not isinstance(func.node, cst.FunctionDef):
+        return None
+    for node in walk(func.node.body, prune=lambda n: isinstance(n, cst.FunctionDef)):
+        divisor: cst.BaseExpression | None = None
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            divisor = node.right
+        elif isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
+            divisor = node.value
+        if isinstance(divisor, cst.Name | cst.Attribute) and _WINDOW_COUNT.search(
+            dotted_name(divisor) or ""
+        ):
+            return divisor
+    return None
 
 
 ZERO_GRAD_FUNCTIONS = frozenset({"zero_grad", "zero_grads", "zero_gradients"})
