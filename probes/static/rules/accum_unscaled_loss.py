@@ -19,6 +19,7 @@ from gradient_doctor.probes.static.ruletools import (
     label,
     names_in,
 )
+from gradient_doctor.probes.static.traverse import walk
 
 COUNTER_MESSAGE = (
     "`{backward}` on line {backward_line} accumulates `{divisor}` micro-batches per optimizer "
@@ -207,6 +208,58 @@ def train_step(model, optimizer, batch, update):
         optimizer.step()
         optimizer.zero_grad()
 """,
+        # WGAN with one GradScaler: the critic is clipped and stepped on every batch, the
+        # generator every `n_critic` batches (`scaler.step(opt_d)` and `scaler.step(opt_g)`
+        # step two optimizers, not one twice).
+        """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+opt_d = torch.optim.Adam(critic.parameters())
+opt_g = torch.optim.Adam(generator.parameters())
+for i, real in enumerate(loader):
+    fake = generator(torch.randn(real.size(0), nz))
+    opt_d.zero_grad()
+    scaler.scale(critic(fake.detach()).mean() - critic(real).mean()).backward()
+    scaler.unscale_(opt_d)
+    torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
+    scaler.step(opt_d)
+    if i % n_critic == 0:
+        opt_g.zero_grad()
+        scaler.scale(-critic(fake).mean()).backward()
+        scaler.step(opt_g)
+    scaler.update()
+""",
+        """
+class Trainer:
+    def train_micro_batch(self, batch, last_of_window):
+        total = self.pixel_loss(self.net(batch.lq), batch.gt) / self.accum_iters
+        for term in self.extra_losses(batch).values():
+            total = total + term / self.accum_iters
+        total.backward()
+        if last_of_window:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+""",
+        # A flag without a division by an accumulation count says nothing about a window.
+        """
+def train_step(model, optimizer, batch, update):
+    loss = model(batch).mean()
+    loss.backward()
+    if update:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        # Multiplied back after the backward, for the log only (learned from static2 lingua).
+        """
+for i, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y) / grad_accum
+    loss.backward()
+    loss = loss.detach() * grad_accum
+    if (i + 1) % grad_accum == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+    print(loss.item())
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -302,6 +355,35 @@ def train(model, optimizer, loader, pieces):
         optimizer.zero_grad()
 """,
             4,
+        ),
+        # The caller runs the window and says which micro-batch is its last; one loss term is
+        # multiplied by the count where the other is divided (learned from static7
+        # traiNNer-redux).
+        Invalid(
+            """
+class Trainer:
+    def train_micro_batch(self, batch, last_of_window):
+        total = self.pixel_loss(self.net(batch.lq), batch.gt) / self.accum_iters
+        for term in self.extra_losses(batch).values():
+            total = total + term * self.accum_iters
+        total.backward()
+        if last_of_window:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+""",
+            7,
+        ),
+        Invalid(
+            """
+for i, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    loss *= grad_accum
+    loss.backward()
+    if (i + 1) % grad_accum == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            5,
         ),
         # The caller runs the window and says which micro-batch is its last; one loss term is
         # multiplied by the count where the other is divided (learned from static7
@@ -455,6 +537,10 @@ def _multiplied_by_window(
         return None
     wanted = code_of(divisor)
     func = backward.func
+    # Only assignments written before the backward feed it: `loss = loss.detach() * N` after
+    # it undoes the division for logging (learned from static2 lingua).
+    order = {id(node): index for index, node in enumerate(walk(func.node))}
+    cutoff = order.get(id(backward.stmt), -1)
 
     def same(node: cst.BaseExpression) -> bool:
         text = code_of(node)
@@ -487,17 +573,25 @@ def _multiplied_by_window(
             return None
         if isinstance(expr, cst.Name) and expr.value not in seen:
             seen = seen | {expr.value}
-            for site in func.assign_sites.get(expr.value, []):
-                found: cst.CSTNode | None = None
+            sites = [
+                site
+                for site in func.assign_sites.get(expr.value, [])
+                if -1 < order.get(id(site), cutoff) < cutoff
+            ]
+            # The latest assignment before the use, with the `+=` / `*=` written after it.
+            for site in sorted(sites, key=lambda site: order[id(site)], reverse=True):
                 if isinstance(site, cst.AugAssign):
+                    found: cst.CSTNode | None = None
                     if isinstance(site.operator, cst.MultiplyAssign) and same(site.value):
                         found = site
                     elif isinstance(site.operator, cst.AddAssign | cst.SubtractAssign):
                         found = search(site.value, depth + 1, seen)
-                elif isinstance(site, cst.Assign | cst.AnnAssign) and site.value is not None:
-                    found = search(site.value, depth + 1, seen)
-                if found is not None:
-                    return found
+                    if found is not None:
+                        return found
+                    continue
+                if isinstance(site, cst.Assign | cst.AnnAssign) and site.value is not None:
+                    return search(site.value, depth + 1, seen)
+                return None
         return None
 
     return search(backward.loss, 0, set())
