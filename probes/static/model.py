@@ -1535,6 +1535,50 @@ def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
     return None
 
 
+def _last_index_gate(
+    test: cst.BaseExpression, frames: tuple[Frame, ...]
+) -> tuple[str, cst.BaseExpression] | None:
+    """(index, N) when ``test`` is ``index == N - 1`` (or ``index + 1 == N``) on the index of
+    an enclosing ``for index in range(N)`` loop: true on the last pass of that loop only."""
+    if not (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal)
+    ):
+        return None
+    sides = (test.left, test.comparisons[0].comparator)
+
+    def one(node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.Integer) and node.value == "1"
+
+    for frame in reversed(frames):
+        bound = _range_bound(frame.node) if frame.kind == "loop" else None
+        loop = frame.node
+        if bound is None or not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name):
+            continue
+        index, total = loop.target.value, code_of(bound)
+        for mine, other in (sides, sides[::-1]):
+            plain = isinstance(mine, cst.Name) and mine.value == index
+            if (
+                plain
+                and isinstance(other, cst.BinaryOperation)
+                and isinstance(other.operator, cst.Subtract)
+                and one(other.right)
+                and code_of(other.left) == total
+            ):
+                return index, bound
+            if (
+                isinstance(mine, cst.BinaryOperation)
+                and isinstance(mine.operator, cst.Add)
+                and isinstance(mine.left, cst.Name)
+                and mine.left.value == index
+                and one(mine.right)
+                and code_of(other) == total
+            ):
+                return index, bound
+    return None
+
+
 def attribute_key(text: str, class_name: str | None) -> str:
     """``self.model`` of one class is not ``self.model`` of another."""
     if class_name is not None and text.split(".", 1)[0] in {"self", "cls"}:
@@ -2114,7 +2158,7 @@ class _EventWalker:
             self._if(stmt, frames)
             if _ends_with_continue(stmt.body) and stmt.orelse is None:
                 # `if not update: continue` gates the rest of the block like an else branch.
-                return (*frames, self._if_frame(stmt, 1))
+                return (*frames, self._if_frame(stmt, 1, frames))
             return frames
         if isinstance(stmt, cst.For | cst.While):
             self._header_calls(stmt, frames)
@@ -2190,10 +2234,27 @@ class _EventWalker:
             for node in walk(target.node.body)
         )
 
-    def _if_frame(self, stmt: cst.If, branch: int) -> Frame:
+    def _if_frame(self, stmt: cst.If, branch: int, frames: tuple[Frame, ...] = ()) -> Frame:
         divisor = modulo_divisor(stmt.test)
         test = stmt.test
         condition: cst.BaseExpression = test
+        last = _last_index_gate(test, frames) or next(
+            (
+                found
+                for node in walk(test, prune=lambda n: isinstance(n, cst.Call))
+                if isinstance(node, cst.Name) and self.func.assigns.get(node.value)
+                for found in [_last_index_gate(self.func.assigns[node.value][-1], frames)]
+                if found is not None
+            ),
+            None,
+        )
+        if divisor is None and last is not None:
+            # `if micro_step == accum - 1:` inside `for micro_step in range(accum):` (or a
+            # flag assigned so): the step runs on the window's last micro-batch.
+            counter, window = last
+            self.model._gate_info[id(stmt)] = (window, stmt.test, False)
+            self.model._gate_counters[id(stmt)] = counter
+            return Frame("if", stmt, branch, _GATE_TAG)
         if divisor is None:
             # `if do_step:` / `if not accumulating:` where the flag is `(i + 1) % N == 0`.
             for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
@@ -2256,11 +2317,11 @@ class _EventWalker:
         return _window_divisor(self.func)
 
     def _if(self, stmt: cst.If, frames: tuple[Frame, ...]) -> None:
-        self._body(stmt.body, stmt, (*frames, self._if_frame(stmt, 0)))
+        self._body(stmt.body, stmt, (*frames, self._if_frame(stmt, 0, frames)))
         orelse = stmt.orelse
         if orelse is None:
             return
-        else_frames = (*frames, self._if_frame(stmt, 1))
+        else_frames = (*frames, self._if_frame(stmt, 1, frames))
         if isinstance(orelse, cst.If):
             self._header_calls(orelse, else_frames)
             self._if(orelse, else_frames)

@@ -414,6 +414,30 @@ for i, (x, y) in enumerate(loader):
 """,
             5,
         ),
+        Invalid(
+            """
+class Trainer:
+    def step(self, batch):
+        loss = self.accum_steps * self.model(batch).mean()
+        loss.backward()
+        self.seen += 1
+        if self.seen % self.accum_steps == 0:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+""",
+            5,
+        ),
+        Invalid(
+            """
+for micro_step in range(total_micro_steps):
+    loss = model(next(data)).mean().mul(gradient_accumulation_steps)
+    loss.backward()
+    if (micro_step + 1) % gradient_accumulation_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            4,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -484,7 +508,7 @@ for i, (x, y) in enumerate(loader):
                 "divisor": acc.divisor_text,
                 "step_line": step.relative_to(backward)[0],
             },
-            patch=_divide_instead(product),
+            patch=_divide_instead(product, acc.divisor_text),
             fix_description=f"Divide by `{acc.divisor_text}` where the loss is multiplied by it.",
         )
 
@@ -543,15 +567,14 @@ def _multiplied_by_window(
     cutoff = order.get(id(backward.stmt), -1)
 
     def same(node: cst.BaseExpression) -> bool:
-        text = code_of(node)
-        if text == wanted:
-            return True
-        tail, wanted_tail = text.rsplit(".", 1)[-1], wanted.rsplit(".", 1)[-1]
+        return _same_count(node, wanted)
+
+    def reciprocal(node: cst.BaseExpression) -> bool:
         return (
-            isinstance(node, cst.Name | cst.Attribute)
-            and tail == wanted_tail
-            and tail.isidentifier()
-            and len(tail) > 1
+            isinstance(node, cst.BinaryOperation)
+            and isinstance(node.operator, cst.Divide)
+            and code_of(node.left).rstrip("0").rstrip(".") == "1"
+            and same(node.right)
         )
 
     def search(expr: cst.BaseExpression, depth: int, seen: set[str]) -> cst.CSTNode | None:
@@ -564,11 +587,18 @@ def _multiplied_by_window(
                 return search(expr.left, depth + 1, seen) or search(expr.right, depth + 1, seen)
             if isinstance(expr.operator, cst.Add | cst.Subtract):
                 return search(expr.left, depth + 1, seen) or search(expr.right, depth + 1, seen)
+            if isinstance(expr.operator, cst.Divide) and reciprocal(expr.right):
+                return expr  # `loss / (1 / N)`
             return None  # divided again, or something else: no verdict
         if isinstance(expr, cst.UnaryOperation):
             return search(expr.expression, depth + 1, seen)
         if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
-            if expr.func.attr.value in PASS_THROUGH_METHODS:
+            method = expr.func.attr.value
+            if method in PASS_THROUGH_METHODS:
+                return search(expr.func.value, depth + 1, seen)
+            if method in {"mul", "mul_", "multiply"} and len(expr.args) == 1:
+                if same(expr.args[0].value):
+                    return expr  # `loss.mul(N)`
                 return search(expr.func.value, depth + 1, seen)
             return None
         if isinstance(expr, cst.Name) and expr.value not in seen:
@@ -597,7 +627,22 @@ def _multiplied_by_window(
     return search(backward.loss, 0, set())
 
 
-def _divide_instead(product: cst.CSTNode) -> Patch | None:
+def _same_count(node: cst.BaseExpression, wanted: str) -> bool:
+    """``node`` is the accumulation count ``wanted`` (``args.accum`` and ``self.accum``
+    name the same setting)."""
+    text = code_of(node)
+    if text == wanted:
+        return True
+    tail, wanted_tail = text.rsplit(".", 1)[-1], wanted.rsplit(".", 1)[-1]
+    return (
+        isinstance(node, cst.Name | cst.Attribute)
+        and tail == wanted_tail
+        and tail.isidentifier()
+        and len(tail) > 1
+    )
+
+
+def _divide_instead(product: cst.CSTNode, divisor: str) -> Patch | None:
     """``x * N`` made ``x / N`` (``x *= N`` made ``x /= N``): only the operator changes."""
     if isinstance(product, cst.AugAssign) and isinstance(product.operator, cst.MultiplyAssign):
         operator = product.operator
@@ -608,9 +653,7 @@ def _divide_instead(product: cst.CSTNode) -> Patch | None:
         return Patch().replace_node(product, product.with_changes(operator=divide_assign))
     if isinstance(product, cst.BinaryOperation) and isinstance(product.operator, cst.Multiply):
         operator = product.operator
-        if isinstance(product.left, cst.Name | cst.Attribute) and not isinstance(
-            product.right, cst.Name | cst.Attribute
-        ):
+        if not _same_count(product.right, divisor):
             return None  # `N * x`: which side is N is told in the message; no rewrite
         division = cst.Divide(
             whitespace_before=operator.whitespace_before,

@@ -225,6 +225,15 @@ for step, (tokens, targets) in enumerate(loader, start=1):
         optimizer.step()
         optimizer.zero_grad()
 """,
+        """
+for step in range(steps):
+    for micro_step in range(grad_accum):
+        loss = model(next(data)).mean() / grad_accum
+        loss.backward()
+        if micro_step + 1 == grad_accum:
+            optimizer.step()
+            optimizer.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -345,6 +354,37 @@ class Trainer:
 """,
             4,
         ),
+        # The step waits for the last pass of the micro-step loop (`index == N - 1`).
+        Invalid(
+            """
+for step in range(steps):
+    for micro_step in range(grad_accum):
+        optimizer.zero_grad()
+        loss = model(next(data)).mean() / grad_accum
+        loss.backward()
+        if micro_step == grad_accum - 1:
+            optimizer.step()
+""",
+            4,
+        ),
+        # Two optimizers accumulate together; one of them is zeroed on every micro-batch.
+        Invalid(
+            """
+import torch
+opt_g = torch.optim.Adam(g.parameters())
+opt_d = torch.optim.Adam(d.parameters())
+for i, real in enumerate(loader):
+    fake = g(torch.randn(8, 100))
+    opt_d.zero_grad()
+    (d(fake.detach()).mean() - d(real).mean()).div(accum).backward()
+    (-d(fake).mean() / accum).backward()
+    if (i + 1) % accum == 0:
+        opt_d.step()
+        opt_g.step()
+        opt_g.zero_grad()
+""",
+            7,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -379,7 +419,10 @@ class Trainer:
                         continue
                     else:
                         message = ACCELERATE_MESSAGE
-                zero_at, step_at = placements(zero, steps[-1])
+                # The step of the optimizer it zeroes (with two optimizers gated together,
+                # `opt_d.zero_grad()` pairs with `opt_d.step()`, not the last step).
+                own = [s for s in steps if _same_optimizer(zero, s)]
+                zero_at, step_at = placements(zero, (own or steps)[-1])
                 patch = None
                 paired = _backward_in_same_helper(unit, zero)
                 if paired is not None:
