@@ -195,6 +195,22 @@ class Event:
     result_used: bool = False
     no_clipping: bool = False
     """A clip call told not to clip (``clip_grad=False`` in a project's own helper)."""
+    renames: tuple[tuple[str, str], ...] = ()
+    """For an event inlined from a helper: (parameter, the caller's argument) pairs of the
+    helper calls that led here, so ``optimizer`` in ``def _step(self, optimizer)`` is known
+    as ``self.dec_opt`` at one call and ``self.enc_opt`` at another. Only identities use it;
+    patches keep the names written in the helper."""
+
+    def identity(self, text: str | None) -> str | None:
+        """``text`` (a receiver or optimizer written in this event's function) as the
+        analysed function names it."""
+        if text is None or not self.renames:
+            return text
+        root, dot, rest = text.partition(".")
+        for parameter, argument in self.renames:
+            if root == parameter:
+                return argument + dot + rest
+        return text
 
     @property
     def measures_only(self) -> bool:
@@ -1007,6 +1023,7 @@ class FileModel:
         stack: tuple[FuncInfo, ...],
         out: list[Event],
     ) -> None:
+        renames = _renames(chain)
         for item in func.items:
             frames = prefix + item.frames
             if isinstance(item, HelperCall):
@@ -1021,7 +1038,7 @@ class FileModel:
                         out,
                     )
                 continue
-            out.append(replace(item, frames=frames, chain=chain))
+            out.append(replace(item, frames=frames, chain=chain, renames=renames))
 
     def _build_units(self) -> None:
         self._inlined: set[int] = set()
@@ -1305,8 +1322,27 @@ class FileModel:
 
 def stepped_optimizer(step: Event) -> str | None:
     """The optimizer a step updates: the argument of ``scaler.step(opt)``, the receiver of
-    ``opt.step()``."""
-    return step.optimizer or step.receiver
+    ``opt.step()``, as the analysed function names it (through helper parameters)."""
+    return step.identity(step.optimizer or step.receiver)
+
+
+def _renames(chain: tuple[HelperCall, ...]) -> tuple[tuple[str, str], ...]:
+    """(parameter, argument text) for the innermost helper of ``chain``, each argument
+    itself renamed through the outer calls (``optimizer`` -> ``opt`` -> ``self.dec_opt``)."""
+    mapping: dict[str, str] = {}
+    for helper in chain:
+        node = helper.target.node
+        if not isinstance(node, cst.FunctionDef):
+            return ()
+        outer = mapping
+        mapping = {}
+        for parameter, argument in bind_arguments(helper.call, node):
+            text = dotted_name(argument)
+            if text is None:
+                continue
+            root, dot, rest = text.partition(".")
+            mapping[parameter] = outer[root] + dot + rest if root in outer else text
+    return tuple(mapping.items())
 
 
 def _self_contained_update(unit: Unit, step: Event) -> bool:
@@ -1323,7 +1359,7 @@ def _self_contained_update(unit: Unit, step: Event) -> bool:
             return False
         if not any(f.same(gate) for f in event.frames):
             continue
-        if event.kind == "zero_grad" and event.receiver == optimizer:
+        if event.kind == "zero_grad" and event.identity(event.receiver) == optimizer:
             zeroed = True
         elif event.kind == "backward" and zeroed:
             return True
