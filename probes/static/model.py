@@ -2287,9 +2287,8 @@ class _EventWalker:
         if divisor is None and last is not None:
             # `if micro_step == accum - 1:` inside `for micro_step in range(accum):` (or a
             # flag assigned so): the step runs on the window's last micro-batch.
-            counter, window = last
-            self.model._gate_info[id(stmt)] = (window, stmt.test, False)
-            self.model._gate_counters[id(stmt)] = counter
+            self.model._gate_info[id(stmt)] = (last[1], stmt.test, False)
+            self.model._gate_counters[id(stmt)] = last[0]
             return Frame("if", stmt, branch, _GATE_TAG)
         if divisor is None:
             # `if do_step:` / `if not accumulating:` where the flag is `(i + 1) % N == 0`.

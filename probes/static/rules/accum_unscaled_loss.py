@@ -645,19 +645,17 @@ def _same_count(node: cst.BaseExpression, wanted: str) -> bool:
 def _divide_instead(product: cst.CSTNode, divisor: str) -> Patch | None:
     """``x * N`` made ``x / N`` (``x *= N`` made ``x /= N``): only the operator changes."""
     if isinstance(product, cst.AugAssign) and isinstance(product.operator, cst.MultiplyAssign):
-        operator = product.operator
         divide_assign = cst.DivideAssign(
-            whitespace_before=operator.whitespace_before,
-            whitespace_after=operator.whitespace_after,
+            whitespace_before=product.operator.whitespace_before,
+            whitespace_after=product.operator.whitespace_after,
         )
         return Patch().replace_node(product, product.with_changes(operator=divide_assign))
     if isinstance(product, cst.BinaryOperation) and isinstance(product.operator, cst.Multiply):
-        operator = product.operator
         if not _same_count(product.right, divisor):
             return None  # `N * x`: which side is N is told in the message; no rewrite
         division = cst.Divide(
-            whitespace_before=operator.whitespace_before,
-            whitespace_after=operator.whitespace_after,
+            whitespace_before=product.operator.whitespace_before,
+            whitespace_after=product.operator.whitespace_after,
         )
         return Patch().replace_node(product, product.with_changes(operator=division))
     return None
