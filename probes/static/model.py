@@ -1008,7 +1008,7 @@ class FileModel:
         if cached is not None:
             return cached
         events: list[Event] = []
-        self._expand(func, (), (), 0, (func,), events)
+        self._expand(func, (), (), 0, (func,), events, {})
         for order, event in enumerate(events):
             event.order = order
         self._expanded[id(func)] = events
@@ -1022,10 +1022,11 @@ class FileModel:
         depth: int,
         stack: tuple[FuncInfo, ...],
         out: list[Event],
+        flags: dict[str, cst.BaseExpression],
     ) -> None:
         renames = _renames(chain)
         for item in func.items:
-            frames = prefix + item.frames
+            frames = prefix + tuple(self._flag_gate(f, flags) for f in item.frames)
             if isinstance(item, HelperCall):
                 if depth < 4 and item.target not in stack:
                     self._inlined.add(id(item.target))
@@ -1036,9 +1037,49 @@ class FileModel:
                         depth + 1,
                         (*stack, item.target),
                         out,
+                        self._window_flags(item, func),
                     )
                 continue
             out.append(replace(item, frames=frames, chain=chain, renames=renames))
+
+    def _window_flags(self, call: HelperCall, caller: FuncInfo) -> dict[str, cst.BaseExpression]:
+        """Parameters of ``call``'s helper bound to a ``% N`` test in the caller:
+        ``self.train_micro(batch, (i + 1) % accum == 0)`` (or a name assigned so), so that
+        ``if last:`` in the helper is the window's update."""
+        node = call.target.node
+        if not isinstance(node, cst.FunctionDef):
+            return {}
+        flags: dict[str, cst.BaseExpression] = {}
+        for parameter, argument in bind_arguments(call.call, node):
+            value = argument
+            if isinstance(argument, cst.Name) and caller.assigns.get(argument.value):
+                value = caller.assigns[argument.value][-1]
+            if modulo_divisor(value) is not None:
+                flags[parameter] = value
+        return flags
+
+    def _flag_gate(self, frame: Frame, flags: dict[str, cst.BaseExpression]) -> Frame:
+        """``frame`` made an accumulation gate when it tests (``if flag:`` / ``if not
+        flag:``) a parameter that the caller bound to a ``% N`` test."""
+        node = frame.node
+        if not flags or frame.kind != "if" or frame.tag is not None or not isinstance(node, cst.If):
+            return frame
+        test = node.test
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test = test.expression
+        if not isinstance(test, cst.Name) or test.value not in flags:
+            return frame
+        condition = flags[test.value]
+        divisor = modulo_divisor(condition)
+        assert divisor is not None
+        last_batch = isinstance(condition, cst.BooleanOperation) and isinstance(
+            condition.operator, cst.Or
+        )
+        self._gate_info.setdefault(id(node), (divisor, node.test, last_batch))
+        counter = _modulo_counter(condition)
+        if counter is not None:
+            self._gate_counters.setdefault(id(node), counter)
+        return replace(frame, tag=_GATE_TAG)
 
     def _build_units(self) -> None:
         self._inlined: set[int] = set()

@@ -260,6 +260,20 @@ for i, (x, y) in enumerate(loader):
         optimizer.zero_grad()
     print(loss.item())
 """,
+        """
+class Trainer:
+    def train_micro(self, batch, last):
+        loss = self.model(batch).mean() / self.accum_steps
+        loss.backward()
+        if last:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+
+    def fit(self, loader):
+        for i, batch in enumerate(loader):
+            is_update = (i + 1) % self.accum_steps == 0 or i + 1 == len(loader)
+            self.train_micro(batch, is_update)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(

@@ -385,6 +385,23 @@ for i, real in enumerate(loader):
 """,
             7,
         ),
+        # The caller computes the is-last-micro-batch flag with `% N` and hands it to the
+        # helper that runs one micro-batch.
+        Invalid(
+            """
+class Trainer:
+    def train_micro(self, batch, last):
+        self.optimizer.zero_grad()
+        (self.model(batch).mean() / self.accum_steps).backward()
+        if last:
+            self.optimizer.step()
+
+    def fit(self, loader):
+        for i, batch in enumerate(loader):
+            self.train_micro(batch, (i + 1) % self.accum_steps == 0)
+""",
+            4,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
