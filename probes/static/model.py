@@ -2370,7 +2370,7 @@ class _EventWalker:
             if counter is not None:
                 self.model._gate_counters[id(stmt)] = counter
             return Frame("if", stmt, branch, _GATE_TAG)
-        window = self._flag_window(test)
+        window = self._flag_window(stmt)
         if window is not None:
             self.model._gate_info[id(stmt)] = (window, stmt.test, False)
             return Frame("if", stmt, branch, _GATE_TAG)
@@ -2379,13 +2379,18 @@ class _EventWalker:
             return Frame("if", stmt, branch, "framework-gate")
         return Frame("if", stmt, branch)
 
-    def _flag_window(self, test: cst.BaseExpression) -> cst.BaseExpression | None:
+    def _flag_window(self, stmt: cst.If) -> cst.BaseExpression | None:
         """The accumulation count ``N`` when ``test`` is an is-last-micro-batch flag handed
         in by the caller (``def optimize(self, batch, apply_gradient): ... if
         apply_gradient: step``) in a function that divides by ``N`` itself (``loss /
         self.accum_iters``): the caller runs the window, this function one micro-batch of
         it (learned from static7 traiNNer-redux). A bare flag without such a division may
-        mean anything (``if training:``), and is left alone."""
+        mean anything (``if training:``), and is left alone; so is an ``if`` that runs a
+        backward (``if use_amp:`` choosing how the whole micro-step runs) or no step."""
+        names = {method_name(c) for c in calls_in(stmt)}
+        if "backward" in names or "step" not in names:
+            return None
+        test: cst.BaseExpression = stmt.test
         while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             test = test.expression
         if not isinstance(test, cst.Name) or test.value not in self.func.params:
