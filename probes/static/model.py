@@ -195,6 +195,22 @@ class Event:
     result_used: bool = False
     no_clipping: bool = False
     """A clip call told not to clip (``clip_grad=False`` in a project's own helper)."""
+    renames: tuple[tuple[str, str], ...] = ()
+    """For an event inlined from a helper: (parameter, the caller's argument) pairs of the
+    helper calls that led here, so ``optimizer`` in ``def _step(self, optimizer)`` is known
+    as ``self.dec_opt`` at one call and ``self.enc_opt`` at another. Only identities use it;
+    patches keep the names written in the helper."""
+
+    def identity(self, text: str | None) -> str | None:
+        """``text`` (a receiver or optimizer written in this event's function) as the
+        analysed function names it."""
+        if text is None or not self.renames:
+            return text
+        root, dot, rest = text.partition(".")
+        for parameter, argument in self.renames:
+            if root == parameter:
+                return argument + dot + rest
+        return text
 
     @property
     def measures_only(self) -> bool:
@@ -992,7 +1008,7 @@ class FileModel:
         if cached is not None:
             return cached
         events: list[Event] = []
-        self._expand(func, (), (), 0, (func,), events)
+        self._expand(func, (), (), 0, (func,), events, {})
         for order, event in enumerate(events):
             event.order = order
         self._expanded[id(func)] = events
@@ -1006,9 +1022,11 @@ class FileModel:
         depth: int,
         stack: tuple[FuncInfo, ...],
         out: list[Event],
+        flags: dict[str, cst.BaseExpression],
     ) -> None:
+        renames = _renames(chain)
         for item in func.items:
-            frames = prefix + item.frames
+            frames = prefix + tuple(self._flag_gate(f, flags) for f in item.frames)
             if isinstance(item, HelperCall):
                 if depth < 4 and item.target not in stack:
                     self._inlined.add(id(item.target))
@@ -1019,9 +1037,49 @@ class FileModel:
                         depth + 1,
                         (*stack, item.target),
                         out,
+                        self._window_flags(item, func),
                     )
                 continue
-            out.append(replace(item, frames=frames, chain=chain))
+            out.append(replace(item, frames=frames, chain=chain, renames=renames))
+
+    def _window_flags(self, call: HelperCall, caller: FuncInfo) -> dict[str, cst.BaseExpression]:
+        """Parameters of ``call``'s helper bound to a ``% N`` test in the caller:
+        ``self.train_micro(batch, (i + 1) % accum == 0)`` (or a name assigned so), so that
+        ``if last:`` in the helper is the window's update."""
+        node = call.target.node
+        if not isinstance(node, cst.FunctionDef):
+            return {}
+        flags: dict[str, cst.BaseExpression] = {}
+        for parameter, argument in bind_arguments(call.call, node):
+            value = argument
+            if isinstance(argument, cst.Name) and caller.assigns.get(argument.value):
+                value = caller.assigns[argument.value][-1]
+            if modulo_divisor(value) is not None:
+                flags[parameter] = value
+        return flags
+
+    def _flag_gate(self, frame: Frame, flags: dict[str, cst.BaseExpression]) -> Frame:
+        """``frame`` made an accumulation gate when it tests (``if flag:`` / ``if not
+        flag:``) a parameter that the caller bound to a ``% N`` test."""
+        node = frame.node
+        if not flags or frame.kind != "if" or frame.tag is not None or not isinstance(node, cst.If):
+            return frame
+        test = node.test
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test = test.expression
+        if not isinstance(test, cst.Name) or test.value not in flags:
+            return frame
+        condition = flags[test.value]
+        divisor = modulo_divisor(condition)
+        assert divisor is not None
+        last_batch = isinstance(condition, cst.BooleanOperation) and isinstance(
+            condition.operator, cst.Or
+        )
+        self._gate_info.setdefault(id(node), (divisor, node.test, last_batch))
+        counter = _modulo_counter(condition)
+        if counter is not None:
+            self._gate_counters.setdefault(id(node), counter)
+        return replace(frame, tag=_GATE_TAG)
 
     def _build_units(self) -> None:
         self._inlined: set[int] = set()
@@ -1129,9 +1187,23 @@ class FileModel:
             sample = backwards[0] if backwards else inside[0]
             loops = [f for f in sample.frames if f.kind == "loop"]
             outer = loops[-2] if len(loops) >= 2 else None
-            unit = Unit(
-                func, micro, outer, [e for e in events if e.inside(outer)], framework=framework
-            )
+            scoped = [e for e in events if e.inside(outer)]
+            steps_after = [e for e in scoped if e.kind in STEP_KINDS]
+            if (
+                outer is not None
+                and steps_after
+                and all(
+                    any(_is_accumulation_gate(f) for f in e.frames_after(outer))
+                    for e in steps_after
+                )
+            ):
+                # The inner loop only splits one sample (truncated BPTT over slices, chunks)
+                # and the outer loop steps under `if step % N == 0:`: the window is N outer
+                # iterations, so whatever runs on each outer iteration runs per micro-batch
+                # (learned from static7 rwkv, zero_grad before the slice loop).
+                unit = Unit(func, outer, outer, scoped, framework=framework)
+            else:
+                unit = Unit(func, micro, outer, scoped, framework=framework)
         unit.accumulation = self._accumulation(unit)
         if unit.accumulation is None:
             unit.variants = self._path_variants(unit)
@@ -1242,13 +1314,24 @@ class FileModel:
             # every batch (a critic beside a generator stepped every N) is no accumulation.
             # Both must run on one path: a plain step in the `else` of `if accum_steps > 1:`
             # is another configuration, which the path variants judge apart.
+            # The optimizer stepped, not the receiver: `scaler.step(critic_opt)` and
+            # `scaler.step(actor_opt)` share a scaler but step two optimizers (learned from
+            # static7 skrl-td3, whose delayed actor step read as the critic's window).
             gated = [s for s in steps if s not in stray]
             if any(
-                s.receiver is None
-                or not any(g.receiver == s.receiver and not exclusive(g, s) for g in gated)
+                stepped_optimizer(s) is None
+                or not any(
+                    stepped_optimizer(g) == stepped_optimizer(s) and not exclusive(g, s)
+                    for g in gated
+                )
                 for s in stray
             ):
                 return None
+        if all(_self_contained_update(unit, step) for step in steps if step not in stray):
+            # Every gated step has its own zero_grad and backward under its gate: a periodic
+            # update (TD3's delayed actor, a generator every `n_critic` batches), not a window
+            # that sums the backward calls outside the gate into it.
+            return None
         gate = gates[0]
         info = self._gate_info.get(id(gate.node))
         if info is None:
@@ -1276,6 +1359,52 @@ class FileModel:
             gates=distinct,
             counter=self._gate_counters.get(id(gate.node)),
         )
+
+
+def stepped_optimizer(step: Event) -> str | None:
+    """The optimizer a step updates: the argument of ``scaler.step(opt)``, the receiver of
+    ``opt.step()``, as the analysed function names it (through helper parameters)."""
+    return step.identity(step.optimizer or step.receiver)
+
+
+def _renames(chain: tuple[HelperCall, ...]) -> tuple[tuple[str, str], ...]:
+    """(parameter, argument text) for the innermost helper of ``chain``, each argument
+    itself renamed through the outer calls (``optimizer`` -> ``opt`` -> ``self.dec_opt``)."""
+    mapping: dict[str, str] = {}
+    for helper in chain:
+        node = helper.target.node
+        if not isinstance(node, cst.FunctionDef):
+            return ()
+        outer = mapping
+        mapping = {}
+        for parameter, argument in bind_arguments(helper.call, node):
+            text = dotted_name(argument)
+            if text is None:
+                continue
+            root, dot, rest = text.partition(".")
+            mapping[parameter] = outer[root] + dot + rest if root in outer else text
+    return tuple(mapping.items())
+
+
+def _self_contained_update(unit: Unit, step: Event) -> bool:
+    """``step`` runs under a ``% N`` gate that also zeroes its optimizer and then runs a
+    backward before it: whatever earlier backward calls left in that optimizer's gradients is
+    wiped, so the gate is one whole update of its own, not the end of an accumulation window."""
+    gate = next((f for f in step.frames_after(unit.scope) if _is_accumulation_gate(f)), None)
+    optimizer = stepped_optimizer(step)
+    if gate is None or optimizer is None:
+        return False
+    zeroed = False
+    for event in unit.events:
+        if event is step:
+            return False
+        if not any(f.same(gate) for f in event.frames):
+            continue
+        if event.kind == "zero_grad" and event.identity(event.receiver) == optimizer:
+            zeroed = True
+        elif event.kind == "backward" and zeroed:
+            return True
+    return False
 
 
 MAX_PATH_GROUPS = 4
@@ -1480,6 +1609,50 @@ def _range_bound(node: cst.CSTNode) -> cst.BaseExpression | None:
         return args[0].value
     if len(args) == 2 and isinstance(args[0].value, cst.Integer) and args[0].value.value == "0":
         return args[1].value
+    return None
+
+
+def _last_index_gate(
+    test: cst.BaseExpression, frames: tuple[Frame, ...]
+) -> tuple[str, cst.BaseExpression] | None:
+    """(index, N) when ``test`` is ``index == N - 1`` (or ``index + 1 == N``) on the index of
+    an enclosing ``for index in range(N)`` loop: true on the last pass of that loop only."""
+    if not (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal)
+    ):
+        return None
+    sides = (test.left, test.comparisons[0].comparator)
+
+    def one(node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.Integer) and node.value == "1"
+
+    for frame in reversed(frames):
+        bound = _range_bound(frame.node) if frame.kind == "loop" else None
+        loop = frame.node
+        if bound is None or not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name):
+            continue
+        index, total = loop.target.value, code_of(bound)
+        for mine, other in (sides, sides[::-1]):
+            plain = isinstance(mine, cst.Name) and mine.value == index
+            if (
+                plain
+                and isinstance(other, cst.BinaryOperation)
+                and isinstance(other.operator, cst.Subtract)
+                and one(other.right)
+                and code_of(other.left) == total
+            ):
+                return index, bound
+            if (
+                isinstance(mine, cst.BinaryOperation)
+                and isinstance(mine.operator, cst.Add)
+                and isinstance(mine.left, cst.Name)
+                and mine.left.value == index
+                and one(mine.right)
+                and code_of(other) == total
+            ):
+                return index, bound
     return None
 
 
@@ -2062,7 +2235,7 @@ class _EventWalker:
             self._if(stmt, frames)
             if _ends_with_continue(stmt.body) and stmt.orelse is None:
                 # `if not update: continue` gates the rest of the block like an else branch.
-                return (*frames, self._if_frame(stmt, 1))
+                return (*frames, self._if_frame(stmt, 1, frames))
             return frames
         if isinstance(stmt, cst.For | cst.While):
             self._header_calls(stmt, frames)
@@ -2138,10 +2311,26 @@ class _EventWalker:
             for node in walk(target.node.body)
         )
 
-    def _if_frame(self, stmt: cst.If, branch: int) -> Frame:
+    def _if_frame(self, stmt: cst.If, branch: int, frames: tuple[Frame, ...] = ()) -> Frame:
         divisor = modulo_divisor(stmt.test)
         test = stmt.test
         condition: cst.BaseExpression = test
+        last = _last_index_gate(test, frames) or next(
+            (
+                found
+                for node in walk(test, prune=lambda n: isinstance(n, cst.Call))
+                if isinstance(node, cst.Name) and self.func.assigns.get(node.value)
+                for found in [_last_index_gate(self.func.assigns[node.value][-1], frames)]
+                if found is not None
+            ),
+            None,
+        )
+        if divisor is None and last is not None:
+            # `if micro_step == accum - 1:` inside `for micro_step in range(accum):` (or a
+            # flag assigned so): the step runs on the window's last micro-batch.
+            self.model._gate_info[id(stmt)] = (last[1], stmt.test, False)
+            self.model._gate_counters[id(stmt)] = last[0]
+            return Frame("if", stmt, branch, _GATE_TAG)
         if divisor is None:
             # `if do_step:` / `if not accumulating:` where the flag is `(i + 1) % N == 0`.
             for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
@@ -2181,17 +2370,39 @@ class _EventWalker:
             if counter is not None:
                 self.model._gate_counters[id(stmt)] = counter
             return Frame("if", stmt, branch, _GATE_TAG)
+        window = self._flag_window(stmt)
+        if window is not None:
+            self.model._gate_info[id(stmt)] = (window, stmt.test, False)
+            return Frame("if", stmt, branch, _GATE_TAG)
         text = code_of(test)
         if "sync_gradients" in text:
             return Frame("if", stmt, branch, "framework-gate")
         return Frame("if", stmt, branch)
 
+    def _flag_window(self, stmt: cst.If) -> cst.BaseExpression | None:
+        """The accumulation count ``N`` when ``test`` is an is-last-micro-batch flag handed
+        in by the caller (``def optimize(self, batch, apply_gradient): ... if
+        apply_gradient: step``) in a function that divides by ``N`` itself (``loss /
+        self.accum_iters``): the caller runs the window, this function one micro-batch of
+        it (learned from static7 traiNNer-redux). A bare flag without such a division may
+        mean anything (``if training:``), and is left alone; so is an ``if`` that runs a
+        backward (``if use_amp:`` choosing how the whole micro-step runs) or no step."""
+        names = {method_name(c) for c in calls_in(stmt)}
+        if "backward" in names or "step" not in names:
+            return None
+        test: cst.BaseExpression = stmt.test
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test = test.expression
+        if not isinstance(test, cst.Name) or test.value not in self.func.params:
+            return None
+        return _window_divisor(self.func)
+
     def _if(self, stmt: cst.If, frames: tuple[Frame, ...]) -> None:
-        self._body(stmt.body, stmt, (*frames, self._if_frame(stmt, 0)))
+        self._body(stmt.body, stmt, (*frames, self._if_frame(stmt, 0, frames)))
         orelse = stmt.orelse
         if orelse is None:
             return
-        else_frames = (*frames, self._if_frame(stmt, 1))
+        else_frames = (*frames, self._if_frame(stmt, 1, frames))
         if isinstance(orelse, cst.If):
             self._header_calls(orelse, else_frames)
             self._if(orelse, else_frames)
@@ -2456,6 +2667,33 @@ class _EventWalker:
                 break
             expr = expr.args[1].value
         return expr
+
+
+_WINDOW_COUNT = re.compile(
+    r"accum|grad_acc|gradient_acc|micro_?batches|micro_?steps|iters_to_accumulate"
+    r"|backward_passes|update_freq",
+    re.I,
+)
+"""Names of a gradient-accumulation count (a narrower list than the loss-provenance one:
+here the name alone makes a flag an accumulation gate)."""
+
+
+def _window_divisor(func: FuncInfo) -> cst.BaseExpression | None:
+    """The first ``N`` that ``func`` divides by (``x / self.accum_iters``, ``x /= accum``)
+    whose name says it counts accumulated micro-batches; None when there is none."""
+    if not isinstance(func.node, cst.FunctionDef):
+        return None
+    for node in walk(func.node.body, prune=lambda n: isinstance(n, cst.FunctionDef)):
+        divisor: cst.BaseExpression | None = None
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            divisor = node.right
+        elif isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
+            divisor = node.value
+        if isinstance(divisor, cst.Name | cst.Attribute) and _WINDOW_COUNT.search(
+            dotted_name(divisor) or ""
+        ):
+            return divisor
+    return None
 
 
 ZERO_GRAD_FUNCTIONS = frozenset({"zero_grad", "zero_grads", "zero_gradients"})

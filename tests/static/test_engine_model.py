@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import libcst as cst
 import pytest
 
 from gradient_doctor.knowledge.findings import severity_at_least
 from gradient_doctor.probes.static import lint_source
 from gradient_doctor.probes.static.engine import rule_ids
+from gradient_doctor.probes.static.model import FileModel
 
 
 def _serious(source: str) -> list[tuple[str, int | None]]:
@@ -448,3 +450,77 @@ def test_the_test_suite_runs_with_rule_errors_raised() -> None:
     from gradient_doctor.probes.static import engine
 
     assert engine.raise_rule_errors()
+
+
+def _windows(source: str) -> list[tuple[str, str]]:
+    """(style, N) of every accumulation the loop model recognises in ``source``."""
+    model = FileModel(cst.parse_module(source))
+    found: list[tuple[str, str]] = []
+    for whole in model.units:
+        for unit in [whole, *whole.variants]:
+            if unit.accumulation is not None:
+                found.append((unit.accumulation.style, unit.accumulation.divisor_text))
+    return found
+
+
+def test_a_delayed_update_of_another_optimizer_is_no_window() -> None:
+    # One GradScaler steps the critic on every batch and the actor every `delay` batches
+    # under its own zero_grad and backward: no optimizer accumulates.
+    source = (
+        "import torch\n"
+        "scaler = torch.amp.GradScaler('cuda')\n"
+        "critic_opt = torch.optim.Adam(critic.parameters())\n"
+        "actor_opt = torch.optim.Adam(actor.parameters())\n"
+        "for i, batch in enumerate(loader):\n"
+        "    critic_opt.zero_grad()\n"
+        "    scaler.scale(critic(batch).mean()).backward()\n"
+        "    scaler.step(critic_opt)\n"
+        "    if i % delay == 0:\n"
+        "        actor_opt.zero_grad()\n"
+        "        scaler.scale(-critic(actor(batch)).mean()).backward()\n"
+        "        scaler.step(actor_opt)\n"
+        "    scaler.update()\n"
+    )
+    assert _windows(source) == []
+    assert _serious(source) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "window"),
+    [
+        # Slices of one sequence inside, the step under `% N` outside: N sequences.
+        (
+            "for step, seq in enumerate(loader):\n"
+            "    for piece in seq.split(64, dim=1):\n"
+            "        (model(piece).mean() / accum).backward()\n"
+            "    if (step + 1) % accum == 0:\n"
+            "        opt.step()\n"
+            "        opt.zero_grad()\n",
+            ("conditional", "accum"),
+        ),
+        # The last pass of the micro-step loop steps.
+        (
+            "for step in range(steps):\n"
+            "    for k in range(n_micro):\n"
+            "        (model(next(data)).mean() / n_micro).backward()\n"
+            "        if k + 1 == n_micro:\n"
+            "            opt.step()\n"
+            "            opt.zero_grad()\n",
+            ("conditional", "n_micro"),
+        ),
+        # A flag the caller computes with `% N`, tested in the helper.
+        (
+            "def micro(batch, sync):\n"
+            "    (model(batch).mean() / accum).backward()\n"
+            "    if sync:\n"
+            "        opt.step()\n"
+            "        opt.zero_grad()\n"
+            "for i, batch in enumerate(loader):\n"
+            "    micro(batch, (i + 1) % accum == 0)\n",
+            ("conditional", "accum"),
+        ),
+    ],
+)
+def test_hand_written_windows_are_recognised(source: str, window: tuple[str, str]) -> None:
+    assert window in _windows(source)
+    assert _serious(source) == []

@@ -8,7 +8,7 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import STEP_KINDS, FileModel
+from gradient_doctor.probes.static.model import STEP_KINDS, FileModel, modulo_divisor
 from gradient_doctor.probes.static.names import code_of
 from gradient_doctor.probes.static.ruletools import micro_step_for
 
@@ -123,6 +123,10 @@ def train_epoch(model, optimizers, loader, target):
             if acc is None or acc.style != "conditional" or acc.handles_last_batch:
                 continue
             if acc.condition is None or acc.gate is None or acc.gate.branch != 0:
+                continue
+            if acc.counter is None and modulo_divisor(acc.condition) is None:
+                # `if apply_gradient:` on a flag the caller computes: whether the caller
+                # also steps on the last batch is not visible here.
                 continue
             loop = micro_step_for(unit)
             if loop is None or not isinstance(loop.iter, cst.Call):

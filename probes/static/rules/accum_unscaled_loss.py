@@ -19,6 +19,7 @@ from gradient_doctor.probes.static.ruletools import (
     label,
     names_in,
 )
+from gradient_doctor.probes.static.traverse import walk
 
 COUNTER_MESSAGE = (
     "`{backward}` on line {backward_line} accumulates `{divisor}` micro-batches per optimizer "
@@ -31,6 +32,12 @@ OTHERS_MESSAGE = (
     "step (line {step_line}) but `{loss}` is never divided by `{divisor}` (`{others}` is not "
     "a division by the accumulation count): the accumulated gradients are `{divisor}` times "
     "too large"
+)
+
+MULTIPLIED_MESSAGE = (
+    "`{backward}` on line {backward_line} accumulates `{divisor}` micro-batches per optimizer "
+    "step (line {step_line}) but `{product}` on line {product_line} multiplies the loss by "
+    "`{divisor}` instead of dividing it: those gradients are `{divisor}` squared times too large"
 )
 
 
@@ -160,6 +167,113 @@ def train_epoch(model, optimizer, loader, config):
             optimizer.zero_grad()
             seen = 0
 """,
+        # WGAN with one GradScaler: the critic is clipped and stepped on every batch, the
+        # generator every `n_critic` batches (`scaler.step(opt_d)` and `scaler.step(opt_g)`
+        # step two optimizers, not one twice).
+        """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+opt_d = torch.optim.Adam(critic.parameters())
+opt_g = torch.optim.Adam(generator.parameters())
+for i, real in enumerate(loader):
+    fake = generator(torch.randn(real.size(0), nz))
+    opt_d.zero_grad()
+    scaler.scale(critic(fake.detach()).mean() - critic(real).mean()).backward()
+    scaler.unscale_(opt_d)
+    torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
+    scaler.step(opt_d)
+    if i % n_critic == 0:
+        opt_g.zero_grad()
+        scaler.scale(-critic(fake).mean()).backward()
+        scaler.step(opt_g)
+    scaler.update()
+""",
+        """
+class Trainer:
+    def train_micro_batch(self, batch, last_of_window):
+        total = self.pixel_loss(self.net(batch.lq), batch.gt) / self.accum_iters
+        for term in self.extra_losses(batch).values():
+            total = total + term / self.accum_iters
+        total.backward()
+        if last_of_window:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+""",
+        # A flag without a division by an accumulation count says nothing about a window.
+        """
+def train_step(model, optimizer, batch, update):
+    loss = model(batch).mean()
+    loss.backward()
+    if update:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        # WGAN with one GradScaler: the critic is clipped and stepped on every batch, the
+        # generator every `n_critic` batches (`scaler.step(opt_d)` and `scaler.step(opt_g)`
+        # step two optimizers, not one twice).
+        """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+opt_d = torch.optim.Adam(critic.parameters())
+opt_g = torch.optim.Adam(generator.parameters())
+for i, real in enumerate(loader):
+    fake = generator(torch.randn(real.size(0), nz))
+    opt_d.zero_grad()
+    scaler.scale(critic(fake.detach()).mean() - critic(real).mean()).backward()
+    scaler.unscale_(opt_d)
+    torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
+    scaler.step(opt_d)
+    if i % n_critic == 0:
+        opt_g.zero_grad()
+        scaler.scale(-critic(fake).mean()).backward()
+        scaler.step(opt_g)
+    scaler.update()
+""",
+        """
+class Trainer:
+    def train_micro_batch(self, batch, last_of_window):
+        total = self.pixel_loss(self.net(batch.lq), batch.gt) / self.accum_iters
+        for term in self.extra_losses(batch).values():
+            total = total + term / self.accum_iters
+        total.backward()
+        if last_of_window:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+""",
+        # A flag without a division by an accumulation count says nothing about a window.
+        """
+def train_step(model, optimizer, batch, update):
+    loss = model(batch).mean()
+    loss.backward()
+    if update:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        # Multiplied back after the backward, for the log only (learned from static2 lingua).
+        """
+for i, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y) / grad_accum
+    loss.backward()
+    loss = loss.detach() * grad_accum
+    if (i + 1) % grad_accum == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+    print(loss.item())
+""",
+        """
+class Trainer:
+    def train_micro(self, batch, last):
+        loss = self.model(batch).mean() / self.accum_steps
+        loss.backward()
+        if last:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+
+    def fit(self, loader):
+        for i, batch in enumerate(loader):
+            is_update = (i + 1) % self.accum_steps == 0 or i + 1 == len(loader)
+            self.train_micro(batch, is_update)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -256,6 +370,88 @@ def train(model, optimizer, loader, pieces):
 """,
             4,
         ),
+        # The caller runs the window and says which micro-batch is its last; one loss term is
+        # multiplied by the count where the other is divided (learned from static7
+        # traiNNer-redux).
+        Invalid(
+            """
+class Trainer:
+    def train_micro_batch(self, batch, last_of_window):
+        total = self.pixel_loss(self.net(batch.lq), batch.gt) / self.accum_iters
+        for term in self.extra_losses(batch).values():
+            total = total + term * self.accum_iters
+        total.backward()
+        if last_of_window:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+""",
+            7,
+        ),
+        Invalid(
+            """
+for i, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    loss *= grad_accum
+    loss.backward()
+    if (i + 1) % grad_accum == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            5,
+        ),
+        # The caller runs the window and says which micro-batch is its last; one loss term is
+        # multiplied by the count where the other is divided (learned from static7
+        # traiNNer-redux).
+        Invalid(
+            """
+class Trainer:
+    def train_micro_batch(self, batch, last_of_window):
+        total = self.pixel_loss(self.net(batch.lq), batch.gt) / self.accum_iters
+        for term in self.extra_losses(batch).values():
+            total = total + term * self.accum_iters
+        total.backward()
+        if last_of_window:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+""",
+            7,
+        ),
+        Invalid(
+            """
+for i, (x, y) in enumerate(loader):
+    loss = criterion(model(x), y)
+    loss *= grad_accum
+    loss.backward()
+    if (i + 1) % grad_accum == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            5,
+        ),
+        Invalid(
+            """
+class Trainer:
+    def step(self, batch):
+        loss = self.accum_steps * self.model(batch).mean()
+        loss.backward()
+        self.seen += 1
+        if self.seen % self.accum_steps == 0:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+""",
+            5,
+        ),
+        Invalid(
+            """
+for micro_step in range(total_micro_steps):
+    loss = model(next(data)).mean().mul(gradient_accumulation_steps)
+    loss.backward()
+    if (micro_step + 1) % gradient_accumulation_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            4,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -268,6 +464,10 @@ def train(model, optimizer, loader, pieces):
                 if not unit.in_micro_step(backward):
                     continue
                 micro = unit.micro.node if unit.micro is not None else None
+                product = _multiplied_by_window(backward, acc.divisor)
+                if product is not None:
+                    yield self._multiplied(backward, acc, steps[0], product)
+                    continue
                 scaling = loss_scaling(model, backward, acc, unit.root, micro)
                 if scaling.verdict != "none":
                     continue
@@ -307,6 +507,25 @@ def train(model, optimizer, loader, pieces):
                     fix_description=f"Divide the backpropagated loss by `{acc.divisor_text}`.",
                 )
 
+    def _multiplied(
+        self, backward: Event, acc: Accumulation, step: Event, product: cst.CSTNode
+    ) -> RawFinding:
+        node = backward.call
+        return RawFinding(
+            node=node,
+            message=MULTIPLIED_MESSAGE,
+            evidence={
+                "backward": label(node),
+                "backward_line": node,
+                "product": label(product),
+                "product_line": product,
+                "divisor": acc.divisor_text,
+                "step_line": step.relative_to(backward)[0],
+            },
+            patch=_divide_instead(product, acc.divisor_text),
+            fix_description=f"Divide by `{acc.divisor_text}` where the loss is multiplied by it.",
+        )
+
     def _patch(
         self,
         model: FileModel,
@@ -336,3 +555,121 @@ def _threshold_window(acc: Accumulation) -> bool:
         and acc.condition is not None
         and modulo_divisor(acc.condition) is None
     )
+
+
+PASS_THROUGH_METHODS = frozenset(
+    {"mean", "sum", "float", "double", "half", "bfloat16", "to", "squeeze", "contiguous"}
+)
+"""Methods that keep a loss's scale (what ``loss.mean()`` is multiplied by, the loss is)."""
+
+
+def _multiplied_by_window(
+    backward: Event, divisor: cst.BaseExpression | None
+) -> cst.CSTNode | None:
+    """The product (or ``*=``) that multiplies the backpropagated loss, or one of its added
+    terms, by the accumulation count itself: the wrong direction of ``/ N`` (learned from
+    static7 traiNNer-redux, ``total += term * self.accum_iters`` beside ``other /
+    self.accum_iters``). A product that is divided again (``loss * N / window_tokens``, which
+    undoes a framework's division) is not one."""
+    if divisor is None or backward.loss is None:
+        return None
+    wanted = code_of(divisor)
+    func = backward.func
+    # Only assignments written before the backward feed it: `loss = loss.detach() * N` after
+    # it undoes the division for logging (learned from static2 lingua).
+    order = {id(node): index for index, node in enumerate(walk(func.node))}
+    cutoff = order.get(id(backward.stmt), -1)
+
+    def same(node: cst.BaseExpression) -> bool:
+        return _same_count(node, wanted)
+
+    def reciprocal(node: cst.BaseExpression) -> bool:
+        return (
+            isinstance(node, cst.BinaryOperation)
+            and isinstance(node.operator, cst.Divide)
+            and code_of(node.left).rstrip("0").rstrip(".") == "1"
+            and same(node.right)
+        )
+
+    def search(expr: cst.BaseExpression, depth: int, seen: set[str]) -> cst.CSTNode | None:
+        if depth > 6:
+            return None
+        if isinstance(expr, cst.BinaryOperation):
+            if isinstance(expr.operator, cst.Multiply):
+                if same(expr.left) or same(expr.right):
+                    return expr
+                return search(expr.left, depth + 1, seen) or search(expr.right, depth + 1, seen)
+            if isinstance(expr.operator, cst.Add | cst.Subtract):
+                return search(expr.left, depth + 1, seen) or search(expr.right, depth + 1, seen)
+            if isinstance(expr.operator, cst.Divide) and reciprocal(expr.right):
+                return expr  # `loss / (1 / N)`
+            return None  # divided again, or something else: no verdict
+        if isinstance(expr, cst.UnaryOperation):
+            return search(expr.expression, depth + 1, seen)
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+            method = expr.func.attr.value
+            if method in PASS_THROUGH_METHODS:
+                return search(expr.func.value, depth + 1, seen)
+            if method in {"mul", "mul_", "multiply"} and len(expr.args) == 1:
+                if same(expr.args[0].value):
+                    return expr  # `loss.mul(N)`
+                return search(expr.func.value, depth + 1, seen)
+            return None
+        if isinstance(expr, cst.Name) and expr.value not in seen:
+            seen = seen | {expr.value}
+            sites = [
+                site
+                for site in func.assign_sites.get(expr.value, [])
+                if -1 < order.get(id(site), cutoff) < cutoff
+            ]
+            # The latest assignment before the use, with the `+=` / `*=` written after it.
+            for site in sorted(sites, key=lambda site: order[id(site)], reverse=True):
+                if isinstance(site, cst.AugAssign):
+                    found: cst.CSTNode | None = None
+                    if isinstance(site.operator, cst.MultiplyAssign) and same(site.value):
+                        found = site
+                    elif isinstance(site.operator, cst.AddAssign | cst.SubtractAssign):
+                        found = search(site.value, depth + 1, seen)
+                    if found is not None:
+                        return found
+                    continue
+                if isinstance(site, cst.Assign | cst.AnnAssign) and site.value is not None:
+                    return search(site.value, depth + 1, seen)
+                return None
+        return None
+
+    return search(backward.loss, 0, set())
+
+
+def _same_count(node: cst.BaseExpression, wanted: str) -> bool:
+    """``node`` is the accumulation count ``wanted`` (``args.accum`` and ``self.accum``
+    name the same setting)."""
+    text = code_of(node)
+    if text == wanted:
+        return True
+    tail, wanted_tail = text.rsplit(".", 1)[-1], wanted.rsplit(".", 1)[-1]
+    return (
+        isinstance(node, cst.Name | cst.Attribute)
+        and tail == wanted_tail
+        and tail.isidentifier()
+        and len(tail) > 1
+    )
+
+
+def _divide_instead(product: cst.CSTNode, divisor: str) -> Patch | None:
+    """``x * N`` made ``x / N`` (``x *= N`` made ``x /= N``): only the operator changes."""
+    if isinstance(product, cst.AugAssign) and isinstance(product.operator, cst.MultiplyAssign):
+        divide_assign = cst.DivideAssign(
+            whitespace_before=product.operator.whitespace_before,
+            whitespace_after=product.operator.whitespace_after,
+        )
+        return Patch().replace_node(product, product.with_changes(operator=divide_assign))
+    if isinstance(product, cst.BinaryOperation) and isinstance(product.operator, cst.Multiply):
+        if not _same_count(product.right, divisor):
+            return None  # `N * x`: which side is N is told in the message; no rewrite
+        division = cst.Divide(
+            whitespace_before=product.operator.whitespace_before,
+            whitespace_after=product.operator.whitespace_after,
+        )
+        return Patch().replace_node(product, product.with_changes(operator=division))
+    return None

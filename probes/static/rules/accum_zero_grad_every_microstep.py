@@ -125,6 +125,115 @@ def train(model, optimizer, loader):
         backward_window(model, optimizer, micro_batches)
         optimizer.step()
 """,
+        # Two optimizers sharing one GradScaler: the critic steps on every batch, the actor
+        # every `actor_every` batches under its own zero_grad and backward. The actor's
+        # `% N` test is a delay, not the critic's accumulation window (learned from static7
+        # skrl-td3).
+        """
+import torch
+from torch import nn
+
+class Agent:
+    def __init__(self, q_net, pi):
+        self.q_net = q_net
+        self.pi = pi
+        self.q_optim = torch.optim.Adam(q_net.parameters())
+        self.pi_optim = torch.optim.Adam(pi.parameters())
+        self.q_sched = torch.optim.lr_scheduler.StepLR(self.q_optim, 1000)
+        self.pi_sched = torch.optim.lr_scheduler.StepLR(self.pi_optim, 1000)
+        self.amp = torch.amp.GradScaler("cuda")
+        self.updates = 0
+
+    def update(self, batches):
+        for batch in batches:
+            q_loss = (self.q_net(batch.obs, batch.act) - batch.target).pow(2).mean()
+            self.q_optim.zero_grad()
+            self.amp.scale(q_loss).backward()
+            self.amp.unscale_(self.q_optim)
+            nn.utils.clip_grad_norm_(self.q_net.parameters(), 1.0)
+            self.amp.step(self.q_optim)
+            self.updates += 1
+            if self.updates % self.actor_every == 0:
+                pi_loss = -self.q_net(batch.obs, self.pi(batch.obs)).mean()
+                self.pi_optim.zero_grad()
+                self.amp.scale(pi_loss).backward()
+                self.amp.step(self.pi_optim)
+            self.amp.update()
+            self.pi_sched.step()
+            self.q_sched.step()
+""",
+        # The inner loop splits one sequence into slices (truncated BPTT); the window is
+        # `accum_steps` sequences, zeroed only on the update.
+        """
+for step, (tokens, targets) in enumerate(loader, start=1):
+    hidden = None
+    for start in range(0, tokens.size(1), bptt):
+        out, hidden = model(tokens[:, start : start + bptt], hidden)
+        hidden = hidden.detach()
+        (criterion(out, targets[:, start : start + bptt]) / accum_steps).backward()
+    if step % accum_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        # Two optimizers sharing one GradScaler: the critic steps on every batch, the actor
+        # every `actor_every` batches under its own zero_grad and backward. The actor's
+        # `% N` test is a delay, not the critic's accumulation window (learned from static7
+        # skrl-td3).
+        """
+import torch
+from torch import nn
+
+class Agent:
+    def __init__(self, q_net, pi):
+        self.q_net = q_net
+        self.pi = pi
+        self.q_optim = torch.optim.Adam(q_net.parameters())
+        self.pi_optim = torch.optim.Adam(pi.parameters())
+        self.q_sched = torch.optim.lr_scheduler.StepLR(self.q_optim, 1000)
+        self.pi_sched = torch.optim.lr_scheduler.StepLR(self.pi_optim, 1000)
+        self.amp = torch.amp.GradScaler("cuda")
+        self.updates = 0
+
+    def update(self, batches):
+        for batch in batches:
+            q_loss = (self.q_net(batch.obs, batch.act) - batch.target).pow(2).mean()
+            self.q_optim.zero_grad()
+            self.amp.scale(q_loss).backward()
+            self.amp.unscale_(self.q_optim)
+            nn.utils.clip_grad_norm_(self.q_net.parameters(), 1.0)
+            self.amp.step(self.q_optim)
+            self.updates += 1
+            if self.updates % self.actor_every == 0:
+                pi_loss = -self.q_net(batch.obs, self.pi(batch.obs)).mean()
+                self.pi_optim.zero_grad()
+                self.amp.scale(pi_loss).backward()
+                self.amp.step(self.pi_optim)
+            self.amp.update()
+            self.pi_sched.step()
+            self.q_sched.step()
+""",
+        # The inner loop splits one sequence into slices (truncated BPTT); the window is
+        # `accum_steps` sequences, zeroed only on the update.
+        """
+for step, (tokens, targets) in enumerate(loader, start=1):
+    hidden = None
+    for start in range(0, tokens.size(1), bptt):
+        out, hidden = model(tokens[:, start : start + bptt], hidden)
+        hidden = hidden.detach()
+        (criterion(out, targets[:, start : start + bptt]) / accum_steps).backward()
+    if step % accum_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+        """
+for step in range(steps):
+    for micro_step in range(grad_accum):
+        loss = model(next(data)).mean() / grad_accum
+        loss.backward()
+        if micro_step + 1 == grad_accum:
+            optimizer.step()
+            optimizer.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -185,6 +294,114 @@ class Loop:
 """,
             10,
         ),
+        # Zeroing before the slice loop of each sequence, while the step waits for
+        # `accum_steps` sequences: every update sees one sequence (learned from static7 rwkv).
+        Invalid(
+            """
+for step, (tokens, targets) in enumerate(loader, start=1):
+    hidden = None
+    optimizer.zero_grad()
+    for start in range(0, tokens.size(1), bptt):
+        out, hidden = model(tokens[:, start : start + bptt], hidden)
+        hidden = hidden.detach()
+        (criterion(out, targets[:, start : start + bptt]) / accum_steps).backward()
+    if step % accum_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            4,
+        ),
+        # Zeroing on every call of a one-micro-batch function whose caller flags the window's
+        # last micro-batch.
+        Invalid(
+            """
+class Trainer:
+    def train_micro_batch(self, batch, apply_gradient):
+        self.optimizer.zero_grad()
+        (self.net(batch).mean() / self.grad_accum_steps).backward()
+        if apply_gradient:
+            self.optimizer.step()
+""",
+            4,
+        ),
+        # Zeroing before the slice loop of each sequence, while the step waits for
+        # `accum_steps` sequences: every update sees one sequence (learned from static7 rwkv).
+        Invalid(
+            """
+for step, (tokens, targets) in enumerate(loader, start=1):
+    hidden = None
+    optimizer.zero_grad()
+    for start in range(0, tokens.size(1), bptt):
+        out, hidden = model(tokens[:, start : start + bptt], hidden)
+        hidden = hidden.detach()
+        (criterion(out, targets[:, start : start + bptt]) / accum_steps).backward()
+    if step % accum_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            4,
+        ),
+        # Zeroing on every call of a one-micro-batch function whose caller flags the window's
+        # last micro-batch.
+        Invalid(
+            """
+class Trainer:
+    def train_micro_batch(self, batch, apply_gradient):
+        self.optimizer.zero_grad()
+        (self.net(batch).mean() / self.grad_accum_steps).backward()
+        if apply_gradient:
+            self.optimizer.step()
+""",
+            4,
+        ),
+        # The step waits for the last pass of the micro-step loop (`index == N - 1`).
+        Invalid(
+            """
+for step in range(steps):
+    for micro_step in range(grad_accum):
+        optimizer.zero_grad()
+        loss = model(next(data)).mean() / grad_accum
+        loss.backward()
+        if micro_step == grad_accum - 1:
+            optimizer.step()
+""",
+            4,
+        ),
+        # Two optimizers accumulate together; one of them is zeroed on every micro-batch.
+        Invalid(
+            """
+import torch
+opt_g = torch.optim.Adam(g.parameters())
+opt_d = torch.optim.Adam(d.parameters())
+for i, real in enumerate(loader):
+    fake = g(torch.randn(8, 100))
+    opt_d.zero_grad()
+    (d(fake.detach()).mean() - d(real).mean()).div(accum).backward()
+    (-d(fake).mean() / accum).backward()
+    if (i + 1) % accum == 0:
+        opt_d.step()
+        opt_g.step()
+        opt_g.zero_grad()
+""",
+            7,
+        ),
+        # The caller computes the is-last-micro-batch flag with `% N` and hands it to the
+        # helper that runs one micro-batch.
+        Invalid(
+            """
+class Trainer:
+    def train_micro(self, batch, last):
+        self.optimizer.zero_grad()
+        (self.model(batch).mean() / self.accum_steps).backward()
+        if last:
+            self.optimizer.step()
+
+    def fit(self, loader):
+        for i, batch in enumerate(loader):
+            self.train_micro(batch, (i + 1) % self.accum_steps == 0)
+""",
+            4,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -219,7 +436,10 @@ class Loop:
                         continue
                     else:
                         message = ACCELERATE_MESSAGE
-                zero_at, step_at = placements(zero, steps[-1])
+                # The step of the optimizer it zeroes (with two optimizers gated together,
+                # `opt_d.zero_grad()` pairs with `opt_d.step()`, not the last step).
+                own = [s for s in steps if _same_optimizer(zero, s)]
+                zero_at, step_at = placements(zero, (own or steps)[-1])
                 patch = None
                 paired = _backward_in_same_helper(unit, zero)
                 if paired is not None:

@@ -81,6 +81,35 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad()
 """,
+        # One helper unscales, clips and steps whichever optimizer it is given: two calls
+        # with two optimizers unscale each once.
+        """
+import torch
+
+class Trainer:
+    def __init__(self, enc, dec):
+        self.enc = enc
+        self.dec = dec
+        self.enc_opt = torch.optim.Adam(enc.parameters())
+        self.dec_opt = torch.optim.Adam(dec.parameters())
+        self.scaler = torch.amp.GradScaler("cuda")
+
+    def _step(self, optimizer, params):
+        self.scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, 5.0)
+        self.scaler.step(optimizer)
+
+    def fit(self, loader):
+        for batch in loader:
+            with torch.autocast("cuda"):
+                loss = self.dec(self.enc(batch)).mean()
+            self.enc_opt.zero_grad()
+            self.dec_opt.zero_grad()
+            self.scaler.scale(loss).backward()
+            self._step(self.dec_opt, self.dec.parameters())
+            self._step(self.enc_opt, self.enc.parameters())
+            self.scaler.update()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -145,7 +174,8 @@ class Trainer:
                     (
                         u
                         for u in reversed(unscales[:index])
-                        if u.optimizer == second.optimizer and not exclusive(u, second)
+                        if u.identity(u.optimizer) == second.identity(second.optimizer)
+                        and not exclusive(u, second)
                     ),
                     None,
                 )

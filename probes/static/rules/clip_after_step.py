@@ -5,12 +5,24 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+import libcst as cst
+
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import STEP_KINDS, Event, FileModel, exclusive
+from gradient_doctor.probes.static.model import (
+    STEP_KINDS,
+    Event,
+    FileModel,
+    Unit,
+    exclusive,
+    stepped_optimizer,
+)
+from gradient_doctor.probes.static.names import call_arg, code_of
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     between,
     clipping,
+    first_arg_of_constructor,
+    following,
     guarded_statement,
     label,
     missing_unscale,
@@ -107,6 +119,50 @@ def main(actor, critic, actor_opt, critic_opt, batches, rounds):
         torch.nn.utils.clip_grad_norm_(actor.parameters(), 1.0)
         actor_opt.step()
 """,
+        # The generator is clipped after the discriminator's step, for its own step.
+        """
+import torch
+opt_d = torch.optim.Adam(D.parameters())
+opt_g = torch.optim.Adam(G.parameters())
+for real in loader:
+    fake = G(torch.randn(16, 128))
+    opt_d.zero_grad()
+    opt_g.zero_grad()
+    (D(fake.detach()).mean() - D(real).mean()).backward()
+    (-D(fake).mean()).backward()
+    opt_d.step()
+    torch.nn.utils.clip_grad_norm_(G.parameters(), 1.0)
+    opt_g.step()
+""",
+        # One helper unscales, clips and steps whichever optimizer it is given: two calls
+        # with two optimizers unscale each once.
+        """
+import torch
+
+class Trainer:
+    def __init__(self, enc, dec):
+        self.enc = enc
+        self.dec = dec
+        self.enc_opt = torch.optim.Adam(enc.parameters())
+        self.dec_opt = torch.optim.Adam(dec.parameters())
+        self.scaler = torch.amp.GradScaler("cuda")
+
+    def _step(self, optimizer, params):
+        self.scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, 5.0)
+        self.scaler.step(optimizer)
+
+    def fit(self, loader):
+        for batch in loader:
+            with torch.autocast("cuda"):
+                loss = self.dec(self.enc(batch)).mean()
+            self.enc_opt.zero_grad()
+            self.dec_opt.zero_grad()
+            self.scaler.scale(loss).backward()
+            self._step(self.dec_opt, self.dec.parameters())
+            self._step(self.enc_opt, self.enc.parameters())
+            self.scaler.update()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -170,6 +226,24 @@ def main(net, opt, loader, sched, epochs):
 """,
             12,
         ),
+        # The clipped parameters are those of the optimizer that already stepped.
+        Invalid(
+            """
+import torch
+opt_d = torch.optim.Adam(D.parameters())
+opt_g = torch.optim.Adam(G.parameters())
+for real in loader:
+    fake = G(torch.randn(16, 128))
+    opt_d.zero_grad()
+    opt_g.zero_grad()
+    (D(fake.detach()).mean() - D(real).mean()).backward()
+    (-D(fake).mean()).backward()
+    opt_g.step()
+    torch.nn.utils.clip_grad_norm_(G.parameters(), 1.0)
+    opt_d.step()
+""",
+            12,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -206,6 +280,8 @@ def main(net, opt, loader, sched, epochs):
                     continue
                 if previous(unit, step, {"backward"}) is None:
                     continue  # a rotated loop: this step uses the previous backward
+                if _before_another_optimizer(model, unit, clip, step):
+                    continue
                 clip_at, step_at = placements(clip, step)
                 patch = None
                 # A helper call that clips may move too: it moves as a whole, before the step.
@@ -229,6 +305,24 @@ def main(net, opt, loader, sched, epochs):
                     patch=patch,
                     fix_description="Move the clipping call to just before the optimizer step.",
                 )
+
+
+def _before_another_optimizer(model: FileModel, unit: Unit, clip: Event, step: Event) -> bool:
+    """``clip`` follows ``step`` but precedes (with no backward between) the step of another
+    optimizer: with several optimizers (a discriminator stepped, then the generator clipped
+    and stepped) it clips for that later step. It stays a finding only when the clipped
+    parameters are visibly those of the optimizer that already stepped."""
+    later = following(unit, clip, STEP_KINDS)
+    if later is None or between(unit, clip, later, {"backward"}):
+        return False
+    earlier_optimizer = stepped_optimizer(step)
+    if earlier_optimizer is None or stepped_optimizer(later) in {None, earlier_optimizer}:
+        return False
+    clipped = call_arg(clip.call, 0, "parameters") if isinstance(clip.call, cst.Call) else None
+    stepped_params = first_arg_of_constructor(model, earlier_optimizer)
+    return not (
+        clipped is not None and stepped_params is not None and code_of(clipped) == stepped_params
+    )
 
 
 CALL_MESSAGE = (
