@@ -44,6 +44,14 @@ def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
         ("mask.sum()", False),
         ("x - 1e-8", False),
         ("torch.exp(a) - torch.exp(b)", False),
+        ("torch.norm(torch.exp(x), dim=1)", True),
+        ("torch.norm(x, dim=1)", False),
+        ("np.array([1 / 2 ** i for i in range(4)]).sum()", True),
+        ("torch.tensor([0.5, 0.25])", True),
+        ("torch.tensor([0.5, 0.0])", False),
+        ("[k for k in range(4)]", False),
+        ("F.mse_loss(a, b) + 0.1 * 0.1", True),
+        ("F.mse_loss(a, b)", False),
     ],
 )
 def test_positive_by_construction(expression: str, positive: bool) -> None:
@@ -76,6 +84,54 @@ def test_positive_through_names_and_a_modules_returned_tuple() -> None:
     # The third element is a clamped log: it can be 0 or negative.
     assert not checker.positive(cst.Name("log_scale"), func)
     assert not checker.positive(cst.Name("mean"), func)
+
+
+def test_positive_through_a_helpers_return_and_every_callers_argument() -> None:
+    code = """
+        import torch
+        def magnitude(spec):
+            return torch.clamp(spec.abs(), min=1e-5)
+        def log_ratio(num, den, smoothing=0.5, scale=0):
+            return torch.log(num) - torch.log(den) + smoothing + scale
+        class Loss(torch.nn.Module):
+            def __init__(self, weight=2.0):
+                super().__init__()
+                self.weight = weight
+                self.unset = None
+            def forward(self, a, b):
+                mag_a = magnitude(a)
+                return log_ratio(mag_a, b.abs(), smoothing=self.weight)
+        """
+    checker, func = _function(code, "log_ratio")
+    # Every caller passes a clamped magnitude as `num`, but `den` is `b.abs()` (can be 0).
+    assert checker.positive(cst.Name("num"), func)
+    assert not checker.positive(cst.Name("den"), func)
+    # A keyword argument that is a hyper-parameter with a positive default.
+    assert checker.positive(cst.Name("smoothing"), func)
+    # Not passed by the caller, and its default is 0.
+    assert not checker.positive(cst.Name("scale"), func)
+    checker, forward = _function(code, "forward")
+    assert checker.positive(cst.parse_expression("self.weight"), forward)
+    assert not checker.positive(cst.parse_expression("self.unset"), forward)
+    assert checker.positive(cst.Name("mag_a"), forward)
+
+
+def test_a_parameter_is_positive_only_when_every_caller_passes_a_positive_value() -> None:
+    checker, func = _function(
+        """
+        import torch
+        def log_term(p):
+            return torch.log(p)
+        def first(x):
+            return log_term(x.exp())
+        def second(x):
+            return log_term(torch.sigmoid(x))
+        def third(args):
+            return log_term(*args)
+        """,
+        "log_term",
+    )
+    assert not checker.positive(cst.Name("p"), func)
 
 
 def test_gradient_norm_of_autograd_grad_only() -> None:

@@ -387,8 +387,74 @@ class ContrastLoss(torch.nn.Module):
         stats = {"norm": row_norm(a).mean().item()}
         return F.cross_entropy(a @ b.T, torch.arange(len(a))), stats
 """,
+        # Positive by construction in another function: the magnitude is clamped where it is
+        # made, and every caller of the two loss terms passes that magnitude.
+        """
+import torch
+import torch.nn.functional as F
+def magnitude(spec):
+    return torch.sqrt(torch.clamp(spec.real ** 2 + spec.imag ** 2, min=1e-7))
+class LogMagnitudeLoss(torch.nn.Module):
+    def forward(self, est_mag, ref_mag):
+        return F.l1_loss(torch.log(est_mag), torch.log(ref_mag))
+class RelativeErrorLoss(torch.nn.Module):
+    def forward(self, est_mag, ref_mag):
+        return torch.norm(ref_mag - est_mag) / torch.norm(ref_mag)
+class SpectralLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.log_term = LogMagnitudeLoss()
+        self.relative_term = RelativeErrorLoss()
+    def forward(self, est, ref):
+        est_mag = magnitude(torch.stft(est, 512, return_complex=True))
+        ref_mag = magnitude(torch.stft(ref, 512, return_complex=True))
+        return self.log_term(est_mag, ref_mag) + self.relative_term(est_mag, ref_mag)
+""",
+        # A sum of positive constants: one weight set to 0 later leaves the others.
+        """
+import numpy as np
+def multiscale_loss_weights(levels):
+    weights = np.array([0.5 ** k for k in range(levels)])
+    weights[-1] = 0
+    weights = weights / weights.sum()
+    return weights
+""",
+        # A square plus a positive hyper-parameter (pseudo-Huber, Charbonnier).
+        """
+import torch
+import torch.nn.functional as F
+class SmoothDistance(torch.nn.Module):
+    def __init__(self, channels=4):
+        super().__init__()
+        self.channels = channels
+    def forward(self, pred, target):
+        delta = 0.002 * self.channels
+        return (F.mse_loss(pred, target, reduction="none") + delta * delta).sqrt() - delta
+def charbonnier_loss(pred, target, c=0.01):
+    return torch.sqrt((pred - target) ** 2 + c ** 2).mean()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+def magnitude(spec):
+    return torch.sqrt(torch.clamp(spec.real ** 2 + spec.imag ** 2, min=1e-7))
+class LogMagnitudeLoss(torch.nn.Module):
+    def forward(self, est_mag, ref_mag):
+        return F.l1_loss(torch.log(est_mag), torch.log(ref_mag))
+class SpectralLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.log_term = LogMagnitudeLoss()
+    def forward(self, est, ref):
+        est_mag = torch.stft(est, 512, return_complex=True).abs()
+        return self.log_term(est_mag, magnitude(torch.stft(ref, 512, return_complex=True)))
+""",
+            # The estimate's magnitude is not clamped by its one caller: it can be 0.
+            8,
+        ),
         Invalid(
             """
 import torch
