@@ -291,7 +291,7 @@ class Positivity:
             return False
         default = _default_of(node, name)
         default_positive = default is not None and (number_value(default) or 0) > 0
-        callers = self._callers_of(func)
+        callers = self.callers_of(func)
         if func.name == CONSTRUCTOR or not callers:
             return default_positive
         for call, caller in callers:
@@ -308,7 +308,7 @@ class Positivity:
                 return False
         return True
 
-    def _callers_of(self, func: FuncInfo) -> list[tuple[cst.Call, FuncInfo]]:
+    def callers_of(self, func: FuncInfo) -> list[tuple[cst.Call, FuncInfo]]:
         """The calls of ``func`` in the file that defines it."""
         model = func.model or self.model
         table = self._callers.get(id(model))

@@ -290,6 +290,29 @@ def test_division_by_a_count_the_data_decides_is_an_info_wherever_it_is_written(
     assert all("cannot tell" in f.message for f in report.findings)
 
 
+def test_division_by_a_count_every_caller_passes_is_an_info_without_a_patch() -> None:
+    code = textwrap.dedent(
+        """
+        import torch
+        import torch.nn.functional as F
+        def region_bce_loss(logits, targets, num_regions):
+            loss = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+            return loss.mean(1).sum() / num_regions
+        class RegionHead(torch.nn.Module):
+            def forward(self, feats, regions, gt):
+                count = n_regions = len(regions)
+                first = region_bce_loss(self.proj(feats), gt, count)
+                return first + region_bce_loss(feats, gt, sum(len(r) for r in regions))
+        """
+    )
+    (finding,) = [f for f in lint_source(code).findings if f.id == "unstable-loss-op"]
+    assert (finding.line, finding.severity, finding.fix) == (6, "info", None)
+    # One caller keeps the count off 0 (or passes a batch size): silent.
+    for guarded in ("max(len(regions), 1)", "feats.shape[0]"):
+        changed = code.replace("sum(len(r) for r in regions)", guarded)
+        assert "unstable-loss-op" not in {f.id for f in lint_source(changed).findings}
+
+
 def test_a_guarded_data_count_stays_silent() -> None:
     guarded = DATA_COUNTS.replace("pos.data.long().sum()", "pos.data.long().sum().clamp(min=1)")
     report = lint_source(guarded, "counts.py", select=["unstable-loss-op"])

@@ -12,7 +12,7 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.loss_scope import LossScope, assigns_loss, loss_scope
-from gradient_doctor.probes.static.model import FileModel, FuncInfo
+from gradient_doctor.probes.static.model import FileModel, FuncInfo, bind_arguments
 from gradient_doctor.probes.static.names import (
     code_of,
     dotted_name,
@@ -433,8 +433,56 @@ class SmoothDistance(torch.nn.Module):
 def charbonnier_loss(pred, target, c=0.01):
     return torch.sqrt((pred - target) ** 2 + c ** 2).mean()
 """,
+        # The count passed in is clamped by the caller.
+        """
+import torch
+import torch.nn.functional as F
+def region_bce_loss(logits, targets, num_regions):
+    loss = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    return loss.mean(1).sum() / num_regions
+class RegionHead(torch.nn.Module):
+    def forward(self, feats, regions, gt):
+        num_regions = max(len(regions), 1)
+        return region_bce_loss(self.proj(feats), gt, num_regions)
+""",
+        # Exponentials that cannot be large: a negated scale times a square, a scaled value
+        # shifted by its maximum first.
+        """
+import torch
+def kernel_log_density(x, centers, gamma=50.0):
+    dist = torch.cdist(x, centers)
+    density = torch.exp(-gamma * dist ** 2).mean(dim=1)
+    return -torch.log(density + 1e-12).mean()
+class ShiftedMarginLoss(torch.nn.Module):
+    def __init__(self, scale=64.0):
+        super().__init__()
+        self.scale = scale
+    def forward(self, sim, positive):
+        shifted = self.scale * (sim - sim.max())
+        total = torch.exp(shifted).sum(dim=1)
+        return -(torch.log(total) - shifted[positive]).mean()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+class PairMarginLoss(torch.nn.Module):
+    def __init__(self, scale=48.0, margin=0.3):
+        super().__init__()
+        self.scale = scale
+        self.margin = margin
+    def forward(self, emb, labels):
+        sim = F.normalize(emb) @ F.normalize(emb).T
+        same = labels[:, None] == labels[None, :]
+        pos_term = torch.exp(-self.scale * (sim[same] - self.margin)).sum()
+        neg_term = torch.sum(torch.exp(self.scale * (sim[~same] + self.margin)))
+        return torch.log(1 + pos_term * neg_term)
+""",
+            # Both sums of exponentials of scaled similarities overflow before the log.
+            (12, 13),
+        ),
         Invalid(
             """
 import torch
@@ -772,6 +820,7 @@ def ratio_loss(p, q):
         clamped = _clamped_names(model)
         sampled = _sampled_actions(model)
         positivity = Positivity(model)
+        reported_exps: set[int] = set()
         for call, stmt, func in model.all_calls:
             if only is not None and id(func) not in only:
                 continue
@@ -782,6 +831,11 @@ def ratio_loss(p, q):
                     if not _without_gradient(model, call):
                         yield self._logsumexp_finding(call, *written)
                     continue
+                if scope.in_loss(func, stmt) and not _without_gradient(model, call):
+                    for exp, scale in _scaled_exps_into_log(func, call):
+                        if id(exp) not in reported_exps:
+                            reported_exps.add(id(exp))
+                            yield self._scaled_exp_finding(exp, call, scale)
             if name in INVERSE_TRIG:
                 operand = _sole_operand(call, name)
                 if operand is not None and _at_boundary(model, scope, func, stmt, call, operand):
@@ -909,7 +963,11 @@ def ratio_loss(p, q):
                 if (
                     scope.in_loss(func, stmt)
                     and not _python_number(division.left)
-                    and (_counted_selection(func, right) or _data_count(func, right))
+                    and (
+                        _counted_selection(func, right)
+                        or _data_count(func, right)
+                        or _passed_count(positivity, func, right)
+                    )
                     and not _safe(model, func, stmt, right)
                     and not _without_gradient(model, division.node)
                 ):
@@ -957,6 +1015,31 @@ def ratio_loss(p, q):
                 "what": "softplus" if stable.startswith("F.softplus") else "log-sum-exp",
                 "stable": stable,
                 "logits": shorten(code_of(logits)),
+            },
+        )
+
+    def _scaled_exp_finding(
+        self, exp: cst.Call, log: cst.Call, scale: cst.BaseExpression
+    ) -> RawFinding:
+        """``total = torch.sum(torch.exp(self.scale * x))`` later taken into
+        ``torch.log(1 + total * other)``: log-sum-exp written out across statements, of a
+        value multiplied by a large scale. Reported at the ``exp`` (where it overflows)."""
+        return RawFinding(
+            node=exp,
+            message=(
+                "`{expression}` on line {line} exponentiates a value multiplied by "
+                "`{scale}` and its result goes into `{log}` on line {log_line}: a log-sum-exp "
+                "written out, where `exp` overflows to inf once the scaled value passes ~88 "
+                "(float32; a scale of 32 times a margin of 3 does) and the loss turns inf/NaN; "
+                "keep it in log space: `torch.logsumexp` of the scaled values (and "
+                "`F.softplus` for a `log(1 + ...)`), which never exponentiates a large value"
+            ),
+            evidence={
+                "expression": shorten(code_of(exp)),
+                "line": exp,
+                "scale": shorten(code_of(scale)),
+                "log": shorten(code_of(log)),
+                "log_line": log,
             },
         )
 
@@ -1284,6 +1367,66 @@ def _data_count(func: FuncInfo, node: cst.BaseExpression) -> bool:
         and _size_of(value.left)
         and _size_of(value.right)
     )
+
+
+def _passed_count(positivity: Positivity, func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``loss.sum() / num_masks`` where ``num_masks`` is a parameter and every caller in the
+    file passes a count of elements the data decides (``len(boxes)``, ``x[keep].numel()``,
+    ``mask.sum()``, ``num_pos``), with no clamp: a batch or image with no such element gives
+    0. The count is made where the loss is called, not where it divides."""
+    stripped = _strip(node)
+    if not isinstance(stripped, cst.Name) or not isinstance(func.node, cst.FunctionDef):
+        return False
+    name = stripped.value
+    if name not in func.params or name in func.assigns:
+        return False
+    callers = positivity.callers_of(func)
+    if not callers:
+        return False
+    for call, caller in callers:
+        if any(arg.star for arg in call.args):
+            return False
+        argument = dict(bind_arguments(call, func.node)).get(name)
+        if argument is None or not _element_count(caller, argument, 0):
+            return False
+    return True
+
+
+def _element_count(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``node`` counts elements that the data decides and nothing keeps it off 0:
+    ``len(x)``, ``sum(len(t) for t in targets)``, ``x[keep].numel()``, a mask's sum, a count
+    of what a comparison selects, a name like ``num_pos``, or a local name bound only to
+    those."""
+    if depth > 3 or _guarded(node):
+        return False
+    stripped = _strip(node)
+    while (
+        isinstance(stripped, cst.Call)
+        and isinstance(stripped.func, cst.Attribute)
+        and stripped.func.attr.value in COUNT_CASTS
+        and not stripped.args
+    ):
+        stripped = stripped.func.value  # `count.item()`
+    if isinstance(stripped, cst.Call):
+        name = _called_name(stripped)
+        if isinstance(stripped.func, cst.Name) and name in {"float", "int"} and stripped.args:
+            return _element_count(func, stripped.args[0].value, depth + 1)
+        if isinstance(stripped.func, cst.Name) and name == "len":
+            return True
+        if isinstance(stripped.func, cst.Name) and name == "sum" and stripped.args:
+            counted = stripped.args[0].value
+            return isinstance(counted, cst.GeneratorExp | cst.ListComp) and _element_count(
+                func, counted.elt, depth + 1
+            )
+        if name == "numel" and isinstance(stripped.func, cst.Attribute):
+            return isinstance(_strip(stripped.func.value), cst.Subscript)
+        return _sums_mask(stripped)
+    if not isinstance(stripped, cst.Name):
+        return False
+    if _counted_selection(func, stripped) or _data_count(func, stripped):
+        return True
+    values = func.assigns.get(stripped.value, [])
+    return bool(values) and all(_element_count(func, v, depth + 1) for v in values)
 
 
 def _extent(func: FuncInfo, node: cst.BaseExpression) -> bool:
@@ -1768,6 +1911,124 @@ def _bounded_above(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool
         values = [v for v in func.assigns.get(node.value, []) if code_of(_strip(v)) != node.value]
         return bool(values) and all(_bounded_above(func, v, depth + 1) for v in values)
     return False
+
+
+SCALE_WORDS = ("scale",)
+SCALE_NAMES = frozenset({"s", "gamma"})
+"""Names of the factor that sharpens logits in a margin loss (``self.scale``, ``self.s``,
+``gamma`` of circle loss): tens, up to a few hundred."""
+LARGE_FACTOR = 10.0
+
+
+def _scaled_exps_into_log(
+    func: FuncInfo, log: cst.Call
+) -> Iterator[tuple[cst.Call, cst.BaseExpression]]:
+    """(each ``exp``, the scale it multiplies) whose value reaches ``log`` through sums and
+    products, in place or through local names (computed in an earlier statement), where
+    the exponent is a product with a large scale (``self.scale``, a literal of 10 or more)
+    and can be large and positive (not a shifted, clamped, or sign-bounded value)."""
+    operand = _sole_operand(log, _called_name(log))
+    if operand is None:
+        return
+    for exp in _exps_feeding(func, operand, 0):
+        exponent = _sole_operand(exp, "exp")
+        if exponent is None or _bounded_above(func, exponent, 0):
+            continue
+        if _sign(func, exponent, 0) == "-":
+            continue  # `-gamma * distance`: at most 0
+        scale = _large_factor(exponent)
+        if scale is not None:
+            yield exp, scale
+
+
+def _exps_feeding(func: FuncInfo, node: cst.BaseExpression, depth: int) -> Iterator[cst.Call]:
+    """The ``exp`` calls whose value is summed or multiplied into ``node``, written in place
+    or in an earlier statement (reached through a local name)."""
+    node = _strip(node)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add | cst.Multiply):
+        yield from _exps_feeding(func, node.left, depth)
+        yield from _exps_feeding(func, node.right, depth)
+    elif isinstance(node, cst.Call):
+        name = _called_name(node)
+        if name == "exp":
+            yield node
+        elif name == "sum" or name == "mean":
+            inner = _sole_operand(node, name)
+            if inner is None and isinstance(node.func, cst.Name) and node.args:
+                inner = node.args[0].value  # the built-in `sum(terms)`
+            if inner is not None:
+                yield from _exps_feeding(func, inner, depth)
+    elif isinstance(node, cst.Name) and depth < 3:
+        for value in func.assigns.get(node.value, []):
+            if code_of(_strip(value)) != node.value:
+                yield from _exps_feeding(func, value, depth + 1)
+
+
+def _large_factor(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The factor of the product ``node`` that is a scale (``self.scale``, ``s``, a literal
+    of at least 10), minus signs aside."""
+    node = _strip(node)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        return _large_factor(node.expression)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return _large_factor(node.left) or _large_factor(node.right)
+    value = number_value(node, arithmetic=True)
+    if value is not None:
+        return node if abs(value) >= LARGE_FACTOR else None
+    if isinstance(node, cst.Name | cst.Attribute):
+        last = (node.value if isinstance(node, cst.Name) else node.attr.value).lower()
+        if last in SCALE_NAMES or any(word in last for word in SCALE_WORDS):
+            return node
+    return None
+
+
+def _sign(func: FuncInfo, node: cst.BaseExpression, depth: int) -> str | None:
+    """``"+"`` when ``node`` is at least 0 by construction, ``"-"`` when at most 0, else
+    None: signs of literals, scales (positive), ``relu`` / ``abs`` / squares / norms, their
+    negations and products, and local names bound only to such values."""
+    node = _strip(node)
+    if depth > 3:
+        return None
+    value = number_value(node, arithmetic=True)
+    if value is not None:
+        return "+" if value >= 0 else "-"
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        inner = _sign(func, node.expression, depth + 1)
+        return None if inner is None else ("-" if inner == "+" else "+")
+    if isinstance(node, cst.BinaryOperation):
+        if isinstance(node.operator, cst.Power) and number_value(node.right) == 2:
+            return "+"
+        if isinstance(node.operator, cst.Multiply | cst.Divide):
+            left = _sign(func, node.left, depth + 1)
+            right = _sign(func, node.right, depth + 1)
+            if left is None or right is None:
+                return None
+            return "+" if left == right else "-"
+        if isinstance(node.operator, cst.Subtract):
+            right_side = _strip(node.right)
+            if isinstance(right_side, cst.Call) and _called_name(right_side) in {
+                "max",
+                "amax",
+                "logsumexp",
+            }:
+                return "-"  # `x - x.max()`: at most 0
+        return None
+    if isinstance(node, cst.Call):
+        name = _called_name(node)
+        if name in NON_NEGATIVE:
+            return "+"
+        if name in {"clamp", "clip", "clamp_min"}:
+            low = clamp_bound(node, "min")
+            low_value = number_value(low) if low is not None else None
+            return "+" if low_value is not None and low_value >= 0 else None
+        return None
+    if _large_factor(node) is not None:
+        return "+"
+    if isinstance(node, cst.Name):
+        values = [v for v in func.assigns.get(node.value, []) if code_of(_strip(v)) != node.value]
+        signs = {_sign(func, v, depth + 1) for v in values}
+        return signs.pop() if len(signs) == 1 else None
+    return None
 
 
 def _manual_logsumexp(call: cst.Call) -> cst.BaseExpression | None:
