@@ -257,7 +257,9 @@ class Positivity:
 
     def _name_positive(self, name: str, func: FuncInfo, depth: int, seen: frozenset[str]) -> bool:
         if name in seen:
-            return True  # `x = x.view(...)`: the earlier definition decides
+            # `x = x.view(...)`: the earlier definitions decide; for a parameter
+            # (`a = torch.tensor(a)`), what the callers pass is one of them.
+            return name not in func.params or self._parameter_positive(name, func, depth)
         # `events = events.float()` of a parameter: a cast of the value passed in, which
         # says nothing of its sign (only another definition could).
         values = [

@@ -134,6 +134,25 @@ def test_a_parameter_is_positive_only_when_every_caller_passes_a_positive_value(
     assert not checker.positive(cst.Name("p"), func)
 
 
+def test_a_parameter_rebuilt_from_itself_is_as_positive_as_what_callers_pass() -> None:
+    checker, func = _function(
+        """
+        import torch
+        def cos_sim(a, b):
+            if not isinstance(a, torch.Tensor):
+                a = torch.tensor(a)
+            a = a.unsqueeze(0)
+            norm = a.norm(dim=1)
+            gate = torch.exp(b)
+            gate = torch.tensor(gate)
+            return norm, gate
+        """,
+        "cos_sim",
+    )
+    assert not checker.positive(cst.Name("norm"), func)
+    assert checker.positive(cst.Name("gate"), func)
+
+
 def test_gradient_norm_of_autograd_grad_only() -> None:
     checker, func = _function(
         """

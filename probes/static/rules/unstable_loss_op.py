@@ -467,6 +467,21 @@ class ShiftedMarginLoss(torch.nn.Module):
         Invalid(
             """
 import torch
+def _pairwise(x, y, metric):
+    return metric(x[:, None], y[None])
+def _euclidean(a, b):
+    return torch.sqrt(((a - b) ** 2).sum(-1))
+def mmd_loss(source, target):
+    within = _pairwise(source, source, _euclidean)
+    return within.mean() - 2 * _pairwise(source, target, _euclidean).mean()
+""",
+            # The metric handed to the pairwise helper is loss code: its distance of a row to
+            # itself is 0, where the root's gradient is infinite.
+            6,
+        ),
+        Invalid(
+            """
+import torch
 import torch.nn.functional as F
 class PairMarginLoss(torch.nn.Module):
     def __init__(self, scale=48.0, margin=0.3):
