@@ -228,9 +228,23 @@ class Positivity:
                 )
                 and all(isinstance(element, cst.Element) for element in joined.elements)
             )
+        positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
         if name in ARRAY_BUILDERS:
             given = call.args[0].value if call.args and call.args[0].keyword is None else None
             return given is not None and self._positive(given, func, depth + 1, seen)
+        if name in {"ones", "ones_like"}:
+            return True
+        if name in {"full", "full_like"} and len(positional) >= 2:
+            return self._positive(positional[1], func, depth + 1, seen)
+        if name in {"maximum", "fmax"} or (
+            name == "max" and isinstance(call.func, cst.Name) and len(positional) >= 2
+        ):
+            # `torch.maximum(x, eps)`, `max(n, 1)`: at least the positive one.
+            return any(self._positive(arg, func, depth + 1, seen) for arg in positional)
+        if name == "where" and len(positional) == 3:
+            return self._positive(positional[1], func, depth + 1, seen) and self._positive(
+                positional[2], func, depth + 1, seen
+            )
         subject = _subject(call)
         if subject is not None and (
             name in {"pow", "square", "sqrt"} or name in REDUCTIONS_OF_ELEMENTS | SELECTIONS | NORMS
@@ -528,7 +542,7 @@ def _subject(call: cst.Call) -> cst.BaseExpression | None:
     """The tensor a call works on: ``x`` in ``x.sum()`` and in ``torch.sum(x)``."""
     if isinstance(call.func, cst.Attribute):
         owner = dotted_name(call.func.value)
-        if owner in {"torch", "th", "F", "torch.nn.functional", "nn.functional"}:
+        if owner in {"torch", "th", "F", "torch.nn.functional", "nn.functional", "math", "np"}:
             return call.args[0].value if call.args and call.args[0].keyword is None else None
         return call.func.value
     return call.args[0].value if call.args and call.args[0].keyword is None else None

@@ -52,6 +52,12 @@ def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
         ("[k for k in range(4)]", False),
         ("F.mse_loss(a, b) + 0.1 * 0.1", True),
         ("F.mse_loss(a, b)", False),
+        ("torch.maximum(x, torch.tensor(1e-6))", True),
+        ("max(mask.sum(), 1)", True),
+        ("torch.where(mask > 0, x.exp(), torch.ones_like(x))", True),
+        ("torch.where(mask > 0, x, torch.ones_like(x))", False),
+        ("torch.full((3,), 0.5).sum()", True),
+        ("math.sqrt(a.exp().sum())", True),
     ],
 )
 def test_positive_by_construction(expression: str, positive: bool) -> None:
@@ -326,6 +332,12 @@ def test_division_by_a_count_every_caller_passes_is_an_info_without_a_patch() ->
     )
     (finding,) = [f for f in lint_source(code).findings if f.id == "unstable-loss-op"]
     assert (finding.line, finding.severity, finding.fix) == (6, "info", None)
+    # The count wrapped in a tensor first (a self-reference) is the same count.
+    wrapped = code.replace(
+        "count = n_regions = len(regions)",
+        "count = len(regions)\n        count = torch.as_tensor([count], dtype=torch.float)",
+    )
+    assert [f.line for f in lint_source(wrapped).findings if f.id == "unstable-loss-op"] == [6]
     # One caller keeps the count off 0 (or passes a batch size): silent.
     for guarded in ("max(len(regions), 1)", "feats.shape[0]"):
         changed = code.replace("sum(len(r) for r in regions)", guarded)

@@ -446,7 +446,7 @@ class RegionHead(torch.nn.Module):
         return region_bce_loss(self.proj(feats), gt, num_regions)
 """,
         # Exponentials that cannot be large: a negated scale times a square, a scaled value
-        # shifted by its maximum first.
+        # shifted by its maximum first, a scale below 88 times one cosine.
         """
 import torch
 def kernel_log_density(x, centers, gamma=50.0):
@@ -461,6 +461,17 @@ class ShiftedMarginLoss(torch.nn.Module):
         shifted = self.scale * (sim - sim.max())
         total = torch.exp(shifted).sum(dim=1)
         return -(torch.log(total) - shifted[positive]).mean()
+class AdditiveMarginLoss(torch.nn.Module):
+    def __init__(self, s=30.0, m=0.35):
+        super().__init__()
+        self.s = s
+        self.m = m
+    def forward(self, cosine, target):
+        target_cos = cosine.gather(1, target[:, None]).squeeze(1)
+        others = cosine.masked_fill(torch.nn.functional.one_hot(target).bool(), -1e4)
+        numerator = self.s * (target_cos - self.m)
+        denominator = torch.exp(numerator) + torch.exp(self.s * others).sum(dim=1)
+        return -(numerator - torch.log(denominator)).mean()
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
@@ -491,12 +502,15 @@ class PairMarginLoss(torch.nn.Module):
     def forward(self, emb, labels):
         sim = F.normalize(emb) @ F.normalize(emb).T
         same = labels[:, None] == labels[None, :]
-        pos_term = torch.exp(-self.scale * (sim[same] - self.margin)).sum()
-        neg_term = torch.sum(torch.exp(self.scale * (sim[~same] + self.margin)))
+        pos_weight = torch.relu(1 + self.margin - sim[same])
+        neg_weight = torch.relu(sim[~same] + self.margin)
+        pos_term = torch.exp(-self.scale * pos_weight * (sim[same] - self.margin)).sum()
+        neg_term = torch.sum(torch.exp(self.scale * neg_weight * (sim[~same] + self.margin)))
         return torch.log(1 + pos_term * neg_term)
 """,
-            # Both sums of exponentials of scaled similarities overflow before the log.
-            (12, 13),
+            # Both sums of exponentials of weighted, scaled similarities overflow before the
+            # log (48 * 1.6 * 1.3 is about 100).
+            (14, 15),
         ),
         Invalid(
             """
@@ -1402,12 +1416,14 @@ def _passed_count(positivity: Positivity, func: FuncInfo, node: cst.BaseExpressi
         if any(arg.star for arg in call.args):
             return False
         argument = dict(bind_arguments(call, func.node)).get(name)
-        if argument is None or not _element_count(caller, argument, 0):
+        if argument is None or not _element_count(caller, argument, 0, frozenset()):
             return False
     return True
 
 
-def _element_count(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+def _element_count(
+    func: FuncInfo, node: cst.BaseExpression, depth: int, seen: frozenset[str]
+) -> bool:
     """``node`` counts elements that the data decides and nothing keeps it off 0:
     ``len(x)``, ``sum(len(t) for t in targets)``, ``x[keep].numel()``, a mask's sum, a count
     of what a comparison selects, a name like ``num_pos``, or a local name bound only to
@@ -1422,26 +1438,32 @@ def _element_count(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool
         and not stripped.args
     ):
         stripped = stripped.func.value  # `count.item()`
+    if isinstance(stripped, cst.List | cst.Tuple) and len(stripped.elements) == 1:
+        return _element_count(func, stripped.elements[0].value, depth + 1, seen)  # `[n]`
     if isinstance(stripped, cst.Call):
         name = _called_name(stripped)
-        if isinstance(stripped.func, cst.Name) and name in {"float", "int"} and stripped.args:
-            return _element_count(func, stripped.args[0].value, depth + 1)
+        if name in {"float", "int", "tensor", "as_tensor"} and stripped.args:
+            # `float(n)`, `torch.as_tensor([n], dtype=torch.float)`: the same count.
+            return _element_count(func, stripped.args[0].value, depth + 1, seen)
         if isinstance(stripped.func, cst.Name) and name == "len":
             return True
         if isinstance(stripped.func, cst.Name) and name == "sum" and stripped.args:
             counted = stripped.args[0].value
             return isinstance(counted, cst.GeneratorExp | cst.ListComp) and _element_count(
-                func, counted.elt, depth + 1
+                func, counted.elt, depth + 1, seen
             )
         if name == "numel" and isinstance(stripped.func, cst.Attribute):
             return isinstance(_strip(stripped.func.value), cst.Subscript)
         return _sums_mask(stripped)
     if not isinstance(stripped, cst.Name):
         return False
+    if stripped.value in seen:
+        return True  # `n = torch.as_tensor([n])`: the earlier definition decides
     if _counted_selection(func, stripped) or _data_count(func, stripped):
         return True
     values = func.assigns.get(stripped.value, [])
-    return bool(values) and all(_element_count(func, v, depth + 1) for v in values)
+    inner = seen | {stripped.value}
+    return bool(values) and all(_element_count(func, v, depth + 1, inner) for v in values)
 
 
 def _extent(func: FuncInfo, node: cst.BaseExpression) -> bool:
@@ -1952,7 +1974,14 @@ def _scaled_exps_into_log(
         if _sign(func, exponent, 0) == "-":
             continue  # `-gamma * distance`: at most 0
         scale = _large_factor(exponent)
-        if scale is not None:
+        if scale is None:
+            continue
+        # A scale times one similarity (`s * cos`, AM-softmax) stays below the scale, which
+        # is below 88 in practice; a scale times a product of data-dependent factors (a
+        # weight times a margin gap, circle loss) can pass it.
+        varying = [f for f in _factors(exponent) if f is not scale and not _constant_factor(f)]
+        scale_value = number_value(scale, arithmetic=True)
+        if len(varying) >= 2 or (scale_value is not None and abs(scale_value) >= OVERFLOW_EXP):
             yield exp, scale
 
 
@@ -1977,6 +2006,27 @@ def _exps_feeding(func: FuncInfo, node: cst.BaseExpression, depth: int) -> Itera
         for value in func.assigns.get(node.value, []):
             if code_of(_strip(value)) != node.value:
                 yield from _exps_feeding(func, value, depth + 1)
+
+
+OVERFLOW_EXP = 88.0
+"""``exp`` of a float32 overflows above about 88.7."""
+
+
+def _factors(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The factors of a product, minus signs aside (``-s * a * (b - m)``: s, a, b - m)."""
+    node = _strip(node)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        return _factors(node.expression)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return [*_factors(node.left), *_factors(node.right)]
+    return [node]
+
+
+def _constant_factor(node: cst.BaseExpression) -> bool:
+    """A literal, or a setting stored on the object (``self.margin``)."""
+    if number_value(node, arithmetic=True) is not None:
+        return True
+    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name)
 
 
 def _large_factor(node: cst.BaseExpression) -> cst.BaseExpression | None:
