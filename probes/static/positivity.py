@@ -183,8 +183,17 @@ class Positivity:
                 for element in node.elements
             )
         if isinstance(node, cst.ListComp | cst.GeneratorExp):
-            # `[1 / 2 ** i for i in range(n)]`: the element's expression decides.
-            return self._positive(node.elt, func, depth + 1, seen)
+            # `[1 / 2 ** i for i in range(n)]`: the element's expression decides; a loop
+            # variable over positive values (`[w / total for w in weights]`) is positive.
+            inner_seen = seen
+            clause: cst.CompFor | None = node.for_in
+            while clause is not None:
+                if isinstance(clause.target, cst.Name) and self._positive(
+                    clause.iter, func, depth + 1, inner_seen
+                ):
+                    inner_seen = inner_seen | {clause.target.value}
+                clause = clause.inner_for_in
+            return self._positive(node.elt, func, depth + 1, inner_seen)
         return False
 
     def _operation_positive(
@@ -214,7 +223,11 @@ class Positivity:
         if name in POSITIVE_CALLS:
             return True
         if name in CLAMPS:
-            return _positive_bound(clamp_bound(call, "min"))
+            # `x.clamp(min=1e-6)`, `x.clamp(min=self.floor_value)` with a positive setting.
+            bound = clamp_bound(call, "min")
+            return _positive_bound(bound) or (
+                bound is not None and self._positive(bound, func, depth + 1, seen)
+            )
         if name in JOINS:
             # `torch.cat([pos, pos])`: positive when every joined tensor is.
             joined = call.args[0].value if call.args else None
@@ -263,10 +276,12 @@ class Positivity:
         callee = self._callee(call, func)
         if callee is None or not callee.returns or callee is func:
             return False
-        return all(
+        # A `return None` (an early exit for a missing input) never reaches an op.
+        values = [r for r in callee.returns if not (isinstance(r, cst.Name) and r.value == "None")]
+        return bool(values) and all(
             not isinstance(returned, cst.Tuple)
             and self._positive(returned, callee, depth + 1, frozenset())
-            for returned in callee.returns
+            for returned in values
         )
 
     def _name_positive(self, name: str, func: FuncInfo, depth: int, seen: frozenset[str]) -> bool:

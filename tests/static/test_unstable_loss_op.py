@@ -58,6 +58,8 @@ def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
         ("torch.where(mask > 0, x, torch.ones_like(x))", False),
         ("torch.full((3,), 0.5).sum()", True),
         ("math.sqrt(a.exp().sum())", True),
+        ("sum([w / sum([0.5, 0.25]) for w in [0.5, 0.25]])", True),
+        ("sum([w for w in [0.5, 0.0]])", False),
     ],
 )
 def test_positive_by_construction(expression: str, positive: bool) -> None:
@@ -95,8 +97,10 @@ def test_positive_through_names_and_a_modules_returned_tuple() -> None:
 def test_positive_through_a_helpers_return_and_every_callers_argument() -> None:
     code = """
         import torch
-        def magnitude(spec):
-            return torch.clamp(spec.abs(), min=1e-5)
+        def magnitude(spec, floor=1e-5):
+            if spec is None:
+                return None
+            return torch.clamp(spec.abs(), min=floor)
         def log_ratio(num, den, smoothing=0.5, scale=0):
             return torch.log(num) - torch.log(den) + smoothing + scale
         class Loss(torch.nn.Module):
