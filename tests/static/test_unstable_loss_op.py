@@ -342,8 +342,11 @@ def test_division_by_a_count_every_caller_passes_is_an_info_without_a_patch() ->
         "count = len(regions)\n        count = torch.as_tensor([count], dtype=torch.float)",
     )
     assert [f.line for f in lint_source(wrapped).findings if f.id == "unstable-loss-op"] == [6]
+    # The number of elements a mask keeps is a count the data decides, too.
+    kept = code.replace("sum(len(r) for r in regions)", "gt[gt > 0.5].numel()")
+    assert [f.line for f in lint_source(kept).findings if f.id == "unstable-loss-op"] == [6]
     # One caller keeps the count off 0 (or passes a batch size): silent.
-    for guarded in ("max(len(regions), 1)", "feats.shape[0]"):
+    for guarded in ("max(len(regions), 1)", "feats.shape[0]", 'gt["masks"].numel()'):
         changed = code.replace("sum(len(r) for r in regions)", guarded)
         assert "unstable-loss-op" not in {f.id for f in lint_source(changed).findings}
 

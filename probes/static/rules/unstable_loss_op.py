@@ -1459,7 +1459,7 @@ def _element_count(
                 func, counted.elt, depth + 1, seen
             )
         if name == "numel" and isinstance(stripped.func, cst.Attribute):
-            return isinstance(_strip(stripped.func.value), cst.Subscript)
+            return _selects(_strip(stripped.func.value))
         return _sums_mask(stripped)
     if not isinstance(stripped, cst.Name):
         return False
@@ -1470,6 +1470,27 @@ def _element_count(
     values = func.assigns.get(stripped.value, [])
     inner = seen | {stripped.value}
     return bool(values) and all(_element_count(func, v, depth + 1, inner) for v in values)
+
+
+def _selects(node: cst.BaseExpression) -> bool:
+    """``x[keep]`` / ``x[scores > t]``: indexing by a mask or by indices, which keeps what the
+    data decides. A key or a position (``batch["input_ids"]``, ``x[0]``, ``x[:, 1:]``) keeps a
+    fixed part."""
+    if not isinstance(node, cst.Subscript):
+        return False
+    for element in node.slice:
+        index = element.slice
+        if not isinstance(index, cst.Index):
+            continue
+        value = index.value
+        if isinstance(value, cst.SimpleString | cst.ConcatenatedString | cst.FormattedString):
+            continue
+        if number_value(value, arithmetic=True) is not None:
+            continue
+        if isinstance(value, cst.Name) and value.value in {"None", "Ellipsis"}:
+            continue
+        return True
+    return False
 
 
 def _extent(func: FuncInfo, node: cst.BaseExpression) -> bool:
