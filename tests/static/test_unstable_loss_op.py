@@ -345,6 +345,14 @@ def test_division_by_a_count_every_caller_passes_is_an_info_without_a_patch() ->
     # The number of elements a mask keeps is a count the data decides, too.
     kept = code.replace("sum(len(r) for r in regions)", "gt[gt > 0.5].numel()")
     assert [f.line for f in lint_source(kept).findings if f.id == "unstable-loss-op"] == [6]
+    # The caller returns early for an image without regions: silent.
+    checked = code.replace(
+        "        count = n_regions = len(regions)\n",
+        "        if len(regions) == 0:\n            return feats.sum() * 0\n"
+        "        count = n_regions = len(regions)\n",
+    )
+    assert checked != code
+    assert [f.line for f in lint_source(checked).findings if f.id == "unstable-loss-op"] == []
     # One caller keeps the count off 0 (or passes a batch size): silent.
     for guarded in ("max(len(regions), 1)", "feats.shape[0]", 'gt["masks"].numel()'):
         changed = code.replace("sum(len(r) for r in regions)", guarded)

@@ -1424,7 +1424,27 @@ def _passed_count(positivity: Positivity, func: FuncInfo, node: cst.BaseExpressi
         argument = dict(bind_arguments(call, func.node)).get(name)
         if argument is None or not _element_count(caller, argument, 0, frozenset()):
             return False
+        if _compared_with_zero(caller, argument):
+            return False  # `if num_masks == 0: return ...` where the count is made
     return True
+
+
+def _compared_with_zero(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """A condition of ``func`` compares ``node`` (or the one value of the name ``node``) with
+    0: ``if len(boxes) == 0: return``, ``if n > 0: loss = f(x, n)``."""
+    texts = {code_of(_strip(node))}
+    value = _single_value(func, node)
+    if value is not None:
+        texts.add(code_of(_strip(value)))
+    for current in walk(func.node):
+        if not isinstance(current, cst.Comparison):
+            continue
+        parts = [current.left, *(c.comparator for c in current.comparisons)]
+        if any(code_of(part) in texts for part in parts) and any(
+            number_value(part) == 0 for part in parts
+        ):
+            return True
+    return False
 
 
 def _element_count(
