@@ -7,8 +7,9 @@ loss calls ``normalize_tensor`` of its own file; a loss method calls
 ``self.per_frame_distortion(...)``. An op inside such a helper is loss code as much as one
 written in the loss itself. This module finds the loss functions of a file and follows their
 calls (a local function or method, a function imported from the project, the ``forward`` of a
-module the loss built, a function stored in an attribute or given as a parameter's default)
-down to :data:`MAX_REACH` calls deep.
+module the loss built, a function stored in an attribute or given as a parameter's default, a
+function handed as an argument to a project function that calls it) down to
+:data:`MAX_REACH` calls deep.
 
 A call whose value is only measured (``.item()``, comparisons) or that runs with autograd off
 is not followed: nothing backpropagates through it.
@@ -226,9 +227,30 @@ def _spread(
         for call in calls.of(owner, func):
             callee = resolve_call(owner, func, call)
             # Resolved first: most calls are library calls, and `followed` reads the function.
-            if callee is None or id(callee) in marked or not followed(owner, func, call):
+            if callee is None or not followed(owner, func, call):
                 continue
-            frontier.append((callee.model or owner, callee, depth + 1))
+            if id(callee) not in marked:
+                frontier.append((callee.model or owner, callee, depth + 1))
+            # `_pairwise(x, y, _euclidean)`: a project function handed to a project function
+            # is called by it (`dist_func(x, y)`), on the same values.
+            for passed in _functions_passed(owner, func, call):
+                if id(passed) not in marked and passed is not callee:
+                    frontier.append((passed.model or owner, passed, depth + 1))
+
+
+def _functions_passed(model: FileModel, func: FuncInfo, call: cst.Call) -> list[FuncInfo]:
+    """The project functions given as arguments of ``call`` (by name, not called)."""
+    found = []
+    for arg in call.args:
+        if not isinstance(arg.value, cst.Name | cst.Attribute) or arg.star:
+            continue
+        try:
+            target = model.function_for_call(cst.Call(func=arg.value), func)
+        except RecursionError:
+            continue
+        if target is not None:
+            found.append(target)
+    return found
 
 
 class _CallTable:

@@ -5,9 +5,19 @@ be exactly 0 (or negative). Whether it can is read from how the value is built:
 
 * strictly positive by construction: ``exp(...)``, ``softplus(...)``, a clamp with a positive
   minimum, a non-negative value plus a positive constant or an epsilon, a product, quotient or
-  power of positive values, a reduction of positive values, and any of these reached through
-  local names, casts, reshapes, indexing, or the tuple a module's ``forward`` returns
-  (``recon, mean, std = self.vae(x)`` with ``std = torch.exp(log_std)`` in ``VAE.forward``);
+  power of positive values, a reduction (or a norm) of positive values, and any of these
+  reached through local names, casts, reshapes, indexing, or what a project function, method
+  or module's ``forward`` returns (``mag = stft(x)`` with ``stft`` returning a clamped
+  magnitude; ``recon, mean, std = self.vae(x)`` with ``std = torch.exp(log_std)`` in
+  ``VAE.forward``);
+* a parameter whose every caller in the file passes a positive value (a loss module's
+  ``forward(x_mag, y_mag)`` called only with clamped magnitudes), or that no caller of the file
+  passes and whose default is a positive number; a hyper-parameter: an attribute set only
+  from a positive number or from a constructor parameter with a positive default
+  (``self.scale = scale`` with ``__init__(self, scale=3)``);
+* a constant array of positive numbers (``np.array([1 / 2 ** i for i in range(n)])``,
+  ``torch.tensor([0.5, 0.3])``) and its sum: writing one element later (``w[-1] = 0``) keeps
+  the sum of the others;
 * the squared norm of a gradient returned by ``torch.autograd.grad`` (the gradient penalty of
   WGAN-GP and its relatives): it is 0 only where the critic's gradient is exactly 0 at every
   input element, which does not happen in practice, and the canonical formulation takes its
@@ -25,15 +35,33 @@ from typing import Literal
 
 import libcst as cst
 
-from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key
+from gradient_doctor.probes.static.loss_scope import resolve_call
+from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key, bind_arguments
 from gradient_doctor.probes.static.names import dotted_name, method_name, number_value
+from gradient_doctor.probes.static.traverse import walk
 
 MAX_DEPTH = 6
 
 POSITIVE_CALLS = frozenset({"exp", "exp_", "softplus"})
 """Functions whose value is strictly positive whatever their input."""
 NON_NEGATIVE_CALLS = frozenset(
-    {"abs", "square", "relu", "sigmoid", "softmax", "norm", "exp", "exp_", "softplus", "sqrt"}
+    {
+        "abs",
+        "square",
+        "relu",
+        "sigmoid",
+        "softmax",
+        "norm",
+        "exp",
+        "exp_",
+        "softplus",
+        "sqrt",
+        # Distances between a prediction and a target (any reduction):
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+    }
 )
 """Functions whose value is at least 0 (but can be exactly 0)."""
 CLAMPS = frozenset({"clamp", "clip", "clamp_min", "clamp_"})
@@ -78,6 +106,15 @@ SELECTIONS = frozenset(
 """Calls that keep a subset of the elements: positive when every element of the input is."""
 JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
 """Calls that join a list of tensors: positive when every joined tensor is."""
+NORMS = frozenset({"norm", "vector_norm"})
+"""Norms: positive when every element of the input is (a magnitude clamped above 0)."""
+ARRAY_BUILDERS = frozenset(
+    {"array", "asarray", "tensor", "as_tensor", "Tensor", "FloatTensor", "DoubleTensor"}
+)
+"""Calls that make an array of the numbers they are given."""
+REDUCTIONS_OF_SOME = frozenset({"sum", "mean", "amax", "max"})
+"""Reductions that stay positive when one element is (every other being non-negative)."""
+CONSTRUCTOR = "__init__"
 OFFSET_WORDS = ("eps", "epsilon", "offset", "smooth", "tiny", "floor")
 
 
@@ -97,6 +134,7 @@ class Positivity:
 
     def __init__(self, model: FileModel) -> None:
         self.model = model
+        self._callers: dict[int, dict[int, list[tuple[cst.Call, FuncInfo]]]] = {}
 
     # -- the public questions -----------------------------------------------------------------
     def positive(self, node: cst.BaseExpression, func: FuncInfo) -> bool:
@@ -129,12 +167,33 @@ class Positivity:
             return True
         if isinstance(node, cst.Name):
             return self._name_positive(node.value, func, depth, seen)
+        if isinstance(node, cst.Attribute):
+            return self._attribute_positive(node, func, depth, seen)
         if isinstance(node, cst.Subscript):
             return self._positive(node.value, func, depth + 1, seen)
         if isinstance(node, cst.BinaryOperation):
             return self._operation_positive(node, func, depth, seen)
         if isinstance(node, cst.Call):
             return self._call_positive(node, func, depth, seen)
+        if isinstance(node, cst.List | cst.Tuple):
+            # `[0.5, 0.25]`: every element a positive value.
+            return bool(node.elements) and all(
+                isinstance(element, cst.Element)
+                and self._positive(element.value, func, depth + 1, seen)
+                for element in node.elements
+            )
+        if isinstance(node, cst.ListComp | cst.GeneratorExp):
+            # `[1 / 2 ** i for i in range(n)]`: the element's expression decides; a loop
+            # variable over positive values (`[w / total for w in weights]`) is positive.
+            inner_seen = seen
+            clause: cst.CompFor | None = node.for_in
+            while clause is not None:
+                if isinstance(clause.target, cst.Name) and self._positive(
+                    clause.iter, func, depth + 1, inner_seen
+                ):
+                    inner_seen = inner_seen | {clause.target.value}
+                clause = clause.inner_for_in
+            return self._positive(node.elt, func, depth + 1, inner_seen)
         return False
 
     def _operation_positive(
@@ -164,7 +223,11 @@ class Positivity:
         if name in POSITIVE_CALLS:
             return True
         if name in CLAMPS:
-            return _positive_bound(clamp_bound(call, "min"))
+            # `x.clamp(min=1e-6)`, `x.clamp(min=self.floor_value)` with a positive setting.
+            bound = clamp_bound(call, "min")
+            return _positive_bound(bound) or (
+                bound is not None and self._positive(bound, func, depth + 1, seen)
+            )
         if name in JOINS:
             # `torch.cat([pos, pos])`: positive when every joined tensor is.
             joined = call.args[0].value if call.args else None
@@ -178,16 +241,54 @@ class Positivity:
                 )
                 and all(isinstance(element, cst.Element) for element in joined.elements)
             )
+        positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+        if name in ARRAY_BUILDERS:
+            given = call.args[0].value if call.args and call.args[0].keyword is None else None
+            return given is not None and self._positive(given, func, depth + 1, seen)
+        if name in {"ones", "ones_like"}:
+            return True
+        if name in {"full", "full_like"} and len(positional) >= 2:
+            return self._positive(positional[1], func, depth + 1, seen)
+        if name in {"maximum", "fmax"} or (
+            name == "max" and isinstance(call.func, cst.Name) and len(positional) >= 2
+        ):
+            # `torch.maximum(x, eps)`, `max(n, 1)`: at least the positive one.
+            return any(self._positive(arg, func, depth + 1, seen) for arg in positional)
+        if name == "where" and len(positional) == 3:
+            return self._positive(positional[1], func, depth + 1, seen) and self._positive(
+                positional[2], func, depth + 1, seen
+            )
         subject = _subject(call)
-        if subject is None:
-            return False
-        if name in {"pow", "square", "sqrt"} or name in REDUCTIONS_OF_ELEMENTS | SELECTIONS:
+        if subject is not None and (
+            name in {"pow", "square", "sqrt"} or name in REDUCTIONS_OF_ELEMENTS | SELECTIONS | NORMS
+        ):
+            if name in REDUCTIONS_OF_SOME and isinstance(self._same_value(subject), cst.Name):
+                # `w.sum()` after `w[-1] = 0`: the other elements keep the sum positive.
+                return self._positive(subject, func, depth + 1, seen | {"[written]"})
             return self._positive(subject, func, depth + 1, seen)
-        return False
+        return self._call_returns_positive(call, func, depth)
+
+    def _call_returns_positive(self, call: cst.Call, func: FuncInfo, depth: int) -> bool:
+        """A call of a project function, method or module whose every ``return`` gives a
+        positive value (``mag = stft(x)`` with ``stft`` returning a clamped magnitude)."""
+        if depth >= MAX_DEPTH:
+            return False
+        callee = self._callee(call, func)
+        if callee is None or not callee.returns or callee is func:
+            return False
+        # A `return None` (an early exit for a missing input) never reaches an op.
+        values = [r for r in callee.returns if not (isinstance(r, cst.Name) and r.value == "None")]
+        return bool(values) and all(
+            not isinstance(returned, cst.Tuple)
+            and self._positive(returned, callee, depth + 1, frozenset())
+            for returned in values
+        )
 
     def _name_positive(self, name: str, func: FuncInfo, depth: int, seen: frozenset[str]) -> bool:
         if name in seen:
-            return True  # `x = x.view(...)`: the earlier definition decides
+            # `x = x.view(...)`: the earlier definitions decide; for a parameter
+            # (`a = torch.tensor(a)`), what the callers pass is one of them.
+            return name not in func.params or self._parameter_positive(name, func, depth)
         # `events = events.float()` of a parameter: a cast of the value passed in, which
         # says nothing of its sign (only another definition could).
         values = [
@@ -196,7 +297,11 @@ class Positivity:
             if not (isinstance(own := self._same_value(v), cst.Name) and own.value == name)
         ]
         if not values:
+            if name in func.params and name not in func.assigns:
+                return self._parameter_positive(name, func, depth)
             return False
+        if "[written]" not in seen and _element_written(name, func):
+            return False  # `w[0] = 0` after `w = torch.tensor([1.0, 2.0])`
         seen = seen | {name}
         sites = func.assign_sites.get(name, [])
         for value in values:
@@ -205,6 +310,66 @@ class Positivity:
                 if not self._returned_positive(value, index, func, depth + 1):
                     return False
             elif not self._positive(value, func, depth + 1, seen):
+                return False
+        return True
+
+    def _parameter_positive(self, name: str, func: FuncInfo, depth: int) -> bool:
+        """Every caller of ``func`` in its file passes a positive ``name`` (one that omits it
+        gets the default). With no caller in the file, a positive default decides: the
+        parameter is a setting (``scale=3``), like every parameter of a constructor."""
+        node = func.node
+        if not isinstance(node, cst.FunctionDef) or depth >= MAX_DEPTH:
+            return False
+        default = _default_of(node, name)
+        default_positive = default is not None and (number_value(default) or 0) > 0
+        callers = self.callers_of(func)
+        if func.name == CONSTRUCTOR or not callers:
+            return default_positive
+        for call, caller in callers:
+            if any(arg.star for arg in call.args):
+                return False
+            if func.class_name is not None and isinstance(call.func, cst.Name):
+                return False  # a method called by its bare name: not a binding we read
+            bound = dict(bind_arguments(call, node))
+            argument = bound.get(name)
+            if argument is None:
+                if not default_positive:
+                    return False
+            elif not self._positive(argument, caller, depth + 1, frozenset()):
+                return False
+        return True
+
+    def callers_of(self, func: FuncInfo) -> list[tuple[cst.Call, FuncInfo]]:
+        """The calls of ``func`` in the file that defines it."""
+        model = func.model or self.model
+        table = self._callers.get(id(model))
+        if table is None:
+            table = {}
+            for call, _, caller in model.all_calls:
+                try:
+                    callee = resolve_call(model, caller, call)
+                except RecursionError:
+                    callee = None
+                if callee is not None:
+                    table.setdefault(id(callee), []).append((call, caller))
+            self._callers[id(model)] = table
+        return table.get(id(func), [])
+
+    def _attribute_positive(
+        self, node: cst.Attribute, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        """``self.scale`` set only to positive values: a number, or a constructor parameter
+        with a positive default (``self.scale = scale``)."""
+        text = dotted_name(node)
+        if text is None or text in seen or depth >= MAX_DEPTH:
+            return False
+        model = func.model or self.model
+        values = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+        if not values:
+            return False
+        for value in values:
+            owner = model.function_holding(value)
+            if not self._positive(value, owner, depth + 1, seen | {text}):
                 return False
         return True
 
@@ -230,17 +395,22 @@ class Positivity:
 
     def _callee(self, call: cst.Call, func: FuncInfo) -> FuncInfo | None:
         """The function a call runs: a local function or method, or ``forward`` of the module
-        the called object was built as (``self.vae = VAE(...)``; ``self.vae(x)``)."""
-        target = self.model.function_for_call(call, func)
+        the called object was built as (``self.vae = VAE(...)``; ``self.vae(x)``), or a
+        function stored in an attribute (see :func:`loss_scope.resolve_call`)."""
+        model = func.model or self.model
+        try:
+            target = resolve_call(model, func, call)
+        except RecursionError:
+            return None
         if target is not None:
             return target
         text = dotted_name(call.func)
         if text is None:
             return None
         if isinstance(call.func, cst.Name):
-            built = func.assigns.get(text, []) or self.model.module_info.assigns.get(text, [])
+            built = func.assigns.get(text, []) or model.module_info.assigns.get(text, [])
         else:
-            built = self.model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+            built = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
         constructors = [self._same_value(v) for v in built]  # `VAE(...).to(device)`
         classes = {
             dotted_name(v.func)
@@ -250,9 +420,9 @@ class Positivity:
         if len(classes) != 1:
             return None
         (class_name,) = classes
-        if class_name is None or class_name not in self.model.class_nodes:
+        if class_name is None or class_name not in model.class_nodes:
             return None
-        return self.model.method_of(class_name, "forward")
+        return model.method_of(class_name, "forward")
 
     # -- non-negativity -----------------------------------------------------------------------
     def _non_negative(
@@ -351,6 +521,34 @@ def _positive_bound(bound: cst.BaseExpression | None) -> bool:
     return isinstance(bound, cst.Name | cst.Attribute) and offset_name(_last_part(bound))
 
 
+def _default_of(node: cst.FunctionDef, name: str) -> cst.BaseExpression | None:
+    """The default of parameter ``name`` of ``node``."""
+    params = node.params
+    for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
+        if param.name.value == name:
+            return param.default
+    return None
+
+
+def _element_written(name: str, func: FuncInfo) -> bool:
+    """``name[...] = ...`` somewhere in ``func``: one element set after the array was made."""
+    written = func.__dict__.get("_element_writes")
+    if written is None:
+        written = set()
+        for node in walk(func.node) if isinstance(func.node, cst.FunctionDef) else ():
+            if isinstance(node, cst.Assign | cst.AugAssign):
+                targets = (
+                    [t.target for t in node.targets]
+                    if isinstance(node, cst.Assign)
+                    else [node.target]
+                )
+                for target in targets:
+                    if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
+                        written.add(target.value.value)
+        func.__dict__["_element_writes"] = written
+    return name in written
+
+
 def _last_part(node: cst.Name | cst.Attribute) -> str:
     return node.value if isinstance(node, cst.Name) else node.attr.value
 
@@ -359,7 +557,7 @@ def _subject(call: cst.Call) -> cst.BaseExpression | None:
     """The tensor a call works on: ``x`` in ``x.sum()`` and in ``torch.sum(x)``."""
     if isinstance(call.func, cst.Attribute):
         owner = dotted_name(call.func.value)
-        if owner in {"torch", "th", "F", "torch.nn.functional", "nn.functional"}:
+        if owner in {"torch", "th", "F", "torch.nn.functional", "nn.functional", "math", "np"}:
             return call.args[0].value if call.args and call.args[0].keyword is None else None
         return call.func.value
     return call.args[0].value if call.args and call.args[0].keyword is None else None

@@ -44,6 +44,22 @@ def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
         ("mask.sum()", False),
         ("x - 1e-8", False),
         ("torch.exp(a) - torch.exp(b)", False),
+        ("torch.norm(torch.exp(x), dim=1)", True),
+        ("torch.norm(x, dim=1)", False),
+        ("np.array([1 / 2 ** i for i in range(4)]).sum()", True),
+        ("torch.tensor([0.5, 0.25])", True),
+        ("torch.tensor([0.5, 0.0])", False),
+        ("[k for k in range(4)]", False),
+        ("F.mse_loss(a, b) + 0.1 * 0.1", True),
+        ("F.mse_loss(a, b)", False),
+        ("torch.maximum(x, torch.tensor(1e-6))", True),
+        ("max(mask.sum(), 1)", True),
+        ("torch.where(mask > 0, x.exp(), torch.ones_like(x))", True),
+        ("torch.where(mask > 0, x, torch.ones_like(x))", False),
+        ("torch.full((3,), 0.5).sum()", True),
+        ("math.sqrt(a.exp().sum())", True),
+        ("sum([w / sum([0.5, 0.25]) for w in [0.5, 0.25]])", True),
+        ("sum([w for w in [0.5, 0.0]])", False),
     ],
 )
 def test_positive_by_construction(expression: str, positive: bool) -> None:
@@ -76,6 +92,75 @@ def test_positive_through_names_and_a_modules_returned_tuple() -> None:
     # The third element is a clamped log: it can be 0 or negative.
     assert not checker.positive(cst.Name("log_scale"), func)
     assert not checker.positive(cst.Name("mean"), func)
+
+
+def test_positive_through_a_helpers_return_and_every_callers_argument() -> None:
+    code = """
+        import torch
+        def magnitude(spec, floor=1e-5):
+            if spec is None:
+                return None
+            return torch.clamp(spec.abs(), min=floor)
+        def log_ratio(num, den, smoothing=0.5, scale=0):
+            return torch.log(num) - torch.log(den) + smoothing + scale
+        class Loss(torch.nn.Module):
+            def __init__(self, weight=2.0):
+                super().__init__()
+                self.weight = weight
+                self.unset = None
+            def forward(self, a, b):
+                mag_a = magnitude(a)
+                return log_ratio(mag_a, b.abs(), smoothing=self.weight)
+        """
+    checker, func = _function(code, "log_ratio")
+    # Every caller passes a clamped magnitude as `num`, but `den` is `b.abs()` (can be 0).
+    assert checker.positive(cst.Name("num"), func)
+    assert not checker.positive(cst.Name("den"), func)
+    # A keyword argument that is a hyper-parameter with a positive default.
+    assert checker.positive(cst.Name("smoothing"), func)
+    # Not passed by the caller, and its default is 0.
+    assert not checker.positive(cst.Name("scale"), func)
+    checker, forward = _function(code, "forward")
+    assert checker.positive(cst.parse_expression("self.weight"), forward)
+    assert not checker.positive(cst.parse_expression("self.unset"), forward)
+    assert checker.positive(cst.Name("mag_a"), forward)
+
+
+def test_a_parameter_is_positive_only_when_every_caller_passes_a_positive_value() -> None:
+    checker, func = _function(
+        """
+        import torch
+        def log_term(p):
+            return torch.log(p)
+        def first(x):
+            return log_term(x.exp())
+        def second(x):
+            return log_term(torch.sigmoid(x))
+        def third(args):
+            return log_term(*args)
+        """,
+        "log_term",
+    )
+    assert not checker.positive(cst.Name("p"), func)
+
+
+def test_a_parameter_rebuilt_from_itself_is_as_positive_as_what_callers_pass() -> None:
+    checker, func = _function(
+        """
+        import torch
+        def cos_sim(a, b):
+            if not isinstance(a, torch.Tensor):
+                a = torch.tensor(a)
+            a = a.unsqueeze(0)
+            norm = a.norm(dim=1)
+            gate = torch.exp(b)
+            gate = torch.tensor(gate)
+            return norm, gate
+        """,
+        "cos_sim",
+    )
+    assert not checker.positive(cst.Name("norm"), func)
+    assert checker.positive(cst.Name("gate"), func)
 
 
 def test_gradient_norm_of_autograd_grad_only() -> None:
@@ -232,6 +317,46 @@ def test_division_by_a_count_the_data_decides_is_an_info_wherever_it_is_written(
         (15, "info"),
     ]
     assert all("cannot tell" in f.message for f in report.findings)
+
+
+def test_division_by_a_count_every_caller_passes_is_an_info_without_a_patch() -> None:
+    code = textwrap.dedent(
+        """
+        import torch
+        import torch.nn.functional as F
+        def region_bce_loss(logits, targets, num_regions):
+            loss = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+            return loss.mean(1).sum() / num_regions
+        class RegionHead(torch.nn.Module):
+            def forward(self, feats, regions, gt):
+                count = n_regions = len(regions)
+                first = region_bce_loss(self.proj(feats), gt, count)
+                return first + region_bce_loss(feats, gt, sum(len(r) for r in regions))
+        """
+    )
+    (finding,) = [f for f in lint_source(code).findings if f.id == "unstable-loss-op"]
+    assert (finding.line, finding.severity, finding.fix) == (6, "info", None)
+    # The count wrapped in a tensor first (a self-reference) is the same count.
+    wrapped = code.replace(
+        "count = n_regions = len(regions)",
+        "count = len(regions)\n        count = torch.as_tensor([count], dtype=torch.float)",
+    )
+    assert [f.line for f in lint_source(wrapped).findings if f.id == "unstable-loss-op"] == [6]
+    # The number of elements a mask keeps is a count the data decides, too.
+    kept = code.replace("sum(len(r) for r in regions)", "gt[gt > 0.5].numel()")
+    assert [f.line for f in lint_source(kept).findings if f.id == "unstable-loss-op"] == [6]
+    # The caller returns early for an image without regions: silent.
+    checked = code.replace(
+        "        count = n_regions = len(regions)\n",
+        "        if len(regions) == 0:\n            return feats.sum() * 0\n"
+        "        count = n_regions = len(regions)\n",
+    )
+    assert checked != code
+    assert [f.line for f in lint_source(checked).findings if f.id == "unstable-loss-op"] == []
+    # One caller keeps the count off 0 (or passes a batch size): silent.
+    for guarded in ("max(len(regions), 1)", "feats.shape[0]", 'gt["masks"].numel()'):
+        changed = code.replace("sum(len(r) for r in regions)", guarded)
+        assert "unstable-loss-op" not in {f.id for f in lint_source(changed).findings}
 
 
 def test_a_guarded_data_count_stays_silent() -> None:

@@ -12,7 +12,7 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.loss_scope import LossScope, assigns_loss, loss_scope
-from gradient_doctor.probes.static.model import FileModel, FuncInfo
+from gradient_doctor.probes.static.model import FileModel, FuncInfo, bind_arguments
 from gradient_doctor.probes.static.names import (
     code_of,
     dotted_name,
@@ -56,15 +56,21 @@ class UnstableLossOp(Rule):
         "`positivity`: `exp`, `softplus`, a positive clamp or `+ eps` cannot; a probability, "
         "`1 - p`, a sum, a union or a box's `y2 - y1` can). Loss code is followed across the "
         "project (`loss_scope`): a loss's helpers, methods, the `forward` of modules it "
-        "builds, functions of other files and functions stored from a parameter's default; "
-        "every function and `forward` of a loss file. In a model's forward pass a root is "
+        "builds, functions of other files, functions stored from a parameter's default or "
+        "handed to a project function as an argument; every function and `forward` of a "
+        "loss file. A value is positive by how it is made wherever that is: in the function "
+        "or module that returns it, in every caller that passes it, in a setting with a "
+        "positive default. In a model's forward pass a root is "
         "reported only where the code says its input reaches 0 (an epsilon added after the "
         "root, `max(root, eps)`, a clamp at 0 before it). An epsilon added after the root does "
         "not count. Softplus, log-sum-exp and softmax written by hand from `exp` of logits "
         "(`log1p(exp(x))`, `log(1 + exp(a) + exp(b))`, `x.exp().sum(d).log()`, `e / e.sum()`) "
-        "are reported for overflow, and `acos` / `asin` of a value that can reach -1 or 1 "
+        "are reported for overflow, as are exponentials of a large scale times a product of "
+        "data-dependent factors summed into a log across statements (circle loss written "
+        "out), and `acos` / `asin` of a value that can reach -1 or 1 "
         "(a cosine) for its infinite gradient there. A division by a count the data decides "
-        "(a mask's count, `num_pos`, per-sample lengths) or by the total weight of a weighted "
+        "(a mask's count, `num_pos`, per-sample lengths, a parameter to which every caller "
+        "passes `len(...)` or a count) or by the total weight of a weighted "
         "mean is reported "
         "as info: only the data says whether it can be 0. Code that runs with autograd off "
         "(`torch.no_grad()`, `inference_mode()`), or whose value is only logged or measured, "
@@ -387,8 +393,151 @@ class ContrastLoss(torch.nn.Module):
         stats = {"norm": row_norm(a).mean().item()}
         return F.cross_entropy(a @ b.T, torch.arange(len(a))), stats
 """,
+        # Positive by construction in another function: the magnitude is clamped where it is
+        # made, and every caller of the two loss terms passes that magnitude.
+        """
+import torch
+import torch.nn.functional as F
+def magnitude(spec):
+    return torch.sqrt(torch.clamp(spec.real ** 2 + spec.imag ** 2, min=1e-7))
+class LogMagnitudeLoss(torch.nn.Module):
+    def forward(self, est_mag, ref_mag):
+        return F.l1_loss(torch.log(est_mag), torch.log(ref_mag))
+class RelativeErrorLoss(torch.nn.Module):
+    def forward(self, est_mag, ref_mag):
+        return torch.norm(ref_mag - est_mag) / torch.norm(ref_mag)
+class SpectralLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.log_term = LogMagnitudeLoss()
+        self.relative_term = RelativeErrorLoss()
+    def forward(self, est, ref):
+        est_mag = magnitude(torch.stft(est, 512, return_complex=True))
+        ref_mag = magnitude(torch.stft(ref, 512, return_complex=True))
+        return self.log_term(est_mag, ref_mag) + self.relative_term(est_mag, ref_mag)
+""",
+        # A sum of positive constants: one weight set to 0 later leaves the others.
+        """
+import numpy as np
+def multiscale_loss_weights(levels):
+    weights = np.array([0.5 ** k for k in range(levels)])
+    weights[-1] = 0
+    weights = weights / weights.sum()
+    return weights
+""",
+        # A square plus a positive hyper-parameter (pseudo-Huber, Charbonnier).
+        """
+import torch
+import torch.nn.functional as F
+class SmoothDistance(torch.nn.Module):
+    def __init__(self, channels=4):
+        super().__init__()
+        self.channels = channels
+    def forward(self, pred, target):
+        delta = 0.002 * self.channels
+        return (F.mse_loss(pred, target, reduction="none") + delta * delta).sqrt() - delta
+def charbonnier_loss(pred, target, c=0.01):
+    return torch.sqrt((pred - target) ** 2 + c ** 2).mean()
+""",
+        # The count passed in is clamped by the caller.
+        """
+import torch
+import torch.nn.functional as F
+def region_bce_loss(logits, targets, num_regions):
+    loss = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    return loss.mean(1).sum() / num_regions
+class RegionHead(torch.nn.Module):
+    def forward(self, feats, regions, gt):
+        num_regions = max(len(regions), 1)
+        return region_bce_loss(self.proj(feats), gt, num_regions)
+""",
+        # Exponentials that cannot be large: a negated scale times a square, a scaled value
+        # shifted by its maximum first, a scale below 88 times one cosine.
+        """
+import torch
+def kernel_log_density(x, centers, gamma=50.0):
+    dist = torch.cdist(x, centers)
+    density = torch.exp(-gamma * dist ** 2).mean(dim=1)
+    return -torch.log(density + 1e-12).mean()
+class ShiftedMarginLoss(torch.nn.Module):
+    def __init__(self, scale=64.0):
+        super().__init__()
+        self.scale = scale
+    def forward(self, sim, positive):
+        shifted = self.scale * (sim - sim.max())
+        total = torch.exp(shifted).sum(dim=1)
+        return -(torch.log(total) - shifted[positive]).mean()
+class AdditiveMarginLoss(torch.nn.Module):
+    def __init__(self, s=30.0, m=0.35):
+        super().__init__()
+        self.s = s
+        self.m = m
+    def forward(self, cosine, target):
+        target_cos = cosine.gather(1, target[:, None]).squeeze(1)
+        others = cosine.masked_fill(torch.nn.functional.one_hot(target).bool(), -1e4)
+        numerator = self.s * (target_cos - self.m)
+        denominator = torch.exp(numerator) + torch.exp(self.s * others).sum(dim=1)
+        return -(numerator - torch.log(denominator)).mean()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        Invalid(
+            """
+import torch
+def _pairwise(x, y, metric):
+    return metric(x[:, None], y[None])
+def _euclidean(a, b):
+    return torch.sqrt(((a - b) ** 2).sum(-1))
+def mmd_loss(source, target):
+    within = _pairwise(source, source, _euclidean)
+    return within.mean() - 2 * _pairwise(source, target, _euclidean).mean()
+""",
+            # The metric handed to the pairwise helper is loss code: its distance of a row to
+            # itself is 0, where the root's gradient is infinite.
+            6,
+        ),
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+class PairMarginLoss(torch.nn.Module):
+    def __init__(self, scale=48.0, margin=0.3):
+        super().__init__()
+        self.scale = scale
+        self.margin = margin
+    def forward(self, emb, labels):
+        sim = F.normalize(emb) @ F.normalize(emb).T
+        same = labels[:, None] == labels[None, :]
+        pos_weight = torch.relu(1 + self.margin - sim[same])
+        neg_weight = torch.relu(sim[~same] + self.margin)
+        pos_term = torch.exp(-self.scale * pos_weight * (sim[same] - self.margin)).sum()
+        neg_term = torch.sum(torch.exp(self.scale * neg_weight * (sim[~same] + self.margin)))
+        return torch.log(1 + pos_term * neg_term)
+""",
+            # Both sums of exponentials of weighted, scaled similarities overflow before the
+            # log (48 * 1.6 * 1.3 is about 100).
+            (14, 15),
+        ),
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+def magnitude(spec):
+    return torch.sqrt(torch.clamp(spec.real ** 2 + spec.imag ** 2, min=1e-7))
+class LogMagnitudeLoss(torch.nn.Module):
+    def forward(self, est_mag, ref_mag):
+        return F.l1_loss(torch.log(est_mag), torch.log(ref_mag))
+class SpectralLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.log_term = LogMagnitudeLoss()
+    def forward(self, est, ref):
+        est_mag = torch.stft(est, 512, return_complex=True).abs()
+        return self.log_term(est_mag, magnitude(torch.stft(ref, 512, return_complex=True)))
+""",
+            # The estimate's magnitude is not clamped by its one caller: it can be 0.
+            8,
+        ),
         Invalid(
             """
 import torch
@@ -706,6 +855,7 @@ def ratio_loss(p, q):
         clamped = _clamped_names(model)
         sampled = _sampled_actions(model)
         positivity = Positivity(model)
+        reported_exps: set[int] = set()
         for call, stmt, func in model.all_calls:
             if only is not None and id(func) not in only:
                 continue
@@ -716,6 +866,11 @@ def ratio_loss(p, q):
                     if not _without_gradient(model, call):
                         yield self._logsumexp_finding(call, *written)
                     continue
+                if scope.in_loss(func, stmt) and not _without_gradient(model, call):
+                    for exp, scale in _scaled_exps_into_log(func, call):
+                        if id(exp) not in reported_exps:
+                            reported_exps.add(id(exp))
+                            yield self._scaled_exp_finding(exp, call, scale)
             if name in INVERSE_TRIG:
                 operand = _sole_operand(call, name)
                 if operand is not None and _at_boundary(model, scope, func, stmt, call, operand):
@@ -843,7 +998,11 @@ def ratio_loss(p, q):
                 if (
                     scope.in_loss(func, stmt)
                     and not _python_number(division.left)
-                    and (_counted_selection(func, right) or _data_count(func, right))
+                    and (
+                        _counted_selection(func, right)
+                        or _data_count(func, right)
+                        or _passed_count(positivity, func, right)
+                    )
                     and not _safe(model, func, stmt, right)
                     and not _without_gradient(model, division.node)
                 ):
@@ -891,6 +1050,31 @@ def ratio_loss(p, q):
                 "what": "softplus" if stable.startswith("F.softplus") else "log-sum-exp",
                 "stable": stable,
                 "logits": shorten(code_of(logits)),
+            },
+        )
+
+    def _scaled_exp_finding(
+        self, exp: cst.Call, log: cst.Call, scale: cst.BaseExpression
+    ) -> RawFinding:
+        """``total = torch.sum(torch.exp(self.scale * x))`` later taken into
+        ``torch.log(1 + total * other)``: log-sum-exp written out across statements, of a
+        value multiplied by a large scale. Reported at the ``exp`` (where it overflows)."""
+        return RawFinding(
+            node=exp,
+            message=(
+                "`{expression}` on line {line} exponentiates a value multiplied by "
+                "`{scale}` and its result goes into `{log}` on line {log_line}: a log-sum-exp "
+                "written out, where `exp` overflows to inf once the scaled value passes ~88 "
+                "(float32; a scale of 32 times a margin of 3 does) and the loss turns inf/NaN; "
+                "keep it in log space: `torch.logsumexp` of the scaled values (and "
+                "`F.softplus` for a `log(1 + ...)`), which never exponentiates a large value"
+            ),
+            evidence={
+                "expression": shorten(code_of(exp)),
+                "line": exp,
+                "scale": shorten(code_of(scale)),
+                "log": shorten(code_of(log)),
+                "log_line": log,
             },
         )
 
@@ -1218,6 +1402,115 @@ def _data_count(func: FuncInfo, node: cst.BaseExpression) -> bool:
         and _size_of(value.left)
         and _size_of(value.right)
     )
+
+
+def _passed_count(positivity: Positivity, func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``loss.sum() / num_masks`` where ``num_masks`` is a parameter and every caller in the
+    file passes a count of elements the data decides (``len(boxes)``, ``x[keep].numel()``,
+    ``mask.sum()``, ``num_pos``), with no clamp: a batch or image with no such element gives
+    0. The count is made where the loss is called, not where it divides."""
+    stripped = _strip(node)
+    if not isinstance(stripped, cst.Name) or not isinstance(func.node, cst.FunctionDef):
+        return False
+    name = stripped.value
+    if name not in func.params or name in func.assigns:
+        return False
+    callers = positivity.callers_of(func)
+    if not callers:
+        return False
+    for call, caller in callers:
+        if any(arg.star for arg in call.args):
+            return False
+        argument = dict(bind_arguments(call, func.node)).get(name)
+        if argument is None or not _element_count(caller, argument, 0, frozenset()):
+            return False
+        if _compared_with_zero(caller, argument):
+            return False  # `if num_masks == 0: return ...` where the count is made
+    return True
+
+
+def _compared_with_zero(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """A condition of ``func`` compares ``node`` (or the one value of the name ``node``) with
+    0: ``if len(boxes) == 0: return``, ``if n > 0: loss = f(x, n)``."""
+    texts = {code_of(_strip(node))}
+    value = _single_value(func, node)
+    if value is not None:
+        texts.add(code_of(_strip(value)))
+    for current in walk(func.node):
+        if not isinstance(current, cst.Comparison):
+            continue
+        parts = [current.left, *(c.comparator for c in current.comparisons)]
+        if any(code_of(part) in texts for part in parts) and any(
+            number_value(part) == 0 for part in parts
+        ):
+            return True
+    return False
+
+
+def _element_count(
+    func: FuncInfo, node: cst.BaseExpression, depth: int, seen: frozenset[str]
+) -> bool:
+    """``node`` counts elements that the data decides and nothing keeps it off 0:
+    ``len(x)``, ``sum(len(t) for t in targets)``, ``x[keep].numel()``, a mask's sum, a count
+    of what a comparison selects, a name like ``num_pos``, or a local name bound only to
+    those."""
+    if depth > 3 or _guarded(node):
+        return False
+    stripped = _strip(node)
+    while (
+        isinstance(stripped, cst.Call)
+        and isinstance(stripped.func, cst.Attribute)
+        and stripped.func.attr.value in COUNT_CASTS
+        and not stripped.args
+    ):
+        stripped = stripped.func.value  # `count.item()`
+    if isinstance(stripped, cst.List | cst.Tuple) and len(stripped.elements) == 1:
+        return _element_count(func, stripped.elements[0].value, depth + 1, seen)  # `[n]`
+    if isinstance(stripped, cst.Call):
+        name = _called_name(stripped)
+        if name in {"float", "int", "tensor", "as_tensor"} and stripped.args:
+            # `float(n)`, `torch.as_tensor([n], dtype=torch.float)`: the same count.
+            return _element_count(func, stripped.args[0].value, depth + 1, seen)
+        if isinstance(stripped.func, cst.Name) and name == "len":
+            return True
+        if isinstance(stripped.func, cst.Name) and name == "sum" and stripped.args:
+            counted = stripped.args[0].value
+            return isinstance(counted, cst.GeneratorExp | cst.ListComp) and _element_count(
+                func, counted.elt, depth + 1, seen
+            )
+        if name == "numel" and isinstance(stripped.func, cst.Attribute):
+            return _selects(_strip(stripped.func.value))
+        return _sums_mask(stripped)
+    if not isinstance(stripped, cst.Name):
+        return False
+    if stripped.value in seen:
+        return True  # `n = torch.as_tensor([n])`: the earlier definition decides
+    if _counted_selection(func, stripped) or _data_count(func, stripped):
+        return True
+    values = func.assigns.get(stripped.value, [])
+    inner = seen | {stripped.value}
+    return bool(values) and all(_element_count(func, v, depth + 1, inner) for v in values)
+
+
+def _selects(node: cst.BaseExpression) -> bool:
+    """``x[keep]`` / ``x[scores > t]``: indexing by a mask or by indices, which keeps what the
+    data decides. A key or a position (``batch["input_ids"]``, ``x[0]``, ``x[:, 1:]``) keeps a
+    fixed part."""
+    if not isinstance(node, cst.Subscript):
+        return False
+    for element in node.slice:
+        index = element.slice
+        if not isinstance(index, cst.Index):
+            continue
+        value = index.value
+        if isinstance(value, cst.SimpleString | cst.ConcatenatedString | cst.FormattedString):
+            continue
+        if number_value(value, arithmetic=True) is not None:
+            continue
+        if isinstance(value, cst.Name) and value.value in {"None", "Ellipsis"}:
+            continue
+        return True
+    return False
 
 
 def _extent(func: FuncInfo, node: cst.BaseExpression) -> bool:
@@ -1702,6 +1995,152 @@ def _bounded_above(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool
         values = [v for v in func.assigns.get(node.value, []) if code_of(_strip(v)) != node.value]
         return bool(values) and all(_bounded_above(func, v, depth + 1) for v in values)
     return False
+
+
+SCALE_WORDS = ("scale",)
+SCALE_NAMES = frozenset({"s", "gamma"})
+"""Names of the factor that sharpens logits in a margin loss (``self.scale``, ``self.s``,
+``gamma`` of circle loss): tens, up to a few hundred."""
+LARGE_FACTOR = 10.0
+
+
+def _scaled_exps_into_log(
+    func: FuncInfo, log: cst.Call
+) -> Iterator[tuple[cst.Call, cst.BaseExpression]]:
+    """(each ``exp``, the scale it multiplies) whose value reaches ``log`` through sums and
+    products, in place or through local names (computed in an earlier statement), where
+    the exponent is a product with a large scale (``self.scale``, a literal of 10 or more)
+    and can be large and positive (not a shifted, clamped, or sign-bounded value)."""
+    operand = _sole_operand(log, _called_name(log))
+    if operand is None:
+        return
+    for exp in _exps_feeding(func, operand, 0):
+        exponent = _sole_operand(exp, "exp")
+        if exponent is None or _bounded_above(func, exponent, 0):
+            continue
+        if _sign(func, exponent, 0) == "-":
+            continue  # `-gamma * distance`: at most 0
+        scale = _large_factor(exponent)
+        if scale is None:
+            continue
+        # A scale times one similarity (`s * cos`, AM-softmax) stays below the scale, which
+        # is below 88 in practice; a scale times a product of data-dependent factors (a
+        # weight times a margin gap, circle loss) can pass it.
+        varying = [f for f in _factors(exponent) if f is not scale and not _constant_factor(f)]
+        scale_value = number_value(scale, arithmetic=True)
+        if len(varying) >= 2 or (scale_value is not None and abs(scale_value) >= OVERFLOW_EXP):
+            yield exp, scale
+
+
+def _exps_feeding(func: FuncInfo, node: cst.BaseExpression, depth: int) -> Iterator[cst.Call]:
+    """The ``exp`` calls whose value is summed or multiplied into ``node``, written in place
+    or in an earlier statement (reached through a local name)."""
+    node = _strip(node)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add | cst.Multiply):
+        yield from _exps_feeding(func, node.left, depth)
+        yield from _exps_feeding(func, node.right, depth)
+    elif isinstance(node, cst.Call):
+        name = _called_name(node)
+        if name == "exp":
+            yield node
+        elif name == "sum" or name == "mean":
+            inner = _sole_operand(node, name)
+            if inner is None and isinstance(node.func, cst.Name) and node.args:
+                inner = node.args[0].value  # the built-in `sum(terms)`
+            if inner is not None:
+                yield from _exps_feeding(func, inner, depth)
+    elif isinstance(node, cst.Name) and depth < 3:
+        for value in func.assigns.get(node.value, []):
+            if code_of(_strip(value)) != node.value:
+                yield from _exps_feeding(func, value, depth + 1)
+
+
+OVERFLOW_EXP = 88.0
+"""``exp`` of a float32 overflows above about 88.7."""
+
+
+def _factors(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The factors of a product, minus signs aside (``-s * a * (b - m)``: s, a, b - m)."""
+    node = _strip(node)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        return _factors(node.expression)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return [*_factors(node.left), *_factors(node.right)]
+    return [node]
+
+
+def _constant_factor(node: cst.BaseExpression) -> bool:
+    """A literal, or a setting stored on the object (``self.margin``)."""
+    if number_value(node, arithmetic=True) is not None:
+        return True
+    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name)
+
+
+def _large_factor(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The factor of the product ``node`` that is a scale (``self.scale``, ``s``, a literal
+    of at least 10), minus signs aside."""
+    node = _strip(node)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        return _large_factor(node.expression)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return _large_factor(node.left) or _large_factor(node.right)
+    value = number_value(node, arithmetic=True)
+    if value is not None:
+        return node if abs(value) >= LARGE_FACTOR else None
+    if isinstance(node, cst.Name | cst.Attribute):
+        last = (node.value if isinstance(node, cst.Name) else node.attr.value).lower()
+        if last in SCALE_NAMES or any(word in last for word in SCALE_WORDS):
+            return node
+    return None
+
+
+def _sign(func: FuncInfo, node: cst.BaseExpression, depth: int) -> str | None:
+    """``"+"`` when ``node`` is at least 0 by construction, ``"-"`` when at most 0, else
+    None: signs of literals, scales (positive), ``relu`` / ``abs`` / squares / norms, their
+    negations and products, and local names bound only to such values."""
+    node = _strip(node)
+    if depth > 3:
+        return None
+    value = number_value(node, arithmetic=True)
+    if value is not None:
+        return "+" if value >= 0 else "-"
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        inner = _sign(func, node.expression, depth + 1)
+        return None if inner is None else ("-" if inner == "+" else "+")
+    if isinstance(node, cst.BinaryOperation):
+        if isinstance(node.operator, cst.Power) and number_value(node.right) == 2:
+            return "+"
+        if isinstance(node.operator, cst.Multiply | cst.Divide):
+            left = _sign(func, node.left, depth + 1)
+            right = _sign(func, node.right, depth + 1)
+            if left is None or right is None:
+                return None
+            return "+" if left == right else "-"
+        if isinstance(node.operator, cst.Subtract):
+            right_side = _strip(node.right)
+            if isinstance(right_side, cst.Call) and _called_name(right_side) in {
+                "max",
+                "amax",
+                "logsumexp",
+            }:
+                return "-"  # `x - x.max()`: at most 0
+        return None
+    if isinstance(node, cst.Call):
+        name = _called_name(node)
+        if name in NON_NEGATIVE:
+            return "+"
+        if name in {"clamp", "clip", "clamp_min"}:
+            low = clamp_bound(node, "min")
+            low_value = number_value(low) if low is not None else None
+            return "+" if low_value is not None and low_value >= 0 else None
+        return None
+    if _large_factor(node) is not None:
+        return "+"
+    if isinstance(node, cst.Name):
+        values = [v for v in func.assigns.get(node.value, []) if code_of(_strip(v)) != node.value]
+        signs = {_sign(func, v, depth + 1) for v in values}
+        return signs.pop() if len(signs) == 1 else None
+    return None
 
 
 def _manual_logsumexp(call: cst.Call) -> cst.BaseExpression | None:
