@@ -198,17 +198,25 @@ class Lists:
         self.meta = rows
         starts, labels, indices, values, feature_starts = [0], [], [], [], [0]
         dense_indices: set[int] = set()
-        grams: set[int] = set()
-        targets: set[int] = set()
+        pair_keys: list[np.ndarray] = []
+        target_ids: dict[int, int] = {}
         for row in rows:
-            grams.update(
-                rerank.text_grams(row["text"] + ("\n" + row["code"] if row["code"] else ""))
-            )
-            for cand in row["candidates"]:
-                targets.update((rerank._hash("id " + cand.id), rerank._hash("kind " + cand.kind)))
             feats = rerank.candidate_features(
                 row["text"], row["code"], row["candidates"], row["code_detected"]
             )
+            # The (word, target) pairs this list trains: its words with its candidates' ids and
+            # kinds, as word * 65536 + target number.
+            words = np.array(
+                rerank.text_grams(rerank.query_text(row["text"], row["code"])), dtype=np.int64
+            )
+            seen = {
+                target_ids.setdefault(t, len(target_ids))
+                for cand in row["candidates"]
+                for t in rerank.target_hashes(cand)
+            }
+            if len(words):
+                numbers = np.array(sorted(seen), dtype=np.int64)
+                pair_keys.append((words[:, None] * 65536 + numbers).ravel())
             for dense, crossed in feats:
                 for index, value in dense:
                     indices.append(index)
@@ -226,8 +234,8 @@ class Lists:
         self.values = np.array(values)
         self.feature_starts = np.array(feature_starts)
         self.dense = dense_indices
-        self.grams = np.array(sorted(grams), dtype=np.int64)
-        self.targets = np.array(sorted(targets), dtype=np.int64)
+        self.targets = np.array(sorted(target_ids, key=target_ids.__getitem__), dtype=np.int64)
+        self.pairs = np.unique(np.concatenate(pair_keys)) if pair_keys else np.zeros(0, np.int64)
 
     def subset(self, keep: Sequence[bool]) -> Lists:
         return Lists([row for row, k in zip(self.meta, keep, strict=True) if k])
@@ -326,13 +334,37 @@ def train(lists: Lists, l2_dense: float, l2_crossed: float, today_weight: float)
         return loss, grad + penalty * w
 
     w = _lbfgs(loss_and_grad, np.zeros(len(used)), ITERATIONS)
-    kept = np.abs(w) > KEEP_ABOVE
-    weights = {int(i): float(v) for i, v in zip(used[kept], w[kept], strict=True)}
-    # The words that still have a weight for some id or kind (the others are skipped when
-    # scoring): the same crossing as rerank._cross, over every word and target at once.
-    crossed = ((lists.grams[:, None] * 1000003) ^ lists.targets[None, :]) & ((1 << rerank.BITS) - 1)
-    has_weight = np.isin(crossed, used[kept]).any(axis=1)
-    return rerank.Model(weights, frozenset(int(g) for g in lists.grams[has_weight]))
+    return Trained(lists, used, w)
+
+
+class Trained:
+    """A trained weight vector over the indices ``used``, turned into a :class:`rerank.Model`
+    (weights at most ``keep`` in size dropped: they change little and cost load time)."""
+
+    def __init__(self, lists: Lists, used: np.ndarray, w: np.ndarray) -> None:
+        self.lists, self.used, self.w = lists, used, w
+
+    def model(self, keep: float = KEEP_ABOVE, digits: int | None = None) -> rerank.Model:
+        def rounded(value: float) -> float:
+            return round(value, digits) if digits is not None else value
+
+        weight_of = dict(zip(self.used.tolist(), self.w.tolist(), strict=True))
+        dense = {
+            i: rounded(weight_of[i])
+            for i in sorted(self.lists.dense)
+            if abs(weight_of.get(i, 0.0)) > keep
+        }
+        # The (word, target) pairs some training list had, crossed as rerank._cross does (a
+        # pair that only shares a hashed index with them is a collision, not a weight).
+        grams, numbers = self.lists.pairs // 65536, self.lists.pairs % 65536
+        crossed = ((grams * 1000003) ^ self.lists.targets[numbers]) & ((1 << rerank.BITS) - 1)
+        slot = np.searchsorted(self.used, crossed).clip(0, len(self.used) - 1)
+        value = np.where(self.used[slot] == crossed, self.w[slot], 0.0)
+        table: dict[int, list[float]] = {}
+        for k in np.nonzero(np.abs(value) > keep)[0]:
+            table.setdefault(int(grams[k]), []).extend((int(numbers[k]), rounded(float(value[k]))))
+        positions = {int(target): p for p, target in enumerate(self.lists.targets.tolist())}
+        return rerank.Model(dense, positions, table)
 
 
 def _lbfgs(f: Any, x: np.ndarray, iterations: int, memory: int = 10) -> np.ndarray:
@@ -377,7 +409,9 @@ def _lbfgs(f: Any, x: np.ndarray, iterations: int, memory: int = 10) -> np.ndarr
     return x
 
 
-def ranks(rows: list[dict[str, Any]], model: rerank.Model | None) -> list[int]:
+def ranks(
+    rows: list[dict[str, Any]], model: rerank.Model | None, floor: float = rerank.FLOOR
+) -> list[int]:
     """Where each list's answer lands (-1: not among the candidates; an out-of-scope answer
     counts only when the list says out of scope), with the re-ranker or without (None)."""
     out = []
@@ -385,7 +419,9 @@ def ranks(rows: list[dict[str, Any]], model: rerank.Model | None) -> list[int]:
         cands = row["candidates"]
         order = list(range(len(cands)))
         if model is not None and not row["out_of_scope"]:
-            order = rerank.order(row["text"], row["code"], cands, row["code_detected"], model)
+            order = rerank.order(
+                row["text"], row["code"], cands, row["code_detected"], model, floor
+            )
         ids = [cands[i].id for i in order]
         rank = ids.index(row["expect"]) if row["expect"] in ids else -1
         if rank == 0 and row["expect"] == "out-of-scope" and not row["out_of_scope"]:
@@ -409,18 +445,33 @@ def all_rows() -> list[dict[str, Any]]:
     return current_lists(items) + history_lists(items)
 
 
-def cross_validate(by: str, l2_dense: float, l2_crossed: float, today_weight: float) -> None:
+def cross_validate(
+    by: str,
+    l2_dense: float,
+    l2_crossed: float,
+    today_weight: float,
+    floors: Sequence[float],
+    keeps: Sequence[float],
+) -> None:
     rows = all_rows()
     lists = Lists(rows)
     folds = sorted({r[by] for r in rows if blind_group(r["group"])})
     held: dict[str, list[tuple[int, int]]] = {"today": [], "first-look": []}
+    by_floor: dict[tuple[str, float], list[int]] = {}
+    by_keep: dict[tuple[str, float], list[int]] = {}
     for fold in folds:
-        model = train(
+        trained = train(
             lists.subset([r[by] != fold for r in rows]), l2_dense, l2_crossed, today_weight
         )
+        model = trained.model()
         for source in held:
             part = [r for r in rows if r[by] == fold and r["source"] == source]
             held[source].extend(zip(ranks(part, None), ranks(part, model), strict=True))
+            for floor in floors:
+                by_floor.setdefault((source, floor), []).extend(ranks(part, model, floor))
+            for keep in keeps:
+                pruned = trained.model(keep)
+                by_keep.setdefault((source, keep), []).extend(ranks(part, pruned))
         part = [r for r in rows if r[by] == fold and r["source"] == "first-look"]
         print(
             f"  {fold:8s} first-look n={len(part):3d} matcher "
@@ -431,6 +482,12 @@ def cross_validate(by: str, l2_dense: float, l2_crossed: float, today_weight: fl
     for source, pairs in held.items():
         print(f"held-out {source:10s} matcher alone: {summary([a for a, _ in pairs])}")
         print(f"held-out {source:10s} + re-ranker:  {summary([b for _, b in pairs])}")
+        for floor in floors:
+            found = by_floor[(source, floor)]
+            print(f"held-out {source:10s} + re-ranker, floor {floor}: {summary(found)}")
+        for keep in keeps:
+            found = by_keep[(source, keep)]
+            print(f"held-out {source:10s} + re-ranker, keep > {keep}: {summary(found)}")
 
 
 def fingerprint() -> str:
@@ -449,27 +506,28 @@ def fingerprint() -> str:
 def write_weights() -> None:
     started = time.perf_counter()
     rows = all_rows()
-    model = train(Lists(rows), L2_DENSE, L2_CROSSED, TODAY_WEIGHT)
+    model = train(Lists(rows), L2_DENSE, L2_CROSSED, TODAY_WEIGHT).model(KEEP_ABOVE, 4)
     for source in ("today", "first-look"):
         part = [r for r in rows if r["source"] == source]
         print(f"{source:10s} in-sample matcher {summary(ranks(part, None))}")
         print(f"{source:10s} in-sample re-ranked {summary(ranks(part, model))}")
-    weights = model.weights
-    ordered = sorted(weights)
     data = {
         "version": rerank.VERSION,
         "bits": rerank.BITS,
         "trained_on": f"{EVAL_FILE.relative_to(REPO)}, {HISTORY_FILE.relative_to(REPO)}",
         "fingerprint": fingerprint(),
         "hyper": {"l2_dense": L2_DENSE, "l2_crossed": L2_CROSSED, "today_weight": TODAY_WEIGHT},
-        "index": ordered,
-        "weight": [round(weights[i], 4) for i in ordered],
-        "grams": sorted(model.grams),
+        "dense_index": list(model.dense),
+        "dense_weight": list(model.dense.values()),
+        "targets": sorted(model.targets, key=model.targets.__getitem__),
+        "grams": list(model.crossed),
+        "pairs": list(model.crossed.values()),
     }
     WEIGHTS_FILE.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+    size = len(model.dense) + sum(len(p) // 2 for p in model.crossed.values())
     print(
-        f"wrote {len(ordered)} weights to {WEIGHTS_FILE.relative_to(REPO)} "
-        f"in {time.perf_counter() - started:.0f} s"
+        f"wrote {size} weights ({len(model.crossed)} words) to "
+        f"{WEIGHTS_FILE.relative_to(REPO)} in {time.perf_counter() - started:.0f} s"
     )
 
 
@@ -483,13 +541,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     cv.add_argument("--l2-dense", type=float, default=L2_DENSE)
     cv.add_argument("--l2-crossed", type=float, default=L2_CROSSED)
     cv.add_argument("--today-weight", type=float, default=TODAY_WEIGHT)
+    cv.add_argument(
+        "--floors", default="0,0.1,0.2,0.3", help="also report these floors (rerank.FLOOR)"
+    )
+    cv.add_argument(
+        "--keeps", default="0.003,0.03,0.05", help="also report these KEEP_ABOVE prunings"
+    )
     args = parser.parse_args(argv)
     if args.command == "collect":
         collect()
     elif args.command == "train":
         write_weights()
     else:
-        cross_validate(args.by, args.l2_dense, args.l2_crossed, args.today_weight)
+        floors = [float(f) for f in args.floors.split(",") if f]
+        keeps = [float(k) for k in args.keeps.split(",") if k]
+        cross_validate(args.by, args.l2_dense, args.l2_crossed, args.today_weight, floors, keeps)
 
 
 if __name__ == "__main__":

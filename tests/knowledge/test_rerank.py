@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 import subprocess
@@ -11,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import tomllib
 
 from gradient_doctor.knowledge import rerank
 from gradient_doctor.knowledge.matcher import get_matcher
@@ -42,8 +44,11 @@ def test_shipped_weights_load_and_carry_the_extractors_version() -> None:
     assert data["version"] == rerank.VERSION
     assert data["bits"] == rerank.BITS
     model = rerank.load_weights()
-    assert model is not None and len(model.weights) > 100 and model.grams
-    assert all(0 <= index < 2**rerank.BITS for index in model.weights)
+    assert model is not None and len(model.dense) > 20 and len(model.crossed) > 100
+    assert all(0 <= index < 2**rerank.BITS for index in model.dense)
+    positions = set(model.targets.values())
+    for pairs in model.crossed.values():
+        assert len(pairs) % 2 == 0 and set(pairs[::2]) <= positions
 
 
 def test_the_training_script_writes_the_extractors_version_and_reads_its_features() -> None:
@@ -88,16 +93,21 @@ def test_features_see_rank_evidence_and_words() -> None:
 
 def test_order_is_a_permutation_that_keeps_out_of_scope_in_place() -> None:
     candidates = _candidates()
-    # Weights that favour the last candidate's words and the out-of-scope entry's id.
-    rows = rerank.candidate_features("nan", None, candidates, False)
-    weights = {index: 5.0 for index in rows[3][1]}
-    weights[rerank._feature("id=out-of-scope")] = 50.0
-    model = rerank.Model(weights, frozenset(rerank.text_grams("nan")))
-    positions = rerank.order("nan", None, candidates, False, model)
+    # Weights that favour the last candidate for the word "nan", and the out-of-scope entry.
+    last_id, _ = rerank.target_hashes(candidates[3])
+    model = rerank.Model(
+        {rerank._feature("id=out-of-scope"): 50.0},
+        {last_id: 0},
+        {gram: [0, 5.0] for gram in rerank.text_grams("nan")},
+    )
+    positions = rerank.order("nan", None, candidates, False, model, floor=0.0)
     assert sorted(positions) == [0, 1, 2, 3]
     assert positions[1] == 1  # out-of-scope stays second
     assert positions[0] == 3  # the favoured one comes first
-    empty = rerank.Model({}, frozenset())
+    # Scored at 5 against the first one's 40, under the floor: it keeps its place.
+    assert candidates[3].score < rerank.FLOOR * candidates[0].score
+    assert rerank.order("nan", None, candidates, False, model) == [0, 1, 2, 3]
+    empty = rerank.Model({}, {}, {})
     assert rerank.order("nan", None, candidates, False, empty) == [0, 1, 2, 3]
 
 
@@ -107,12 +117,16 @@ def test_rerank_matches_marks_a_moved_match(monkeypatch: pytest.MonkeyPatch) -> 
     assert len(matches) >= 3
     rows = rerank.candidate_features("x", None, matches, False)
     weights = {index: 100.0 for index, _ in rows[2][0] if index not in dict(rows[0][0])}
-    monkeypatch.setattr(rerank, "_LOADED", [rerank.Model(weights, frozenset())])
+    monkeypatch.setattr(rerank, "_LOADED", [rerank.Model(weights, {}, {})])
     third = matches[2].id
     reordered = rerank.rerank_matches("x", None, list(matches), False)
     assert reordered[0].id == third
     assert any("re-ranked from 3 to 1" in r for r in reordered[0].reasons)
     assert sorted(m.id for m in reordered) == sorted(m.id for m in matches)
+    # Scores stay best first: the moved match takes the score of the best one it passed.
+    scores = [m.score for m in reordered]
+    assert scores == sorted(scores, reverse=True)
+    assert reordered[0].score == matches[0].score
 
 
 @pytest.mark.parametrize("switch", ["0", "1"])
@@ -158,9 +172,25 @@ def test_training_is_deterministic_and_learns_a_swap() -> None:
 
     rows = [row(f"amp fp16 run {i} fails", "amp-diverges", f"fresh{i}") for i in range(6)]
     rows += [row(f"loss is nan {i}", "loss-nan", f"fresh{i}") for i in range(6)]
-    lists = script.Lists(rows)
-    first = script.train(lists, 1.0, 1.0, 1.0)
-    second = script.train(script.Lists(rows), 1.0, 1.0, 1.0)
-    assert first == second
+    trained = script.train(script.Lists(rows), 1.0, 1.0, 1.0)
+    first = trained.model(0.0)
+    assert first == script.train(script.Lists(rows), 1.0, 1.0, 1.0).model(0.0)
     assert script.ranks(rows, None).count(0) == 6
     assert script.ranks(rows, first).count(0) == 12
+    # The per-word table scores exactly what the flat hashed weights give the features the
+    # training read.
+    flat = dict(zip(trained.used.tolist(), trained.w.tolist(), strict=True))
+    for row in rows[:3] + rows[-3:]:
+        features = rerank.candidate_features(row["text"], None, candidates, False)
+        expected = [
+            sum(flat.get(i, 0.0) * v for i, v in dense) + sum(flat.get(i, 0.0) for i in crossed)
+            for dense, crossed in features
+        ]
+        got = rerank.scores(first, row["text"], None, candidates, False)
+        assert got == pytest.approx(expected, abs=1e-9)
+
+
+def test_the_weights_file_is_package_data() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["gradient_doctor.knowledge"]
+    assert any(fnmatch.fnmatch("data/rerank.json", pattern) for pattern in patterns)
