@@ -200,53 +200,101 @@ def _reason_kinds(reasons: Sequence[str]) -> tuple[dict[str, float], int]:
     return found, strong
 
 
+_TARGETS: dict[tuple[str, str], tuple[int, int]] = {}
+
+
 def target_hashes(cand: Ranked) -> tuple[int, int]:
-    """What the query's words are crossed with: the candidate's id and its kind."""
-    return _hash("id " + cand.id), _hash("kind " + cand.kind)
+    """What the query's words are crossed with: the candidate's id and its kind (memoised)."""
+    key = (cand.id, cand.kind)
+    found = _TARGETS.get(key)
+    if found is None:
+        found = _TARGETS[key] = (_hash("id " + cand.id), _hash("kind " + cand.kind))
+    return found
+
+
+_STATIC: dict[tuple[int, str, str], tuple[int, ...]] = {}
+_EVIDENCE: dict[tuple[str, str, bool], tuple[int, ...]] = {}
+_FACTS: dict[tuple[str, str], int] = {}
+#: The score-shaped features (value varies): relative score, gap to the first, to the
+#: neighbours above and below, log score, and the count of non-word reasons.
+_REL, _GAP, _ABOVE, _BELOW, _LOG, _STRONG = (
+    _feature(name) for name in ("rel", "gap", "above", "below", "log", "strong")
+)
+
+
+def _static(rank: int, kind: str, entry_id: str) -> tuple[int, ...]:
+    """The indicator features of a candidate's rank, kind and id (memoised)."""
+    key = (rank, kind, entry_id)
+    found = _STATIC.get(key)
+    if found is None:
+        names = ("bias", f"rank={rank}", f"kind={kind}", f"kind={kind}&rank={min(rank, 2)}")
+        found = _STATIC[key] = (*(_feature(name) for name in names), _feature(f"id={entry_id}"))
+    return found
+
+
+def _evidence(name: str, kind: str, first: bool) -> tuple[int, ...]:
+    """The features of one kind of evidence on a candidate of ``kind`` (memoised)."""
+    key = (name, kind, first)
+    found = _EVIDENCE.get(key)
+    if found is None:
+        names = [f"ev={name}", f"ev={name}&kind={kind}"] + ([f"ev={name}&first"] if first else [])
+        found = _EVIDENCE[key] = tuple(_feature(n) for n in names)
+    return found
+
+
+def _facts(text: str, code_detected: bool) -> list[str]:
+    """Facts about the query that the model crosses with each candidate's kind."""
+    facts = []
+    if code_detected:
+        facts.append("code")
+    if text.rstrip().endswith("?"):
+        facts.append("asks")
+    if _NUMBER.search(text):
+        facts.append("numbers")
+    if len(text) > 400:
+        facts.append("long")
+    return facts
+
+
+def _fact(fact: str, kind: str) -> int:
+    found = _FACTS.get((fact, kind))
+    if found is None:
+        found = _FACTS[(fact, kind)] = _feature(f"q={fact}&kind={kind}")
+    return found
+
+
+def _shape(candidates: Sequence[Ranked], rank: int) -> tuple[float, ...]:
+    """The values of the score-shaped features of the candidate at ``rank``."""
+    top = max(candidates[0].score, 1e-6)
+    score = candidates[rank].score
+    above = candidates[rank - 1].score if rank else score
+    below = candidates[rank + 1].score if rank + 1 < len(candidates) else 0.0
+    return (
+        score / top,
+        (top - score) / top,
+        (above - score) / top,
+        (score - below) / top,
+        math.log1p(max(score, 0.0)) / 5.0,
+    )
 
 
 def dense_features(
     text: str, candidates: Sequence[Ranked], code_detected: bool
 ) -> list[list[tuple[int, float]]]:
     """The named features of each candidate (index, value): rank, score gaps, kind, id,
-    evidence kinds, and facts about the query crossed with the kind."""
-    top = max(candidates[0].score, 1e-6) if candidates else 1.0
-    query = []
-    if code_detected:
-        query.append("code")
-    if text.rstrip().endswith("?"):
-        query.append("asks")
-    if _NUMBER.search(text):
-        query.append("numbers")
-    if len(text) > 400:
-        query.append("long")
+    evidence kinds read from the reasons, and facts about the query crossed with the kind."""
+    facts = _facts(text, code_detected)
     rows: list[list[tuple[int, float]]] = []
     for rank, cand in enumerate(candidates):
         kind = cand.kind
-        above = candidates[rank - 1].score if rank else cand.score
-        below = candidates[rank + 1].score if rank + 1 < len(candidates) else 0.0
-        named: list[tuple[str, float]] = [
-            ("bias", 1.0),
-            (f"rank={rank}", 1.0),
-            ("rel", cand.score / top),
-            ("gap", (top - cand.score) / top),
-            ("above", (above - cand.score) / top),
-            ("below", (cand.score - below) / top),
-            ("log", math.log1p(max(cand.score, 0.0)) / 5.0),
-            (f"kind={kind}", 1.0),
-            (f"kind={kind}&rank={min(rank, 2)}", 1.0),
-            (f"id={cand.id}", 1.0),
-        ]
+        row = [(index, 1.0) for index in _static(rank, kind, cand.id)]
+        row.extend(zip((_REL, _GAP, _ABOVE, _BELOW, _LOG), _shape(candidates, rank), strict=True))
         evidence, strong = _reason_kinds(cand.reasons)
         for name, value in evidence.items():
-            named.append((f"ev={name}", value))
-            named.append((f"ev={name}&kind={kind}", value))
-            if rank == 0:
-                named.append((f"ev={name}&first", value))
-        named.append(("strong", min(strong, 3) / 3.0))
-        for fact in query:
-            named.append((f"q={fact}&kind={kind}", 1.0))
-        rows.append([(_feature(name), value) for name, value in named])
+            row.extend((index, value) for index in _evidence(name, kind, rank == 0))
+        row.append((_STRONG, min(strong, 3) / 3.0))
+        row.extend((_fact(fact, kind), 1.0) for fact in facts)
+        rows.append(row)
     return rows
 
 
@@ -279,14 +327,26 @@ def candidate_features(
 
 class Model(NamedTuple):
     """Trained weights: the dense features' by index; the crossed ones as a table from word
-    hash to its non-zero (target, weight) pairs, targets being positions in ``targets`` (the
-    id and kind hashes of :func:`target_hashes`). Equivalent to the hashed weight vector for
+    hash to its non-zero weights by target, targets being numbered in ``targets`` (the id and
+    kind hashes of :func:`target_hashes`; the file stores each word's weights as a flat list
+    target, weight, target, weight ...). Equivalent to the hashed weight vector for
     the words and targets seen in training, and far fewer look-ups than crossing every word
     with every candidate."""
 
     dense: dict[int, float]
     targets: dict[int, int]
-    crossed: dict[int, list[float]]
+    crossed: dict[int, dict[int, float]]
+
+
+class _WordTable(dict):  # type: ignore[type-arg]
+    """The per-word table as read from the file (flat lists), each word's list turned into a
+    dict on its first look-up: reading the file then costs a JSON parse, not 8,000 dicts."""
+
+    def get(self, gram: int, default: Any = None) -> Any:
+        weights = dict.get(self, gram, default)
+        if weights.__class__ is list:
+            weights = self[gram] = dict(zip(weights[::2], weights[1::2], strict=True))
+        return weights
 
 
 _LOADED: list[Model | None] = []
@@ -304,7 +364,7 @@ def load_weights(path: Path = _WEIGHTS_FILE) -> Model | None:
         return Model(
             dict(zip(data["dense_index"], data["dense_weight"], strict=True)),
             {target: position for position, target in enumerate(data["targets"])},
-            dict(zip(data["grams"], data["pairs"], strict=True)),
+            _WordTable(zip(data["grams"], data["pairs"], strict=True)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -328,27 +388,35 @@ def scores(
     code: str | None,
     candidates: Sequence[Ranked],
     code_detected: bool,
+    positions: Sequence[int] | None = None,
 ) -> list[float]:
-    """The model's score of each candidate (higher is better)."""
+    """The model's score of each candidate (higher is better), or of those at ``positions``:
+    the sums :func:`candidate_features` gives, without building the feature lists."""
     if not candidates:
         return []
-    # The crossed part: each known word adds its weights to the targets it has weights for.
-    per_target = [0.0] * (len(model.targets) + 1)  # the last slot: targets never trained on
-    for gram in text_grams(query_text(text, code)):
-        pairs = model.crossed.get(gram)
-        if pairs:
-            for k in range(0, len(pairs), 2):
-                per_target[int(pairs[k])] += pairs[k + 1]
-    unknown = len(model.targets)
+    # The crossed part: the weights the query's known words have for each candidate's targets.
+    tables = [t for t in map(model.crossed.get, text_grams(query_text(text, code))) if t]
+    unknown = -1  # no word has a weight for a target never trained on
     get = model.dense.get
+    shape_weights = [get(index, 0.0) for index in (_REL, _GAP, _ABOVE, _BELOW, _LOG)]
+    strong_weight = get(_STRONG, 0.0)
+    facts = _facts(text, code_detected)
     values = []
-    for cand, dense in zip(
-        candidates, dense_features(text, candidates, code_detected), strict=True
-    ):
+    for rank in range(len(candidates)) if positions is None else positions:
+        cand = candidates[rank]
+        kind = cand.kind
         id_hash, kind_hash = target_hashes(cand)
-        value = per_target[model.targets.get(id_hash, unknown)]
-        value += per_target[model.targets.get(kind_hash, unknown)]
-        values.append(value + sum(get(index, 0.0) * x for index, x in dense))
+        id_at = model.targets.get(id_hash, unknown)
+        kind_at = model.targets.get(kind_hash, unknown)
+        value = sum(table.get(id_at, 0.0) + table.get(kind_at, 0.0) for table in tables)
+        value += sum(get(index, 0.0) for index in _static(rank, kind, cand.id))
+        value += sum(w * x for w, x in zip(shape_weights, _shape(candidates, rank), strict=True))
+        evidence, strong = _reason_kinds(cand.reasons)
+        for name, amount in evidence.items():
+            value += amount * sum(get(index, 0.0) for index in _evidence(name, kind, rank == 0))
+        value += strong_weight * min(strong, 3) / 3.0
+        value += sum(get(_fact(fact, kind), 0.0) for fact in facts)
+        values.append(value)
     return values
 
 
@@ -371,9 +439,14 @@ def order(
         model = _shipped()
     if model is None or len(candidates) < 2:
         return list(range(len(candidates)))
-    values = scores(model, text, code, candidates, code_detected)
     least = floor * candidates[0].score
     movable = [i for i, c in enumerate(candidates) if c.id != _OUT_OF_SCOPE and c.score >= least]
+    if len(movable) < 2:
+        return list(range(len(candidates)))
+    # Only the movable ones are scored (a candidate's score reads its neighbours' matcher
+    # scores, never their model scores).
+    found = scores(model, text, code, candidates, code_detected, movable)
+    values = dict(zip(movable, found, strict=True))
     ranked = sorted(movable, key=lambda i: (-values[i], i))
     result = list(range(len(candidates)))
     for slot, position in zip(movable, ranked, strict=True):

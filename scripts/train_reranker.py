@@ -360,9 +360,9 @@ class Trained:
         crossed = ((grams * 1000003) ^ self.lists.targets[numbers]) & ((1 << rerank.BITS) - 1)
         slot = np.searchsorted(self.used, crossed).clip(0, len(self.used) - 1)
         value = np.where(self.used[slot] == crossed, self.w[slot], 0.0)
-        table: dict[int, list[float]] = {}
+        table: dict[int, dict[int, float]] = {}
         for k in np.nonzero(np.abs(value) > keep)[0]:
-            table.setdefault(int(grams[k]), []).extend((int(numbers[k]), rounded(float(value[k]))))
+            table.setdefault(int(grams[k]), {})[int(numbers[k])] = rounded(float(value[k]))
         positions = {int(target): p for p, target in enumerate(self.lists.targets.tolist())}
         return rerank.Model(dense, positions, table)
 
@@ -500,7 +500,9 @@ def fingerprint() -> str:
     ]
     text = "My fp16 loss is NaN at step 12k; should I lower the LR?\nscaler.step(opt)"
     rows = rerank.candidate_features(text, "loss.backward()", candidates, True)
-    return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+    # Sorted: the order in which the extractor lists a candidate's features changes no weight.
+    canonical = [(sorted(dense), sorted(crossed)) for dense, crossed in rows]
+    return hashlib.sha256(repr(canonical).encode()).hexdigest()[:16]
 
 
 def write_weights() -> None:
@@ -521,10 +523,10 @@ def write_weights() -> None:
         "dense_weight": list(model.dense.values()),
         "targets": sorted(model.targets, key=model.targets.__getitem__),
         "grams": list(model.crossed),
-        "pairs": list(model.crossed.values()),
+        "pairs": [[x for pair in t.items() for x in pair] for t in model.crossed.values()],
     }
     WEIGHTS_FILE.write_text(json.dumps(data, separators=(",", ":")) + "\n")
-    size = len(model.dense) + sum(len(p) // 2 for p in model.crossed.values())
+    size = len(model.dense) + sum(len(t) for t in model.crossed.values())
     print(
         f"wrote {size} weights ({len(model.crossed)} words) to "
         f"{WEIGHTS_FILE.relative_to(REPO)} in {time.perf_counter() - started:.0f} s"
