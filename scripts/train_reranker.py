@@ -17,6 +17,15 @@ Training data are the items of ``tests/knowledge/match_eval.yaml`` only, seen tw
   stored in ``scripts/rerank_first_look.json.gz`` so that ``train`` needs neither git nor old
   code (re-run ``collect`` after new groups are added to the eval file).
 
+After the matcher or the eval file changes (another round merged):
+
+    python scripts/train_reranker.py collect   # only when groups were added (~1 min)
+    python scripts/train_reranker.py train     # ~1 min on 2 cores, deterministic
+    python -m pytest tests/knowledge -q        # known_miss marks: an item the re-ranked
+                                               # matcher now gets right fails as XPASS
+
+and, before trusting the switch again, ``cv`` (held-out scores; ~10 min per run).
+
 The model is linear over :func:`rerank.candidate_features`, trained with a softmax (listwise)
 loss over each list's candidates and L2 penalties (one for the dense features, a stronger one
 for the hashed word features), by L-BFGS in numpy (numpy comes with matplotlib, a run-time
