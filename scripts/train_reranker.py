@@ -84,6 +84,10 @@ ROUNDS = {
     "dev26": "fresh26",
     "fresh29": "fresh28",
     "dev28": "fresh28",
+    # fresh30-fresh35 were written in parallel and scored together; dev30 was written for
+    # their misses.
+    **{f"fresh{n}": "fresh30" for n in range(31, 36)},
+    "dev30": "fresh30",
 }
 
 
@@ -461,6 +465,7 @@ def cross_validate(
     today_weight: float,
     floors: Sequence[float],
     keeps: Sequence[float],
+    dump: Path | None = None,
 ) -> None:
     rows = all_rows()
     lists = Lists(rows)
@@ -468,6 +473,7 @@ def cross_validate(
     held: dict[str, list[tuple[int, int]]] = {"today": [], "first-look": []}
     by_floor: dict[tuple[str, float], list[int]] = {}
     by_keep: dict[tuple[str, float], list[int]] = {}
+    dumped: list[dict[str, Any]] = []
     for fold in folds:
         trained = train(
             lists.subset([r[by] != fold for r in rows]), l2_dense, l2_crossed, today_weight
@@ -481,6 +487,24 @@ def cross_validate(
             for keep in keeps:
                 pruned = trained.model(keep)
                 by_keep.setdefault((source, keep), []).extend(ranks(part, pruned))
+        if dump is not None:
+            part = [r for r in rows if r[by] == fold]
+            for row, before, after in zip(part, ranks(part, None), ranks(part, model), strict=True):
+                order = rerank.order(
+                    row["text"], row["code"], row["candidates"], row["code_detected"], model
+                )
+                dumped.append(
+                    {
+                        "group": row["group"],
+                        "source": row["source"],
+                        "expect": row["expect"],
+                        "text": row["text"],
+                        "code": row["code"],
+                        "matcher": before,
+                        "re-ranked": after,
+                        "ids": [row["candidates"][i].id for i in order],
+                    }
+                )
         part = [r for r in rows if r[by] == fold and r["source"] == "first-look"]
         print(
             f"  {fold:8s} first-look n={len(part):3d} matcher "
@@ -497,6 +521,8 @@ def cross_validate(
         for keep in keeps:
             found = by_keep[(source, keep)]
             print(f"held-out {source:10s} + re-ranker, keep > {keep}: {summary(found)}")
+    if dump is not None:
+        dump.write_text(json.dumps(dumped, indent=1, ensure_ascii=False) + "\n")
 
 
 def fingerprint() -> str:
@@ -558,6 +584,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cv.add_argument(
         "--keeps", default="0.003,0.03,0.05", help="also report these KEEP_ABOVE prunings"
     )
+    cv.add_argument("--dump", type=Path, help="write each held-out list's ranks (JSON) here")
     args = parser.parse_args(argv)
     if args.command == "collect":
         collect()
@@ -566,7 +593,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         floors = [float(f) for f in args.floors.split(",") if f]
         keeps = [float(k) for k in args.keeps.split(",") if k]
-        cross_validate(args.by, args.l2_dense, args.l2_crossed, args.today_weight, floors, keeps)
+        cross_validate(
+            args.by, args.l2_dense, args.l2_crossed, args.today_weight, floors, keeps, args.dump
+        )
 
 
 if __name__ == "__main__":
