@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from gradient_doctor.knowledge import rerank
 from gradient_doctor.knowledge._code import (
     ADVICE_FOR,
     MEASURED_CHECKS,
@@ -2678,7 +2679,10 @@ class Matcher:
             # Gradient words present: the question is ours even if it also mentions the LR.
             del scores[OUT_OF_SCOPE_ID]
 
-        ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]
+        # The learned re-ranker (knowledge/rerank.py) re-orders the first rerank.DEPTH.
+        reranking = not out_of_scope and rerank.enabled()
+        depth = max(top_k, rerank.DEPTH) if reranking else top_k
+        ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:depth]
         for entry_id, _ in ranked:
             if entry_id in lexical:
                 reasons.setdefault(entry_id, []).extend(
@@ -2701,6 +2705,8 @@ class Matcher:
             )
             for entry_id, score in ranked
         ]
+        if reranking:
+            matches = rerank.rerank_matches(text, code, matches, code_detected)[:top_k]
         return MatchResult(
             matches=matches,
             out_of_scope=out_of_scope,

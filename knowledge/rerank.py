@@ -1,0 +1,485 @@
+"""A learned re-ranker over the matcher's top candidates.
+
+The matcher (``knowledge.matcher``) ranks entries with hand-written rules and a word index built
+from the entries' own paraphrases. This module re-orders its first :data:`DEPTH` candidates with
+a linear model trained on the evaluation queries (``tests/knowledge/match_eval.yaml``) by
+``scripts/train_reranker.py``. The model sees, for each candidate:
+
+* how the matcher ranked it: its rank, its score relative to the first one and to its
+  neighbours;
+* which evidence produced it, read from the match's reasons: shared words or phrases, the entry
+  named, a close paraphrase, a code finding, a sentence rule, a number or series reading, a
+  cause ranked above its effect;
+* its kind, and a few facts about the query (code in it, a question, numbers) crossed with the
+  kind;
+* the query's words and word pairs crossed with the candidate's id and kind (feature hashing):
+  what the evaluation queries' authors wrote when they meant that entry, which the entries' own
+  phrasings may not contain.
+
+Scoring is pure Python (no numpy at run time): the weights are a dict from hashed feature to
+float, read from ``data/rerank.json`` on the first re-ranked match (never while switched off).
+:data:`ENABLED` says whether the matcher calls it; ``$GRADIENT_DOCTOR_RERANK`` (``0``/``1``)
+overrides it, for measurements.
+
+Measured (``scripts/train_reranker.py cv --by group``), retrained after the matcher10 round
+with fresh30-fresh35 and dev30 in the eval (1,644 first-look lists from 42 groups: a matcher
+meeting authors it was never tuned on), each group held out in turn: top-1 77.3% -> 82.4%,
+top-3 89.0% -> 92.0%; 31 of the 42 groups gain, none loses (fresh30-35 and dev30: top-1
+261/336 -> 276/336). On today's matcher's lists of the held-out groups (which that matcher was
+tuned on): top-1 98.1% -> 98.3%, top-3 99.4% -> 99.6%. The eval set itself (in sample): top-1
+98.2% -> 99.7%. Cost: about 0.15 ms per match at p50 (``benchmarks/rerank_cost.py``), and
+10 ms of CPU to read the weights once per process.
+
+:data:`VERSION` names the feature extractor. The training script writes it into the weights
+file, and :func:`load_weights` refuses weights written for another version (a test checks the
+shipped file), so a changed extractor can never be scored with stale weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import re
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
+
+#: Whether the matcher re-ranks its candidates (the measurements behind it are in the module
+#: docstring).
+ENABLED = True
+
+#: The feature extractor's version; the weights file must carry the same tag.
+VERSION = "rerank-2"
+
+#: How many of the matcher's candidates are re-ordered (and how many it is asked for).
+DEPTH = 10
+
+#: A candidate scored below this fraction of the matcher's first is never moved: the words it
+#: shares with the text are all that put it there, and no learned preference for its id should
+#: lift it over a candidate the matcher found evidence for ("grad_norm 5.1" is healthy; an
+#: exploding-gradients entry matched on the word "norm" stays out of the top 3).
+FLOOR = 0.2
+
+#: Feature hashing: the index space is 2**BITS, wide enough that the million-odd (word,
+#: candidate) pairs of the training lists do not share weights (the weights file keeps only
+#: the pairs that occurred, per word; only the named features are looked up by index).
+BITS = 30
+_MASK = (1 << BITS) - 1
+
+#: The entry that only an out-of-scope verdict may put first (the matcher's OUT_OF_SCOPE_ID).
+_OUT_OF_SCOPE = "out-of-scope"
+
+_WEIGHTS_FILE = Path(__file__).resolve().parent / "data" / "rerank.json"
+
+_TOKEN = re.compile(r"[a-z][a-z0-9_]*|\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_NUMBER = re.compile(r"\d")
+#: Words too common to say anything about an entry on their own (they still form pairs).
+_STOP_WORDS = (
+    "a an the and or but of to in on at for with by from as is are was were be been it its "
+    "this that these those i we you my our your me us he she they them his her their what "
+    "which who how when where why do does did have has had not no so if then than there here "
+    "can could would should will just also very some any all about into out up after before "
+    "while each per one"
+)
+_STOP = frozenset(_STOP_WORDS.split())
+
+#: Reason prefixes (see ``matcher.Matcher.match``), most specific first.
+_REASON_KINDS: tuple[tuple[str, str], ...] = (
+    ("words:", "words"),
+    ("phrases:", "phrases"),
+    ("names it:", "names"),
+    ("close to:", "close"),
+    ("typo:", "typo"),
+    ("code:", "code"),
+    ("found in the code", "code"),
+    ("a mistake in the code", "code"),
+    ("text:", "rule"),
+    ("described in the text", "rule"),
+    ("named as the cause", "cause"),
+    ("measured in the text as the cause", "cause"),
+    ("the first of the events", "cause"),
+    ("a learning-rate-only", "scope"),
+    ("the value the text worries about", "band"),
+)
+_REASON_KIND = dict(_REASON_KINDS)
+_REASON_PREFIX = re.compile("|".join(re.escape(prefix) for prefix, _ in _REASON_KINDS))
+_CLOSENESS = re.compile(r"\((\d(?:\.\d+)?)\)\s*$")
+
+
+class Ranked(Protocol):
+    """What the re-ranker reads of one candidate: fields of ``matcher.Match``."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def reasons(self) -> Sequence[str]: ...
+
+
+class Candidate(NamedTuple):
+    """A candidate read back from stored lists (the training script's form of a match)."""
+
+    id: str
+    kind: str
+    score: float
+    reasons: Sequence[str]
+
+
+class _Match(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def reasons(self) -> list[str]: ...
+
+
+_M = TypeVar("_M", bound=_Match)
+
+
+def _hash(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+_NAMED: dict[str, int] = {}
+
+
+def _feature(name: str) -> int:
+    """The index of a named feature (memoised: the names come from a small fixed set)."""
+    index = _NAMED.get(name)
+    if index is None:
+        index = _NAMED[name] = _hash(name) & _MASK
+    return index
+
+
+_SPREAD = 1000003
+
+
+def _cross(left: int, right: int) -> int:
+    """The index of a word (``left``) crossed with a candidate's id or kind (``right``)."""
+    return ((left * _SPREAD) ^ right) & _MASK
+
+
+def text_grams(text: str) -> list[int]:
+    """Hashes of the query's content words and adjacent word pairs (deduplicated, in order)."""
+    tokens = ["#" if _NUMBER.match(t) else t for t in _TOKEN.findall(text.lower())]
+    grams: dict[int, None] = {}
+    for token in tokens:
+        if token not in _STOP and token != "#" and len(token) > 1:
+            grams[_hash("w " + token)] = None
+    for left, right in itertools.pairwise(tokens):
+        grams[_hash("b " + left + " " + right)] = None
+    return list(grams)
+
+
+def _reason_kinds(reasons: Sequence[str]) -> tuple[dict[str, float], int]:
+    """Which kinds of evidence the reasons show (with the closest paraphrase's closeness), and
+    how many reasons beyond shared words are there."""
+    found: dict[str, float] = {}
+    strong = 0
+    for reason in reasons:
+        prefix = _REASON_PREFIX.match(reason)
+        kind = _REASON_KIND[prefix.group()] if prefix else "number"
+        if kind == "close":
+            close = _CLOSENESS.search(reason)
+            found["close"] = max(found.get("close", 0.0), float(close.group(1)) if close else 0.5)
+            continue
+        found[kind] = 1.0
+        if kind not in ("words", "phrases", "typo"):
+            strong += 1
+    return found, strong
+
+
+_TARGETS: dict[tuple[str, str], tuple[int, int]] = {}
+
+
+def target_hashes(cand: Ranked) -> tuple[int, int]:
+    """What the query's words are crossed with: the candidate's id and its kind (memoised)."""
+    key = (cand.id, cand.kind)
+    found = _TARGETS.get(key)
+    if found is None:
+        found = _TARGETS[key] = (_hash("id " + cand.id), _hash("kind " + cand.kind))
+    return found
+
+
+_STATIC: dict[tuple[int, str, str], tuple[int, ...]] = {}
+_EVIDENCE: dict[tuple[str, str, bool], tuple[int, ...]] = {}
+_FACTS: dict[tuple[str, str], int] = {}
+#: The score-shaped features (value varies): relative score, gap to the first, to the
+#: neighbours above and below, log score, and the count of non-word reasons.
+_REL, _GAP, _ABOVE, _BELOW, _LOG, _STRONG = (
+    _feature(name) for name in ("rel", "gap", "above", "below", "log", "strong")
+)
+
+
+def _static(rank: int, kind: str, entry_id: str) -> tuple[int, ...]:
+    """The indicator features of a candidate's rank, kind and id (memoised)."""
+    key = (rank, kind, entry_id)
+    found = _STATIC.get(key)
+    if found is None:
+        names = ("bias", f"rank={rank}", f"kind={kind}", f"kind={kind}&rank={min(rank, 2)}")
+        found = _STATIC[key] = (*(_feature(name) for name in names), _feature(f"id={entry_id}"))
+    return found
+
+
+def _evidence(name: str, kind: str, first: bool) -> tuple[int, ...]:
+    """The features of one kind of evidence on a candidate of ``kind`` (memoised)."""
+    key = (name, kind, first)
+    found = _EVIDENCE.get(key)
+    if found is None:
+        names = [f"ev={name}", f"ev={name}&kind={kind}"] + ([f"ev={name}&first"] if first else [])
+        found = _EVIDENCE[key] = tuple(_feature(n) for n in names)
+    return found
+
+
+def _facts(text: str, code_detected: bool) -> list[str]:
+    """Facts about the query that the model crosses with each candidate's kind."""
+    facts = []
+    if code_detected:
+        facts.append("code")
+    if text.rstrip().endswith("?"):
+        facts.append("asks")
+    if _NUMBER.search(text):
+        facts.append("numbers")
+    if len(text) > 400:
+        facts.append("long")
+    return facts
+
+
+def _fact(fact: str, kind: str) -> int:
+    found = _FACTS.get((fact, kind))
+    if found is None:
+        found = _FACTS[(fact, kind)] = _feature(f"q={fact}&kind={kind}")
+    return found
+
+
+def _shape(candidates: Sequence[Ranked], rank: int) -> tuple[float, ...]:
+    """The values of the score-shaped features of the candidate at ``rank``."""
+    top = max(candidates[0].score, 1e-6)
+    score = candidates[rank].score
+    above = candidates[rank - 1].score if rank else score
+    below = candidates[rank + 1].score if rank + 1 < len(candidates) else 0.0
+    return (
+        score / top,
+        (top - score) / top,
+        (above - score) / top,
+        (score - below) / top,
+        math.log1p(max(score, 0.0)) / 5.0,
+    )
+
+
+def dense_features(
+    text: str, candidates: Sequence[Ranked], code_detected: bool
+) -> list[list[tuple[int, float]]]:
+    """The named features of each candidate (index, value): rank, score gaps, kind, id,
+    evidence kinds read from the reasons, and facts about the query crossed with the kind."""
+    facts = _facts(text, code_detected)
+    rows: list[list[tuple[int, float]]] = []
+    for rank, cand in enumerate(candidates):
+        kind = cand.kind
+        row = [(index, 1.0) for index in _static(rank, kind, cand.id)]
+        row.extend(zip((_REL, _GAP, _ABOVE, _BELOW, _LOG), _shape(candidates, rank), strict=True))
+        evidence, strong = _reason_kinds(cand.reasons)
+        for name, value in evidence.items():
+            row.extend((index, value) for index in _evidence(name, kind, rank == 0))
+        row.append((_STRONG, min(strong, 3) / 3.0))
+        row.extend((_fact(fact, kind), 1.0) for fact in facts)
+        rows.append(row)
+    return rows
+
+
+def query_text(text: str, code: str | None) -> str:
+    """The text whose words the model reads: the query and the code handed with it."""
+    return text + ("\n" + code if code else "")
+
+
+def candidate_features(
+    text: str, code: str | None, candidates: Sequence[Ranked], code_detected: bool
+) -> list[tuple[list[tuple[int, float]], list[int]]]:
+    """The hashed features of each candidate, candidates in the matcher's order: the dense ones
+    (index, value) and the query's words crossed with the candidate's id and kind (indices of
+    value 1). What the training script learns from; :func:`scores` computes the same sums
+    from a :class:`Model`'s per-word table without building the crossed indices.
+    """
+    if not candidates:
+        return []
+    spreads = [gram * _SPREAD for gram in text_grams(query_text(text, code))]
+    rows: list[tuple[list[tuple[int, float]], list[int]]] = []
+    for cand, dense in zip(
+        candidates, dense_features(text, candidates, code_detected), strict=True
+    ):
+        id_hash, kind_hash = target_hashes(cand)
+        crossed = [(spread ^ id_hash) & _MASK for spread in spreads]
+        crossed.extend((spread ^ kind_hash) & _MASK for spread in spreads)
+        rows.append((dense, crossed))
+    return rows
+
+
+class Model(NamedTuple):
+    """Trained weights: the dense features' by index; the crossed ones as a table from word
+    hash to its non-zero weights by target, targets being numbered in ``targets`` (the id and
+    kind hashes of :func:`target_hashes`; the file stores each word's weights as a flat list
+    target, weight, target, weight ...). Equivalent to the hashed weight vector for
+    the words and targets seen in training, and far fewer look-ups than crossing every word
+    with every candidate."""
+
+    dense: dict[int, float]
+    targets: dict[int, int]
+    crossed: dict[int, dict[int, float]]
+
+
+class _WordTable(dict):  # type: ignore[type-arg]
+    """The per-word table as read from the file (flat lists), each word's list turned into a
+    dict on its first look-up: reading the file then costs a JSON parse, not 8,000 dicts."""
+
+    def get(self, gram: int, default: Any = None) -> Any:
+        weights = dict.get(self, gram, default)
+        if weights.__class__ is list:
+            weights = self[gram] = dict(zip(weights[::2], weights[1::2], strict=True))
+        return weights
+
+
+_LOADED: list[Model | None] = []
+
+
+def load_weights(path: Path = _WEIGHTS_FILE) -> Model | None:
+    """The model in ``path``, or None when the file is missing, unreadable or written for
+    another :data:`VERSION` of the features."""
+    import json  # only when re-ranking (the matcher's start-up never needs it)
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("version") != VERSION or data.get("bits") != BITS:
+            return None
+        return Model(
+            dict(zip(data["dense_index"], data["dense_weight"], strict=True)),
+            {target: position for position, target in enumerate(data["targets"])},
+            _WordTable(zip(data["grams"], data["pairs"], strict=True)),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _shipped() -> Model | None:
+    if not _LOADED:
+        _LOADED.append(load_weights())
+    return _LOADED[0]
+
+
+def enabled() -> bool:
+    """Whether the matcher re-ranks (:data:`ENABLED`, or ``$GRADIENT_DOCTOR_RERANK``)."""
+    override = os.environ.get("GRADIENT_DOCTOR_RERANK", "")
+    return override == "1" if override in ("0", "1") else ENABLED
+
+
+def scores(
+    model: Model,
+    text: str,
+    code: str | None,
+    candidates: Sequence[Ranked],
+    code_detected: bool,
+    positions: Sequence[int] | None = None,
+) -> list[float]:
+    """The model's score of each candidate (higher is better), or of those at ``positions``:
+    the sums :func:`candidate_features` gives, without building the feature lists."""
+    if not candidates:
+        return []
+    # The crossed part: the weights the query's known words have for each candidate's targets.
+    tables = [t for t in map(model.crossed.get, text_grams(query_text(text, code))) if t]
+    unknown = -1  # no word has a weight for a target never trained on
+    get = model.dense.get
+    shape_weights = [get(index, 0.0) for index in (_REL, _GAP, _ABOVE, _BELOW, _LOG)]
+    strong_weight = get(_STRONG, 0.0)
+    facts = _facts(text, code_detected)
+    values = []
+    for rank in range(len(candidates)) if positions is None else positions:
+        cand = candidates[rank]
+        kind = cand.kind
+        id_hash, kind_hash = target_hashes(cand)
+        id_at = model.targets.get(id_hash, unknown)
+        kind_at = model.targets.get(kind_hash, unknown)
+        value = sum(table.get(id_at, 0.0) + table.get(kind_at, 0.0) for table in tables)
+        value += sum(get(index, 0.0) for index in _static(rank, kind, cand.id))
+        value += sum(w * x for w, x in zip(shape_weights, _shape(candidates, rank), strict=True))
+        evidence, strong = _reason_kinds(cand.reasons)
+        for name, amount in evidence.items():
+            value += amount * sum(get(index, 0.0) for index in _evidence(name, kind, rank == 0))
+        value += strong_weight * min(strong, 3) / 3.0
+        value += sum(get(_fact(fact, kind), 0.0) for fact in facts)
+        values.append(value)
+    return values
+
+
+def order(
+    text: str,
+    code: str | None,
+    candidates: Sequence[Ranked],
+    code_detected: bool,
+    model: Model | None = None,
+    floor: float = FLOOR,
+) -> list[int]:
+    """The candidates' positions in re-ranked order, by ``model`` (default: the shipped one;
+    the matcher's order when there is none).
+
+    The out-of-scope entry keeps its place: only the matcher's out-of-scope verdict may put it
+    first (the caller does not re-rank such a result at all). Candidates below ``floor`` times
+    the first one's score keep theirs too (see :data:`FLOOR`).
+    """
+    if model is None:
+        model = _shipped()
+    if model is None or len(candidates) < 2:
+        return list(range(len(candidates)))
+    least = floor * candidates[0].score
+    movable = [i for i, c in enumerate(candidates) if c.id != _OUT_OF_SCOPE and c.score >= least]
+    if len(movable) < 2:
+        return list(range(len(candidates)))
+    # Only the movable ones are scored (a candidate's score reads its neighbours' matcher
+    # scores, never their model scores).
+    found = scores(model, text, code, candidates, code_detected, movable)
+    values = dict(zip(movable, found, strict=True))
+    ranked = sorted(movable, key=lambda i: (-values[i], i))
+    result = list(range(len(candidates)))
+    for slot, position in zip(movable, ranked, strict=True):
+        result[slot] = position
+    return result
+
+
+def rerank_matches(text: str, code: str | None, matches: list[_M], code_detected: bool) -> list[_M]:
+    """``matches`` (the matcher's order, best first) with the first :data:`DEPTH` re-ordered;
+    the rest keep their places.
+
+    Scores stay non-increasing down the list: a match moved above others takes the highest
+    score among those it passed (its own, if higher), and says so in its reasons.
+    """
+    head = matches[:DEPTH]
+    positions = order(text, code, head, code_detected)
+    if positions == list(range(len(head))):
+        return matches
+    result = [head[i] for i in positions] + matches[DEPTH:]
+    floor = -math.inf
+    for slot in range(len(head) - 1, -1, -1):
+        match, before = result[slot], positions[slot]
+        if match.score < floor:
+            moved = (
+                f"re-ranked from {before + 1} to {slot + 1}"
+                if before != slot
+                else f"kept at {slot + 1}, above a match the matcher scored higher,"
+            )
+            match.reasons.append(
+                f"{moved} by the learned re-ranker (the matcher scored it {match.score:g})"
+            )
+            result[slot] = cast(_M, dataclasses.replace(cast(Any, match), score=floor))
+        elif before > slot:
+            match.reasons.append(
+                f"re-ranked from {before + 1} to {slot + 1} by the learned re-ranker"
+            )
+        floor = max(floor, result[slot].score)
+    return result
