@@ -119,27 +119,6 @@ for i, real in enumerate(loader):
         scaler.step(opt_g)
     scaler.update()
 """,
-        # WGAN with one GradScaler: the critic is clipped and stepped on every batch, the
-        # generator every `n_critic` batches (`scaler.step(opt_d)` and `scaler.step(opt_g)`
-        # step two optimizers, not one twice).
-        """
-import torch
-scaler = torch.amp.GradScaler("cuda")
-opt_d = torch.optim.Adam(critic.parameters())
-opt_g = torch.optim.Adam(generator.parameters())
-for i, real in enumerate(loader):
-    fake = generator(torch.randn(real.size(0), nz))
-    opt_d.zero_grad()
-    scaler.scale(critic(fake.detach()).mean() - critic(real).mean()).backward()
-    scaler.unscale_(opt_d)
-    torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
-    scaler.step(opt_d)
-    if i % n_critic == 0:
-        opt_g.zero_grad()
-        scaler.scale(-critic(fake).mean()).backward()
-        scaler.step(opt_g)
-    scaler.update()
-""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(

@@ -123,43 +123,6 @@ class Agent:
             self.pi_sched.step()
             self.q_sched.step()
 """,
-        # Two optimizers sharing one GradScaler: the critic steps on every batch, the actor
-        # every `actor_every` batches under its own zero_grad and backward. The actor's
-        # `% N` test is a delay, not the critic's accumulation window (learned from static7
-        # skrl-td3).
-        """
-import torch
-from torch import nn
-
-class Agent:
-    def __init__(self, q_net, pi):
-        self.q_net = q_net
-        self.pi = pi
-        self.q_optim = torch.optim.Adam(q_net.parameters())
-        self.pi_optim = torch.optim.Adam(pi.parameters())
-        self.q_sched = torch.optim.lr_scheduler.StepLR(self.q_optim, 1000)
-        self.pi_sched = torch.optim.lr_scheduler.StepLR(self.pi_optim, 1000)
-        self.amp = torch.amp.GradScaler("cuda")
-        self.updates = 0
-
-    def update(self, batches):
-        for batch in batches:
-            q_loss = (self.q_net(batch.obs, batch.act) - batch.target).pow(2).mean()
-            self.q_optim.zero_grad()
-            self.amp.scale(q_loss).backward()
-            self.amp.unscale_(self.q_optim)
-            nn.utils.clip_grad_norm_(self.q_net.parameters(), 1.0)
-            self.amp.step(self.q_optim)
-            self.updates += 1
-            if self.updates % self.actor_every == 0:
-                pi_loss = -self.q_net(batch.obs, self.pi(batch.obs)).mean()
-                self.pi_optim.zero_grad()
-                self.amp.scale(pi_loss).backward()
-                self.amp.step(self.pi_optim)
-            self.amp.update()
-            self.pi_sched.step()
-            self.q_sched.step()
-""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(

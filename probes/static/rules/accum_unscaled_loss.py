@@ -208,47 +208,6 @@ def train_step(model, optimizer, batch, update):
         optimizer.step()
         optimizer.zero_grad()
 """,
-        # WGAN with one GradScaler: the critic is clipped and stepped on every batch, the
-        # generator every `n_critic` batches (`scaler.step(opt_d)` and `scaler.step(opt_g)`
-        # step two optimizers, not one twice).
-        """
-import torch
-scaler = torch.amp.GradScaler("cuda")
-opt_d = torch.optim.Adam(critic.parameters())
-opt_g = torch.optim.Adam(generator.parameters())
-for i, real in enumerate(loader):
-    fake = generator(torch.randn(real.size(0), nz))
-    opt_d.zero_grad()
-    scaler.scale(critic(fake.detach()).mean() - critic(real).mean()).backward()
-    scaler.unscale_(opt_d)
-    torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
-    scaler.step(opt_d)
-    if i % n_critic == 0:
-        opt_g.zero_grad()
-        scaler.scale(-critic(fake).mean()).backward()
-        scaler.step(opt_g)
-    scaler.update()
-""",
-        """
-class Trainer:
-    def train_micro_batch(self, batch, last_of_window):
-        total = self.pixel_loss(self.net(batch.lq), batch.gt) / self.accum_iters
-        for term in self.extra_losses(batch).values():
-            total = total + term / self.accum_iters
-        total.backward()
-        if last_of_window:
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-""",
-        # A flag without a division by an accumulation count says nothing about a window.
-        """
-def train_step(model, optimizer, batch, update):
-    loss = model(batch).mean()
-    loss.backward()
-    if update:
-        optimizer.step()
-        optimizer.zero_grad()
-""",
         # Multiplied back after the backward, for the log only (learned from static2 lingua).
         """
 for i, (x, y) in enumerate(loader):
@@ -369,35 +328,6 @@ def train(model, optimizer, loader, pieces):
         optimizer.zero_grad()
 """,
             4,
-        ),
-        # The caller runs the window and says which micro-batch is its last; one loss term is
-        # multiplied by the count where the other is divided (learned from static7
-        # traiNNer-redux).
-        Invalid(
-            """
-class Trainer:
-    def train_micro_batch(self, batch, last_of_window):
-        total = self.pixel_loss(self.net(batch.lq), batch.gt) / self.accum_iters
-        for term in self.extra_losses(batch).values():
-            total = total + term * self.accum_iters
-        total.backward()
-        if last_of_window:
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-""",
-            7,
-        ),
-        Invalid(
-            """
-for i, (x, y) in enumerate(loader):
-    loss = criterion(model(x), y)
-    loss *= grad_accum
-    loss.backward()
-    if (i + 1) % grad_accum == 0:
-        optimizer.step()
-        optimizer.zero_grad()
-""",
-            5,
         ),
         # The caller runs the window and says which micro-batch is its last; one loss term is
         # multiplied by the count where the other is divided (learned from static7

@@ -175,56 +175,6 @@ for step, (tokens, targets) in enumerate(loader, start=1):
         optimizer.step()
         optimizer.zero_grad()
 """,
-        # Two optimizers sharing one GradScaler: the critic steps on every batch, the actor
-        # every `actor_every` batches under its own zero_grad and backward. The actor's
-        # `% N` test is a delay, not the critic's accumulation window (learned from static7
-        # skrl-td3).
-        """
-import torch
-from torch import nn
-
-class Agent:
-    def __init__(self, q_net, pi):
-        self.q_net = q_net
-        self.pi = pi
-        self.q_optim = torch.optim.Adam(q_net.parameters())
-        self.pi_optim = torch.optim.Adam(pi.parameters())
-        self.q_sched = torch.optim.lr_scheduler.StepLR(self.q_optim, 1000)
-        self.pi_sched = torch.optim.lr_scheduler.StepLR(self.pi_optim, 1000)
-        self.amp = torch.amp.GradScaler("cuda")
-        self.updates = 0
-
-    def update(self, batches):
-        for batch in batches:
-            q_loss = (self.q_net(batch.obs, batch.act) - batch.target).pow(2).mean()
-            self.q_optim.zero_grad()
-            self.amp.scale(q_loss).backward()
-            self.amp.unscale_(self.q_optim)
-            nn.utils.clip_grad_norm_(self.q_net.parameters(), 1.0)
-            self.amp.step(self.q_optim)
-            self.updates += 1
-            if self.updates % self.actor_every == 0:
-                pi_loss = -self.q_net(batch.obs, self.pi(batch.obs)).mean()
-                self.pi_optim.zero_grad()
-                self.amp.scale(pi_loss).backward()
-                self.amp.step(self.pi_optim)
-            self.amp.update()
-            self.pi_sched.step()
-            self.q_sched.step()
-""",
-        # The inner loop splits one sequence into slices (truncated BPTT); the window is
-        # `accum_steps` sequences, zeroed only on the update.
-        """
-for step, (tokens, targets) in enumerate(loader, start=1):
-    hidden = None
-    for start in range(0, tokens.size(1), bptt):
-        out, hidden = model(tokens[:, start : start + bptt], hidden)
-        hidden = hidden.detach()
-        (criterion(out, targets[:, start : start + bptt]) / accum_steps).backward()
-    if step % accum_steps == 0:
-        optimizer.step()
-        optimizer.zero_grad()
-""",
         """
 for step in range(steps):
     for micro_step in range(grad_accum):
@@ -293,36 +243,6 @@ class Loop:
             self.optimizer.step()
 """,
             10,
-        ),
-        # Zeroing before the slice loop of each sequence, while the step waits for
-        # `accum_steps` sequences: every update sees one sequence (learned from static7 rwkv).
-        Invalid(
-            """
-for step, (tokens, targets) in enumerate(loader, start=1):
-    hidden = None
-    optimizer.zero_grad()
-    for start in range(0, tokens.size(1), bptt):
-        out, hidden = model(tokens[:, start : start + bptt], hidden)
-        hidden = hidden.detach()
-        (criterion(out, targets[:, start : start + bptt]) / accum_steps).backward()
-    if step % accum_steps == 0:
-        optimizer.step()
-        optimizer.zero_grad()
-""",
-            4,
-        ),
-        # Zeroing on every call of a one-micro-batch function whose caller flags the window's
-        # last micro-batch.
-        Invalid(
-            """
-class Trainer:
-    def train_micro_batch(self, batch, apply_gradient):
-        self.optimizer.zero_grad()
-        (self.net(batch).mean() / self.grad_accum_steps).backward()
-        if apply_gradient:
-            self.optimizer.step()
-""",
-            4,
         ),
         # Zeroing before the slice loop of each sequence, while the step waits for
         # `accum_steps` sequences: every update sees one sequence (learned from static7 rwkv).
