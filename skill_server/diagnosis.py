@@ -558,6 +558,8 @@ class DiagnoseRequest:
 
     script: Path | None = None
     display_path: str | None = None
+    #: The folder a relative ``display_path`` (and so the patch's paths) is relative to.
+    patch_dir: str | None = None
     description: str | None = None
     run_probe: bool = True
     exec_allowed: bool = True
@@ -678,6 +680,7 @@ async def diagnose(
                 break
     return Diagnosis(
         script=display,
+        patch_dir=request.patch_dir,
         description=request.description,
         static_checked=lint is not None,
         probe_status=report.status if report else None,

@@ -116,6 +116,11 @@ class Diagnosis(_Result):
     """The one-shot check: static + runtime + symptom matches, merged by id."""
 
     script: str | None
+    patch_dir: str | None = Field(
+        default=None,
+        description="The folder the patch's paths are relative to (apply it from there); "
+        "None when the script path is absolute.",
+    )
     description: str | None
     static_checked: bool
     probe_status: str | None = Field(

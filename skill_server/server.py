@@ -274,6 +274,17 @@ RESOURCE_NOT_FOUND = -32002
 _STATELESS_PROTOCOL = "2026-07-28"
 
 
+def _problems(error: Any) -> str:
+    """A pydantic ``ValidationError`` as ``argument: what is wrong (got X)``, joined by "; "."""
+    parts = []
+    for item in error.errors():
+        where = ".".join(map(str, item["loc"])) or "arguments"
+        got = item.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {one_line(repr(got), 40)})"
+        parts.append(f"{where}: {item['msg']}{shown}")
+    return "; ".join(parts)
+
+
 class GradientDoctorServer(MCPServer):
     """``MCPServer`` with the JSON-RPC error codes of the MCP specification.
 
@@ -307,13 +318,28 @@ class GradientDoctorServer(MCPServer):
             from pydantic import ValidationError
 
             if isinstance(exc.__cause__, ValidationError):
-                problems = "; ".join(
-                    f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
-                    for e in exc.__cause__.errors()
-                )
                 raise MCPError(
                     code=INVALID_PARAMS,
-                    message=one_line(f"invalid arguments for prompt {name!r}: {problems}"),
+                    message=one_line(
+                        f"invalid arguments for prompt {name!r}: {_problems(exc.__cause__)}"
+                    ),
+                ) from None
+            raise
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        """Call a tool; arguments its schema refuses are named in one line, no pydantic dump.
+
+        The SDK reports them as ``ToolError`` with pydantic's multi-line text and a link to
+        its error pages; the model needs only which argument is wrong and why.
+        """
+        from pydantic import ValidationError
+
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                raise ToolError(
+                    one_line(f"invalid arguments for {name}: {_problems(exc.__cause__)}", 500)
                 ) from None
             raise
 
@@ -520,6 +546,7 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
                 real = policy.resolve_file(path)
                 request.script = real
                 request.display_path = _display_path(real, policy)
+                request.patch_dir = str(_root_of(real, policy))
                 request.cwd = policy.resolve_dir(cwd) if cwd is not None else None
                 request.launch = _launch_for(config, real)
             display = request.display_path or "the description"

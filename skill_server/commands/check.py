@@ -10,6 +10,7 @@ input error.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -122,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         workdir = policy.resolve_dir(str(Path(args.cwd).absolute())) if args.cwd else None
         request = diag.DiagnoseRequest(
             script=script,
-            display_path=args.script,
+            display_path=display_path(args.script),
+            patch_dir=None if Path(display_path(args.script)).is_absolute() else str(Path.cwd()),
             description=check_text(args.description, "--description") if args.description else None,
             run_probe=not args.no_probe,
             steps=args.steps,
@@ -189,3 +191,19 @@ def _progress_printer(verify: bool) -> Callable[[int, int], None]:
         print(f"\rprobe: {done}/{total} {what}", end=end, file=sys.stderr, flush=True)
 
     return show
+
+
+def display_path(given: str) -> str:
+    """The script path as the report names it: relative to the working folder when inside it.
+
+    The patch's ``a/`` and ``b/`` paths are built from it, and ``git apply`` / ``patch -p1``
+    resolve them from the folder they run in: an absolute path given on the command line
+    (as assistants do) would otherwise make a patch that applies from ``/`` only.
+    """
+    path = Path(os.path.normpath(given))
+    if not path.is_absolute():
+        return given
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return given

@@ -158,3 +158,35 @@ def test_check_stray_positional_is_refused(cli: Cli) -> None:
 def test_double_dash_on_a_command_without_a_script_is_refused(cli: Cli) -> None:
     result = cli("match", "loss is nan", "--", "x")
     assert result.returncode == 2 and "runs no script" in result.stderr
+
+
+def _patch_of(report: str) -> str:
+    return report.split("```diff\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch")
+@pytest.mark.parametrize("inside_cwd", [True, False])
+def test_the_printed_apply_command_applies_the_patch_of_an_absolute_path(
+    cli: Cli, tmp_path: Path, inside_cwd: bool
+) -> None:
+    """Assistants pass absolute paths: the instruction printed with the patch must work."""
+    project = tmp_path / "project"
+    project.mkdir()
+    script = project / "train.py"
+    shutil.copy(REPO / "examples/buggy_train.py", script)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = cli("check", str(script), "--no-probe", cwd=project if inside_cwd else elsewhere)
+    assert result.returncode == 1, result.stderr
+    report = result.stdout
+    (tmp_path / "fix.patch").write_text(_patch_of(report))
+    if inside_cwd:
+        assert "--- a/train.py" in report and f"in `{project}`" in report
+        command = ["patch", "-p1", "-i", str(tmp_path / "fix.patch")]
+        where = project
+    else:
+        assert "`patch -p1 -d / < fix.patch`" in report
+        command = ["patch", "-p1", "-d", "/", "-i", str(tmp_path / "fix.patch")]
+        where = elsewhere
+    subprocess.run(command, cwd=where, check=True, capture_output=True)
+    assert "(loss / ACCUM_STEPS).backward()" in script.read_text()

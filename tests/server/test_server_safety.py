@@ -160,3 +160,25 @@ async def test_probe_queue_limits_concurrency() -> None:
         for _ in range(5):
             group.start_soon(fake_probe)
     assert peak == 2
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "fragments"),
+    [
+        ("match_symptoms", {"text": ""}, ["invalid arguments for match_symptoms", "text:"]),
+        ("probe_script", {"path": "x.py", "steps": 0}, ["steps:", "greater than or equal to 1"]),
+        ("probe_script", {"path": "x.py", "steps": "many"}, ["steps:", "(got 'many')"]),
+        ("explain", {}, ["id: Field required"]),
+    ],
+)
+async def test_arguments_the_schema_refuses_are_one_line(
+    workspace: Path, tool: str, args: dict, fragments: list[str]
+) -> None:
+    """The SDK's pydantic dump (several lines and a link to its docs) becomes one line."""
+    server = build_server([workspace])
+    async with Client(server) as client:
+        result = await client.call_tool(tool, args)
+        _assert_one_line_error(result, *fragments)
+        assert "errors.pydantic.dev" not in text_of(result)
+        # The server is still up and answers the next call.
+        assert (await client.call_tool("explain", {"id": "clip-after-step"})).is_error is False
