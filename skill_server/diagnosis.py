@@ -8,7 +8,7 @@ numbers come from the probes, wording from the knowledge base. Never imports tor
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -456,21 +456,30 @@ def _runtime_rows(report: ProbeReport | None, note: str | None) -> list[SummaryR
     return rows
 
 
-def _code_blocks(issues: Sequence[Issue], names: dict[str, str]) -> list[CodeBlock]:
-    """Fix snippets, in the script's own names, for issues the combined patch does not fix."""
+def _code_blocks(
+    issues: Sequence[Issue], names: dict[str, str], resolved: Collection[str] = ()
+) -> list[CodeBlock]:
+    """Fix snippets, in the script's own names, for issues the combined patch does not fix.
+
+    ``resolved``: ids a verified patch made go away in its run (runtime findings caused by the
+    bugs it fixes); they need no code of their own.
+    """
     try:
         from gradient_doctor.templates.snippets import render_snippet
     except ImportError:
         return []
-    blocks: list[CodeBlock] = []
-    seen: set[str] = set()
+    blocks: dict[str, CodeBlock] = {}
     for issue in issues:
         if issue.severity == "info" or issue.patched or not issue.snippets:
             continue
-        snippet_id = issue.snippets[0]
-        if snippet_id in seen:
+        if issue.id in resolved:
             continue
-        seen.add(snippet_id)
+        snippet_id = issue.snippets[0]
+        if snippet_id in blocks:
+            blocks[snippet_id].for_ids.append(issue.id)
+            continue
+        if len(blocks) >= _MAX_CODE_BLOCKS:
+            continue
         try:
             try:
                 code = render_snippet(snippet_id, names)
@@ -479,10 +488,10 @@ def _code_blocks(issues: Sequence[Issue], names: dict[str, str]) -> list[CodeBlo
                 code = render_snippet(snippet_id)
         except (KeyError, ValueError):
             continue
-        blocks.append(CodeBlock(snippet_id=snippet_id, code=code.rstrip("\n")))
-        if len(blocks) >= _MAX_CODE_BLOCKS:
-            break
-    return blocks
+        blocks[snippet_id] = CodeBlock(
+            snippet_id=snippet_id, code=code.rstrip("\n"), for_ids=[issue.id]
+        )
+    return list(blocks.values())
 
 
 def _recommendations(
@@ -698,7 +707,13 @@ async def diagnose(
             verification,
         ),
         combined_diff=combined,
-        code_to_add=_code_blocks(issues, guess_names(source) if source else {}),
+        code_to_add=_code_blocks(
+            issues,
+            guess_names(source) if source else {},
+            verification.resolved
+            if verification is not None and verification.status in ("fixed", "improved")
+            else (),
+        ),
         matches=matches,
         worst_severity=_worst([i.severity for i in issues]),
         script_output_tail=output_tail,
@@ -847,8 +862,10 @@ def format_evidence(item: dict[str, Any]) -> str:
     parts = []
     for key, value in item.items():
         # The source is named already; the profile is in the summary; the snippet in Code.
-        if key in ("source", "profile", "snippet_id"):
+        if key in ("source", "profile", "snippet_id", "fix_withheld"):
             continue
+        if value is None or value == "" or value == []:
+            continue  # an empty field says nothing ("others=")
         text = f"{value:.4g}" if isinstance(value, float) else one_line(str(value), 80)
         parts.append(f"{key}={text}")
     return ", ".join(parts[:8])

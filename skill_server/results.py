@@ -110,6 +110,9 @@ class CodeBlock(_Result):
     snippet_id: str
     language: str = "python"
     code: str
+    for_ids: list[str] = Field(
+        default_factory=list, description="The issues (catalogue ids) this code addresses."
+    )
 
 
 class Diagnosis(_Result):

@@ -190,3 +190,58 @@ def test_the_printed_apply_command_applies_the_patch_of_an_absolute_path(
         where = elsewhere
     subprocess.run(command, cwd=where, check=True, capture_output=True)
     assert "(loss / ACCUM_STEPS).backward()" in script.read_text()
+
+
+BRANCHY_UPDATE = """\
+import torch
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+use_optimizer = True
+for step in range(10):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    if use_optimizer:
+        optimizer.step()
+    else:
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+"""
+
+
+def test_report_says_why_a_finding_has_no_patch_and_skips_static_evidence(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """The reason a patch was withheld is the user's next step: shown whole, on its own line.
+
+    A static finding's evidence (the same calls and lines as its message) is not repeated.
+    """
+    (tmp_path / "train.py").write_text(BRANCHY_UPDATE)
+    result = cli("check", "train.py", "--no-probe", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    report = result.stdout
+    assert "`clip-after-step`" in report
+    line = next(x for x in report.splitlines() if "No patch offered:" in x)
+    assert "`if use_optimizer:`" in line and "one path only" in line, line
+    assert "Evidence (static)" not in report and "fix_withheld" not in report
+    assert "```diff" not in report
+
+
+@pytest.mark.slow
+def test_verified_fix_adds_no_snippets_for_what_it_resolved(cli: Cli) -> None:
+    """After a ``fixed`` verification the runtime issues it resolved need no code of their own.
+
+    Unverified, the example's runtime issues (caused by the two bugs the patch fixes) each
+    get a snippet, labelled with the issues it is for.
+    """
+    plain = cli("check", "examples/buggy_train.py", "--steps", "12", "--format", "json")
+    assert plain.returncode == 1, plain.stderr
+    blocks = json.loads(plain.stdout)["code_to_add"]
+    assert blocks and all(block["for_ids"] for block in blocks)
+    verified = cli("check", "examples/buggy_train.py", "--steps", "12", "--verify")
+    assert verified.returncode == 1, verified.stderr
+    report = verified.stdout
+    assert "✅ **fixed**" in report
+    assert "Snippet `" not in report, report.split("### Code to Add", 1)[1]
