@@ -28,6 +28,23 @@ _BACKWARD_OF = re.compile(rf"(?<![\w.)])({_NAME})\.backward\(")
 _GATED_EVERY = re.compile(r"%\s*([A-Za-z_]\w*|\d+)\s*==\s*0")
 _LOOP_OVER = re.compile(rf"^\s*for\s+.+\s+in\s+(?:enumerate\()?({_NAME})\)?\s*:", re.M)
 _MAX_NORM = re.compile(r"max_norm\s*=\s*([0-9]+(?:\.[0-9]*)?(?:e-?[0-9]+)?)")
+# ``clip_grad_norm_(model.parameters(), args.clip)``: the threshold given by position.
+_MAX_NORM_POSITIONAL = re.compile(
+    rf"clip_grad_norm_?\(\s*{_NAME}\.parameters\(\)\s*,\s*"
+    rf"({_NAME}|[0-9]+(?:\.[0-9]*)?(?:e-?[0-9]+)?)\s*[,)]"
+)
+# ``for i, (inputs, targets) in enumerate(loader...)`` or ``for inputs, targets in loader:``:
+# the batch's own names, so the snippet's loop reads like the user's.
+_BATCH_LOOP = re.compile(
+    rf"^\s*for\s+(?:([A-Za-z_]\w*)\s*,\s*\(\s*([A-Za-z_]\w*)\s*,\s*([A-Za-z_]\w*)\s*\)"
+    rf"\s+in\s+enumerate\(\s*({_NAME})\s*[,)]"
+    rf"|\(?\s*([A-Za-z_]\w*)\s*,\s*([A-Za-z_]\w*)\s*\)?\s+in\s+({_NAME})\s*:)",
+    re.M,
+)
+# ``loss = F.nll_loss(...)``: a functional loss stands where the snippets call ``criterion``.
+_FUNCTIONAL_LOSS = re.compile(
+    r"^\s*([A-Za-z_]\w*)\s*=\s*((?:F|nn\.functional|torch\.nn\.functional)\.\w+)\(", re.M
+)
 
 
 def _most_common(pattern: re.Pattern[str], source: str, exclude: set[str]) -> str | None:
@@ -51,10 +68,42 @@ def guess_names(source: str) -> dict[str, str]:
     every = set(_GATED_EVERY.findall(source))
     if len(every) == 1:
         names["accumulation_steps"] = every.pop()
-    loaders = [m for m in _LOOP_OVER.findall(source) if m not in ("range",)]
+    # ``for group in optimizer.param_groups:`` (a learning-rate update) is no data loader.
+    loaders = [
+        m
+        for m in _LOOP_OVER.findall(source)
+        if m not in ("range",) and not m.endswith("param_groups")
+    ]
     if len(set(loaders)) == 1:
         names["loader"] = loaders[0]
-    norms = set(_MAX_NORM.findall(source))
+    norms = set(_MAX_NORM.findall(source)) | set(_MAX_NORM_POSITIONAL.findall(source))
     if len(norms) == 1:
         names["max_norm"] = norms.pop()
+    names.update(_batch_names(source, names.get("loader")))
+    if "criterion" not in names and "loss" in names:
+        loss_name = names["loss"]
+        functional = {f for target, f in _FUNCTIONAL_LOSS.findall(source) if target == loss_name}
+        if len(functional) == 1:
+            names["criterion"] = functional.pop()
+    return names
+
+
+def _batch_names(source: str, loader: str | None) -> dict[str, str]:
+    """``step``, ``inputs``, ``targets`` from the one loop that unpacks a batch of ``loader``."""
+    if loader is None:
+        return {}
+    found = set()
+    for m in _BATCH_LOOP.finditer(source):
+        if m.group(4) == loader:
+            found.add((m.group(1), m.group(2), m.group(3)))
+        elif m.group(7) == loader:
+            found.add((None, m.group(5), m.group(6)))
+    if len(found) != 1:
+        return {}
+    step, inputs, targets = found.pop()
+    if inputs == targets or step in (inputs, targets):
+        return {}
+    names = {"inputs": inputs, "targets": targets}
+    if step is not None and step != "_":
+        names["step"] = step
     return names

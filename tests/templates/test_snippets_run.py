@@ -406,8 +406,15 @@ def run_nan_check_order() -> None:
     exec_snippet("nan-check-order", ns)
     assert len(recorder.steps) == len(batches), "finite training runs through"
 
+    # A corrupt batch is named before any model code runs on it (nonfinite-inputs).
     poisoned = [*batches]
     poisoned[3] = (poisoned[3][0].clone().fill_(math.nan), poisoned[3][1])
+    with pytest.raises(FloatingPointError, match=r"step 3: the batch already holds NaN/Inf"):
+        exec_snippet("nan-check-order", training_namespace(poisoned))
+
+    # Finite inputs, non-finite loss (here from the targets): the loss check names it.
+    poisoned = [*batches]
+    poisoned[3] = (poisoned[3][0], poisoned[3][1].clone().fill_(math.nan))
     with pytest.raises(FloatingPointError, match=r"step 3: loss is nan before backward"):
         exec_snippet("nan-check-order", training_namespace(poisoned))
 
