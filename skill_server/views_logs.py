@@ -109,12 +109,31 @@ def summary_rows(r: LogReport) -> list[tuple[str, str]]:
     return rows
 
 
+#: The step-series fields a check can lack, as a reader of the report knows them.
+_SERIES_WORDS = {
+    "scale": "the GradScaler scale",
+    "skipped": "skipped steps",
+    "layer_grad_norms": "per-layer gradient norms",
+    "weight_layers": "per-layer weight norms",
+    "clip_max_norm": "the clipping max_norm",
+    "clipped": "which steps were clipped",
+    "grad_norm_before_clip": "the norm before clipping",
+    "grad_norm": "the total gradient norm",
+    "loss": "the loss",
+    "lr": "the learning rate",
+}
+
+
 def _missing(report: LogReport) -> list[tuple[str, list[str]]]:
-    """The checks the log could not feed, grouped by the series they lacked."""
+    """The checks the log could not feed, grouped by the series they lacked (in words)."""
     groups: dict[str, list[str]] = {}
     for check in report.checks:
         if not check.ran:
-            groups.setdefault(" and ".join(check.missing), []).append(check.id)
+            words = [_SERIES_WORDS.get(name, f"`{name}`") for name in check.missing]
+            if not words:
+                words = ["the series it needs"]
+            lacked = ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]
+            groups.setdefault(lacked, []).append(check.id)
     return list(groups.items())
 
 

@@ -31,6 +31,10 @@ def test_markdown_report_of_a_nan_run_with_plots(tmp_path: Path) -> None:
     assert "| First non-finite value | step 120 (loss)" in out
     assert "`nan-loss-before-backward` (step 120)" in out
     assert "### What the log allowed" in out
+    # What a check lacked is said in words, not as the step series' field names.
+    lacked = [line for line in out.splitlines() if line.startswith("- Not checked")]
+    assert lacked and all("the log lacks" in line for line in lacked), lacked
+    assert not any("grad_norm_before_clip" in line or "layer_grad_norms" in line for line in lacked)
     pictures = list(tmp_path.glob("*.png"))
     assert len(pictures) == 1 and pictures[0].read_bytes()[:4] == b"\x89PNG"
     assert "plots:" in result.stderr and "Traceback" not in result.stderr
