@@ -89,10 +89,14 @@ def check_gradients_steps(script: str, described: str) -> str:
         "execution disabled), say so plainly, show the script's last output if given, and "
         "rely on the static findings; call `probe_script` again only if the user fixes "
         "the cause.\n"
-        "3. For each critical issue, call `get_fix` with its snippet id and the user's "
-        "variable names (model, optimizer, loss, scaler, accumulation steps) read from the "
-        "script, unless the report's patch already covers it.\n"
-        "4. Use `explain` on an id when the user asks why.\n"
+        "3. If the report has a patch and the probe ran, prove the patch before offering it: "
+        "call `diagnose` again with the same path and verify=true (a patched copy and the "
+        "original run side by side; the user's file is not touched) and report its "
+        "Verification verdict. Never offer a patch whose verdict is broken or worse.\n"
+        "4. For each critical issue that neither the patch nor the report's Code to Add "
+        "covers, call `get_fix` with its snippet id and the user's variable names (model, "
+        "optimizer, loss, scaler, accumulation steps) read from the script.\n"
+        "5. Use `explain` on an id when the user asks why.\n"
     )
 
 
