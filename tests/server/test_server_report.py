@@ -91,6 +91,29 @@ def test_report_has_the_check_gradients_sections() -> None:
     assert "### Code to Add" not in report
 
 
+def test_report_header_says_a_planned_stop_is_a_complete_run() -> None:
+    """'stopped' means the probe ended the script after the requested steps, as planned;
+    the header must not read like a failure."""
+    words = {"stopped": "ran the requested steps", "ok": "ran to the end"}
+    for status, said in words.items():
+        diagnosis = Diagnosis(
+            script="train.py",
+            description=None,
+            static_checked=True,
+            probe_status=status,
+            summary=[],
+            issues=[],
+            recommendations=[],
+            combined_diff=None,
+            code_to_add=[],
+            worst_severity=None,
+        )
+        header = render_report(diagnosis).splitlines()
+        checks = next(line for line in header if line.startswith("**Checks:**"))
+        assert f"runtime probe ✓ {said}" in checks
+        assert "stopped" not in checks
+
+
 def test_probe_text_block_for_a_failed_run_shows_the_output() -> None:
     from gradient_doctor.skill_server.results import ProbeReport
     from gradient_doctor.templates import render
