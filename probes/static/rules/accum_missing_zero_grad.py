@@ -219,8 +219,72 @@ for images, boxes in loader:
         total.backward()
         opt.step()
 """,
+        # Both optimizers are zeroed by a helper that loops over them: which one the loop
+        # variable holds is unknown, so the rule stays silent.
+        """
+import torch
+class Duel:
+    def __init__(self, actor, critic):
+        self.actor, self.critic = actor, critic
+        self.actor_opt = torch.optim.Adam(actor.parameters())
+        self.critic_opt = torch.optim.Adam(critic.parameters())
+
+    def clear(self):
+        for o in [self.actor_opt, self.critic_opt]:
+            o.zero_grad()
+
+    def fit(self, episodes):
+        for ep in episodes:
+            self.critic.value_loss(ep).backward()
+            self.critic_opt.step()
+            self.clear()
+            self.actor.policy_loss(ep).backward()
+            self.actor_opt.step()
+            self.clear()
+""",
+        # The optimizer and its scheduler live in one dict; the key names the scheduler.
+        """
+import torch
+def train_once(net, batch, bundle):
+    bundle["optimizer"].zero_grad()
+    net(batch).sum().backward()
+    bundle["optimizer"].step()
+    bundle["lr_scheduler"].step()
+    return bundle
+""",
+        # A hand-written reset: every parameter gets a fresh zero gradient after the update.
+        """
+import torch
+weights = [torch.randn(4, 4, requires_grad=True)]
+sgd = torch.optim.SGD(weights, lr=0.01)
+for t in range(500):
+    (weights[0].sin() ** 2).mean().backward()
+    sgd.step()
+    for w in weights:
+        w.grad = torch.zeros_like(w)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The helper is handed the actor's optimizer each time: the critic's never is zeroed.
+        Invalid(
+            """
+import torch
+def wipe(optim):
+    optim.zero_grad()
+
+def fit(actor, critic, episodes):
+    actor_opt = torch.optim.Adam(actor.parameters())
+    critic_opt = torch.optim.Adam(critic.parameters())
+    for ep in episodes:
+        wipe(actor_opt)
+        critic.value_loss(ep).backward()
+        critic_opt.step()
+        wipe(actor_opt)
+        actor.policy_loss(ep).backward()
+        actor_opt.step()
+""",
+            12,
+        ),
         Invalid(
             """
 import torch
@@ -898,8 +962,15 @@ def exclusive_frames(a: Frame, b: Frame) -> bool:
 def _other_optimizer(
     model: FileModel, unit: Unit, steps: list[Event], zeros: list[Event], *, per_call: bool = False
 ) -> Iterator[RawFinding]:
-    """Steps of an optimizer that none of the unit's ``zero_grad`` calls can reach."""
-    receivers = {z.receiver for z in zeros}
+    """Steps of an optimizer that none of the unit's ``zero_grad`` calls can reach.
+
+    Only when every zeroed object is known by name in the analysed function: a zero of a loop
+    variable (``for opt in (self.g_opt, self.d_opt): opt.zero_grad()`` in a ``reset_grad()``
+    helper), of a helper's parameter the call does not bind, or of anything else the analyser
+    cannot resolve may cover the stepped optimizer, so the rule stays silent."""
+    if any(_unresolved_receiver(z) for z in zeros):
+        return
+    receivers = {z.identity(z.receiver) for z in zeros}
     if any(r is None for r in receivers):
         return  # `p.grad = None` / a helper may cover every optimizer
     if any(_variable_item(r) for r in receivers if r is not None):
@@ -933,6 +1004,24 @@ def _other_optimizer(
                 "zero_line": zero.anchor,
             },
         )
+
+
+def _unresolved_receiver(zero: Event) -> bool:
+    """The object ``zero`` zeroes is bound where the analyser cannot tell which optimizer it
+    is: a ``for`` / comprehension target of the function that zeroes it (one of several
+    optimizers, each in turn), or a parameter of an inlined helper that the helper call does
+    not bind by name (learned from static8's two-network GAN trainers that zero in a
+    ``reset_grad()`` loop over their optimizers)."""
+    if zero.receiver is None:
+        return False
+    root = re.split(r"[.\[(]", zero.receiver, maxsplit=1)[0]
+    node = zero.func.node
+    for current in walk(node):
+        if isinstance(current, cst.For | cst.CompFor) and root in names_in(current.target):
+            return True
+    if zero.chain and root in zero.func.params and root != "self":
+        return zero.identity(zero.receiver) == zero.receiver
+    return False
 
 
 def _variable_item(text: str) -> bool:

@@ -79,6 +79,32 @@ class Model(L.LightningModule):
     def on_before_optimizer_step(self, optimizer):
         torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
 """,
+        # Manual optimisation: the hand-written clipper runs after `manual_backward`.
+        """
+import lightning as L
+def ratio_clip_gradients_(net, ref):
+    for p in net.parameters():
+        if p.grad is not None:
+            p.grad.mul_(0.5)
+class Estimator(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(self.objective(batch))
+        ratio_clip_gradients_(self.head, self.body)
+        opt.step()
+""",
+        # A call that only reads the clipping setting is no clip.
+        """
+import lightning as L
+class Model(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        self.log("clip_limit", get_grad_clip_value(self.hparams))
+        return self.compute_loss(batch)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -117,6 +143,23 @@ class Model(L.LightningModule):
         return loss
 """,
             7,
+        ),
+        # A hand-written clipper (it rescales `.grad` itself) inside automatic optimisation's
+        # `training_step`: Lightning calls backward only after the step returns.
+        Invalid(
+            """
+import lightning as L
+def ratio_clip_gradients_(net, ref):
+    for p in net.parameters():
+        if p.grad is not None:
+            p.grad.mul_(0.5)
+class Estimator(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        loss = self.objective(batch)
+        ratio_clip_gradients_(self.head, self.body)
+        return loss
+""",
+            10,
         ),
     ]
 
