@@ -263,6 +263,59 @@ for t in range(500):
     for w in weights:
         w.grad = torch.zeros_like(w)
 """,
+        # Gradients combined by hand and written back: `.grad` is replaced every iteration.
+        """
+def fit(net, batches, opt, merger):
+    params = list(net.parameters())
+    for b in batches:
+        net(b).mean().backward()
+        merged = merger([p.grad for p in params])
+        for p, g in zip(params, merged):
+            p.grad = g
+        opt.step()
+""",
+        # An in-place reset by arithmetic.
+        """
+def fit(net, batches, opt):
+    for b in batches:
+        net(b).mean().backward()
+        opt.step()
+        for p in net.parameters():
+            p.grad *= 0.0
+""",
+        # `zero_grad` handed to an event system as a callback: it runs where the analyser
+        # cannot see.
+        """
+import torch
+class Run:
+    def __init__(self, net, events):
+        self.net = net
+        self.opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        events.on("step_end", self.opt.zero_grad)
+
+    def go(self, batches, events):
+        for b in batches:
+            self.net(b).mean().backward()
+            self.opt.step()
+            events.emit("step_end")
+""",
+        # The zero belongs to a wrapper object that was handed the same optimizer.
+        """
+import torch
+class OptimHandle:
+    def __init__(self, inner):
+        self.inner = inner
+    def reset(self):
+        self.inner.zero_grad()
+
+def fit(net, batches):
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    handle = OptimHandle(sgd)
+    for b in batches:
+        net(b).mean().backward()
+        sgd.step()
+        handle.reset()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         # The helper is handed the actor's optimizer each time: the critic's never is zeroed.
@@ -639,6 +692,8 @@ def _plain_loop(
             yield from _other_optimizer(model, unit, steps, zeros, per_call=True)
         return
     if not zeros:
+        if _grads_set_by_hand(unit.root.node):
+            return  # `p.grad = g` / `p.grad *= 0`: the function manages `.grad` itself
         before = _zeroed_before_the_loop(model, unit) if unit.micro is not None else None
         if before is None:
             if _zeroes_somewhere(model):
@@ -1015,12 +1070,27 @@ def _unresolved_receiver(zero: Event) -> bool:
     if zero.receiver is None:
         return False
     root = re.split(r"[.\[(]", zero.receiver, maxsplit=1)[0]
+    if root == "self" and _other_objects_method(zero):
+        # `wrapped.clear()` runs `self.opt.zero_grad()` of another object: its `self.opt`
+        # is whatever that object was given.
+        return True
     node = zero.func.node
     for current in walk(node):
         if isinstance(current, cst.For | cst.CompFor) and root in names_in(current.target):
             return True
     if zero.chain and root in zero.func.params and root != "self":
         return zero.identity(zero.receiver) == zero.receiver
+    return False
+
+
+def _other_objects_method(zero: Event) -> bool:
+    """``zero`` sits in a method reached through a call on another object than the analysed
+    function's ``self`` (``wrapped.clear()``, ``self.state.reset()``)."""
+    for helper in zero.chain:
+        func = helper.call.func
+        on_self = isinstance(func, cst.Attribute) and code_of(func.value) == "self"
+        if helper.target.class_name is not None and isinstance(func, cst.Attribute) and not on_self:
+            return True
     return False
 
 
@@ -1101,10 +1171,36 @@ def _step_zeroes(model: FileModel, step: Event) -> bool:
     return any(e.kind == "zero_grad" for e in holder.expanded(method))
 
 
+def _grads_set_by_hand(node: cst.CSTNode) -> bool:
+    """``node`` writes ``.grad`` itself: ``p.grad = g`` (a gradient computed elsewhere, or a
+    fresh tensor, replaces what backward left), ``p.grad *= 0`` / ``p.grad -= p.grad``. Such
+    code manages the gradients by hand, so a missing ``zero_grad()`` proves nothing (learned
+    from static8 generative-models, whose VAE resets each `.grad` to a new zero tensor)."""
+    for current in walk(node):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(current, cst.Assign):
+            targets = [t.target for t in current.targets]
+        elif isinstance(current, cst.AugAssign):
+            targets = [current.target]
+        if any(isinstance(t, cst.Attribute) and t.attr.value == "grad" for t in targets):
+            return True
+    return False
+
+
 def _zeroes_somewhere(model: FileModel) -> bool:
     """Anything in the file that could zero gradients: a zero_grad (of any object), a
-    ``.grad = None`` / ``.grad.zero_()``, or ``set_to_none``."""
+    ``.grad = None`` / ``.grad.zero_()``, ``set_to_none``, or a ``zero_grad`` method handed
+    over uncalled (``hooks.register("after_step", self.opt.zero_grad)``: it runs where the
+    analyser cannot see)."""
     if any(e.kind == "zero_grad" for e in model.direct_events()):
+        return True
+    called = {id(call.func) for call, _, _ in model.all_calls}
+    if any(
+        isinstance(node, cst.Attribute)
+        and node.attr.value in {"zero_grad", "zero_grads", "reset_grads"}
+        and id(node) not in called
+        for node in walk(model.module)
+    ):
         return True
     return any(
         (method_name(call) or "") in {"zero_grad", "zero_grads", "reset_grads"}
