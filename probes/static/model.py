@@ -2749,6 +2749,14 @@ NOT_A_CLIPPER_PREFIXES = frozenset(
     }
 )
 """First words of a name that asks about clipping, or sets it up, without clipping."""
+NOT_A_CLIPPER_SUFFIXES = frozenset(
+    {
+        *("enabled", "active", "on", "value", "val", "threshold", "thresh", "limit", "max"),
+        *("config", "cfg", "kwargs", "args", "settings", "stats", "info", "count", "ratio"),
+    }
+)
+"""Last words of a name that reads a clipping setting or statistic (``gradient_clipping_enabled``,
+``grad_clip_threshold``)."""
 
 
 def _injected_clipper(name: str | None) -> bool:
@@ -2763,7 +2771,7 @@ def _injected_clipper(name: str | None) -> bool:
     if _CLIPPER.match(lowered):
         return True
     words = [w for w in lowered.split("_") if w]
-    if not words or words[0] in NOT_A_CLIPPER_PREFIXES:
+    if not words or words[0] in NOT_A_CLIPPER_PREFIXES or words[-1] in NOT_A_CLIPPER_SUFFIXES:
         return False
     return any(w.startswith("clip") for w in words) and any(w.startswith("grad") for w in words)
 

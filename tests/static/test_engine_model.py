@@ -555,6 +555,8 @@ def test_a_string_key_that_names_a_role_decides_the_item_kind(text: str, kind: s
         ("configure_gradient_clipping", False),
         ("should_clip_gradients", False),
         ("clip_boxes", False),
+        ("gradient_clipping_enabled", False),
+        ("grad_clip_threshold", False),
         ("grad_norm", False),
     ],
 )
