@@ -72,6 +72,19 @@ for sample in data:
         opt.step()
         opt.zero_grad()
 """,
+        # The precision comes from the launch configuration, which the file does not show:
+        # silent (the every-micro-batch clip is accum-clip-every-microstep's finding).
+        """
+from accelerate import Accelerator
+acc = Accelerator(gradient_accumulation_steps=8)
+net, opt, data = acc.prepare(net, opt, data)
+for sample in data:
+    with acc.accumulate(net):
+        acc.backward(net(sample).loss)
+        acc.clip_grad_norm_(net.parameters(), 2.0)
+        opt.step()
+        opt.zero_grad()
+""",
         # Clipping only on the sync step: one unscale per scaler update.
         """
 from accelerate import Accelerator
@@ -290,9 +303,11 @@ def _accelerate_clip_every_micro_batch(model: FileModel) -> Iterator[RawFinding]
     traced the user's RuntimeError to it). Accelerate 1.15.0 unscales in every clip call when
     fp16 runs (``accelerator.py`` 2946-2960, 3047) and steps and updates the scaler only on
     sync steps (``optimizer.py`` 112-113, 169), so the next micro-batch's clip unscales twice.
-    Silent when the file's ``Accelerator`` names another precision, or DeepSpeed runs it (its
-    engine clips by config); no patch here (accum-clip-every-microstep moves the clip)."""
-    if accelerate_runs_deepspeed(model) or _accelerator_precision_not_fp16(model):
+    Only where the file's ``Accelerator`` names fp16: without ``mixed_precision`` the launch
+    configuration decides, which the analyser cannot see (and bf16 or fp32 never unscale).
+    Silent when DeepSpeed runs it (its engine clips by config); no patch here
+    (accum-clip-every-microstep moves the clip)."""
+    if accelerate_runs_deepspeed(model) or not _accelerator_runs_fp16(model):
         return
     for unit, acc, _steps in accumulating_units(model):
         if acc.style != "accelerate":
@@ -315,16 +330,13 @@ def _accelerate_clip_every_micro_batch(model: FileModel) -> Iterator[RawFinding]
             )
 
 
-def _accelerator_precision_not_fp16(model: FileModel) -> bool:
-    """Every ``Accelerator(...)`` of the file names its ``mixed_precision``, and none is fp16."""
-    values = [call_arg(call, None, "mixed_precision") for call in model.accelerators.values()]
-    if not values or any(v is None for v in values):
-        return False
-    return all(
-        isinstance(v, cst.SimpleString) and v.evaluated_value != "fp16"
-        for v in values
-        if v is not None
-    )
+def _accelerator_runs_fp16(model: FileModel) -> bool:
+    """An ``Accelerator(mixed_precision="fp16")`` in the file."""
+    for call in model.accelerators.values():
+        value = call_arg(call, None, "mixed_precision")
+        if isinstance(value, cst.SimpleString) and value.evaluated_value == "fp16":
+            return True
+    return False
 
 
 UNSCALING_FRAMEWORKS = frozenset({"accelerator"})
