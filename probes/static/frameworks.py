@@ -190,6 +190,95 @@ def after_backward_clips(model: FileModel) -> Iterator[tuple[str, Event]]:
                 yield class_name, event
 
 
+LIGHTNING_BEFORE_BACKWARD = ("training_step", "on_before_backward", "on_train_batch_start")
+"""LightningModule hooks that automatic optimisation runs before backward: the closure runs
+``training_step`` and then backward, which calls ``on_before_backward`` first (Lightning 2.6.6
+``loops/optimization/automatic.py`` 130-140, ``core/hooks.py`` ``on_before_backward``);
+``on_train_batch_start`` precedes the whole optimisation step of the batch."""
+HF_BEFORE_BACKWARD = ("compute_loss",)
+"""Methods of a Hugging Face ``Trainer`` subclass that its ``training_step`` calls before
+``self.accelerator.backward(loss)`` (transformers 5.23.0 ``trainer.py`` ``training_step``)."""
+
+
+def before_backward_clips(model: FileModel) -> Iterator[tuple[str, str, str, Event]]:
+    """(framework, class, hook, clip event) for clipping that a framework runs before the
+    backward of the same step, where the gradients are still the previous step's (already
+    zeroed, or about to be):
+
+    * a LightningModule with automatic optimisation: anywhere in the hooks of
+      :data:`LIGHTNING_BEFORE_BACKWARD`, and in an ``optimizer_step`` override before the
+      call that runs its closure (``optimizer.step(closure=optimizer_closure)`` or
+      ``optimizer_closure()``): the closure is where ``training_step`` and backward run;
+    * a Hugging Face ``Trainer`` subclass: anywhere in ``compute_loss``, and in a
+      ``training_step`` override before its first backward.
+
+    Clipping the framework itself runs (``self.clip_gradients``) and clips that only
+    measure (an infinite limit) are left out."""
+    model.units  # noqa: B018 - builds the inlined event lists that `expanded` reads
+    for class_name in lightning_modules(model):
+        if not automatic_optimization(model, class_name):
+            continue
+        for hook in LIGHTNING_BEFORE_BACKWARD:
+            func = model.methods.get((class_name, hook))
+            if func is not None:
+                for event in _real_clips(model.expanded(func)):
+                    yield "Lightning", class_name, hook, event
+        func = model.methods.get((class_name, "optimizer_step"))
+        if func is not None:
+            closure_at = _closure_run(func)
+            if closure_at is not None:
+                for event in _real_clips(model.expanded(func)):
+                    if _starts_before(func, event.anchor, closure_at):
+                        yield "Lightning", class_name, "optimizer_step", event
+    for class_name in hf_trainers(model):
+        for hook in HF_BEFORE_BACKWARD:
+            func = model.methods.get((class_name, hook))
+            if func is not None:
+                for event in _real_clips(model.expanded(func)):
+                    yield "the Trainer", class_name, hook, event
+        func = model.methods.get((class_name, "training_step"))
+        if func is not None:
+            events = model.expanded(func)
+            backward = next((e for e in events if e.kind == "backward"), None)
+            if backward is not None:
+                for event in _real_clips(events):
+                    if event.order < backward.order:
+                        yield "the Trainer", class_name, "training_step", event
+
+
+def _real_clips(events: list[Event]) -> Iterator[Event]:
+    for event in events:
+        if event.kind == "clip" and not event.measures_only and event.framework != "lightning":
+            yield event
+
+
+def _closure_run(func: FuncInfo) -> cst.CSTNode | None:
+    """The first call in Lightning's ``optimizer_step(self, epoch, batch_idx, optimizer,
+    optimizer_closure)`` that runs the closure: the closure called, or passed to a call
+    (``optimizer.step(closure=optimizer_closure)``)."""
+    node = func.node
+    if not isinstance(node, cst.FunctionDef):
+        return None
+    params = [p.name.value for p in node.params.params]
+    closure = next((p for p in params if "closure" in p), None)
+    if closure is None:
+        return None
+    for inner in walk(node.body):
+        if not isinstance(inner, cst.Call):
+            continue
+        if isinstance(inner.func, cst.Name) and inner.func.value == closure:
+            return inner
+        if any(isinstance(a.value, cst.Name) and a.value.value == closure for a in inner.args):
+            return inner
+    return None
+
+
+def _starts_before(func: FuncInfo, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+    """``first`` comes before ``second`` in ``func`` (a walk of its body, in source order)."""
+    order = {id(node): index for index, node in enumerate(walk(func.node))}
+    return order.get(id(first), 1 << 30) < order.get(id(second), -1)
+
+
 def enclosing_class(func: FuncInfo) -> str | None:
     return func.class_name
 

@@ -131,6 +131,23 @@ _ITEM = re.compile(r"\[[^\[\]]*\]$")
 _OPTIMIZER_NAME = re.compile(r"(optim\w*|opt|opt\d+|opt_\w+|\w+_opt|\w+_optim\w*|\w*optimizer\w*)")
 
 
+def _key_kind(item: str) -> str | None:
+    """The role a string key names (``["scheduler"]`` -> scheduler, ``["optim_g"]`` ->
+    optimizer, ``["grad_scaler"]`` -> scaler); None for any other key (``["disc"]``, ``[i]``,
+    ``[0]``: the item is what the container holds)."""
+    found = re.fullmatch(r"\[\s*(?:'([^']*)'|\"([^\"]*)\")\s*\]", item)
+    if found is None:
+        return None
+    key = (found.group(1) if found.group(1) is not None else found.group(2)).lower()
+    if "scaler" in key:
+        return "scaler"
+    if "sched" in key:
+        return "scheduler"
+    if _OPTIMIZER_NAME.fullmatch(key):
+        return "optimizer"
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class Frame:
     """One enclosing construct of an event: a loop, one branch of an ``if``, a ``with``."""
@@ -270,6 +287,8 @@ class HelperCall:
     stmt: cst.CSTNode
     target: FuncInfo
     frames: tuple[Frame, ...] = ()
+    named_clipper: bool = False
+    """The helper is named as a gradient clipper (``adaptive_gradient_clipping_``)."""
 
 
 def exclusive(a: Event, b: Event) -> bool:
@@ -796,12 +815,17 @@ class FileModel:
                 return "scheduler"
             return None
         if isinstance(node, cst.Subscript):
-            # `optimizers["disc"]`, `self.optimizers[i]`: an item of a container of optimizers.
-            container = self.kind_of(node.value)
-            return container if container in CONTAINED_KINDS else None
+            node = code_of(node)
         if isinstance(node, str) and node.endswith("]"):
             base = _ITEM.sub("", node)
             if base != node:
+                # `optimizers["disc"]`, `self.optimizers[i]`: an item of a container of
+                # optimizers. A string key that names a role decides it: in
+                # `optimizer_state["scheduler"]` the container is named for the optimizer but
+                # the item is its scheduler (learned from static8 algorithmic-efficiency).
+                keyed = _key_kind(node[len(base) :])
+                if keyed is not None:
+                    return keyed
                 container = self.kind_of(base)
                 return container if container in CONTAINED_KINDS else None
         text = node if isinstance(node, str) else dotted_name(node)
@@ -1028,6 +1052,13 @@ class FileModel:
         for item in func.items:
             frames = prefix + tuple(self._flag_gate(f, flags) for f in item.frames)
             if isinstance(item, HelperCall):
+                if item.named_clipper and _rescales_without_clipping(item.target):
+                    # `adaptive_gradient_clipping_(gen, est)`: the project's own clipper, which
+                    # rescales `.grad` by hand (no torch clip inside): the call is the clip
+                    # (learned from static8 mine-pytorch, an adaptive clip in a helper module).
+                    clip = Event("clip", item.call, item.stmt, func, frames, clip_kind="norm")
+                    out.append(replace(clip, chain=chain, renames=renames))
+                    continue
                 if depth < 4 and item.target not in stack:
                     self._inlined.add(id(item.target))
                     self._expand(
@@ -2441,6 +2472,14 @@ class _EventWalker:
                     if isinstance(small.value, cst.Name) and small.value.value == "None":
                         self._add(Event("zero_grad", small, line, func, frames))
                         return
+                    if _zero_tensor(small.value):
+                        # `p.grad = torch.zeros_like(p)`, `p.grad = g.new().resize_as_(g).zero_()`:
+                        # a fresh zero gradient, the same reset as `zero_grad()` (learned from
+                        # static8 generative-models' hand-written VAE loop).
+                        self._add(
+                            Event("zero_grad", small, line, func, frames, receiver=code_of(tgt))
+                        )
+                        return
                     if isinstance(small.value, cst.BinaryOperation) and isinstance(
                         small.value.operator, cst.Divide | cst.Multiply
                     ):
@@ -2594,7 +2633,8 @@ class _EventWalker:
             return
         target = model.function_for_call(call, func)
         if target is not None and target is not func:
-            func.items.append(HelperCall(call, stmt, target, frames))
+            named_clipper = _injected_clipper(last)
+            func.items.append(HelperCall(call, stmt, target, frames, named_clipper))
             return
         if target is None and isinstance(call.func, cst.Name) and last in ZERO_GRAD_FUNCTIONS:
             # `zero_grad(model_params)`: the project's own zeroing function, from a module
@@ -2702,12 +2742,54 @@ ZERO_GRAD_FUNCTIONS = frozenset({"zero_grad", "zero_grads", "zero_gradients"})
 _CLIPPER = re.compile(
     r"^(?:grad(?:ient)?s?_?clip(?:per|ping|_fn|_func)?|clip_?grad(?:s|ients?)?(?:_fn|_func)?)$"
 )
+NOT_A_CLIPPER_PREFIXES = frozenset(
+    {
+        *("get", "compute", "calc", "calculate", "should", "set", "configure", "log", "is"),
+        *("has", "init", "build", "make", "create", "update", "print", "plot", "report"),
+    }
+)
+"""First words of a name that asks about clipping, or sets it up, without clipping."""
+NOT_A_CLIPPER_SUFFIXES = frozenset(
+    {
+        *("enabled", "active", "on", "value", "val", "threshold", "thresh", "limit", "max"),
+        *("config", "cfg", "kwargs", "args", "settings", "stats", "info", "count", "ratio"),
+    }
+)
+"""Last words of a name that reads a clipping setting or statistic (``gradient_clipping_enabled``,
+``grad_clip_threshold``)."""
 
 
 def _injected_clipper(name: str | None) -> bool:
-    """A call named as a gradient clipper (``gradient_clipper``, ``grad_clip_fn``,
-    ``clip_grad``) that the analyser cannot see into: it clips the gradients."""
-    return name is not None and bool(_CLIPPER.match(name.lower().lstrip("_")))
+    """A call named as a gradient clipper: ``gradient_clipper``, ``grad_clip_fn``,
+    ``clip_grad``, and the variants real code writes with a qualifier (``adaptive_clip_grad``,
+    timm's AGC, learned from static8 xvr; ``adaptive_gradient_clipping_``, learned from static8
+    mine-pytorch): one word starting with ``clip`` and one with ``grad``. Names that ask or set
+    up (``get_grad_clip``, ``configure_gradient_clipping``) are not clippers."""
+    if name is None:
+        return False
+    lowered = name.lower().strip("_")
+    if _CLIPPER.match(lowered):
+        return True
+    words = [w for w in lowered.split("_") if w]
+    if not words or words[0] in NOT_A_CLIPPER_PREFIXES or words[-1] in NOT_A_CLIPPER_SUFFIXES:
+        return False
+    return any(w.startswith("clip") for w in words) and any(w.startswith("grad") for w in words)
+
+
+def _rescales_without_clipping(helper: FuncInfo) -> bool:
+    """``helper`` (a function of the project) rescales gradients in place (``p.grad.mul_``),
+    itself or through its own helpers, and calls no clip the analyser knows: it is a
+    hand-written clipper."""
+    kinds: set[str] = set()
+    pending, seen = [helper], {id(helper)}
+    while pending and len(seen) < 16:
+        for item in pending.pop().items:
+            if isinstance(item, Event):
+                kinds.add(item.kind)
+            elif id(item.target) not in seen:
+                seen.add(id(item.target))
+                pending.append(item.target)
+    return "grad_div" in kinds and "clip" not in kinds
 
 
 def _bound_names(target: cst.BaseExpression) -> list[str]:
@@ -2719,6 +2801,25 @@ def _bound_names(target: cst.BaseExpression) -> list[str]:
     if isinstance(target, cst.StarredElement):
         return _bound_names(target.value)
     return []
+
+
+ZERO_TENSOR_CALLS = frozenset({"zeros", "zeros_like", "new_zeros", "zero_"})
+"""Calls that build (or fill) a tensor of zeros."""
+
+
+def _zero_tensor(value: cst.BaseExpression) -> bool:
+    """``value`` is a tensor of zeros: no arithmetic at its top (``g + torch.zeros(...)`` is
+    not), and a call in it builds zeros or fills them (``.zero_()``, ``.fill_(0)``) under any
+    wrapping (``Variable(...)``, ``.to(device)``)."""
+    if isinstance(value, cst.BinaryOperation | cst.UnaryOperation | cst.IfExp):
+        return False
+    for call in calls_in(value):
+        name = method_name(call) or code_of(call.func).rsplit(".", 1)[-1]
+        if name in ZERO_TENSOR_CALLS:
+            return True
+        if name == "fill_" and call.args and code_of(call.args[0].value).strip() in {"0", "0.0"}:
+            return True
+    return False
 
 
 def _mentions_grad(node: cst.BaseExpression) -> bool:

@@ -524,3 +524,67 @@ def test_a_delayed_update_of_another_optimizer_is_no_window() -> None:
 def test_hand_written_windows_are_recognised(source: str, window: tuple[str, str]) -> None:
     assert window in _windows(source)
     assert _serious(source) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ('state["scheduler"]', "scheduler"),
+        ('optimizer_state["scheduler"]', "scheduler"),
+        ('optimizer_state["optimizer"]', "optimizer"),
+        ('bundle["grad_scaler"]', "scaler"),
+        ('optimizers["disc"]', "optimizer"),
+        ("self.optimizers[i]", "optimizer"),
+        ('config["model"]', None),
+    ],
+)
+def test_a_string_key_that_names_a_role_decides_the_item_kind(text: str, kind: str | None) -> None:
+    model = FileModel(cst.parse_module("x = 1\n"))
+    assert model.kind_of(text) == kind
+
+
+@pytest.mark.parametrize(
+    ("name", "clips"),
+    [
+        ("clip_grad", True),
+        ("gradient_clipper", True),
+        ("adaptive_clip_grad", True),
+        ("adaptive_gradient_clipping_", True),
+        ("_dispatch_clip_grad", True),
+        ("get_grad_clip_value", False),
+        ("configure_gradient_clipping", False),
+        ("should_clip_gradients", False),
+        ("clip_boxes", False),
+        ("gradient_clipping_enabled", False),
+        ("grad_clip_threshold", False),
+        ("grad_norm", False),
+    ],
+)
+def test_names_of_gradient_clippers(name: str, clips: bool) -> None:
+    from gradient_doctor.probes.static.model import _injected_clipper
+
+    assert _injected_clipper(name) is clips
+
+
+@pytest.mark.parametrize(
+    ("assignment", "zeroes"),
+    [
+        ("p.grad = torch.zeros_like(p)", True),
+        ("p.grad = Variable(g.new().resize_as_(g).zero_())", True),
+        ("p.grad = p.new_zeros(p.shape).to(device)", True),
+        ("p.grad = torch.empty_like(p).fill_(0)", True),
+        ("p.grad = p.grad + torch.zeros_like(p)", False),
+        ("p.grad = shared[name]", False),
+    ],
+)
+def test_assigning_a_zero_tensor_to_grad_is_a_reset(assignment: str, zeroes: bool) -> None:
+    source = (
+        "import torch\n"
+        "for x in loader:\n"
+        "    model(x).sum().backward()\n"
+        "    opt.step()\n"
+        "    for p in model.parameters():\n"
+        f"        {assignment}\n"
+    )
+    unit = FileModel(cst.parse_module(source)).units[0]
+    assert bool(unit.of_kind("zero_grad")) is zeroes

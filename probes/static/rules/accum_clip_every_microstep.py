@@ -11,7 +11,7 @@ from gradient_doctor.probes.static.frameworks import (
     after_backward_clips,
     lightning_accumulation,
 )
-from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.model import FileModel, exclusive
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     accumulating_units,
@@ -121,6 +121,36 @@ for i, real in enumerate(loader):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The per-iteration helper is reached through two branches of the caller: the clip is
+        # reported once, where it is written, not again at a caller's helper call.
+        Invalid(
+            """
+import random
+import torch
+class Fitter:
+    def _iteration(self, itr, source):
+        loss = self.net(source.sample()) / self.accum
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), 1.0)
+        if (itr + 1) % self.accum == 0:
+            self.opt.step()
+            self.opt.zero_grad()
+
+    def _fixed(self, itr):
+        self._iteration(itr, self.source)
+
+    def _shuffled(self, itr):
+        self._iteration(itr, random.choice(self.sources))
+
+    def fit(self):
+        for itr in range(self.iters):
+            if self.fixed:
+                self._fixed(itr)
+            else:
+                self._shuffled(itr)
+""",
+            8,
+        ),
         Invalid(
             """
 import torch
@@ -189,11 +219,17 @@ class Trainer:
     def check(self, model: FileModel) -> Iterator[RawFinding]:
         yield from _lightning_after_backward(model)
         for unit, acc, steps in accumulating_units(model):
-            step = steps[0]
             if acc.style == "accelerate" and accelerate_runs_deepspeed(model):
                 continue  # DeepSpeed clips by its config; the call only reads the norm
             for clip in clipping(unit):
                 if not unit.in_micro_step(clip) or previous(unit, clip, {"backward"}) is None:
+                    continue
+                # The step this clip runs before: one on the clip's own path (`if single:
+                # self._step_a() else: self._step_b()` holds two copies of the update), so
+                # the finding lands in the function that holds both (learned from static8
+                # xvr, whose clip was also reported at the caller's other branch).
+                step = next((s for s in steps if not exclusive(clip, s)), None)
+                if step is None:
                     continue
                 clip_at, step_at = placements(clip, step)
                 patch = None

@@ -219,8 +219,125 @@ for images, boxes in loader:
         total.backward()
         opt.step()
 """,
+        # Both optimizers are zeroed by a helper that loops over them: which one the loop
+        # variable holds is unknown, so the rule stays silent.
+        """
+import torch
+class Duel:
+    def __init__(self, actor, critic):
+        self.actor, self.critic = actor, critic
+        self.actor_opt = torch.optim.Adam(actor.parameters())
+        self.critic_opt = torch.optim.Adam(critic.parameters())
+
+    def clear(self):
+        for o in [self.actor_opt, self.critic_opt]:
+            o.zero_grad()
+
+    def fit(self, episodes):
+        for ep in episodes:
+            self.critic.value_loss(ep).backward()
+            self.critic_opt.step()
+            self.clear()
+            self.actor.policy_loss(ep).backward()
+            self.actor_opt.step()
+            self.clear()
+""",
+        # The optimizer and its scheduler live in one dict; the key names the scheduler.
+        """
+import torch
+def train_once(net, batch, bundle):
+    bundle["optimizer"].zero_grad()
+    net(batch).sum().backward()
+    bundle["optimizer"].step()
+    bundle["lr_scheduler"].step()
+    return bundle
+""",
+        # A hand-written reset: every parameter gets a fresh zero gradient after the update.
+        """
+import torch
+weights = [torch.randn(4, 4, requires_grad=True)]
+sgd = torch.optim.SGD(weights, lr=0.01)
+for t in range(500):
+    (weights[0].sin() ** 2).mean().backward()
+    sgd.step()
+    for w in weights:
+        w.grad = torch.zeros_like(w)
+""",
+        # Gradients combined by hand and written back: `.grad` is replaced every iteration.
+        """
+def fit(net, batches, opt, merger):
+    params = list(net.parameters())
+    for b in batches:
+        net(b).mean().backward()
+        merged = merger([p.grad for p in params])
+        for p, g in zip(params, merged):
+            p.grad = g
+        opt.step()
+""",
+        # An in-place reset by arithmetic.
+        """
+def fit(net, batches, opt):
+    for b in batches:
+        net(b).mean().backward()
+        opt.step()
+        for p in net.parameters():
+            p.grad *= 0.0
+""",
+        # `zero_grad` handed to an event system as a callback: it runs where the analyser
+        # cannot see.
+        """
+import torch
+class Run:
+    def __init__(self, net, events):
+        self.net = net
+        self.opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        events.on("step_end", self.opt.zero_grad)
+
+    def go(self, batches, events):
+        for b in batches:
+            self.net(b).mean().backward()
+            self.opt.step()
+            events.emit("step_end")
+""",
+        # The zero belongs to a wrapper object that was handed the same optimizer.
+        """
+import torch
+class OptimHandle:
+    def __init__(self, inner):
+        self.inner = inner
+    def reset(self):
+        self.inner.zero_grad()
+
+def fit(net, batches):
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    handle = OptimHandle(sgd)
+    for b in batches:
+        net(b).mean().backward()
+        sgd.step()
+        handle.reset()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The helper is handed the actor's optimizer each time: the critic's never is zeroed.
+        Invalid(
+            """
+import torch
+def wipe(optim):
+    optim.zero_grad()
+
+def fit(actor, critic, episodes):
+    actor_opt = torch.optim.Adam(actor.parameters())
+    critic_opt = torch.optim.Adam(critic.parameters())
+    for ep in episodes:
+        wipe(actor_opt)
+        critic.value_loss(ep).backward()
+        critic_opt.step()
+        wipe(actor_opt)
+        actor.policy_loss(ep).backward()
+        actor_opt.step()
+""",
+            12,
+        ),
         Invalid(
             """
 import torch
@@ -575,6 +692,8 @@ def _plain_loop(
             yield from _other_optimizer(model, unit, steps, zeros, per_call=True)
         return
     if not zeros:
+        if _grads_set_by_hand(unit.root.node):
+            return  # `p.grad = g` / `p.grad *= 0`: the function manages `.grad` itself
         before = _zeroed_before_the_loop(model, unit) if unit.micro is not None else None
         if before is None:
             if _zeroes_somewhere(model):
@@ -898,8 +1017,15 @@ def exclusive_frames(a: Frame, b: Frame) -> bool:
 def _other_optimizer(
     model: FileModel, unit: Unit, steps: list[Event], zeros: list[Event], *, per_call: bool = False
 ) -> Iterator[RawFinding]:
-    """Steps of an optimizer that none of the unit's ``zero_grad`` calls can reach."""
-    receivers = {z.receiver for z in zeros}
+    """Steps of an optimizer that none of the unit's ``zero_grad`` calls can reach.
+
+    Only when every zeroed object is known by name in the analysed function: a zero of a loop
+    variable (``for opt in (self.g_opt, self.d_opt): opt.zero_grad()`` in a ``reset_grad()``
+    helper), of a helper's parameter the call does not bind, or of anything else the analyser
+    cannot resolve may cover the stepped optimizer, so the rule stays silent."""
+    if any(_unresolved_receiver(z) for z in zeros):
+        return
+    receivers = {z.identity(z.receiver) for z in zeros}
     if any(r is None for r in receivers):
         return  # `p.grad = None` / a helper may cover every optimizer
     if any(_variable_item(r) for r in receivers if r is not None):
@@ -933,6 +1059,39 @@ def _other_optimizer(
                 "zero_line": zero.anchor,
             },
         )
+
+
+def _unresolved_receiver(zero: Event) -> bool:
+    """The object ``zero`` zeroes is bound where the analyser cannot tell which optimizer it
+    is: a ``for`` / comprehension target of the function that zeroes it (one of several
+    optimizers, each in turn), or a parameter of an inlined helper that the helper call does
+    not bind by name (learned from static8's two-network GAN trainers that zero in a
+    ``reset_grad()`` loop over their optimizers)."""
+    if zero.receiver is None:
+        return False
+    root = re.split(r"[.\[(]", zero.receiver, maxsplit=1)[0]
+    if root == "self" and _other_objects_method(zero):
+        # `wrapped.clear()` runs `self.opt.zero_grad()` of another object: its `self.opt`
+        # is whatever that object was given.
+        return True
+    node = zero.func.node
+    for current in walk(node):
+        if isinstance(current, cst.For | cst.CompFor) and root in names_in(current.target):
+            return True
+    if zero.chain and root in zero.func.params and root != "self":
+        return zero.identity(zero.receiver) == zero.receiver
+    return False
+
+
+def _other_objects_method(zero: Event) -> bool:
+    """``zero`` sits in a method reached through a call on another object than the analysed
+    function's ``self`` (``wrapped.clear()``, ``self.state.reset()``)."""
+    for helper in zero.chain:
+        func = helper.call.func
+        on_self = isinstance(func, cst.Attribute) and code_of(func.value) == "self"
+        if helper.target.class_name is not None and isinstance(func, cst.Attribute) and not on_self:
+            return True
+    return False
 
 
 def _variable_item(text: str) -> bool:
@@ -1012,10 +1171,36 @@ def _step_zeroes(model: FileModel, step: Event) -> bool:
     return any(e.kind == "zero_grad" for e in holder.expanded(method))
 
 
+def _grads_set_by_hand(node: cst.CSTNode) -> bool:
+    """``node`` writes ``.grad`` itself: ``p.grad = g`` (a gradient computed elsewhere, or a
+    fresh tensor, replaces what backward left), ``p.grad *= 0`` / ``p.grad -= p.grad``. Such
+    code manages the gradients by hand, so a missing ``zero_grad()`` proves nothing (learned
+    from static8 generative-models, whose VAE resets each `.grad` to a new zero tensor)."""
+    for current in walk(node):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(current, cst.Assign):
+            targets = [t.target for t in current.targets]
+        elif isinstance(current, cst.AugAssign):
+            targets = [current.target]
+        if any(isinstance(t, cst.Attribute) and t.attr.value == "grad" for t in targets):
+            return True
+    return False
+
+
 def _zeroes_somewhere(model: FileModel) -> bool:
     """Anything in the file that could zero gradients: a zero_grad (of any object), a
-    ``.grad = None`` / ``.grad.zero_()``, or ``set_to_none``."""
+    ``.grad = None`` / ``.grad.zero_()``, ``set_to_none``, or a ``zero_grad`` method handed
+    over uncalled (``hooks.register("after_step", self.opt.zero_grad)``: it runs where the
+    analyser cannot see)."""
     if any(e.kind == "zero_grad" for e in model.direct_events()):
+        return True
+    called = {id(call.func) for call, _, _ in model.all_calls}
+    if any(
+        isinstance(node, cst.Attribute)
+        and node.attr.value in {"zero_grad", "zero_grads", "reset_grads"}
+        and id(node) not in called
+        for node in walk(model.module)
+    ):
         return True
     return any(
         (method_name(call) or "") in {"zero_grad", "zero_grads", "reset_grads"}

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+import libcst as cst
+
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed
 from gradient_doctor.probes.static.model import (
     Event,
     FileModel,
@@ -13,8 +16,16 @@ from gradient_doctor.probes.static.model import (
     checks_unscaled_state,
     exclusive,
 )
+from gradient_doctor.probes.static.names import call_arg
 from gradient_doctor.probes.static.patches import Patch
-from gradient_doctor.probes.static.ruletools import between, label, placements
+from gradient_doctor.probes.static.ruletools import (
+    accumulating_units,
+    between,
+    clipping,
+    label,
+    placements,
+    previous,
+)
 
 
 class AmpDoubleUnscale(Rule):
@@ -24,7 +35,11 @@ class AmpDoubleUnscale(Rule):
         "`{second}` on line {second_line} unscales `{optimizer}` again after line {first_line}, "
         "before `update()`: PyTorch raises RuntimeError"
     )
-    what = "Finds a second `scaler.unscale_(optimizer)` for the same optimizer in one update."
+    what = (
+        "Finds a second `scaler.unscale_(optimizer)` for the same optimizer in one update, "
+        "including Accelerate's clipping (which unscales itself) after an explicit unscale or "
+        "on every micro-batch of an `accumulate()` window."
+    )
     why = (
         "`unscale_` may run once per optimizer between two `scaler.update()` calls. A second call "
         "raises `RuntimeError: unscale_() has already been called on this optimizer since the "
@@ -45,6 +60,44 @@ class AmpDoubleUnscale(Rule):
     fix_safety = "Safe: the redundant `unscale_` statement is removed; one unscale remains."
     snippet_id = "amp-clip"
     valid: ClassVar[list[str]] = [
+        # Accelerate clipping every micro-batch under bf16: no GradScaler, nothing unscales.
+        """
+from accelerate import Accelerator
+acc = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=8)
+net, opt, data = acc.prepare(net, opt, data)
+for sample in data:
+    with acc.accumulate(net):
+        acc.backward(net(sample).loss)
+        acc.clip_grad_norm_(net.parameters(), 2.0)
+        opt.step()
+        opt.zero_grad()
+""",
+        # The precision comes from the launch configuration, which the file does not show:
+        # silent (the every-micro-batch clip is accum-clip-every-microstep's finding).
+        """
+from accelerate import Accelerator
+acc = Accelerator(gradient_accumulation_steps=8)
+net, opt, data = acc.prepare(net, opt, data)
+for sample in data:
+    with acc.accumulate(net):
+        acc.backward(net(sample).loss)
+        acc.clip_grad_norm_(net.parameters(), 2.0)
+        opt.step()
+        opt.zero_grad()
+""",
+        # Clipping only on the sync step: one unscale per scaler update.
+        """
+from accelerate import Accelerator
+acc = Accelerator(mixed_precision="fp16", gradient_accumulation_steps=8)
+net, opt, data = acc.prepare(net, opt, data)
+for sample in data:
+    with acc.accumulate(net):
+        acc.backward(net(sample).loss)
+        if acc.sync_gradients:
+            acc.clip_grad_norm_(net.parameters(), 2.0)
+        opt.step()
+        opt.zero_grad()
+""",
         """
 import torch
 scaler = torch.amp.GradScaler("cuda")
@@ -112,6 +165,22 @@ class Trainer:
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # Accelerate's clip unscales on every micro-batch; the scaler updates only with the
+        # step, so the second micro-batch unscales twice under fp16.
+        Invalid(
+            """
+from accelerate import Accelerator
+acc = Accelerator(mixed_precision="fp16", gradient_accumulation_steps=8)
+net, opt, data = acc.prepare(net, opt, data)
+for sample in data:
+    with acc.accumulate(net):
+        acc.backward(net(sample).loss)
+        acc.clip_grad_norm_(net.parameters(), 2.0)
+        opt.step()
+        opt.zero_grad()
+""",
+            8,
+        ),
         Invalid(
             """
 import torch
@@ -166,6 +235,7 @@ class Trainer:
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        yield from _accelerate_clip_every_micro_batch(model)
         for unit in model.units:
             yield from _framework_clip_after_unscale(unit)
             unscales = unit.of_kind("unscale")
@@ -217,6 +287,57 @@ FRAMEWORK_CLIP_MESSAGE = (
     "step: with fp16 mixed precision the second unscale raises `RuntimeError: unscale_() has "
     "already been called on this optimizer since the last update()`"
 )
+
+WINDOW_CLIP_MESSAGE = (
+    "`{clip}` on line {clip_line} runs on every micro-batch of the `accumulate()` window, and "
+    "Accelerate's clipping unscales the gradients on each call while the scaler updates only "
+    "with the step (every `{divisor}`): with fp16 mixed precision the second micro-batch "
+    "raises `RuntimeError: unscale_() has already been called on this optimizer since the "
+    "last update()`; clip only under `if {accelerator}.sync_gradients:`"
+)
+
+
+def _accelerate_clip_every_micro_batch(model: FileModel) -> Iterator[RawFinding]:
+    """``accelerator.clip_grad_norm_`` on every micro-batch of ``with
+    accelerator.accumulate(model):`` (learned from forum1 accelerate-641, where the maintainer
+    traced the user's RuntimeError to it). Accelerate 1.15.0 unscales in every clip call when
+    fp16 runs (``accelerator.py`` 2946-2960, 3047) and steps and updates the scaler only on
+    sync steps (``optimizer.py`` 112-113, 169), so the next micro-batch's clip unscales twice.
+    Only where the file's ``Accelerator`` names fp16: without ``mixed_precision`` the launch
+    configuration decides, which the analyser cannot see (and bf16 or fp32 never unscale).
+    Silent when DeepSpeed runs it (its engine clips by config); no patch here
+    (accum-clip-every-microstep moves the clip)."""
+    if accelerate_runs_deepspeed(model) or not _accelerator_runs_fp16(model):
+        return
+    for unit, acc, _steps in accumulating_units(model):
+        if acc.style != "accelerate":
+            continue
+        for clip in clipping(unit):
+            if clip.framework != "accelerator" or not unit.in_micro_step(clip):
+                continue
+            if previous(unit, clip, {"backward"}) is None:
+                continue
+            node = clip.anchor
+            yield RawFinding(
+                node=node,
+                message=WINDOW_CLIP_MESSAGE,
+                evidence={
+                    "clip": label(node),
+                    "clip_line": node,
+                    "divisor": acc.divisor_text,
+                    "accelerator": clip.receiver or "accelerator",
+                },
+            )
+
+
+def _accelerator_runs_fp16(model: FileModel) -> bool:
+    """An ``Accelerator(mixed_precision="fp16")`` in the file."""
+    for call in model.accelerators.values():
+        value = call_arg(call, None, "mixed_precision")
+        if isinstance(value, cst.SimpleString) and value.evaluated_value == "fp16":
+            return True
+    return False
+
 
 UNSCALING_FRAMEWORKS = frozenset({"accelerator"})
 """Frameworks whose clipping call unscales the gradients itself (Accelerate's
