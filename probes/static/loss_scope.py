@@ -187,6 +187,7 @@ def _overlap_function(func: FuncInfo) -> bool:
             for v in values
         )
     }
+    ratios -= interpolated_ratios(func)
     if not ratios:
         return False
     for node in walk(func.node.body):
@@ -199,6 +200,45 @@ def _overlap_function(func: FuncInfo) -> bool:
         ):
             return True
     return False
+
+
+def interpolated_ratios(func: FuncInfo) -> set[str]:
+    """Names ``t`` that the function uses with ``1 - t`` in one expression: a polynomial or
+    an interpolation in ``t`` (``t * (1 - t)``, a spline's ``a * t ** 2 + b * (1 - t) ** 2``,
+    a blend ``t * x + (1 - t) * y``). There ``t`` is a position inside an interval (a
+    fraction of a bin's width, a mixing weight), not an overlap: an IoU or Dice loss takes
+    ``1 - iou`` alone (or weighted by something else) as its value."""
+    if not isinstance(func.node, cst.FunctionDef):
+        return set()
+    found: set[str] = set()
+    for stmt in walk(func.node.body, prune=_nested_definition):
+        if not isinstance(stmt, cst.Assign | cst.AugAssign | cst.AnnAssign | cst.Return | cst.Expr):
+            continue
+        value = stmt.value
+        if value is None:
+            continue
+        complements = [
+            node
+            for node in walk(value)
+            if isinstance(node, cst.BinaryOperation)
+            and isinstance(node.operator, cst.Subtract)
+            and number_value(node.left) == 1
+            and isinstance(node.right, cst.Name)
+        ]
+        for complement in complements:
+            name = cst.ensure_type(complement.right, cst.Name).value
+            inside = {id(n) for n in walk(complement)}
+            if any(
+                isinstance(node, cst.Name) and node.value == name and id(node) not in inside
+                for node in walk(value)
+            ):
+                found.add(name)
+    return found
+
+
+def _nested_definition(node: cst.CSTNode) -> bool:
+    """A nested function or class: its statements belong to another scope."""
+    return isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Lambda)
 
 
 def _public_entry(func: FuncInfo) -> bool:

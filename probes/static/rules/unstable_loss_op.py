@@ -11,8 +11,13 @@ from typing import ClassVar, NamedTuple
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.loss_scope import LossScope, assigns_loss, loss_scope
-from gradient_doctor.probes.static.model import FileModel, FuncInfo, bind_arguments
+from gradient_doctor.probes.static.loss_scope import (
+    LossScope,
+    assigns_loss,
+    interpolated_ratios,
+    loss_scope,
+)
+from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key, bind_arguments
 from gradient_doctor.probes.static.names import (
     code_of,
     dotted_name,
@@ -101,6 +106,38 @@ class UnstableLossOp(Rule):
 import torch
 def nll_loss(probs, target):
     return -torch.log(probs.gather(1, target[:, None]).clamp_min(1e-8)).mean()
+""",
+        # The margin head normalises both the embedding and the class weights: the scaled
+        # logits are cosines times the scale, and the arc clamp keeps a setting's distance
+        # from -1 and 1 (learned from static8 Angular-Penalty-Softmax).
+        """
+import torch
+import torch.nn.functional as F
+from torch import nn
+class CosineMarginLoss(nn.Module):
+    def __init__(self, dim, classes, scale=32.0, eps=1e-6):
+        super().__init__()
+        self.head = nn.Linear(dim, classes, bias=False)
+        self.scale = scale
+        self.eps = eps
+    def forward(self, emb, target):
+        cos = F.linear(F.normalize(emb, dim=1), F.normalize(self.head.weight, dim=1))
+        picked = cos.gather(1, target[:, None]).squeeze(1)
+        angle = torch.acos(picked.clamp(-1 + self.eps, 1 - self.eps))
+        top = self.scale * torch.cos(angle + 0.2)
+        rest = torch.exp(self.scale * cos).sum(dim=1)
+        return (torch.log(torch.exp(top) + rest) - top).mean()
+""",
+        # A ratio used as a position inside an interval (`t * (1 - t)`: a spline or a
+        # blend), not an overlap `1 - iou`: the function is not an IoU loss (learned from
+        # static8 nflows rational-quadratic spline).
+        """
+import torch
+def warp_log_slope(x, left, width, slope_lo, slope_hi):
+    t = (x - left) / width
+    bump = t * (1 - t)
+    curve = slope_hi * t ** 2 + 2 * bump + slope_lo * (1 - t) ** 2
+    return x + bump, torch.log(curve)
 """,
         """
 import torch
@@ -481,6 +518,27 @@ class AdditiveMarginLoss(torch.nn.Module):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The scale assumes a cosine, but the logits come straight from a linear layer
+        # whose weight nothing normalises: `exp(scale * proj)` overflows once a logit
+        # passes 88 / scale (learned from static8 Angular-Penalty-Softmax).
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+from torch import nn
+class ScaledMarginLoss(nn.Module):
+    def __init__(self, dim, classes, scale=32.0):
+        super().__init__()
+        self.head = nn.Linear(dim, classes, bias=False)
+        self.scale = scale
+    def forward(self, emb, target):
+        proj = self.head(F.normalize(emb, dim=1))
+        picked = proj.gather(1, target[:, None]).squeeze(1)
+        rest = torch.exp(self.scale * proj).sum(dim=1)
+        return (torch.log(rest) - self.scale * picked).mean()
+""",
+            13,
+        ),
         Invalid(
             """
 import torch
@@ -1580,12 +1638,36 @@ def _at_boundary(
             numbers = [number_value(b, arithmetic=True) if b is not None else None for b in bounds]
             if any(n is not None and abs(n) < 1 for n in numbers):
                 return False  # `clamp(-1 + eps, 1 - eps)`
+            if any(b is not None and _unit_minus_offset(model, func, b) for b in bounds):
+                return False  # `clamp(-1 + self.eps, 1 - self.eps)`: a setting above 0
             at_ends = at_ends or any(n is not None and abs(n) == 1 for n in numbers)
         elif isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
             factors = [number_value(value.left), number_value(value.right)]
             if any(f is not None and abs(f) < 1 for f in factors):
                 return False  # `cos * 0.9999`
     return in_loss or at_ends
+
+
+def _unit_minus_offset(model: FileModel, func: FuncInfo, bound: cst.BaseExpression) -> bool:
+    """``1 - eps`` / ``-1 + eps`` (``-1. + self.eps``, ``eps - 1``) with ``eps`` positive by
+    construction (an epsilon-named setting, a positive default): strictly inside [-1, 1]."""
+    bound = _strip(bound)
+    if not isinstance(bound, cst.BinaryOperation):
+        return False
+    left, right = _strip(bound.left), _strip(bound.right)
+    if isinstance(bound.operator, cst.Subtract):
+        ends = [(number_value(left, arithmetic=True), right)]
+        if number_value(right, arithmetic=True) == 1:
+            ends.append((-1.0, left))  # `eps - 1`
+    elif isinstance(bound.operator, cst.Add):
+        ends = [(number_value(left, arithmetic=True), right)]
+        ends.append((number_value(right, arithmetic=True), left))
+    else:
+        return False
+    return any(
+        end is not None and abs(end) == 1 and Positivity(model).positive(offset, func)
+        for end, offset in ends
+    )
 
 
 def _followed(model: FileModel, func: FuncInfo, call: cst.Call) -> bool:
@@ -2028,8 +2110,75 @@ def _scaled_exps_into_log(
         # weight times a margin gap, circle loss) can pass it.
         varying = [f for f in _factors(exponent) if f is not scale and not _constant_factor(f)]
         scale_value = number_value(scale, arithmetic=True)
-        if len(varying) >= 2 or (scale_value is not None and abs(scale_value) >= OVERFLOW_EXP):
+        if (
+            len(varying) >= 2
+            or (scale_value is not None and abs(scale_value) >= OVERFLOW_EXP)
+            # The scale assumes a cosine; a linear layer's raw output is no cosine: it grows
+            # with the weights (learned from static8 Angular-Penalty-Softmax).
+            or (len(varying) == 1 and _linear_output(func, varying[0], 0))
+        ):
             yield exp, scale
+
+
+LINEAR_LAYERS = frozenset({"Linear", "LazyLinear", "Bilinear"})
+KEEPING_CALLS = frozenset(
+    {"cat", "concat", "stack", "diagonal", "diag", "transpose", "t", "unsqueeze", "squeeze"}
+    | {"view", "reshape", "flatten", "gather", "index_select", "masked_select", "narrow"}
+)
+"""Calls that rearrange or select elements without changing their values."""
+
+
+def _linear_output(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``node`` holds (a selection or rearrangement of) the output of an ``nn.Linear`` layer
+    built by the class (``wf = self.fc(x)``; ``torch.cat([wf[i, :y], ...])``) whose weight
+    the function leaves alone (no ``self.fc.weight`` written or read in it: normalising the
+    weight first makes the output a cosine)."""
+    node = _strip(node)
+    if depth > 8:
+        return False
+    if isinstance(node, cst.Subscript):
+        return _linear_output(func, node.value, depth + 1)
+    if isinstance(node, cst.ListComp | cst.GeneratorExp):
+        return _linear_output(func, node.elt, depth + 1)
+    if isinstance(node, cst.List | cst.Tuple):
+        elements = [e.value for e in node.elements if isinstance(e, cst.Element)]
+        return bool(elements) and all(_linear_output(func, e, depth + 1) for e in elements)
+    if isinstance(node, cst.Name):
+        value = _single_value(func, node)
+        return value is not None and _linear_output(func, value, depth + 1)
+    if not isinstance(node, cst.Call):
+        return False
+    name = _called_name(node)
+    if name in KEEPING_CALLS:
+        subject = (
+            node.func.value
+            if isinstance(node.func, cst.Attribute) and not _module_function(node)
+            else node.args[0].value
+            if node.args
+            else None
+        )
+        return subject is not None and _linear_output(func, subject, depth + 1)
+    text = dotted_name(node.func)
+    model = func.model
+    if text is None or model is None or not text.startswith("self.") or text.count(".") != 1:
+        return False
+    built = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+    if len(built) != 1 or not isinstance(built[0], cst.Call):
+        return False
+    layer = (dotted_name(built[0].func) or "").rsplit(".", 1)[-1]
+    if layer not in LINEAR_LAYERS:
+        return False
+    weight = f"{text}.weight"
+    return not any(
+        isinstance(inner, cst.Attribute) and dotted_name(inner) == weight
+        for inner in walk(func.node)
+    )
+
+
+def _module_function(call: cst.Call) -> bool:
+    """``torch.cat(...)`` / ``F.normalize(...)``: a library function, not a tensor method."""
+    owner = call.func.value if isinstance(call.func, cst.Attribute) else None
+    return isinstance(owner, cst.Name) and owner.value in {"torch", "F", "th", "np", "nn"}
 
 
 def _exps_feeding(func: FuncInfo, node: cst.BaseExpression, depth: int) -> Iterator[cst.Call]:
@@ -2350,6 +2499,7 @@ def _overlap_loss(
         for name, values in func.assigns.items()
         if any(v is division or v is ratio for v in values)
     }
+    names -= interpolated_ratios(func)  # `theta * (1 - theta)`: a position, not an overlap
     if not names:
         return False
     root = func.node
