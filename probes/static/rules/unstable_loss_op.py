@@ -6,6 +6,7 @@ Whether a value can reach 0 is read from its provenance
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import ClassVar, NamedTuple
 
 import libcst as cst
@@ -16,6 +17,7 @@ from gradient_doctor.probes.static.loss_scope import (
     assigns_loss,
     interpolated_ratios,
     loss_scope,
+    resolve_call,
 )
 from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key, bind_arguments
 from gradient_doctor.probes.static.names import (
@@ -127,6 +129,23 @@ class CosineMarginLoss(nn.Module):
         top = self.scale * torch.cos(angle + 0.2)
         rest = torch.exp(self.scale * cos).sum(dim=1)
         return (torch.log(torch.exp(top) + rest) - top).mean()
+""",
+        # The tanh correction taken from the unscaled tanh, then the action rescaled (and
+        # the constant log-scale added): 1 - y ** 2 stays in [0, 1].
+        """
+import torch
+from torch import nn
+class SquashedPolicy(nn.Module):
+    def __init__(self, low, high):
+        super().__init__()
+        self.half_range = (high - low) / 2
+        self.middle = (high + low) / 2
+    def draw(self, mean, std):
+        dist = torch.distributions.Normal(mean, std)
+        u = dist.rsample()
+        y = torch.tanh(u)
+        logp = dist.log_prob(u) - torch.log(self.half_range * (1 - y.pow(2)) + 1e-6)
+        return y * self.half_range + self.middle, logp.sum(-1)
 """,
         # A ratio used as a position inside an interval (`t * (1 - t)`: a spline or a
         # blend), not an overlap `1 - iou`: the function is not an IoU loss (learned from
@@ -518,6 +537,29 @@ class AdditiveMarginLoss(torch.nn.Module):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The tanh correction of a squashed Gaussian taken on the action after it is
+        # rescaled to the environment's range (through a helper): beyond +-1 the log's
+        # argument is negative and the log-probability NaN (learned from static8 SAC
+        # items of ALL and philtabor).
+        Invalid(
+            """
+import torch as T
+from torch import nn
+class SquashedPolicy(nn.Module):
+    def __init__(self, limit):
+        super().__init__()
+        self.limit = limit
+    def squash(self, u):
+        return T.tanh(u) * self.limit
+    def draw(self, mean, std):
+        dist = T.distributions.Normal(mean, std)
+        u = dist.rsample()
+        act = self.squash(u)
+        logp = dist.log_prob(u) - T.log(1 - act ** 2 + 1e-6)
+        return act, logp.sum(-1)
+""",
+            14,
+        ),
         # The scale assumes a cosine, but the logits come straight from a linear layer
         # whose weight nothing normalises: `exp(scale * proj)` overflows once a logit
         # passes 88 / scale (learned from static8 Angular-Penalty-Softmax).
@@ -910,6 +952,15 @@ def ratio_loss(p, q):
         self, model: FileModel, scope: LossScope, only: set[int] | None
     ) -> Iterator[RawFinding]:
         """The findings in ``model`` (only in the functions ``only`` when given)."""
+        token = _LIBRARY_ALIASES.set(_library_aliases(model))
+        try:
+            yield from self._judge_model(model, scope, only)
+        finally:
+            _LIBRARY_ALIASES.reset(token)
+
+    def _judge_model(
+        self, model: FileModel, scope: LossScope, only: set[int] | None
+    ) -> Iterator[RawFinding]:
         clamped = _clamped_names(model)
         sampled = _sampled_actions(model)
         positivity = Positivity(model)
@@ -923,6 +974,11 @@ def ratio_loss(p, q):
                 if written is not None:
                     if not _without_gradient(model, call):
                         yield self._logsumexp_finding(call, *written)
+                    continue
+                rescaled = _rescaled_tanh_correction(model, func, call)
+                if rescaled is not None:
+                    if not _without_gradient(model, call) and not _only_measured(model, func, call):
+                        yield self._rescaled_tanh_finding(call, *rescaled)
                     continue
                 if scope.in_loss(func, stmt) and not _without_gradient(model, call):
                     for exp, scale in _scaled_exps_into_log(func, call):
@@ -1163,6 +1219,30 @@ def ratio_loss(p, q):
             # would change the mean: not marked safe.
             fix_safe=False,
             severity="info",
+        )
+
+    def _rescaled_tanh_finding(
+        self, call: cst.Call, action: cst.BaseExpression, scaling: cst.BaseExpression
+    ) -> RawFinding:
+        """``log(1 - a ** 2 + eps)`` (the tanh-squashing correction of a log-probability)
+        where ``a`` is ``tanh(u)`` rescaled to an action range."""
+        return RawFinding(
+            node=call,
+            message=(
+                "`{expression}` on line {line} is the tanh-squashing correction, but "
+                "`{action}` is `tanh` rescaled (`{scaling}`): wherever |{action}| > 1, "
+                "`1 - {action}**2` is negative and the log is NaN (an epsilon cannot help); "
+                "compute it from the unscaled `tanh` value (`1 - y**2` with `y = tanh(u)`), "
+                "and add `log(scale)` if the density of the rescaled action is wanted"
+            ),
+            evidence={
+                "expression": shorten(code_of(call)),
+                "line": call,
+                "action": shorten(code_of(action)),
+                "scaling": shorten(code_of(scaling)),
+            },
+            # The unscaled value is not bound at the log in general (`self._squash(raw)`):
+            # no patch.
         )
 
     def _boundary_finding(
@@ -1668,6 +1748,76 @@ def _unit_minus_offset(model: FileModel, func: FuncInfo, bound: cst.BaseExpressi
         end is not None and abs(end) == 1 and Positivity(model).positive(offset, func)
         for end, offset in ends
     )
+
+
+def _rescaled_tanh_correction(
+    model: FileModel, func: FuncInfo, log: cst.Call
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """(the action, its rescaled value) for ``log(1 - a.pow(2) + eps)`` (``1 - a ** 2``,
+    ``1 - a.square()``) where ``a`` is ``tanh(u)`` times a factor not known to be at most 1,
+    or plus an offset (``tanh(u) * self.max_action``, ``tanh(x) * scale + mean``), directly,
+    through local names, or returned by a helper (``action = self._squash(raw)``). The
+    correction ``log(1 - tanh(u) ** 2)`` is the derivative of ``tanh``; on a rescaled value
+    it goes negative (learned from static8 SAC tanh corrections of ALL and philtabor)."""
+    operand = _sole_operand(log, _called_name(log))
+    if operand is None:
+        return None
+    for node in walk(operand):
+        if (
+            isinstance(node, cst.BinaryOperation)
+            and isinstance(node.operator, cst.Subtract)
+            and number_value(node.left) == 1
+        ):
+            action = Positivity._squared_base(node.right)
+            if action is None:
+                continue
+            scaling = _rescaled_tanh(model, func, action, 0)
+            if scaling is not None:
+                return action, scaling
+    return None
+
+
+def _rescaled_tanh(
+    model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int
+) -> cst.BaseExpression | None:
+    """The expression that rescales a ``tanh`` beyond [-1, 1], if ``node`` holds one."""
+    node = _strip(node)
+    if depth > 4:
+        return None
+    if isinstance(node, cst.Name):
+        values = [v for v in func.assigns.get(node.value, []) if code_of(_strip(v)) != node.value]
+        found = [_rescaled_tanh(model, func, v, depth + 1) for v in values]
+        return found[0] if values and all(f is not None for f in found) else None
+    if not isinstance(node, cst.BinaryOperation):
+        if isinstance(node, cst.Call) and _called_name(node) != "tanh":
+            callee = resolve_call(model, func, node)
+            if callee is not None and callee is not func and callee.returns:
+                found = [_rescaled_tanh(model, callee, r, depth + 1) for r in callee.returns]
+                if all(f is not None for f in found):
+                    return found[0]
+        return None
+    if isinstance(node.operator, cst.Multiply):
+        for tanh_side, factor in ((node.left, node.right), (node.right, node.left)):
+            if _is_tanh(func, tanh_side, 0):
+                value = number_value(factor, arithmetic=True)
+                return node if value is None or abs(value) > 1 else None
+        return None
+    if isinstance(node.operator, cst.Add | cst.Subtract):
+        for side, offset in ((node.left, node.right), (node.right, node.left)):
+            if _is_tanh(func, side, 0) or _rescaled_tanh(model, func, side, depth + 1):
+                return node if number_value(offset, arithmetic=True) != 0 else None
+    return None
+
+
+def _is_tanh(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``tanh(u)`` / ``u.tanh()``, directly or through a local name."""
+    node = _strip(node)
+    if isinstance(node, cst.Call):
+        return _called_name(node) == "tanh"
+    if isinstance(node, cst.Name) and depth < 3:
+        values = func.assigns.get(node.value, [])
+        return bool(values) and all(_is_tanh(func, v, depth + 1) for v in values)
+    return False
 
 
 def _followed(model: FileModel, func: FuncInfo, call: cst.Call) -> bool:
@@ -2314,14 +2464,28 @@ def _manual_logsumexp(call: cst.Call) -> cst.BaseExpression | None:
     return logits
 
 
+LIBRARIES = frozenset({"torch", "th", "np", "numpy", "math"})
+_LIBRARY_ALIASES: ContextVar[frozenset[str]] = ContextVar("library_aliases", default=frozenset())
+"""Other names the judged file imports ``torch`` under (``import torch as T``): set for the
+duration of :meth:`UnstableLossOp._judge`."""
+
+
+def _library_aliases(model: FileModel) -> frozenset[str]:
+    return frozenset(alias for alias, full in model.aliases.items() if full == "torch")
+
+
 def _sole_operand(call: cst.Call, name: str) -> cst.BaseExpression | None:
-    """What ``torch.name(x, ...)`` or ``x.name(...)`` applies to."""
+    """What ``torch.name(x, ...)`` (``T.name`` under ``import torch as T``) or
+    ``x.name(...)`` applies to."""
     full = dotted_name(call.func) or ""
-    if full in {f"torch.{name}", f"th.{name}"}:
+    head, _, last = full.rpartition(".")
+    if last == name and (head in {"torch", "th"} or head in _LIBRARY_ALIASES.get()):
         return call.args[0].value if call.args and call.args[0].keyword is None else None
     if isinstance(call.func, cst.Attribute) and method_name(call) == name:
         base = call.func.value
-        if isinstance(base, cst.Name) and base.value in {"torch", "th", "np", "numpy", "math"}:
+        if isinstance(base, cst.Name) and (
+            base.value in LIBRARIES or base.value in _LIBRARY_ALIASES.get()
+        ):
             return None
         return base
     return None
@@ -2336,7 +2500,8 @@ def _unstable_call(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
     hazard = "log(0) = -inf" if name.startswith("log") else "an infinite gradient at 0"
     if full.startswith(("math.", "np.", "numpy.")):
         return None
-    if full in {f"torch.{name}", f"th.{name}"}:
+    head = full.rpartition(".")[0]
+    if full in {f"torch.{name}", f"th.{name}"} or head in _LIBRARY_ALIASES.get():
         if call.args and not _guarded(call.args[0].value):
             return call.args[0].value, hazard
         return None
