@@ -133,6 +133,7 @@ def loss_scope(model: FileModel, followed: CallFilter) -> LossScope:
             _loss_function(model, func)
             or (in_loss_file and _public_entry(func))
             or _overlap_function(func)
+            or _returns_negative_log(func)
         ):
             seeds.append((model, func))
     # A function whose result is assigned to a loss (`loss = criterion(cos_sim(a, b), y)`
@@ -172,6 +173,56 @@ def _loss_function(model: FileModel, func: FuncInfo) -> bool:
         return False
     names = [func.class_name, *model.class_bases.get(func.class_name, [])]
     return any("loss" in name.lower() for name in names)
+
+
+NEGATED_LOGS = frozenset({"log", "log2", "log10", "log_softmax", "logsigmoid", "log_prob"})
+"""Calls whose negation, reduced, is a negative log-likelihood."""
+REDUCING = frozenset({"sum", "mean"})
+EVALUATION_PREFIXES = ("validation", "valid", "val_", "test", "predict", "eval", "score")
+"""Names of methods that measure (Lightning's ``validation_step``, ``evaluate``...)."""
+
+
+def _returns_negative_log(func: FuncInfo) -> bool:
+    """The function returns a negative log-likelihood: a negated log (reduced, weighted, or
+    plus a regulariser: ``(-torch.log(p).sum() + reg) / n``, ``-(y * p.log()).sum(1)``).
+    That value is a loss whatever the function is called: a recommender's ``forward``
+    that returns its BPR loss, a density model's ``nll``. Only a value returned alone: a
+    flow's ``return y, -torch.log(s * (1 - s)).sum(-1)`` is a log-determinant."""
+    if func.name.lower().startswith(EVALUATION_PREFIXES):
+        return False  # `validation_step`, `evaluate`: run with autograd off (a metric)
+    return any(
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and _log_term(node.expression)
+        for value in func.returns
+        # `return y, -log_det`: a transform and its log-determinant, not a likelihood.
+        if not isinstance(value, cst.Tuple)
+        for node in walk(value)
+    )
+
+
+def _log_term(node: cst.BaseExpression) -> bool:
+    """``log(p)``, reduced (``.sum()``, ``torch.mean(...)``) or times a weight."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return _log_term(node.left) or _log_term(node.right)
+    if not isinstance(node, cst.Call):
+        return False
+    name = (
+        node.func.attr.value
+        if isinstance(node.func, cst.Attribute)
+        else node.func.value
+        if isinstance(node.func, cst.Name)
+        else ""
+    )
+    if name in NEGATED_LOGS:
+        return True
+    if name in REDUCING:
+        if isinstance(node.func, cst.Attribute) and not (
+            isinstance(node.func.value, cst.Name) and node.func.value.value in {"torch", "th"}
+        ):
+            return _log_term(node.func.value)
+        return bool(node.args) and _log_term(node.args[0].value)
+    return False
 
 
 def _overlap_function(func: FuncInfo) -> bool:

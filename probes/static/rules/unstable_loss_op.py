@@ -147,6 +147,34 @@ class SquashedPolicy(nn.Module):
         logp = dist.log_prob(u) - torch.log(self.half_range * (1 - y.pow(2)) + 1e-6)
         return y * self.half_range + self.middle, logp.sum(-1)
 """,
+        # A model whose forward returns its negative log-likelihood, with the stable
+        # built-in: nothing to report.
+        """
+import torch
+import torch.nn.functional as F
+from torch import nn
+class PairRanker(nn.Module):
+    def __init__(self, users, items, dim):
+        super().__init__()
+        self.users = nn.Embedding(users, dim)
+        self.items = nn.Embedding(items, dim)
+    def forward(self, u, liked, other):
+        eu = self.users(u)
+        gap = (eu * self.items(liked)).sum(1) - (eu * self.items(other)).sum(1)
+        return -F.logsigmoid(gap).mean()
+""",
+        # A flow layer returns its output with a negated log-determinant: not a likelihood,
+        # so not loss code (its inverse is only called on data inside (0, 1)).
+        """
+import torch
+from torch import nn
+class SquashLayer(nn.Module):
+    def forward(self, x, reverse=False):
+        if not reverse:
+            y = torch.sigmoid(x)
+            return y, torch.log(y * (1 - y)).sum(-1)
+        return torch.log(x / (1 - x)), -torch.log(x - x ** 2).sum(-1)
+""",
         # A ratio used as a position inside an interval (`t * (1 - t)`: a spline or a
         # blend), not an overlap `1 - iou`: the function is not an IoU loss (learned from
         # static8 nflows rational-quadratic spline).
@@ -537,6 +565,27 @@ class AdditiveMarginLoss(torch.nn.Module):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # A model's forward that returns its negative log-likelihood is loss code whatever
+        # it is called; `log(sigmoid(gap))` is -inf once the gap passes about -88 (learned
+        # from static8 GDE's BPR loss).
+        Invalid(
+            """
+import torch
+from torch import nn
+class PairRanker(nn.Module):
+    def __init__(self, users, items, dim, reg=1e-4):
+        super().__init__()
+        self.users = nn.Embedding(users, dim)
+        self.items = nn.Embedding(items, dim)
+        self.reg = reg
+    def forward(self, u, liked, other):
+        eu, ei, ej = self.users(u), self.items(liked), self.items(other)
+        prob = ((eu * ei).sum(1) - (eu * ej).sum(1)).sigmoid()
+        penalty = self.reg * (eu ** 2 + ei ** 2 + ej ** 2).sum()
+        return (-torch.log(prob).sum() + penalty) / u.shape[0]
+""",
+            14,
+        ),
         # The tanh correction of a squashed Gaussian taken on the action after it is
         # rescaled to the environment's range (through a helper): beyond +-1 the log's
         # argument is negative and the log-probability NaN (learned from static8 SAC
@@ -1028,6 +1077,9 @@ def ratio_loss(p, q):
                 )
             elif _clamped_at_zero(target) and not hazard.startswith("log"):
                 remedy = "clamp the input to a small positive minimum, not to 0"
+            elif hazard.startswith("log") and _sigmoid_valued(func, target, 0):
+                # `log(sigmoid(x))` underflows to -inf for x below about -88 (float32).
+                remedy = "use `F.logsigmoid` of the logits (or clamp the input)"
             else:
                 remedy = "clamp the input (or use log_softmax)"
             yield self._finding(call, target, _clamped, hazard, remedy, forward_pass=not in_loss)
@@ -1807,6 +1859,18 @@ def _rescaled_tanh(
             if _is_tanh(func, side, 0) or _rescaled_tanh(model, func, side, depth + 1):
                 return node if number_value(offset, arithmetic=True) != 0 else None
     return None
+
+
+def _sigmoid_valued(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``sigmoid(x)`` / ``x.sigmoid()``, directly or through a local name bound only to
+    such values (in every branch)."""
+    node = _strip(node)
+    if isinstance(node, cst.Call):
+        return _called_name(node) == "sigmoid"
+    if isinstance(node, cst.Name) and depth < 3:
+        values = func.assigns.get(node.value, [])
+        return bool(values) and all(_sigmoid_valued(func, v, depth + 1) for v in values)
+    return False
 
 
 def _is_tanh(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
