@@ -175,6 +175,19 @@ class SquashLayer(nn.Module):
             return y, torch.log(y * (1 - y)).sum(-1)
         return torch.log(x / (1 - x)), -torch.log(x - x ** 2).sum(-1)
 """,
+        # Exponentials of bounded exponents: a negated loss (the focal weight), a joint
+        # log-probability (a sum of log-probabilities, at most 0), a perplexity only logged.
+        """
+import torch
+import torch.nn.functional as F
+def focal_sequence_loss(logits, target, log_probs, gamma=2.0):
+    ce = F.cross_entropy(logits, target, reduction="none")
+    pt = torch.exp(-ce)
+    seq_prob = torch.exp(log_probs.sum(dim=-1))
+    loss = ((1 - pt) ** gamma * ce).mean() + (1 - seq_prob).mean()
+    perplexity = torch.exp(ce.mean()).item()
+    return loss, perplexity
+""",
         # A ratio used as a position inside an interval (`t * (1 - t)`: a spline or a
         # blend), not an overlap `1 - iou`: the function is not an IoU loss (learned from
         # static8 nflows rational-quadratic spline).
@@ -565,6 +578,36 @@ class AdditiveMarginLoss(torch.nn.Module):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The loss itself exponentiated (a cross-entropy is unbounded above), and an
+        # exponential of a row's sum of similarities (it grows with the batch): both reach
+        # inf on a bad batch (learned from forum1's two exp-overflow threads).
+        Invalid(
+            """
+import torch
+from torch import nn
+criterion = nn.CrossEntropyLoss()
+def train(model, loader, optimizer, sharpness=2.0):
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = torch.exp(criterion(model(x), y) / sharpness)
+        loss.backward()
+        optimizer.step()
+""",
+            8,
+        ),
+        Invalid(
+            """
+import torch
+from torch import nn
+class PairContrastLoss(nn.Module):
+    def forward(self, a, b, tau=0.1):
+        sim = a @ b.T
+        top = torch.exp(torch.diagonal(sim) / tau)
+        bottom = torch.exp(sim.sum(dim=1))
+        return -torch.log(top / bottom).mean()
+""",
+            8,
+        ),
         # A model's forward that returns its negative log-likelihood is loss code whatever
         # it is called; `log(sigmoid(gap))` is -inf once the gap passes about -88 (learned
         # from static8 GDE's BPR loss).
@@ -1018,6 +1061,12 @@ def ratio_loss(p, q):
             if only is not None and id(func) not in only:
                 continue
             name = _called_name(call)
+            if name in {"exp", "exp_"} and id(call) not in reported_exps:
+                growing = _growing_exponent(model, scope, func, stmt, call)
+                if growing is not None:
+                    reported_exps.add(id(call))
+                    yield self._growing_exp_finding(call, *growing)
+                    continue
             if name in {"log", "log1p"}:
                 written = _hand_written_log_of_exp(func, call)
                 if written is not None:
@@ -1271,6 +1320,34 @@ def ratio_loss(p, q):
             # would change the mean: not marked safe.
             fix_safe=False,
             severity="info",
+        )
+
+    def _growing_exp_finding(
+        self, call: cst.Call, source: cst.BaseExpression, what: str
+    ) -> RawFinding:
+        """``exp`` of a loss value, or of a sum over a dimension: nothing bounds the
+        exponent."""
+        return RawFinding(
+            node=call,
+            message=(
+                "`{expression}` on line {line} in a loss exponentiates {what} "
+                "(`{source}`), which nothing bounds above: `exp` overflows to inf past ~88 "
+                "(float32), and before that its gradient grows as fast as its value, so one "
+                "hard batch turns the loss and every gradient inf/NaN; {remedy}"
+            ),
+            evidence={
+                "expression": shorten(code_of(call)),
+                "line": call,
+                "what": what,
+                "source": shorten(code_of(source)),
+                "remedy": (
+                    "train on the loss itself (or its log), or clamp the exponent from above"
+                    if what.startswith("a loss")
+                    else "exponentiate each term and sum after (`exp(x).sum(dim)`, or "
+                    "`torch.logsumexp` in log space), not the sum"
+                ),
+            },
+            # How the author wants the objective reshaped is not written in the code: no patch.
         )
 
     def _rescaled_tanh_finding(
@@ -1800,6 +1877,145 @@ def _unit_minus_offset(model: FileModel, func: FuncInfo, bound: cst.BaseExpressi
         end is not None and abs(end) == 1 and Positivity(model).positive(offset, func)
         for end, offset in ends
     )
+
+
+def _growing_exponent(
+    model: FileModel, scope: LossScope, func: FuncInfo, stmt: cst.CSTNode, call: cst.Call
+) -> tuple[cst.BaseExpression, str] | None:
+    """(the unbounded part, what it is) for an ``exp`` in a loss whose exponent, up to
+    factors and divisors that are settings (``/ eta``, ``/ self.temperature``), is
+
+    * a loss value: the output of a criterion (``criterion(out, y)``, ``F.cross_entropy``,
+      ``self.loss_fn``) or a name bound only to one; a loss is unbounded above, so
+      ``exp(ce / eta)`` reaches inf on a bad batch (learned from forum1
+      so-exp-of-cross-entropy-loss-nan);
+    * a sum over a dimension (``torch.sum(sim, dim=1)``, ``x.sum(-1)``) of a value not
+      bounded above: it grows with the length of that dimension (learned from forum1
+      so-contrastive-loss-from-scratch-exp-overflow).
+
+    Exponents negated or bounded above (``exp(-ce)``, a sum of log-probabilities), values
+    only measured (perplexity logged) and code without autograd are left alone. Only where
+    the exponential is the loss: a statement that assigns a loss, or a loss function."""
+    if not scope.in_loss(func, stmt):
+        return None
+    exponent = _sole_operand(call, _called_name(call))
+    if exponent is None or _sign(func, exponent, 0) == "-" or _bounded_above(func, exponent, 0):
+        return None
+    core = _unscaled(exponent)
+    found: tuple[cst.BaseExpression, str] | None = None
+    if _loss_value(model, func, core, 0):
+        found = core, "a loss value"
+    else:
+        summed = _summed_over_dimension(func, core, 0)
+        if summed is not None:
+            found = summed, "a sum over a dimension"
+    if found is None or _without_gradient(model, call) or _only_measured(model, func, call):
+        return None
+    return found
+
+
+def _unscaled(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``x`` for ``x / eta``, ``x / self.temperature``, ``0.5 * x``: a setting's factor."""
+    node = _strip(node)
+    while isinstance(node, cst.BinaryOperation) and isinstance(
+        node.operator, cst.Divide | cst.Multiply
+    ):
+        if _setting(node.right):
+            node = _strip(node.left)
+        elif isinstance(node.operator, cst.Multiply) and _setting(node.left):
+            node = _strip(node.right)
+        else:
+            break
+    return node
+
+
+def _setting(node: cst.BaseExpression) -> bool:
+    """A positive number, or a name or attribute that is not a tensor computed here
+    (``eta``, ``self.temperature``)."""
+    value = number_value(node, arithmetic=True)
+    if value is not None:
+        return value > 0
+    return isinstance(node, cst.Name | cst.Attribute)
+
+
+CRITERION_WORDS = ("criterion", "loss")
+
+
+def _loss_value(model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``criterion(out, y)``, ``F.cross_entropy(...)``, ``self.loss_fn(...)``, or a local
+    name bound only to such calls."""
+    node = _strip(node)
+    if isinstance(node, cst.Call):
+        text = (dotted_name(node.func) or "").lower()
+        last = text.rsplit(".", 1)[-1]
+        return bool(text) and (
+            any(word in last for word in CRITERION_WORDS) or last in LOSS_FUNCTIONS
+        )
+    if isinstance(node, cst.Name) and depth < 3:
+        values = func.assigns.get(node.value, [])
+        return bool(values) and all(_loss_value(model, func, v, depth + 1) for v in values)
+    return False
+
+
+LOSS_FUNCTIONS = frozenset(
+    {"cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits"}
+    | {"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div"}
+)
+
+
+def _summed_over_dimension(
+    func: FuncInfo, node: cst.BaseExpression, depth: int
+) -> cst.BaseExpression | None:
+    """``torch.sum(x, dim=1)`` / ``x.sum(-1)`` (a local name bound to one too) of an ``x``
+    that is not a log-probability (a sum of those is a joint log-probability, at most 0 for
+    discrete ones), not bounded above and not an elementwise product (``(a * b).sum(-1)`` is
+    one dot product per row)."""
+    node = _strip(node)
+    if isinstance(node, cst.Name) and depth < 2:
+        value = _single_value(func, node)
+        return _summed_over_dimension(func, value, depth + 1) if value is not None else None
+    if not isinstance(node, cst.Call) or _called_name(node) != "sum":
+        return None
+    summand = _sole_operand(node, "sum")
+    positional = [a for a in node.args if a.keyword is None]
+    over_dimension = any(a.keyword is not None and a.keyword.value == "dim" for a in node.args)
+    if summand is None:
+        return None
+    if (dotted_name(node.func) or "") in {"torch.sum", "th.sum"} or (
+        isinstance(node.func, cst.Attribute)
+        and isinstance(node.func.value, cst.Name)
+        and node.func.value.value in _LIBRARY_ALIASES.get()
+    ):
+        over_dimension = over_dimension or len(positional) >= 2
+    else:
+        over_dimension = over_dimension or len(positional) >= 1
+    if (
+        not over_dimension
+        or _bounded_above(func, summand, 0)
+        or _elementwise_product(func, summand)
+    ):
+        return None
+    if any(
+        isinstance(n, cst.Name | cst.Attribute)
+        and "log" in (n.value if isinstance(n, cst.Name) else n.attr.value).lower()
+        for n in walk(summand)
+    ):
+        return None
+    return node
+
+
+def _elementwise_product(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``a * b`` / ``x ** 2`` (or a name bound only to one): summed over the feature
+    dimension it is a dot product or a squared norm, one similarity per row, not a sum of
+    many of them."""
+    node = _strip(node)
+    value = _single_value(func, node) if isinstance(node, cst.Name) else None
+    if value is not None:
+        node = _strip(value)
+    return (
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Multiply | cst.Power)
+    ) or (isinstance(node, cst.Call) and _called_name(node) in {"mul", "pow", "square"})
 
 
 def _rescaled_tanh_correction(
