@@ -86,9 +86,11 @@ SAME_VALUE_METHODS = frozenset(
         "permute",
         "transpose",
         "repeat",
+        "cuda",
+        "cpu",
     }
 )
-"""Methods that keep every element's value (casts, reshapes, copies)."""
+"""Methods that keep every element's value (casts, reshapes, copies, device moves)."""
 REDUCTIONS_OF_ELEMENTS = frozenset({"sum", "mean", "prod", "amax", "amin", "max", "min"})
 """Reductions whose result is positive when every element is."""
 SELECTIONS = frozenset(
@@ -114,6 +116,8 @@ ARRAY_BUILDERS = frozenset(
 """Calls that make an array of the numbers they are given."""
 REDUCTIONS_OF_SOME = frozenset({"sum", "mean", "amax", "max"})
 """Reductions that stay positive when one element is (every other being non-negative)."""
+MASK_BUILDERS = frozenset({"zeros", "ones", "eye", "zeros_like", "ones_like"})
+"""Calls that build an array of 0s and 1s (or cast a mask)."""
 CONSTRUCTOR = "__init__"
 OFFSET_WORDS = ("eps", "epsilon", "offset", "smooth", "tiny", "floor")
 
@@ -259,6 +263,12 @@ class Positivity:
                 positional[2], func, depth + 1, seen
             )
         subject = _subject(call)
+        if (
+            subject is not None
+            and name in {"sum", "amax", "max"}
+            and self._masked_positive(subject, func, depth, seen)
+        ):
+            return True
         if subject is not None and (
             name in {"pow", "square", "sqrt"} or name in REDUCTIONS_OF_ELEMENTS | SELECTIONS | NORMS
         ):
@@ -267,6 +277,64 @@ class Positivity:
                 return self._positive(subject, func, depth + 1, seen | {"[written]"})
             return self._positive(subject, func, depth + 1, seen)
         return self._call_returns_positive(call, func, depth)
+
+    def _masked_positive(
+        self, node: cst.BaseExpression, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        """``x * self.pos_mask`` with ``x`` positive and the mask fixed when the object was
+        set up (see :meth:`fixed_mask`): summed over a row, it is positive. A row the mask
+        leaves empty would be 0 on the first step and on every step after: a construction
+        error, not a value that the data can drive to 0 (learned from static8 vissl's
+        SimCLR loss, ``torch.sum(similarity * self.pos_mask, 1)``)."""
+        node = self._same_value(node)
+        if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, cst.Multiply):
+            return False
+        for value, mask in ((node.left, node.right), (node.right, node.left)):
+            if self.fixed_mask(mask, func) and self._positive(value, func, depth + 1, seen):
+                return True
+        return False
+
+    def fixed_mask(self, node: cst.BaseExpression, func: FuncInfo) -> bool:
+        """``self.pos_mask``: an attribute set only outside ``func`` and outside any
+        ``forward`` (at construction, or in a set-up method), to an array of 0s and 1s
+        (``zeros``/``ones``/``eye``, a comparison, with elements written only to numbers
+        0 or above), through casts, device moves and ``a if cond else b``."""
+        node = self._same_value(node)
+        text = dotted_name(node) if isinstance(node, cst.Attribute) else None
+        if text is None or not text.startswith("self."):
+            return False
+        model = func.model or self.model
+        values = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+        if all(isinstance(v, cst.Name) and v.value == "None" for v in values):
+            return False
+        for value in values:
+            if isinstance(value, cst.Name) and value.value == "None":
+                continue  # a placeholder until the set-up method runs
+            owner = model.function_holding(value)
+            if owner is func or owner.name == "forward" or not self._mask_value(value, owner, 0):
+                return False
+        return True
+
+    def _mask_value(self, node: cst.BaseExpression, func: FuncInfo, depth: int) -> bool:
+        node = self._same_value(node)
+        if depth > MAX_DEPTH:
+            return False
+        if isinstance(node, cst.IfExp):
+            return self._mask_value(node.body, func, depth + 1) and self._mask_value(
+                node.orelse, func, depth + 1
+            )
+        if isinstance(node, cst.Comparison):
+            return True
+        if isinstance(node, cst.Call):
+            return called_name(node) in MASK_BUILDERS
+        if isinstance(node, cst.Name):
+            values = func.assigns.get(node.value, [])
+            return (
+                bool(values)
+                and all(self._mask_value(v, func, depth + 1) for v in values)
+                and _element_writes_non_negative(node.value, func)
+            )
+        return False
 
     def _call_returns_positive(self, call: cst.Call, func: FuncInfo, depth: int) -> bool:
         """A call of a project function, method or module whose every ``return`` gives a
@@ -547,6 +615,28 @@ def _element_written(name: str, func: FuncInfo) -> bool:
                         written.add(target.value.value)
         func.__dict__["_element_writes"] = written
     return name in written
+
+
+def _element_writes_non_negative(name: str, func: FuncInfo) -> bool:
+    """Every ``name[...] = v`` in ``func`` writes a number of 0 or more."""
+    for node in walk(func.node) if isinstance(func.node, cst.FunctionDef) else ():
+        if isinstance(node, cst.AugAssign) and _names_element(node.target, name):
+            return False
+        if isinstance(node, cst.Assign) and any(
+            _names_element(t.target, name) for t in node.targets
+        ):
+            value = number_value(node.value)
+            if value is None or value < 0:
+                return False
+    return True
+
+
+def _names_element(target: cst.BaseExpression, name: str) -> bool:
+    return (
+        isinstance(target, cst.Subscript)
+        and isinstance(target.value, cst.Name)
+        and target.value.value == name
+    )
 
 
 def _last_part(node: cst.Name | cst.Attribute) -> str:

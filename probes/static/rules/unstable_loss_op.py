@@ -188,6 +188,32 @@ def focal_sequence_loss(logits, target, log_probs, gamma=2.0):
     perplexity = torch.exp(ce.mean()).item()
     return loss, perplexity
 """,
+        # Exponentiated similarities summed under masks built once, when the loss is set
+        # up: every row keeps the same positives on every step, so the sums stay positive
+        # (learned from static8 vissl's SimCLR loss).
+        """
+import torch
+from torch import nn
+class PairInfoNCELoss(nn.Module):
+    def __init__(self, batch, views=2, tau=0.1):
+        super().__init__()
+        self.tau = tau
+        self.same = None
+        self.other = None
+        self.build_masks(batch, views)
+    def build_masks(self, batch, views):
+        total = batch * views
+        same = torch.zeros(total, total)
+        for i in range(total):
+            same[i, (i + batch) % total] = 1
+        self.same = same
+        self.other = 1 - torch.eye(total) - same
+    def forward(self, z):
+        sim = torch.exp(z @ z.t() / self.tau)
+        pos = torch.sum(sim * self.same, 1)
+        neg = torch.sum(sim * self.other, 1)
+        return -torch.log(pos / (pos + neg)).mean()
+""",
         # A ratio used as a position inside an interval (`t * (1 - t)`: a spline or a
         # blend), not an overlap `1 - iou`: the function is not an IoU loss (learned from
         # static8 nflows rational-quadratic spline).
@@ -578,6 +604,21 @@ class AdditiveMarginLoss(torch.nn.Module):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The positives' mask comes from the batch's labels: a sample whose class has no
+        # other member in the batch has an empty row, and log(0) = -inf.
+        Invalid(
+            """
+import torch
+from torch import nn
+class LabelInfoNCELoss(nn.Module):
+    def forward(self, z, labels, tau=0.1):
+        sim = torch.exp(z @ z.t() / tau)
+        same = (labels[:, None] == labels[None, :]).float() - torch.eye(len(labels))
+        pos = torch.sum(sim * same, 1)
+        return -torch.log(pos / sim.sum(1)).mean()
+""",
+            9,
+        ),
         # The loss itself exponentiated (a cross-entropy is unbounded above), and an
         # exponential of a row's sum of similarities (it grows with the batch): both reach
         # inf on a bad batch (learned from forum1's two exp-overflow threads).
