@@ -37,7 +37,7 @@ import libcst as cst
 
 from gradient_doctor.probes.static.loss_scope import resolve_call
 from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key, bind_arguments
-from gradient_doctor.probes.static.names import dotted_name, method_name, number_value
+from gradient_doctor.probes.static.names import code_of, dotted_name, method_name, number_value
 from gradient_doctor.probes.static.traverse import walk
 
 MAX_DEPTH = 6
@@ -270,7 +270,8 @@ class Positivity:
         ):
             return True
         if subject is not None and (
-            name in {"pow", "square", "sqrt"} or name in REDUCTIONS_OF_ELEMENTS | SELECTIONS | NORMS
+            name in {"pow", "square", "sqrt", "cumsum", "cumprod"}
+            or name in REDUCTIONS_OF_ELEMENTS | SELECTIONS | NORMS
         ):
             if name in REDUCTIONS_OF_SOME and isinstance(self._same_value(subject), cst.Name):
                 # `w.sum()` after `w[-1] = 0`: the other elements keep the sum positive.
@@ -367,7 +368,7 @@ class Positivity:
         if not values:
             if name in func.params and name not in func.assigns:
                 return self._parameter_positive(name, func, depth)
-            return False
+            return self._module_constant_positive(name, func, depth, seen)
         if "[written]" not in seen and _element_written(name, func):
             return False  # `w[0] = 0` after `w = torch.tensor([1.0, 2.0])`
         seen = seen | {name}
@@ -381,6 +382,17 @@ class Positivity:
                 return False
         return True
 
+    def _module_constant_positive(
+        self, name: str, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        """``DEFAULT_MIN_WIDTH``: a name the module binds once, to a positive value (a
+        constant of the file read in a function)."""
+        module = (func.model or self.model).module_info
+        if module is func or name in seen:
+            return False
+        values = module.assigns.get(name, [])
+        return len(values) == 1 and self._positive(values[0], module, depth + 1, seen | {name})
+
     def _parameter_positive(self, name: str, func: FuncInfo, depth: int) -> bool:
         """Every caller of ``func`` in its file passes a positive ``name`` (one that omits it
         gets the default). With no caller in the file, a positive default decides: the
@@ -389,7 +401,14 @@ class Positivity:
         if not isinstance(node, cst.FunctionDef) or depth >= MAX_DEPTH:
             return False
         default = _default_of(node, name)
-        default_positive = default is not None and (number_value(default) or 0) > 0
+        default_positive = default is not None and (
+            (number_value(default) or 0) > 0
+            # `min_width=DEFAULT_MIN_WIDTH`: a module constant.
+            or (
+                isinstance(default, cst.Name)
+                and self._module_constant_positive(default.value, func, depth + 1, frozenset())
+            )
+        )
         callers = self.callers_of(func)
         if func.name == CONSTRUCTOR or not callers:
             return default_positive
@@ -522,6 +541,10 @@ class Positivity:
             return self._non_negative(node.left, func, depth + 1, seen) and self._non_negative(
                 node.right, func, depth + 1, seen
             )
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract):
+            # `1 - min_width * bins` after `if min_width * bins > 1: raise ...`.
+            ceiling = number_value(node.left, arithmetic=True)
+            return ceiling is not None and _checked_at_most(func, node.right, ceiling)
         if isinstance(node, cst.Name) and node.value not in seen:
             values = func.assigns.get(node.value, [])
             return bool(values) and all(
@@ -615,6 +638,58 @@ def _element_written(name: str, func: FuncInfo) -> bool:
                         written.add(target.value.value)
         func.__dict__["_element_writes"] = written
     return name in written
+
+
+def _checked_at_most(func: FuncInfo, node: cst.BaseExpression, ceiling: float) -> bool:
+    """The function refuses ``node`` above ``ceiling`` before it goes on: ``if node >
+    ceiling: raise ...`` (or ``>=``) at the top level of its body, or ``assert node <=
+    ceiling`` (or ``<``). The code of ``node`` is compared as written."""
+    if not isinstance(func.node, cst.FunctionDef):
+        return False
+    text = code_of(node)
+    for stmt in func.node.body.body:
+        if (
+            isinstance(stmt, cst.If)
+            and _raises(stmt.body)
+            and _compares(stmt.test, text, ceiling, (cst.GreaterThan, cst.GreaterThanEqual))
+        ):
+            return True
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Assert) and _compares(
+                    small.test, text, ceiling, (cst.LessThan, cst.LessThanEqual)
+                ):
+                    return True
+    return False
+
+
+def _raises(block: cst.BaseSuite) -> bool:
+    """The block raises an exception (its statements, first level)."""
+    statements = block.body if isinstance(block, cst.IndentedBlock) else [block]
+    return any(
+        isinstance(line, cst.SimpleStatementLine | cst.SimpleStatementSuite)
+        and any(isinstance(small, cst.Raise) for small in line.body)
+        for line in statements
+    )
+
+
+def _compares(
+    test: cst.BaseExpression,
+    text: str,
+    ceiling: float,
+    operators: tuple[type[cst.BaseCompOp], ...],
+) -> bool:
+    """``test`` is ``<text> OP <number at most ceiling>`` (one comparison)."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    bound = number_value(target.comparator, arithmetic=True)
+    return (
+        isinstance(target.operator, operators)
+        and bound is not None
+        and bound <= ceiling
+        and code_of(test.left) == text
+    )
 
 
 def _element_writes_non_negative(name: str, func: FuncInfo) -> bool:

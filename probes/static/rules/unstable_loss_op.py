@@ -214,6 +214,23 @@ class PairInfoNCELoss(nn.Module):
         neg = torch.sum(sim * self.other, 1)
         return -torch.log(pos / (pos + neg)).mean()
 """,
+        # Positive by construction through a floor plus a softmax share whose weight the
+        # function checks (`raise` when min_bin * bins > 1), a floor plus softplus, and
+        # cumulative sums of positives; the floor is a module constant (learned from
+        # static8 nflows rational-quadratic spline).
+        """
+import torch
+import torch.nn.functional as F
+MIN_BIN = 1e-3
+def bin_width_loss(raw, slopes_raw, min_bin=MIN_BIN):
+    bins = raw.shape[-1]
+    if min_bin * bins > 1.0:
+        raise ValueError("bins too wide")
+    widths = min_bin + (1 - min_bin * bins) * F.softmax(raw, dim=-1)
+    edges = torch.cumsum(widths, dim=-1)
+    slopes = min_bin + F.softplus(slopes_raw)
+    return -(torch.log(edges).mean() + torch.log(slopes).mean())
+""",
         # A ratio used as a position inside an interval (`t * (1 - t)`: a spline or a
         # blend), not an overlap `1 - iou`: the function is not an IoU loss (learned from
         # static8 nflows rational-quadratic spline).
@@ -604,6 +621,19 @@ class AdditiveMarginLoss(torch.nn.Module):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # Without the check, `1 - min_bin * bins` is negative once there are more than
+        # 1 / min_bin bins, and a width can reach 0 or below.
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+def bin_width_loss(raw, min_bin=1e-3):
+    bins = raw.shape[-1]
+    widths = min_bin + (1 - min_bin * bins) * F.softmax(raw, dim=-1)
+    return -torch.log(widths).mean()
+""",
+            7,
+        ),
         # The positives' mask comes from the batch's labels: a sample whose class has no
         # other member in the batch has an empty row, and log(0) = -inf.
         Invalid(
