@@ -60,20 +60,30 @@ def loss_file(model: FileModel) -> bool:
     return any("loss" in part.lower() for part in parts)
 
 
+def _loss_target(target: cst.BaseExpression) -> bool:
+    """``loss``, ``self.total_loss``, or an entry of a loss collection (``losses["kl"]``,
+    ``loss_dict[name]``, ``self.losses[k]``)."""
+    while isinstance(target, cst.Subscript):
+        target = target.value
+    return "loss" in (dotted_name(target) or "").lower()
+
+
 LOSS_RETURNING_METHODS = frozenset({"training_step"})
 """Methods whose return value is the loss (Lightning's ``training_step``)."""
 
 
 def assigns_loss(stmt: cst.CSTNode, func: FuncInfo | None = None) -> bool:
-    """``loss = ...`` / ``self.total_loss = ...``: a statement that assigns a loss; or (given
-    its function) the ``return`` of a method whose return value is the loss
-    (``training_step``)."""
+    """``loss = ...`` / ``self.total_loss = ...`` / ``loss += ...`` / ``losses["kl"] = ...``:
+    a statement that assigns (or adds to) a loss; or (given its function) the ``return`` of a
+    method whose return value is the loss (``training_step``)."""
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False
     first = stmt.body[0]
     if isinstance(first, cst.Assign):
-        targets = [dotted_name(t.target) or "" for t in first.targets]
-        return any("loss" in t.lower() for t in targets)
+        return any(_loss_target(t.target) for t in first.targets)
+    if isinstance(first, cst.AugAssign | cst.AnnAssign) and first.value is not None:
+        # `loss += -torch.log(p).mean()`, `loss: Tensor = ...`: a loss built up in place.
+        return _loss_target(first.target)
     return (
         isinstance(first, cst.Return)
         and first.value is not None
