@@ -61,10 +61,9 @@ def loss_file(model: FileModel) -> bool:
 
 
 def _loss_target(target: cst.BaseExpression) -> bool:
-    """``loss``, ``self.total_loss``, or an entry of a loss collection (``losses["kl"]``,
-    ``loss_dict[name]``, ``self.losses[k]``)."""
-    while isinstance(target, cst.Subscript):
-        target = target.value
+    """``loss``, ``self.total_loss``. Not an entry of a collection (``losses["nsdr"] =
+    ...``): such dictionaries gather the metrics that are logged with the loss (learned from
+    static7 demucs, whose validation SDR goes into ``losses``)."""
     return "loss" in (dotted_name(target) or "").lower()
 
 
@@ -73,8 +72,8 @@ LOSS_RETURNING_METHODS = frozenset({"training_step"})
 
 
 def assigns_loss(stmt: cst.CSTNode, func: FuncInfo | None = None) -> bool:
-    """``loss = ...`` / ``self.total_loss = ...`` / ``loss += ...`` / ``losses["kl"] = ...``:
-    a statement that assigns (or adds to) a loss; or (given its function) the ``return`` of a
+    """``loss = ...`` / ``self.total_loss = ...`` / ``loss += ...``: a statement that assigns
+    (or adds to) a loss; or (given its function) the ``return`` of a
     method whose return value is the loss (``training_step``)."""
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False

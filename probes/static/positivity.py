@@ -262,7 +262,7 @@ class Positivity:
             return self._positive(positional[1], func, depth + 1, seen) and self._positive(
                 positional[2], func, depth + 1, seen
             )
-        subject = _subject(call)
+        subject = _subject(call, self._torch_aliases(func))
         if (
             subject is not None
             and name in {"sum", "amax", "max"}
@@ -336,6 +336,15 @@ class Positivity:
                 and _element_writes_non_negative(node.value, func)
             )
         return False
+
+    def _torch_aliases(self, func: FuncInfo) -> frozenset[str]:
+        """The names the file of ``func`` imports torch (or its functional API) under."""
+        model = func.model or self.model
+        return frozenset(
+            alias
+            for alias, full in model.aliases.items()
+            if full in {"torch", "torch.nn.functional"}
+        )
 
     def _call_returns_positive(self, call: cst.Call, func: FuncInfo, depth: int) -> bool:
         """A call of a project function, method or module whose every ``return`` gives a
@@ -532,7 +541,7 @@ class Positivity:
             if name in CLAMPS:
                 minimum = clamp_bound(node, "min")
                 return minimum is not None and (number_value(minimum) or -1) >= 0
-            subject = _subject(node)
+            subject = _subject(node, self._torch_aliases(func))
             if subject is not None and name in REDUCTIONS_OF_ELEMENTS:
                 return self._non_negative(subject, func, depth + 1, seen)
         if isinstance(node, cst.BinaryOperation) and isinstance(
@@ -718,11 +727,17 @@ def _last_part(node: cst.Name | cst.Attribute) -> str:
     return node.value if isinstance(node, cst.Name) else node.attr.value
 
 
-def _subject(call: cst.Call) -> cst.BaseExpression | None:
-    """The tensor a call works on: ``x`` in ``x.sum()`` and in ``torch.sum(x)``."""
+LIBRARY_OWNERS = frozenset(
+    {"torch", "th", "F", "torch.nn.functional", "nn.functional", "math", "np"}
+)
+
+
+def _subject(call: cst.Call, aliases: frozenset[str] = frozenset()) -> cst.BaseExpression | None:
+    """The tensor a call works on: ``x`` in ``x.sum()`` and in ``torch.sum(x)`` (``T.sum(x)``
+    with ``T`` among ``aliases``, the file's other names for torch)."""
     if isinstance(call.func, cst.Attribute):
         owner = dotted_name(call.func.value)
-        if owner in {"torch", "th", "F", "torch.nn.functional", "nn.functional", "math", "np"}:
+        if owner in LIBRARY_OWNERS or owner in aliases:
             return call.args[0].value if call.args and call.args[0].keyword is None else None
         return call.func.value
     return call.args[0].value if call.args and call.args[0].keyword is None else None

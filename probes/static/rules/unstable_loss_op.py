@@ -231,6 +231,24 @@ def bin_width_loss(raw, slopes_raw, min_bin=MIN_BIN):
     slopes = min_bin + F.softplus(slopes_raw)
     return -(torch.log(edges).mean() + torch.log(slopes).mean())
 """,
+        # torch under another name: `T.sum(T.exp(x))` is as positive as `torch.sum(...)`.
+        """
+import torch as T
+def kl_loss(logits, prior):
+    total = T.sum(T.exp(logits), dim=-1)
+    return -T.log(total / prior.sum()).mean()
+""",
+        # A denominator numpy computes from the configuration is a host number, the same on
+        # every step, not a tensor the data drives to 0 (learned from static4 swav).
+        """
+import numpy as np
+import torch.nn.functional as F
+def multi_view_loss(outputs, targets, views_per_group):
+    loss = 0
+    for view, out in enumerate(outputs):
+        loss += F.cross_entropy(out, targets[view]) / (np.sum(views_per_group) - 1)
+    return loss
+""",
         # A ratio used as a position inside an interval (`t * (1 - t)`: a spline or a
         # blend), not an overlap `1 - iou`: the function is not an IoU loss (learned from
         # static8 nflows rational-quadratic spline).
@@ -621,6 +639,21 @@ class AdditiveMarginLoss(torch.nn.Module):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # A loss built up in place is a loss statement.
+        Invalid(
+            """
+import torch
+def train(model, loader, optimizer):
+    for x, y in loader:
+        optimizer.zero_grad()
+        p = torch.softmax(model(x), dim=-1)
+        loss = 0.0
+        loss += -torch.log(p.gather(1, y[:, None])).mean()
+        loss.backward()
+        optimizer.step()
+""",
+            8,
+        ),
         # Without the check, `1 - min_bin * bins` is negative once there are more than
         # 1 / min_bin bins, and a width can reach 0 or below.
         Invalid(
@@ -3562,11 +3595,24 @@ def _checked_against_zero(model: FileModel, func: FuncInfo, target: cst.BaseExpr
 
 
 def _has_reduction(node: cst.BaseExpression) -> bool:
-    """True when the denominator ``node`` is computed from a tensor reduction (sum, norm...)."""
+    """True when the denominator ``node`` is computed from a tensor reduction (sum, norm...),
+    not from numpy or math on settings (``np.sum(args.nmb_crops) - 1``: a host number the
+    configuration fixes, the same on every step; learned from static4 swav)."""
     for current in walk(node):
-        if isinstance(current, cst.Call) and _called_name(current) in REDUCTIONS:
+        if (
+            isinstance(current, cst.Call)
+            and _called_name(current) in REDUCTIONS
+            and not _host_math(current)
+        ):
             return True
     return False
+
+
+def _host_math(call: cst.Call) -> bool:
+    """``np.sum(...)``, ``numpy.linalg.norm(...)``, ``math.sqrt(...)``: computed on the host,
+    outside autograd."""
+    head = (dotted_name(call.func) or "").split(".", 1)[0]
+    return head in {"np", "numpy", "math"} and head not in _LIBRARY_ALIASES.get()
 
 
 def _called_name(call: cst.Call) -> str:
