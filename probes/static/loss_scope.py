@@ -247,19 +247,17 @@ def _overlap_function(func: FuncInfo) -> bool:
             for v in values
         )
     }
-    ratios -= interpolated_ratios(func)
-    if not ratios:
-        return False
-    for node in walk(func.node.body):
-        if (
-            isinstance(node, cst.BinaryOperation)
-            and isinstance(node.operator, cst.Subtract)
-            and number_value(node.left) == 1
-            and isinstance(node.right, cst.Name)
-            and node.right.value in ratios
-        ):
-            return True
-    return False
+    complemented = {
+        node.right.value
+        for node in walk(func.node.body)
+        if isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Subtract)
+        and isinstance(node.right, cst.Name)
+        and node.right.value in ratios
+        and number_value(node.left) == 1
+    }
+    # Read only where a `1 - ratio` is written: the interpolation check walks every statement.
+    return bool(complemented) and bool(complemented - interpolated_ratios(func))
 
 
 def interpolated_ratios(func: FuncInfo) -> set[str]:

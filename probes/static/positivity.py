@@ -139,6 +139,7 @@ class Positivity:
     def __init__(self, model: FileModel) -> None:
         self.model = model
         self._callers: dict[int, dict[int, list[tuple[cst.Call, FuncInfo]]]] = {}
+        self._aliases: dict[int, frozenset[str]] = {}
 
     # -- the public questions -----------------------------------------------------------------
     def positive(self, node: cst.BaseExpression, func: FuncInfo) -> bool:
@@ -340,11 +341,14 @@ class Positivity:
     def _torch_aliases(self, func: FuncInfo) -> frozenset[str]:
         """The names the file of ``func`` imports torch (or its functional API) under."""
         model = func.model or self.model
-        return frozenset(
-            alias
-            for alias, full in model.aliases.items()
-            if full in {"torch", "torch.nn.functional"}
-        )
+        found = self._aliases.get(id(model))
+        if found is None:
+            found = self._aliases[id(model)] = frozenset(
+                alias
+                for alias, full in model.aliases.items()
+                if full in {"torch", "torch.nn.functional"}
+            )
+        return found
 
     def _call_returns_positive(self, call: cst.Call, func: FuncInfo, depth: int) -> bool:
         """A call of a project function, method or module whose every ``return`` gives a
