@@ -60,20 +60,29 @@ def loss_file(model: FileModel) -> bool:
     return any("loss" in part.lower() for part in parts)
 
 
+def _loss_target(target: cst.BaseExpression) -> bool:
+    """``loss``, ``self.total_loss``. Not an entry of a collection (``losses["nsdr"] =
+    ...``): such dictionaries gather the metrics that are logged with the loss (learned from
+    static7 demucs, whose validation SDR goes into ``losses``)."""
+    return "loss" in (dotted_name(target) or "").lower()
+
+
 LOSS_RETURNING_METHODS = frozenset({"training_step"})
 """Methods whose return value is the loss (Lightning's ``training_step``)."""
 
 
 def assigns_loss(stmt: cst.CSTNode, func: FuncInfo | None = None) -> bool:
-    """``loss = ...`` / ``self.total_loss = ...``: a statement that assigns a loss; or (given
-    its function) the ``return`` of a method whose return value is the loss
-    (``training_step``)."""
+    """``loss = ...`` / ``self.total_loss = ...`` / ``loss += ...``: a statement that assigns
+    (or adds to) a loss; or (given its function) the ``return`` of a
+    method whose return value is the loss (``training_step``)."""
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False
     first = stmt.body[0]
     if isinstance(first, cst.Assign):
-        targets = [dotted_name(t.target) or "" for t in first.targets]
-        return any("loss" in t.lower() for t in targets)
+        return any(_loss_target(t.target) for t in first.targets)
+    if isinstance(first, cst.AugAssign | cst.AnnAssign) and first.value is not None:
+        # `loss += -torch.log(p).mean()`, `loss: Tensor = ...`: a loss built up in place.
+        return _loss_target(first.target)
     return (
         isinstance(first, cst.Return)
         and first.value is not None
@@ -133,6 +142,7 @@ def loss_scope(model: FileModel, followed: CallFilter) -> LossScope:
             _loss_function(model, func)
             or (in_loss_file and _public_entry(func))
             or _overlap_function(func)
+            or _returns_negative_log(func)
         ):
             seeds.append((model, func))
     # A function whose result is assigned to a loss (`loss = criterion(cos_sim(a, b), y)`
@@ -174,6 +184,56 @@ def _loss_function(model: FileModel, func: FuncInfo) -> bool:
     return any("loss" in name.lower() for name in names)
 
 
+NEGATED_LOGS = frozenset({"log", "log2", "log10", "log_softmax", "logsigmoid", "log_prob"})
+"""Calls whose negation, reduced, is a negative log-likelihood."""
+REDUCING = frozenset({"sum", "mean"})
+EVALUATION_PREFIXES = ("validation", "valid", "val_", "test", "predict", "eval", "score")
+"""Names of methods that measure (Lightning's ``validation_step``, ``evaluate``...)."""
+
+
+def _returns_negative_log(func: FuncInfo) -> bool:
+    """The function returns a negative log-likelihood: a negated log (reduced, weighted, or
+    plus a regulariser: ``(-torch.log(p).sum() + reg) / n``, ``-(y * p.log()).sum(1)``).
+    That value is a loss whatever the function is called: a recommender's ``forward``
+    that returns its BPR loss, a density model's ``nll``. Only a value returned alone: a
+    flow's ``return y, -torch.log(s * (1 - s)).sum(-1)`` is a log-determinant."""
+    if func.name.lower().startswith(EVALUATION_PREFIXES):
+        return False  # `validation_step`, `evaluate`: run with autograd off (a metric)
+    return any(
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and _log_term(node.expression)
+        for value in func.returns
+        # `return y, -log_det`: a transform and its log-determinant, not a likelihood.
+        if not isinstance(value, cst.Tuple)
+        for node in walk(value)
+    )
+
+
+def _log_term(node: cst.BaseExpression) -> bool:
+    """``log(p)``, reduced (``.sum()``, ``torch.mean(...)``) or times a weight."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return _log_term(node.left) or _log_term(node.right)
+    if not isinstance(node, cst.Call):
+        return False
+    name = (
+        node.func.attr.value
+        if isinstance(node.func, cst.Attribute)
+        else node.func.value
+        if isinstance(node.func, cst.Name)
+        else ""
+    )
+    if name in NEGATED_LOGS:
+        return True
+    if name in REDUCING:
+        if isinstance(node.func, cst.Attribute) and not (
+            isinstance(node.func.value, cst.Name) and node.func.value.value in {"torch", "th"}
+        ):
+            return _log_term(node.func.value)
+        return bool(node.args) and _log_term(node.args[0].value)
+    return False
+
+
 def _overlap_function(func: FuncInfo) -> bool:
     """The function takes a ratio from 1 (``iou = inter / union``; ``1 - iou``): the shape of
     the IoU, GIoU, CIoU and Dice losses, trained on whatever the function is called."""
@@ -187,18 +247,56 @@ def _overlap_function(func: FuncInfo) -> bool:
             for v in values
         )
     }
-    if not ratios:
-        return False
-    for node in walk(func.node.body):
-        if (
-            isinstance(node, cst.BinaryOperation)
+    complemented = {
+        node.right.value
+        for node in walk(func.node.body)
+        if isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Subtract)
+        and isinstance(node.right, cst.Name)
+        and node.right.value in ratios
+        and number_value(node.left) == 1
+    }
+    # Read only where a `1 - ratio` is written: the interpolation check walks every statement.
+    return bool(complemented) and bool(complemented - interpolated_ratios(func))
+
+
+def interpolated_ratios(func: FuncInfo) -> set[str]:
+    """Names ``t`` that the function uses with ``1 - t`` in one expression: a polynomial or
+    an interpolation in ``t`` (``t * (1 - t)``, a spline's ``a * t ** 2 + b * (1 - t) ** 2``,
+    a blend ``t * x + (1 - t) * y``). There ``t`` is a position inside an interval (a
+    fraction of a bin's width, a mixing weight), not an overlap: an IoU or Dice loss takes
+    ``1 - iou`` alone (or weighted by something else) as its value."""
+    if not isinstance(func.node, cst.FunctionDef):
+        return set()
+    found: set[str] = set()
+    for stmt in walk(func.node.body, prune=_nested_definition):
+        if not isinstance(stmt, cst.Assign | cst.AugAssign | cst.AnnAssign | cst.Return | cst.Expr):
+            continue
+        value = stmt.value
+        if value is None:
+            continue
+        complements = [
+            node
+            for node in walk(value)
+            if isinstance(node, cst.BinaryOperation)
             and isinstance(node.operator, cst.Subtract)
             and number_value(node.left) == 1
             and isinstance(node.right, cst.Name)
-            and node.right.value in ratios
-        ):
-            return True
-    return False
+        ]
+        for complement in complements:
+            name = cst.ensure_type(complement.right, cst.Name).value
+            inside = {id(n) for n in walk(complement)}
+            if any(
+                isinstance(node, cst.Name) and node.value == name and id(node) not in inside
+                for node in walk(value)
+            ):
+                found.add(name)
+    return found
+
+
+def _nested_definition(node: cst.CSTNode) -> bool:
+    """A nested function or class: its statements belong to another scope."""
+    return isinstance(node, cst.FunctionDef | cst.ClassDef | cst.Lambda)
 
 
 def _public_entry(func: FuncInfo) -> bool:

@@ -37,7 +37,7 @@ import libcst as cst
 
 from gradient_doctor.probes.static.loss_scope import resolve_call
 from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key, bind_arguments
-from gradient_doctor.probes.static.names import dotted_name, method_name, number_value
+from gradient_doctor.probes.static.names import code_of, dotted_name, method_name, number_value
 from gradient_doctor.probes.static.traverse import walk
 
 MAX_DEPTH = 6
@@ -86,9 +86,11 @@ SAME_VALUE_METHODS = frozenset(
         "permute",
         "transpose",
         "repeat",
+        "cuda",
+        "cpu",
     }
 )
-"""Methods that keep every element's value (casts, reshapes, copies)."""
+"""Methods that keep every element's value (casts, reshapes, copies, device moves)."""
 REDUCTIONS_OF_ELEMENTS = frozenset({"sum", "mean", "prod", "amax", "amin", "max", "min"})
 """Reductions whose result is positive when every element is."""
 SELECTIONS = frozenset(
@@ -114,6 +116,8 @@ ARRAY_BUILDERS = frozenset(
 """Calls that make an array of the numbers they are given."""
 REDUCTIONS_OF_SOME = frozenset({"sum", "mean", "amax", "max"})
 """Reductions that stay positive when one element is (every other being non-negative)."""
+MASK_BUILDERS = frozenset({"zeros", "ones", "eye", "zeros_like", "ones_like"})
+"""Calls that build an array of 0s and 1s (or cast a mask)."""
 CONSTRUCTOR = "__init__"
 OFFSET_WORDS = ("eps", "epsilon", "offset", "smooth", "tiny", "floor")
 
@@ -135,6 +139,7 @@ class Positivity:
     def __init__(self, model: FileModel) -> None:
         self.model = model
         self._callers: dict[int, dict[int, list[tuple[cst.Call, FuncInfo]]]] = {}
+        self._aliases: dict[int, frozenset[str]] = {}
 
     # -- the public questions -----------------------------------------------------------------
     def positive(self, node: cst.BaseExpression, func: FuncInfo) -> bool:
@@ -258,15 +263,92 @@ class Positivity:
             return self._positive(positional[1], func, depth + 1, seen) and self._positive(
                 positional[2], func, depth + 1, seen
             )
-        subject = _subject(call)
+        subject = _subject(call, self._torch_aliases(func))
+        if (
+            subject is not None
+            and name in {"sum", "amax", "max"}
+            and self._masked_positive(subject, func, depth, seen)
+        ):
+            return True
         if subject is not None and (
-            name in {"pow", "square", "sqrt"} or name in REDUCTIONS_OF_ELEMENTS | SELECTIONS | NORMS
+            name in {"pow", "square", "sqrt", "cumsum", "cumprod"}
+            or name in REDUCTIONS_OF_ELEMENTS | SELECTIONS | NORMS
         ):
             if name in REDUCTIONS_OF_SOME and isinstance(self._same_value(subject), cst.Name):
                 # `w.sum()` after `w[-1] = 0`: the other elements keep the sum positive.
                 return self._positive(subject, func, depth + 1, seen | {"[written]"})
             return self._positive(subject, func, depth + 1, seen)
         return self._call_returns_positive(call, func, depth)
+
+    def _masked_positive(
+        self, node: cst.BaseExpression, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        """``x * self.pos_mask`` with ``x`` positive and the mask fixed when the object was
+        set up (see :meth:`fixed_mask`): summed over a row, it is positive. A row the mask
+        leaves empty would be 0 on the first step and on every step after: a construction
+        error, not a value that the data can drive to 0 (learned from static8 vissl's
+        SimCLR loss, ``torch.sum(similarity * self.pos_mask, 1)``)."""
+        node = self._same_value(node)
+        if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, cst.Multiply):
+            return False
+        for value, mask in ((node.left, node.right), (node.right, node.left)):
+            if self.fixed_mask(mask, func) and self._positive(value, func, depth + 1, seen):
+                return True
+        return False
+
+    def fixed_mask(self, node: cst.BaseExpression, func: FuncInfo) -> bool:
+        """``self.pos_mask``: an attribute set only outside ``func`` and outside any
+        ``forward`` (at construction, or in a set-up method), to an array of 0s and 1s
+        (``zeros``/``ones``/``eye``, a comparison, with elements written only to numbers
+        0 or above), through casts, device moves and ``a if cond else b``."""
+        node = self._same_value(node)
+        text = dotted_name(node) if isinstance(node, cst.Attribute) else None
+        if text is None or not text.startswith("self."):
+            return False
+        model = func.model or self.model
+        values = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+        if all(isinstance(v, cst.Name) and v.value == "None" for v in values):
+            return False
+        for value in values:
+            if isinstance(value, cst.Name) and value.value == "None":
+                continue  # a placeholder until the set-up method runs
+            owner = model.function_holding(value)
+            if owner is func or owner.name == "forward" or not self._mask_value(value, owner, 0):
+                return False
+        return True
+
+    def _mask_value(self, node: cst.BaseExpression, func: FuncInfo, depth: int) -> bool:
+        node = self._same_value(node)
+        if depth > MAX_DEPTH:
+            return False
+        if isinstance(node, cst.IfExp):
+            return self._mask_value(node.body, func, depth + 1) and self._mask_value(
+                node.orelse, func, depth + 1
+            )
+        if isinstance(node, cst.Comparison):
+            return True
+        if isinstance(node, cst.Call):
+            return called_name(node) in MASK_BUILDERS
+        if isinstance(node, cst.Name):
+            values = func.assigns.get(node.value, [])
+            return (
+                bool(values)
+                and all(self._mask_value(v, func, depth + 1) for v in values)
+                and _element_writes_non_negative(node.value, func)
+            )
+        return False
+
+    def _torch_aliases(self, func: FuncInfo) -> frozenset[str]:
+        """The names the file of ``func`` imports torch (or its functional API) under."""
+        model = func.model or self.model
+        found = self._aliases.get(id(model))
+        if found is None:
+            found = self._aliases[id(model)] = frozenset(
+                alias
+                for alias, full in model.aliases.items()
+                if full in {"torch", "torch.nn.functional"}
+            )
+        return found
 
     def _call_returns_positive(self, call: cst.Call, func: FuncInfo, depth: int) -> bool:
         """A call of a project function, method or module whose every ``return`` gives a
@@ -299,7 +381,7 @@ class Positivity:
         if not values:
             if name in func.params and name not in func.assigns:
                 return self._parameter_positive(name, func, depth)
-            return False
+            return self._module_constant_positive(name, func, depth, seen)
         if "[written]" not in seen and _element_written(name, func):
             return False  # `w[0] = 0` after `w = torch.tensor([1.0, 2.0])`
         seen = seen | {name}
@@ -313,6 +395,17 @@ class Positivity:
                 return False
         return True
 
+    def _module_constant_positive(
+        self, name: str, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        """``DEFAULT_MIN_WIDTH``: a name the module binds once, to a positive value (a
+        constant of the file read in a function)."""
+        module = (func.model or self.model).module_info
+        if module is func or name in seen:
+            return False
+        values = module.assigns.get(name, [])
+        return len(values) == 1 and self._positive(values[0], module, depth + 1, seen | {name})
+
     def _parameter_positive(self, name: str, func: FuncInfo, depth: int) -> bool:
         """Every caller of ``func`` in its file passes a positive ``name`` (one that omits it
         gets the default). With no caller in the file, a positive default decides: the
@@ -321,7 +414,14 @@ class Positivity:
         if not isinstance(node, cst.FunctionDef) or depth >= MAX_DEPTH:
             return False
         default = _default_of(node, name)
-        default_positive = default is not None and (number_value(default) or 0) > 0
+        default_positive = default is not None and (
+            (number_value(default) or 0) > 0
+            # `min_width=DEFAULT_MIN_WIDTH`: a module constant.
+            or (
+                isinstance(default, cst.Name)
+                and self._module_constant_positive(default.value, func, depth + 1, frozenset())
+            )
+        )
         callers = self.callers_of(func)
         if func.name == CONSTRUCTOR or not callers:
             return default_positive
@@ -445,7 +545,7 @@ class Positivity:
             if name in CLAMPS:
                 minimum = clamp_bound(node, "min")
                 return minimum is not None and (number_value(minimum) or -1) >= 0
-            subject = _subject(node)
+            subject = _subject(node, self._torch_aliases(func))
             if subject is not None and name in REDUCTIONS_OF_ELEMENTS:
                 return self._non_negative(subject, func, depth + 1, seen)
         if isinstance(node, cst.BinaryOperation) and isinstance(
@@ -454,6 +554,10 @@ class Positivity:
             return self._non_negative(node.left, func, depth + 1, seen) and self._non_negative(
                 node.right, func, depth + 1, seen
             )
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract):
+            # `1 - min_width * bins` after `if min_width * bins > 1: raise ...`.
+            ceiling = number_value(node.left, arithmetic=True)
+            return ceiling is not None and _checked_at_most(func, node.right, ceiling)
         if isinstance(node, cst.Name) and node.value not in seen:
             values = func.assigns.get(node.value, [])
             return bool(values) and all(
@@ -549,15 +653,95 @@ def _element_written(name: str, func: FuncInfo) -> bool:
     return name in written
 
 
+def _checked_at_most(func: FuncInfo, node: cst.BaseExpression, ceiling: float) -> bool:
+    """The function refuses ``node`` above ``ceiling`` before it goes on: ``if node >
+    ceiling: raise ...`` (or ``>=``) at the top level of its body, or ``assert node <=
+    ceiling`` (or ``<``). The code of ``node`` is compared as written."""
+    if not isinstance(func.node, cst.FunctionDef):
+        return False
+    text = code_of(node)
+    for stmt in func.node.body.body:
+        if (
+            isinstance(stmt, cst.If)
+            and _raises(stmt.body)
+            and _compares(stmt.test, text, ceiling, (cst.GreaterThan, cst.GreaterThanEqual))
+        ):
+            return True
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Assert) and _compares(
+                    small.test, text, ceiling, (cst.LessThan, cst.LessThanEqual)
+                ):
+                    return True
+    return False
+
+
+def _raises(block: cst.BaseSuite) -> bool:
+    """The block raises an exception (its statements, first level)."""
+    statements = block.body if isinstance(block, cst.IndentedBlock) else [block]
+    return any(
+        isinstance(line, cst.SimpleStatementLine | cst.SimpleStatementSuite)
+        and any(isinstance(small, cst.Raise) for small in line.body)
+        for line in statements
+    )
+
+
+def _compares(
+    test: cst.BaseExpression,
+    text: str,
+    ceiling: float,
+    operators: tuple[type[cst.BaseCompOp], ...],
+) -> bool:
+    """``test`` is ``<text> OP <number at most ceiling>`` (one comparison)."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    bound = number_value(target.comparator, arithmetic=True)
+    return (
+        isinstance(target.operator, operators)
+        and bound is not None
+        and bound <= ceiling
+        and code_of(test.left) == text
+    )
+
+
+def _element_writes_non_negative(name: str, func: FuncInfo) -> bool:
+    """Every ``name[...] = v`` in ``func`` writes a number of 0 or more."""
+    for node in walk(func.node) if isinstance(func.node, cst.FunctionDef) else ():
+        if isinstance(node, cst.AugAssign) and _names_element(node.target, name):
+            return False
+        if isinstance(node, cst.Assign) and any(
+            _names_element(t.target, name) for t in node.targets
+        ):
+            value = number_value(node.value)
+            if value is None or value < 0:
+                return False
+    return True
+
+
+def _names_element(target: cst.BaseExpression, name: str) -> bool:
+    return (
+        isinstance(target, cst.Subscript)
+        and isinstance(target.value, cst.Name)
+        and target.value.value == name
+    )
+
+
 def _last_part(node: cst.Name | cst.Attribute) -> str:
     return node.value if isinstance(node, cst.Name) else node.attr.value
 
 
-def _subject(call: cst.Call) -> cst.BaseExpression | None:
-    """The tensor a call works on: ``x`` in ``x.sum()`` and in ``torch.sum(x)``."""
+LIBRARY_OWNERS = frozenset(
+    {"torch", "th", "F", "torch.nn.functional", "nn.functional", "math", "np"}
+)
+
+
+def _subject(call: cst.Call, aliases: frozenset[str] = frozenset()) -> cst.BaseExpression | None:
+    """The tensor a call works on: ``x`` in ``x.sum()`` and in ``torch.sum(x)`` (``T.sum(x)``
+    with ``T`` among ``aliases``, the file's other names for torch)."""
     if isinstance(call.func, cst.Attribute):
         owner = dotted_name(call.func.value)
-        if owner in {"torch", "th", "F", "torch.nn.functional", "nn.functional", "math", "np"}:
+        if owner in LIBRARY_OWNERS or owner in aliases:
             return call.args[0].value if call.args and call.args[0].keyword is None else None
         return call.func.value
     return call.args[0].value if call.args and call.args[0].keyword is None else None

@@ -60,6 +60,9 @@ def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
         ("math.sqrt(a.exp().sum())", True),
         ("sum([w / sum([0.5, 0.25]) for w in [0.5, 0.25]])", True),
         ("sum([w for w in [0.5, 0.0]])", False),
+        ("torch.cumsum(torch.exp(x), dim=-1)", True),
+        ("torch.cumsum(x, dim=-1)", False),
+        ("x.exp().cuda()", True),
     ],
 )
 def test_positive_by_construction(expression: str, positive: bool) -> None:
@@ -434,3 +437,79 @@ def test_loss_scope_of_a_loss_file_covers_its_entry_points() -> None:
     assert loss == {"distortion", "_helper", "Quality.forward"}
     _, elsewhere, _ = _scope(code, "pkg/metrics/quality.py")
     assert elsewhere == set()
+
+
+def test_a_floor_plus_a_checked_softmax_share_and_a_module_constant_floor_are_positive() -> None:
+    checker, func = _function(
+        """
+        FLOOR = 1e-3
+        def widths(raw, floor=FLOOR):
+            bins = raw.shape[-1]
+            if floor * bins > 1.0:
+                raise ValueError("too many bins")
+            w = floor + (1 - floor * bins) * F.softmax(raw, dim=-1)
+            unchecked = floor + (1 - floor * raw.shape[0]) * F.softmax(raw, dim=-1)
+            slopes = floor + F.softplus(raw)
+        """,
+        "widths",
+    )
+    for name, positive in (("w", True), ("unchecked", False), ("slopes", True)):
+        (value,) = func.assigns[name]
+        assert checker.positive(value, func) is positive, name
+
+
+def test_a_row_sum_under_a_mask_fixed_at_set_up_is_positive_but_not_under_a_batch_mask() -> None:
+    code = """
+        class Loss(torch.nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.pos = None
+                self.setup(n)
+            def setup(self, n):
+                pos = torch.zeros(n, n)
+                pos[0, 1] = 1
+                self.pos = pos.cuda() if torch.cuda.is_available() else pos
+                self.bad = torch.zeros(n, n)
+                self.bad[0, 1] = -1
+            def forward(self, sim, labels):
+                fixed = torch.sum(torch.exp(sim) * self.pos, 1)
+                batch = torch.sum(torch.exp(sim) * (labels[:, None] == labels[None, :]), 1)
+                return fixed, batch
+        """
+    checker, func = _function(code, "forward")
+    (fixed,) = func.assigns["fixed"]
+    (batch,) = func.assigns["batch"]
+    assert checker.positive(fixed, func)
+    assert not checker.positive(batch, func)
+    assert checker.fixed_mask(cst.parse_expression("self.pos"), func)
+
+
+def test_loss_scope_reads_a_returned_negative_log_and_skips_interpolation_ratios() -> None:
+    from gradient_doctor.probes.static.loss_scope import interpolated_ratios, loss_scope
+
+    model = FileModel(
+        cst.parse_module(
+            textwrap.dedent(
+                """
+                class Ranker(torch.nn.Module):
+                    def forward(self, a, b):
+                        return (-torch.log(torch.sigmoid(a - b)).sum() + 0.1) / a.shape[0]
+                    def validation_step(self, a, b):
+                        return -torch.log(torch.sigmoid(a - b)).mean()
+                def flow(x):
+                    return x, -torch.log(x * (1 - x)).sum(-1)
+                def spline(x, w):
+                    t = x / w
+                    return t * (1 - t)
+                def iou_term(inter, union):
+                    iou = inter / union
+                    return 1 - iou
+                """
+            )
+        )
+    )
+    scope = loss_scope(model, lambda *_: True)
+    in_loss = {f.name for f in model.functions if scope.whole_loss(f)}
+    assert in_loss == {"forward", "iou_term"}
+    (spline,) = [f for f in model.functions if f.name == "spline"]
+    assert interpolated_ratios(spline) == {"t"}

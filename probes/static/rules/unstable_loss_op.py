@@ -6,13 +6,20 @@ Whether a value can reach 0 is read from its provenance
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import ClassVar, NamedTuple
 
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.loss_scope import LossScope, assigns_loss, loss_scope
-from gradient_doctor.probes.static.model import FileModel, FuncInfo, bind_arguments
+from gradient_doctor.probes.static.loss_scope import (
+    LossScope,
+    assigns_loss,
+    interpolated_ratios,
+    loss_scope,
+    resolve_call,
+)
+from gradient_doctor.probes.static.model import FileModel, FuncInfo, attribute_key, bind_arguments
 from gradient_doctor.probes.static.names import (
     code_of,
     dotted_name,
@@ -67,8 +74,13 @@ class UnstableLossOp(Rule):
         "(`log1p(exp(x))`, `log(1 + exp(a) + exp(b))`, `x.exp().sum(d).log()`, `e / e.sum()`) "
         "are reported for overflow, as are exponentials of a large scale times a product of "
         "data-dependent factors summed into a log across statements (circle loss written "
-        "out), and `acos` / `asin` of a value that can reach -1 or 1 "
-        "(a cosine) for its infinite gradient there. A division by a count the data decides "
+        "out, or a scale times a linear layer's raw output), `exp` of a loss value or of a "
+        "sum over a dimension in a loss (unbounded exponents), the tanh-squashing correction "
+        "`log(1 - a**2 + eps)` taken on a tanh already rescaled to an action range (NaN "
+        "beyond +-1), and `acos` / `asin` of a value that can reach -1 or 1 "
+        "(a cosine) for its infinite gradient there. A function that returns a negated log "
+        "alone (a negative log-likelihood) is loss code whatever its name. "
+        "A division by a count the data decides "
         "(a mask's count, `num_pos`, per-sample lengths, a parameter to which every caller "
         "passes `len(...)` or a count) or by the total weight of a weighted "
         "mean is reported "
@@ -101,6 +113,157 @@ class UnstableLossOp(Rule):
 import torch
 def nll_loss(probs, target):
     return -torch.log(probs.gather(1, target[:, None]).clamp_min(1e-8)).mean()
+""",
+        # The margin head normalises both the embedding and the class weights: the scaled
+        # logits are cosines times the scale, and the arc clamp keeps a setting's distance
+        # from -1 and 1 (learned from static8 Angular-Penalty-Softmax).
+        """
+import torch
+import torch.nn.functional as F
+from torch import nn
+class CosineMarginLoss(nn.Module):
+    def __init__(self, dim, classes, scale=32.0, eps=1e-6):
+        super().__init__()
+        self.head = nn.Linear(dim, classes, bias=False)
+        self.scale = scale
+        self.eps = eps
+    def forward(self, emb, target):
+        cos = F.linear(F.normalize(emb, dim=1), F.normalize(self.head.weight, dim=1))
+        picked = cos.gather(1, target[:, None]).squeeze(1)
+        angle = torch.acos(picked.clamp(-1 + self.eps, 1 - self.eps))
+        top = self.scale * torch.cos(angle + 0.2)
+        rest = torch.exp(self.scale * cos).sum(dim=1)
+        return (torch.log(torch.exp(top) + rest) - top).mean()
+""",
+        # The tanh correction taken from the unscaled tanh, then the action rescaled (and
+        # the constant log-scale added): 1 - y ** 2 stays in [0, 1].
+        """
+import torch
+from torch import nn
+class SquashedPolicy(nn.Module):
+    def __init__(self, low, high):
+        super().__init__()
+        self.half_range = (high - low) / 2
+        self.middle = (high + low) / 2
+    def draw(self, mean, std):
+        dist = torch.distributions.Normal(mean, std)
+        u = dist.rsample()
+        y = torch.tanh(u)
+        logp = dist.log_prob(u) - torch.log(self.half_range * (1 - y.pow(2)) + 1e-6)
+        return y * self.half_range + self.middle, logp.sum(-1)
+""",
+        # A model whose forward returns its negative log-likelihood, with the stable
+        # built-in: nothing to report.
+        """
+import torch
+import torch.nn.functional as F
+from torch import nn
+class PairRanker(nn.Module):
+    def __init__(self, users, items, dim):
+        super().__init__()
+        self.users = nn.Embedding(users, dim)
+        self.items = nn.Embedding(items, dim)
+    def forward(self, u, liked, other):
+        eu = self.users(u)
+        gap = (eu * self.items(liked)).sum(1) - (eu * self.items(other)).sum(1)
+        return -F.logsigmoid(gap).mean()
+""",
+        # A flow layer returns its output with a negated log-determinant: not a likelihood,
+        # so not loss code (its inverse is only called on data inside (0, 1)).
+        """
+import torch
+from torch import nn
+class SquashLayer(nn.Module):
+    def forward(self, x, reverse=False):
+        if not reverse:
+            y = torch.sigmoid(x)
+            return y, torch.log(y * (1 - y)).sum(-1)
+        return torch.log(x / (1 - x)), -torch.log(x - x ** 2).sum(-1)
+""",
+        # Exponentials of bounded exponents: a negated loss (the focal weight), a joint
+        # log-probability (a sum of log-probabilities, at most 0), a perplexity only logged.
+        """
+import torch
+import torch.nn.functional as F
+def focal_sequence_loss(logits, target, log_probs, gamma=2.0):
+    ce = F.cross_entropy(logits, target, reduction="none")
+    pt = torch.exp(-ce)
+    seq_prob = torch.exp(log_probs.sum(dim=-1))
+    loss = ((1 - pt) ** gamma * ce).mean() + (1 - seq_prob).mean()
+    perplexity = torch.exp(ce.mean()).item()
+    return loss, perplexity
+""",
+        # Exponentiated similarities summed under masks built once, when the loss is set
+        # up: every row keeps the same positives on every step, so the sums stay positive
+        # (learned from static8 vissl's SimCLR loss).
+        """
+import torch
+from torch import nn
+class PairInfoNCELoss(nn.Module):
+    def __init__(self, batch, views=2, tau=0.1):
+        super().__init__()
+        self.tau = tau
+        self.same = None
+        self.other = None
+        self.build_masks(batch, views)
+    def build_masks(self, batch, views):
+        total = batch * views
+        same = torch.zeros(total, total)
+        for i in range(total):
+            same[i, (i + batch) % total] = 1
+        self.same = same
+        self.other = 1 - torch.eye(total) - same
+    def forward(self, z):
+        sim = torch.exp(z @ z.t() / self.tau)
+        pos = torch.sum(sim * self.same, 1)
+        neg = torch.sum(sim * self.other, 1)
+        return -torch.log(pos / (pos + neg)).mean()
+""",
+        # Positive by construction through a floor plus a softmax share whose weight the
+        # function checks (`raise` when min_bin * bins > 1), a floor plus softplus, and
+        # cumulative sums of positives; the floor is a module constant (learned from
+        # static8 nflows rational-quadratic spline).
+        """
+import torch
+import torch.nn.functional as F
+MIN_BIN = 1e-3
+def bin_width_loss(raw, slopes_raw, min_bin=MIN_BIN):
+    bins = raw.shape[-1]
+    if min_bin * bins > 1.0:
+        raise ValueError("bins too wide")
+    widths = min_bin + (1 - min_bin * bins) * F.softmax(raw, dim=-1)
+    edges = torch.cumsum(widths, dim=-1)
+    slopes = min_bin + F.softplus(slopes_raw)
+    return -(torch.log(edges).mean() + torch.log(slopes).mean())
+""",
+        # torch under another name: `T.sum(T.exp(x))` is as positive as `torch.sum(...)`.
+        """
+import torch as T
+def kl_loss(logits, prior):
+    total = T.sum(T.exp(logits), dim=-1)
+    return -T.log(total / prior.sum()).mean()
+""",
+        # A denominator numpy computes from the configuration is a host number, the same on
+        # every step, not a tensor the data drives to 0 (learned from static4 swav).
+        """
+import numpy as np
+import torch.nn.functional as F
+def multi_view_loss(outputs, targets, views_per_group):
+    loss = 0
+    for view, out in enumerate(outputs):
+        loss += F.cross_entropy(out, targets[view]) / (np.sum(views_per_group) - 1)
+    return loss
+""",
+        # A ratio used as a position inside an interval (`t * (1 - t)`: a spline or a
+        # blend), not an overlap `1 - iou`: the function is not an IoU loss (learned from
+        # static8 nflows rational-quadratic spline).
+        """
+import torch
+def warp_log_slope(x, left, width, slope_lo, slope_hi):
+    t = (x - left) / width
+    bump = t * (1 - t)
+    curve = slope_hi * t ** 2 + 2 * bump + slope_lo * (1 - t) ** 2
+    return x + bump, torch.log(curve)
 """,
         """
 import torch
@@ -481,6 +644,144 @@ class AdditiveMarginLoss(torch.nn.Module):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # A loss built up in place is a loss statement.
+        Invalid(
+            """
+import torch
+def train(model, loader, optimizer):
+    for x, y in loader:
+        optimizer.zero_grad()
+        p = torch.softmax(model(x), dim=-1)
+        loss = 0.0
+        loss += -torch.log(p.gather(1, y[:, None])).mean()
+        loss.backward()
+        optimizer.step()
+""",
+            8,
+        ),
+        # Without the check, `1 - min_bin * bins` is negative once there are more than
+        # 1 / min_bin bins, and a width can reach 0 or below.
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+def bin_width_loss(raw, min_bin=1e-3):
+    bins = raw.shape[-1]
+    widths = min_bin + (1 - min_bin * bins) * F.softmax(raw, dim=-1)
+    return -torch.log(widths).mean()
+""",
+            7,
+        ),
+        # The positives' mask comes from the batch's labels: a sample whose class has no
+        # other member in the batch has an empty row, and log(0) = -inf.
+        Invalid(
+            """
+import torch
+from torch import nn
+class LabelInfoNCELoss(nn.Module):
+    def forward(self, z, labels, tau=0.1):
+        sim = torch.exp(z @ z.t() / tau)
+        same = (labels[:, None] == labels[None, :]).float() - torch.eye(len(labels))
+        pos = torch.sum(sim * same, 1)
+        return -torch.log(pos / sim.sum(1)).mean()
+""",
+            9,
+        ),
+        # The loss itself exponentiated (a cross-entropy is unbounded above), and an
+        # exponential of a row's sum of similarities (it grows with the batch): both reach
+        # inf on a bad batch (learned from forum1's two exp-overflow threads).
+        Invalid(
+            """
+import torch
+from torch import nn
+criterion = nn.CrossEntropyLoss()
+def train(model, loader, optimizer, sharpness=2.0):
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = torch.exp(criterion(model(x), y) / sharpness)
+        loss.backward()
+        optimizer.step()
+""",
+            8,
+        ),
+        Invalid(
+            """
+import torch
+from torch import nn
+class PairContrastLoss(nn.Module):
+    def forward(self, a, b, tau=0.1):
+        sim = a @ b.T
+        top = torch.exp(torch.diagonal(sim) / tau)
+        bottom = torch.exp(sim.sum(dim=1))
+        return -torch.log(top / bottom).mean()
+""",
+            8,
+        ),
+        # A model's forward that returns its negative log-likelihood is loss code whatever
+        # it is called; `log(sigmoid(gap))` is -inf once the gap passes about -88 (learned
+        # from static8 GDE's BPR loss).
+        Invalid(
+            """
+import torch
+from torch import nn
+class PairRanker(nn.Module):
+    def __init__(self, users, items, dim, reg=1e-4):
+        super().__init__()
+        self.users = nn.Embedding(users, dim)
+        self.items = nn.Embedding(items, dim)
+        self.reg = reg
+    def forward(self, u, liked, other):
+        eu, ei, ej = self.users(u), self.items(liked), self.items(other)
+        prob = ((eu * ei).sum(1) - (eu * ej).sum(1)).sigmoid()
+        penalty = self.reg * (eu ** 2 + ei ** 2 + ej ** 2).sum()
+        return (-torch.log(prob).sum() + penalty) / u.shape[0]
+""",
+            14,
+        ),
+        # The tanh correction of a squashed Gaussian taken on the action after it is
+        # rescaled to the environment's range (through a helper): beyond +-1 the log's
+        # argument is negative and the log-probability NaN (learned from static8 SAC
+        # items of ALL and philtabor).
+        Invalid(
+            """
+import torch as T
+from torch import nn
+class SquashedPolicy(nn.Module):
+    def __init__(self, limit):
+        super().__init__()
+        self.limit = limit
+    def squash(self, u):
+        return T.tanh(u) * self.limit
+    def draw(self, mean, std):
+        dist = T.distributions.Normal(mean, std)
+        u = dist.rsample()
+        act = self.squash(u)
+        logp = dist.log_prob(u) - T.log(1 - act ** 2 + 1e-6)
+        return act, logp.sum(-1)
+""",
+            14,
+        ),
+        # The scale assumes a cosine, but the logits come straight from a linear layer
+        # whose weight nothing normalises: `exp(scale * proj)` overflows once a logit
+        # passes 88 / scale (learned from static8 Angular-Penalty-Softmax).
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+from torch import nn
+class ScaledMarginLoss(nn.Module):
+    def __init__(self, dim, classes, scale=32.0):
+        super().__init__()
+        self.head = nn.Linear(dim, classes, bias=False)
+        self.scale = scale
+    def forward(self, emb, target):
+        proj = self.head(F.normalize(emb, dim=1))
+        picked = proj.gather(1, target[:, None]).squeeze(1)
+        rest = torch.exp(self.scale * proj).sum(dim=1)
+        return (torch.log(rest) - self.scale * picked).mean()
+""",
+            13,
+        ),
         Invalid(
             """
 import torch
@@ -852,6 +1153,15 @@ def ratio_loss(p, q):
         self, model: FileModel, scope: LossScope, only: set[int] | None
     ) -> Iterator[RawFinding]:
         """The findings in ``model`` (only in the functions ``only`` when given)."""
+        token = _LIBRARY_ALIASES.set(_library_aliases(model))
+        try:
+            yield from self._judge_model(model, scope, only)
+        finally:
+            _LIBRARY_ALIASES.reset(token)
+
+    def _judge_model(
+        self, model: FileModel, scope: LossScope, only: set[int] | None
+    ) -> Iterator[RawFinding]:
         clamped = _clamped_names(model)
         sampled = _sampled_actions(model)
         positivity = Positivity(model)
@@ -860,11 +1170,22 @@ def ratio_loss(p, q):
             if only is not None and id(func) not in only:
                 continue
             name = _called_name(call)
+            if name in {"exp", "exp_"} and id(call) not in reported_exps:
+                growing = _growing_exponent(model, scope, func, stmt, call)
+                if growing is not None:
+                    reported_exps.add(id(call))
+                    yield self._growing_exp_finding(call, *growing)
+                    continue
             if name in {"log", "log1p"}:
                 written = _hand_written_log_of_exp(func, call)
                 if written is not None:
                     if not _without_gradient(model, call):
                         yield self._logsumexp_finding(call, *written)
+                    continue
+                rescaled = _rescaled_tanh_correction(model, func, call)
+                if rescaled is not None:
+                    if not _without_gradient(model, call) and not _only_measured(model, func, call):
+                        yield self._rescaled_tanh_finding(call, *rescaled)
                     continue
                 if scope.in_loss(func, stmt) and not _without_gradient(model, call):
                     for exp, scale in _scaled_exps_into_log(func, call):
@@ -914,6 +1235,9 @@ def ratio_loss(p, q):
                 )
             elif _clamped_at_zero(target) and not hazard.startswith("log"):
                 remedy = "clamp the input to a small positive minimum, not to 0"
+            elif hazard.startswith("log") and _sigmoid_valued(func, target, 0):
+                # `log(sigmoid(x))` underflows to -inf for x below about -88 (float32).
+                remedy = "use `F.logsigmoid` of the logits (or clamp the input)"
             else:
                 remedy = "clamp the input (or use log_softmax)"
             yield self._finding(call, target, _clamped, hazard, remedy, forward_pass=not in_loss)
@@ -1105,6 +1429,58 @@ def ratio_loss(p, q):
             # would change the mean: not marked safe.
             fix_safe=False,
             severity="info",
+        )
+
+    def _growing_exp_finding(
+        self, call: cst.Call, source: cst.BaseExpression, what: str
+    ) -> RawFinding:
+        """``exp`` of a loss value, or of a sum over a dimension: nothing bounds the
+        exponent."""
+        return RawFinding(
+            node=call,
+            message=(
+                "`{expression}` on line {line} in a loss exponentiates {what} "
+                "(`{source}`), which nothing bounds above: `exp` overflows to inf past ~88 "
+                "(float32), and before that its gradient grows as fast as its value, so one "
+                "hard batch turns the loss and every gradient inf/NaN; {remedy}"
+            ),
+            evidence={
+                "expression": shorten(code_of(call)),
+                "line": call,
+                "what": what,
+                "source": shorten(code_of(source)),
+                "remedy": (
+                    "train on the loss itself (or its log), or clamp the exponent from above"
+                    if what.startswith("a loss")
+                    else "exponentiate each term and sum after (`exp(x).sum(dim)`, or "
+                    "`torch.logsumexp` in log space), not the sum"
+                ),
+            },
+            # How the author wants the objective reshaped is not written in the code: no patch.
+        )
+
+    def _rescaled_tanh_finding(
+        self, call: cst.Call, action: cst.BaseExpression, scaling: cst.BaseExpression
+    ) -> RawFinding:
+        """``log(1 - a ** 2 + eps)`` (the tanh-squashing correction of a log-probability)
+        where ``a`` is ``tanh(u)`` rescaled to an action range."""
+        return RawFinding(
+            node=call,
+            message=(
+                "`{expression}` on line {line} is the tanh-squashing correction, but "
+                "`{action}` is `tanh` rescaled (`{scaling}`): wherever |{action}| > 1, "
+                "`1 - {action}**2` is negative and the log is NaN (an epsilon cannot help); "
+                "compute it from the unscaled `tanh` value (`1 - y**2` with `y = tanh(u)`), "
+                "and add `log(scale)` if the density of the rescaled action is wanted"
+            ),
+            evidence={
+                "expression": shorten(code_of(call)),
+                "line": call,
+                "action": shorten(code_of(action)),
+                "scaling": shorten(code_of(scaling)),
+            },
+            # The unscaled value is not bound at the log in general (`self._squash(raw)`):
+            # no patch.
         )
 
     def _boundary_finding(
@@ -1580,12 +1956,257 @@ def _at_boundary(
             numbers = [number_value(b, arithmetic=True) if b is not None else None for b in bounds]
             if any(n is not None and abs(n) < 1 for n in numbers):
                 return False  # `clamp(-1 + eps, 1 - eps)`
+            if any(b is not None and _unit_minus_offset(model, func, b) for b in bounds):
+                return False  # `clamp(-1 + self.eps, 1 - self.eps)`: a setting above 0
             at_ends = at_ends or any(n is not None and abs(n) == 1 for n in numbers)
         elif isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
             factors = [number_value(value.left), number_value(value.right)]
             if any(f is not None and abs(f) < 1 for f in factors):
                 return False  # `cos * 0.9999`
     return in_loss or at_ends
+
+
+def _unit_minus_offset(model: FileModel, func: FuncInfo, bound: cst.BaseExpression) -> bool:
+    """``1 - eps`` / ``-1 + eps`` (``-1. + self.eps``, ``eps - 1``) with ``eps`` positive by
+    construction (an epsilon-named setting, a positive default): strictly inside [-1, 1]."""
+    bound = _strip(bound)
+    if not isinstance(bound, cst.BinaryOperation):
+        return False
+    left, right = _strip(bound.left), _strip(bound.right)
+    if isinstance(bound.operator, cst.Subtract):
+        ends = [(number_value(left, arithmetic=True), right)]
+        if number_value(right, arithmetic=True) == 1:
+            ends.append((-1.0, left))  # `eps - 1`
+    elif isinstance(bound.operator, cst.Add):
+        ends = [(number_value(left, arithmetic=True), right)]
+        ends.append((number_value(right, arithmetic=True), left))
+    else:
+        return False
+    return any(
+        end is not None and abs(end) == 1 and Positivity(model).positive(offset, func)
+        for end, offset in ends
+    )
+
+
+def _growing_exponent(
+    model: FileModel, scope: LossScope, func: FuncInfo, stmt: cst.CSTNode, call: cst.Call
+) -> tuple[cst.BaseExpression, str] | None:
+    """(the unbounded part, what it is) for an ``exp`` in a loss whose exponent, up to
+    factors and divisors that are settings (``/ eta``, ``/ self.temperature``), is
+
+    * a loss value: the output of a criterion (``criterion(out, y)``, ``F.cross_entropy``,
+      ``self.loss_fn``) or a name bound only to one; a loss is unbounded above, so
+      ``exp(ce / eta)`` reaches inf on a bad batch (learned from forum1
+      so-exp-of-cross-entropy-loss-nan);
+    * a sum over a dimension (``torch.sum(sim, dim=1)``, ``x.sum(-1)``) of a value not
+      bounded above: it grows with the length of that dimension (learned from forum1
+      so-contrastive-loss-from-scratch-exp-overflow).
+
+    Exponents negated or bounded above (``exp(-ce)``, a sum of log-probabilities), values
+    only measured (perplexity logged) and code without autograd are left alone. Only where
+    the exponential is the loss: a statement that assigns a loss, or a loss function."""
+    if not scope.in_loss(func, stmt):
+        return None
+    exponent = _sole_operand(call, _called_name(call))
+    if exponent is None or _sign(func, exponent, 0) == "-" or _bounded_above(func, exponent, 0):
+        return None
+    core = _unscaled(exponent)
+    found: tuple[cst.BaseExpression, str] | None = None
+    if _loss_value(model, func, core, 0):
+        found = core, "a loss value"
+    else:
+        summed = _summed_over_dimension(func, core, 0)
+        if summed is not None:
+            found = summed, "a sum over a dimension"
+    if found is None or _without_gradient(model, call) or _only_measured(model, func, call):
+        return None
+    return found
+
+
+def _unscaled(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``x`` for ``x / eta``, ``x / self.temperature``, ``0.5 * x``: a setting's factor."""
+    node = _strip(node)
+    while isinstance(node, cst.BinaryOperation) and isinstance(
+        node.operator, cst.Divide | cst.Multiply
+    ):
+        if _setting(node.right):
+            node = _strip(node.left)
+        elif isinstance(node.operator, cst.Multiply) and _setting(node.left):
+            node = _strip(node.right)
+        else:
+            break
+    return node
+
+
+def _setting(node: cst.BaseExpression) -> bool:
+    """A positive number, or a name or attribute that is not a tensor computed here
+    (``eta``, ``self.temperature``)."""
+    value = number_value(node, arithmetic=True)
+    if value is not None:
+        return value > 0
+    return isinstance(node, cst.Name | cst.Attribute)
+
+
+CRITERION_WORDS = ("criterion", "loss")
+
+
+def _loss_value(model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``criterion(out, y)``, ``F.cross_entropy(...)``, ``self.loss_fn(...)``, or a local
+    name bound only to such calls."""
+    node = _strip(node)
+    if isinstance(node, cst.Call):
+        text = (dotted_name(node.func) or "").lower()
+        last = text.rsplit(".", 1)[-1]
+        return bool(text) and (
+            any(word in last for word in CRITERION_WORDS) or last in LOSS_FUNCTIONS
+        )
+    if isinstance(node, cst.Name) and depth < 3:
+        values = func.assigns.get(node.value, [])
+        return bool(values) and all(_loss_value(model, func, v, depth + 1) for v in values)
+    return False
+
+
+LOSS_FUNCTIONS = frozenset(
+    {"cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits"}
+    | {"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div"}
+)
+
+
+def _summed_over_dimension(
+    func: FuncInfo, node: cst.BaseExpression, depth: int
+) -> cst.BaseExpression | None:
+    """``torch.sum(x, dim=1)`` / ``x.sum(-1)`` (a local name bound to one too) of an ``x``
+    that is not a log-probability (a sum of those is a joint log-probability, at most 0 for
+    discrete ones), not bounded above and not an elementwise product (``(a * b).sum(-1)`` is
+    one dot product per row)."""
+    node = _strip(node)
+    if isinstance(node, cst.Name) and depth < 2:
+        value = _single_value(func, node)
+        return _summed_over_dimension(func, value, depth + 1) if value is not None else None
+    if not isinstance(node, cst.Call) or _called_name(node) != "sum":
+        return None
+    summand = _sole_operand(node, "sum")
+    positional = [a for a in node.args if a.keyword is None]
+    over_dimension = any(a.keyword is not None and a.keyword.value == "dim" for a in node.args)
+    if summand is None:
+        return None
+    if (dotted_name(node.func) or "") in {"torch.sum", "th.sum"} or (
+        isinstance(node.func, cst.Attribute)
+        and isinstance(node.func.value, cst.Name)
+        and node.func.value.value in _LIBRARY_ALIASES.get()
+    ):
+        over_dimension = over_dimension or len(positional) >= 2
+    else:
+        over_dimension = over_dimension or len(positional) >= 1
+    if (
+        not over_dimension
+        or _bounded_above(func, summand, 0)
+        or _elementwise_product(func, summand)
+    ):
+        return None
+    if any(
+        isinstance(n, cst.Name | cst.Attribute)
+        and "log" in (n.value if isinstance(n, cst.Name) else n.attr.value).lower()
+        for n in walk(summand)
+    ):
+        return None
+    return node
+
+
+def _elementwise_product(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``a * b`` / ``x ** 2`` (or a name bound only to one): summed over the feature
+    dimension it is a dot product or a squared norm, one similarity per row, not a sum of
+    many of them."""
+    node = _strip(node)
+    value = _single_value(func, node) if isinstance(node, cst.Name) else None
+    if value is not None:
+        node = _strip(value)
+    return (
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Multiply | cst.Power)
+    ) or (isinstance(node, cst.Call) and _called_name(node) in {"mul", "pow", "square"})
+
+
+def _rescaled_tanh_correction(
+    model: FileModel, func: FuncInfo, log: cst.Call
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """(the action, its rescaled value) for ``log(1 - a.pow(2) + eps)`` (``1 - a ** 2``,
+    ``1 - a.square()``) where ``a`` is ``tanh(u)`` times a factor not known to be at most 1,
+    or plus an offset (``tanh(u) * self.max_action``, ``tanh(x) * scale + mean``), directly,
+    through local names, or returned by a helper (``action = self._squash(raw)``). The
+    correction ``log(1 - tanh(u) ** 2)`` is the derivative of ``tanh``; on a rescaled value
+    it goes negative (learned from static8 SAC tanh corrections of ALL and philtabor)."""
+    operand = _sole_operand(log, _called_name(log))
+    if operand is None:
+        return None
+    for node in walk(operand):
+        if (
+            isinstance(node, cst.BinaryOperation)
+            and isinstance(node.operator, cst.Subtract)
+            and number_value(node.left) == 1
+        ):
+            action = Positivity._squared_base(node.right)
+            if action is None:
+                continue
+            scaling = _rescaled_tanh(model, func, action, 0)
+            if scaling is not None:
+                return action, scaling
+    return None
+
+
+def _rescaled_tanh(
+    model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int
+) -> cst.BaseExpression | None:
+    """The expression that rescales a ``tanh`` beyond [-1, 1], if ``node`` holds one."""
+    node = _strip(node)
+    if depth > 4:
+        return None
+    if isinstance(node, cst.Name):
+        values = [v for v in func.assigns.get(node.value, []) if code_of(_strip(v)) != node.value]
+        found = [_rescaled_tanh(model, func, v, depth + 1) for v in values]
+        return found[0] if values and all(f is not None for f in found) else None
+    if not isinstance(node, cst.BinaryOperation):
+        if isinstance(node, cst.Call) and _called_name(node) != "tanh":
+            callee = resolve_call(model, func, node)
+            if callee is not None and callee is not func and callee.returns:
+                found = [_rescaled_tanh(model, callee, r, depth + 1) for r in callee.returns]
+                if all(f is not None for f in found):
+                    return found[0]
+        return None
+    if isinstance(node.operator, cst.Multiply):
+        for tanh_side, factor in ((node.left, node.right), (node.right, node.left)):
+            if _is_tanh(func, tanh_side, 0):
+                value = number_value(factor, arithmetic=True)
+                return node if value is None or abs(value) > 1 else None
+        return None
+    if isinstance(node.operator, cst.Add | cst.Subtract):
+        for side, offset in ((node.left, node.right), (node.right, node.left)):
+            if _is_tanh(func, side, 0) or _rescaled_tanh(model, func, side, depth + 1):
+                return node if number_value(offset, arithmetic=True) != 0 else None
+    return None
+
+
+def _sigmoid_valued(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``sigmoid(x)`` / ``x.sigmoid()``, directly or through a local name bound only to
+    such values (in every branch)."""
+    node = _strip(node)
+    if isinstance(node, cst.Call):
+        return _called_name(node) == "sigmoid"
+    if isinstance(node, cst.Name) and depth < 3:
+        values = func.assigns.get(node.value, [])
+        return bool(values) and all(_sigmoid_valued(func, v, depth + 1) for v in values)
+    return False
+
+
+def _is_tanh(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``tanh(u)`` / ``u.tanh()``, directly or through a local name."""
+    node = _strip(node)
+    if isinstance(node, cst.Call):
+        return _called_name(node) == "tanh"
+    if isinstance(node, cst.Name) and depth < 3:
+        values = func.assigns.get(node.value, [])
+        return bool(values) and all(_is_tanh(func, v, depth + 1) for v in values)
+    return False
 
 
 def _followed(model: FileModel, func: FuncInfo, call: cst.Call) -> bool:
@@ -2028,8 +2649,75 @@ def _scaled_exps_into_log(
         # weight times a margin gap, circle loss) can pass it.
         varying = [f for f in _factors(exponent) if f is not scale and not _constant_factor(f)]
         scale_value = number_value(scale, arithmetic=True)
-        if len(varying) >= 2 or (scale_value is not None and abs(scale_value) >= OVERFLOW_EXP):
+        if (
+            len(varying) >= 2
+            or (scale_value is not None and abs(scale_value) >= OVERFLOW_EXP)
+            # The scale assumes a cosine; a linear layer's raw output is no cosine: it grows
+            # with the weights (learned from static8 Angular-Penalty-Softmax).
+            or (len(varying) == 1 and _linear_output(func, varying[0], 0))
+        ):
             yield exp, scale
+
+
+LINEAR_LAYERS = frozenset({"Linear", "LazyLinear", "Bilinear"})
+KEEPING_CALLS = frozenset(
+    {"cat", "concat", "stack", "diagonal", "diag", "transpose", "t", "unsqueeze", "squeeze"}
+    | {"view", "reshape", "flatten", "gather", "index_select", "masked_select", "narrow"}
+)
+"""Calls that rearrange or select elements without changing their values."""
+
+
+def _linear_output(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``node`` holds (a selection or rearrangement of) the output of an ``nn.Linear`` layer
+    built by the class (``wf = self.fc(x)``; ``torch.cat([wf[i, :y], ...])``) whose weight
+    the function leaves alone (no ``self.fc.weight`` written or read in it: normalising the
+    weight first makes the output a cosine)."""
+    node = _strip(node)
+    if depth > 8:
+        return False
+    if isinstance(node, cst.Subscript):
+        return _linear_output(func, node.value, depth + 1)
+    if isinstance(node, cst.ListComp | cst.GeneratorExp):
+        return _linear_output(func, node.elt, depth + 1)
+    if isinstance(node, cst.List | cst.Tuple):
+        elements = [e.value for e in node.elements if isinstance(e, cst.Element)]
+        return bool(elements) and all(_linear_output(func, e, depth + 1) for e in elements)
+    if isinstance(node, cst.Name):
+        value = _single_value(func, node)
+        return value is not None and _linear_output(func, value, depth + 1)
+    if not isinstance(node, cst.Call):
+        return False
+    name = _called_name(node)
+    if name in KEEPING_CALLS:
+        subject = (
+            node.func.value
+            if isinstance(node.func, cst.Attribute) and not _module_function(node)
+            else node.args[0].value
+            if node.args
+            else None
+        )
+        return subject is not None and _linear_output(func, subject, depth + 1)
+    text = dotted_name(node.func)
+    model = func.model
+    if text is None or model is None or not text.startswith("self.") or text.count(".") != 1:
+        return False
+    built = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+    if len(built) != 1 or not isinstance(built[0], cst.Call):
+        return False
+    layer = (dotted_name(built[0].func) or "").rsplit(".", 1)[-1]
+    if layer not in LINEAR_LAYERS:
+        return False
+    weight = f"{text}.weight"
+    return not any(
+        isinstance(inner, cst.Attribute) and dotted_name(inner) == weight
+        for inner in walk(func.node)
+    )
+
+
+def _module_function(call: cst.Call) -> bool:
+    """``torch.cat(...)`` / ``F.normalize(...)``: a library function, not a tensor method."""
+    owner = call.func.value if isinstance(call.func, cst.Attribute) else None
+    return isinstance(owner, cst.Name) and owner.value in {"torch", "F", "th", "np", "nn"}
 
 
 def _exps_feeding(func: FuncInfo, node: cst.BaseExpression, depth: int) -> Iterator[cst.Call]:
@@ -2165,14 +2853,28 @@ def _manual_logsumexp(call: cst.Call) -> cst.BaseExpression | None:
     return logits
 
 
+LIBRARIES = frozenset({"torch", "th", "np", "numpy", "math"})
+_LIBRARY_ALIASES: ContextVar[frozenset[str]] = ContextVar("library_aliases", default=frozenset())
+"""Other names the judged file imports ``torch`` under (``import torch as T``): set for the
+duration of :meth:`UnstableLossOp._judge`."""
+
+
+def _library_aliases(model: FileModel) -> frozenset[str]:
+    return frozenset(alias for alias, full in model.aliases.items() if full == "torch")
+
+
 def _sole_operand(call: cst.Call, name: str) -> cst.BaseExpression | None:
-    """What ``torch.name(x, ...)`` or ``x.name(...)`` applies to."""
+    """What ``torch.name(x, ...)`` (``T.name`` under ``import torch as T``) or
+    ``x.name(...)`` applies to."""
     full = dotted_name(call.func) or ""
-    if full in {f"torch.{name}", f"th.{name}"}:
+    head, _, last = full.rpartition(".")
+    if last == name and (head in {"torch", "th"} or head in _LIBRARY_ALIASES.get()):
         return call.args[0].value if call.args and call.args[0].keyword is None else None
     if isinstance(call.func, cst.Attribute) and method_name(call) == name:
         base = call.func.value
-        if isinstance(base, cst.Name) and base.value in {"torch", "th", "np", "numpy", "math"}:
+        if isinstance(base, cst.Name) and (
+            base.value in LIBRARIES or base.value in _LIBRARY_ALIASES.get()
+        ):
             return None
         return base
     return None
@@ -2187,7 +2889,8 @@ def _unstable_call(call: cst.Call) -> tuple[cst.BaseExpression, str] | None:
     hazard = "log(0) = -inf" if name.startswith("log") else "an infinite gradient at 0"
     if full.startswith(("math.", "np.", "numpy.")):
         return None
-    if full in {f"torch.{name}", f"th.{name}"}:
+    head = full.rpartition(".")[0]
+    if full in {f"torch.{name}", f"th.{name}"} or head in _LIBRARY_ALIASES.get():
         if call.args and not _guarded(call.args[0].value):
             return call.args[0].value, hazard
         return None
@@ -2350,6 +3053,7 @@ def _overlap_loss(
         for name, values in func.assigns.items()
         if any(v is division or v is ratio for v in values)
     }
+    names -= interpolated_ratios(func)  # `theta * (1 - theta)`: a position, not an overlap
     if not names:
         return False
     root = func.node
@@ -2896,11 +3600,24 @@ def _checked_against_zero(model: FileModel, func: FuncInfo, target: cst.BaseExpr
 
 
 def _has_reduction(node: cst.BaseExpression) -> bool:
-    """True when the denominator ``node`` is computed from a tensor reduction (sum, norm...)."""
+    """True when the denominator ``node`` is computed from a tensor reduction (sum, norm...),
+    not from numpy or math on settings (``np.sum(args.nmb_crops) - 1``: a host number the
+    configuration fixes, the same on every step; learned from static4 swav)."""
     for current in walk(node):
-        if isinstance(current, cst.Call) and _called_name(current) in REDUCTIONS:
+        if (
+            isinstance(current, cst.Call)
+            and _called_name(current) in REDUCTIONS
+            and not _host_math(current)
+        ):
             return True
     return False
+
+
+def _host_math(call: cst.Call) -> bool:
+    """``np.sum(...)``, ``numpy.linalg.norm(...)``, ``math.sqrt(...)``: computed on the host,
+    outside autograd."""
+    head = (dotted_name(call.func) or "").split(".", 1)[0]
+    return head in {"np", "numpy", "math"} and head not in _LIBRARY_ALIASES.get()
 
 
 def _called_name(call: cst.Call) -> str:
