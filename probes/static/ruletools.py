@@ -183,9 +183,18 @@ def label(node: cst.CSTNode) -> str:
 
 
 def shorten(text: str) -> str:
-    """Source text on one line, cut to 60 characters so that it fits in a message."""
+    """Source text on one line, cut to about 60 characters so that it fits in a message.
+
+    The cut falls after a separator (a space, comma or opening bracket), never inside a name
+    or a number: ``clip_grad_norm_(model.parameters(), args.c...`` named a setting that does
+    not exist (ux review of word_language_model).
+    """
     text = " ".join(text.split())
-    return text if len(text) <= 60 else text[:57] + "..."
+    if len(text) <= 60:
+        return text
+    head = text[:57]
+    cut = max(head.rfind(separator) + 1 for separator in (" ", ",", "(", "["))
+    return head[:cut].rstrip() + " ..." if cut > 20 else head + "..."
 
 
 def optimizer_of(step: Event) -> str | None:

@@ -152,6 +152,12 @@ def test_shorten_puts_source_on_one_line_within_sixty_characters() -> None:
     assert len(long) == 60 and long.endswith("...") and long.startswith("y" * 57)
 
 
+def test_shorten_cuts_between_tokens_never_inside_a_name() -> None:
+    clip = "torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_value_for_x)"
+    assert shorten(clip) == "torch.nn.utils.clip_grad_norm_(model.parameters(), ..."
+    assert "args.c" not in shorten(clip)
+
+
 def test_micro_step_backwards_are_the_plain_ones_of_every_micro_batch() -> None:
     model = _model(
         "from accelerate import Accelerator\n"
