@@ -11,6 +11,7 @@ import py_compile
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,16 @@ def test_a_run_without_a_safe_cache_stages_its_own_copy(
     assert result.status == "stopped", result.message
     assert result.steps == 3
     assert list(shared.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="the cache needs POSIX owners")
+def test_making_a_copy_removes_copies_of_other_versions_unused_for_long(cache_root: Path) -> None:
+    cache_root.mkdir(mode=0o700)
+    stale, recent = cache_root / "child-old", cache_root / "child-recent"
+    for folder in (stale, recent):
+        (folder / STAGED_PACKAGE).mkdir(parents=True)
+    long_ago = time.time() - launch.CHILD_CACHE_MAX_AGE_S - 86_400
+    os.utime(stale, (long_ago, long_ago))
+    made = launch.cached_child()
+    assert made is not None
+    assert sorted(p.name for p in cache_root.iterdir()) == sorted([made.name, recent.name])
