@@ -43,6 +43,8 @@ two threads per run mostly measure the neighbours; 0 leaves it unset).
 Bytecode matters: an installed package ships compiled modules, a checkout under
 ``PYTHONDONTWRITEBYTECODE=1`` compiles gradient-doctor's modules on every run (about 0.3 s of
 CPU); run once without it so that ``__pycache__`` exists, as it does for an installed package.
+(The probe's child package does not depend on it: ``launch.cached_child`` keeps one copy with its
+own bytecode between runs.)
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -64,71 +63,95 @@ class ProbeStop(BaseException):
     """
 
 
-@dataclass
 class _Call:
     """One module call seen while tracing non-finite values."""
 
-    name: str
-    inputs_finite: torch.Tensor | None
-    output_finite: torch.Tensor | None
+    __slots__ = ("inputs_finite", "name", "output_finite")
+
+    def __init__(
+        self, name: str, inputs_finite: torch.Tensor | None, output_finite: torch.Tensor | None
+    ) -> None:
+        self.name = name
+        self.inputs_finite = inputs_finite
+        self.output_finite = output_finite
 
 
-@dataclass
 class _Window:
-    """What happened since the previous optimizer step."""
+    """What happened since the previous optimizer step.
 
-    events: list[str] = field(default_factory=list)
-    losses: list[torch.Tensor | None] = field(default_factory=list)
-    loss_ops: list[str] = field(default_factory=list)
-    clip_norm: torch.Tensor | None = None
-    clip_max_norm: float | None = None
-    clip_value: float | None = None
-    scaled: dict[int, tuple[torch.Tensor, str]] = field(default_factory=dict)
-    scaler: Any = None
-    unscales: Counter[int] = field(default_factory=Counter)
-    sampled: bool = False
-    traced: bool = False
-    calls: list[_Call] = field(default_factory=list)
-    grad_flags: list[tuple[str, torch.Tensor]] = field(default_factory=list)
-    fired: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: DataLoader batches drawn since the previous step.
-    batches: int = 0
-    #: Finite flags of the fresh floating-point inputs given to the model's forward.
-    input_flags: list[torch.Tensor] = field(default_factory=list)
-    #: Optimizer id → "its gradients were non-zero when this window's first backward began".
-    carried: dict[int, torch.Tensor] = field(default_factory=dict)
-    backward_seen: bool = False
-    #: Root module id → its forwards that took a fresh input (a batch, not a model's output).
-    feeds: Counter[int] = field(default_factory=Counter)
-    #: Closure evaluations after the first one (LBFGS line searches), not separate backwards.
-    closure_evals: int = 0
+    A plain class, not a dataclass, as are the child's other records: generating a dataclass's
+    methods runs ``exec`` for each of them, some 6 ms in all before the script's first line."""
+
+    def __init__(self, sampled: bool = False, traced: bool = False) -> None:
+        self.events: list[str] = []
+        self.losses: list[torch.Tensor | None] = []
+        self.loss_ops: list[str] = []
+        self.clip_norm: torch.Tensor | None = None
+        self.clip_max_norm: float | None = None
+        self.clip_value: float | None = None
+        self.scaled: dict[int, tuple[torch.Tensor, str]] = {}
+        self.scaler: Any = None
+        self.unscales: Counter[int] = Counter()
+        self.sampled = sampled
+        self.traced = traced
+        self.calls: list[_Call] = []
+        self.grad_flags: list[tuple[str, torch.Tensor]] = []
+        self.fired: dict[str, torch.Tensor] = {}
+        #: DataLoader batches drawn since the previous step.
+        self.batches = 0
+        #: Finite flags of the fresh floating-point inputs given to the model's forward.
+        self.input_flags: list[torch.Tensor] = []
+        #: Optimizer id → "its gradients were non-zero when this window's first backward began".
+        self.carried: dict[int, torch.Tensor] = {}
+        self.backward_seen = False
+        #: Root module id → its forwards that took a fresh input (a batch, not a model's output).
+        self.feeds: Counter[int] = Counter()
+        #: Closure evaluations after the first one (LBFGS line searches), not separate backwards.
+        self.closure_evals = 0
 
 
-@dataclass
 class _OptimizerState:
-    params: list[torch.Tensor]
-    layout: tuple[Any, ...] = ()
-    grouping: measure.Grouping | None = None
-    param_grouping: measure.Grouping | None = None
-    last_grad: Any = None
-    #: Position of each of ``params`` in the collector's parameter list.
-    index: list[int] = field(default_factory=list)
-    #: ``(id, length)`` of each param group's list when ``params`` was built.
-    groups_key: tuple[tuple[int, int], ...] = ()
-    #: The smallest parameter, whose gradient tells whether gradients were carried over.
-    probe: torch.Tensor | None = None
-    #: The root module holding these parameters (whose fresh inputs are this step's batches).
-    root: int | None = None
+    """What the collector keeps about one optimizer's parameters."""
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        index: list[int] | None = None,
+        groups_key: tuple[tuple[int, int], ...] = (),
+        probe: torch.Tensor | None = None,
+        root: int | None = None,
+    ) -> None:
+        self.params = params
+        self.layout: tuple[Any, ...] = ()
+        self.grouping: measure.Grouping | None = None
+        self.param_grouping: measure.Grouping | None = None
+        self.last_grad: Any = None
+        #: Position of each of ``params`` in the collector's parameter list.
+        self.index: list[int] = index if index is not None else []
+        #: ``(id, length)`` of each param group's list when ``params`` was built.
+        self.groups_key = groups_key
+        #: The smallest parameter, whose gradient tells whether gradients were carried over.
+        self.probe = probe
+        #: The root module holding these parameters (whose fresh inputs are this step's batches).
+        self.root = root
 
 
-@dataclass
 class _Pending:
     """A step measured at the optimizer's pre-hook, sent once the update is done."""
 
-    meta: dict[str, Any]
-    parts: list[torch.Tensor]
-    params: list[torch.Tensor]
-    before: list[torch.Tensor] | None
+    __slots__ = ("before", "meta", "params", "parts")
+
+    def __init__(
+        self,
+        meta: dict[str, Any],
+        parts: list[torch.Tensor],
+        params: list[torch.Tensor],
+        before: list[torch.Tensor] | None,
+    ) -> None:
+        self.meta = meta
+        self.parts = parts
+        self.params = params
+        self.before = before
 
 
 class _ManualOptimizer:

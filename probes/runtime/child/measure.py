@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,13 +27,23 @@ MISSING = -1.0
 GroupKey = tuple[torch.device, torch.dtype]
 
 
-@dataclass
 class Grouping:
-    """Tensor indices grouped by (device, dtype), with index tensors cached on each device."""
+    """Tensor indices grouped by (device, dtype), with index tensors cached on each device.
 
-    groups: dict[GroupKey, list[int]]
-    index_on_home: dict[GroupKey, torch.Tensor]
-    home: torch.device
+    Plain classes here and in the collector: generating a dataclass's methods runs ``exec``
+    for each, milliseconds in all before the probed script's first line."""
+
+    __slots__ = ("groups", "home", "index_on_home")
+
+    def __init__(
+        self,
+        groups: dict[GroupKey, list[int]],
+        index_on_home: dict[GroupKey, torch.Tensor],
+        home: torch.device,
+    ) -> None:
+        self.groups = groups
+        self.index_on_home = index_on_home
+        self.home = home
 
 
 def home_device(tensors: Sequence[torch.Tensor | None]) -> torch.device:
@@ -159,17 +168,28 @@ def per_tensor_norms(
     return out
 
 
-@dataclass
 class DetailVectors:
     """Packed per-tensor statistics of a sampled step (all float32 on the home device)."""
 
-    max_abs: torch.Tensor
-    total: torch.Tensor
-    nonzero: torch.Tensor
-    nans: torch.Tensor
-    infs: torch.Tensor
-    param_norm: torch.Tensor
-    numel: list[int] = field(default_factory=list)
+    __slots__ = ("infs", "max_abs", "nans", "nonzero", "numel", "param_norm", "total")
+
+    def __init__(
+        self,
+        max_abs: torch.Tensor,
+        total: torch.Tensor,
+        nonzero: torch.Tensor,
+        nans: torch.Tensor,
+        infs: torch.Tensor,
+        param_norm: torch.Tensor,
+        numel: list[int] | None = None,
+    ) -> None:
+        self.max_abs = max_abs
+        self.total = total
+        self.nonzero = nonzero
+        self.nans = nans
+        self.infs = infs
+        self.param_norm = param_norm
+        self.numel: list[int] = numel if numel is not None else []
 
     def pack(self) -> torch.Tensor:
         """All statistics in one vector (for the single device→host transfer)."""
@@ -212,14 +232,18 @@ def _cpu_l2_norm(g: torch.Tensor) -> torch.Tensor:
 CPU_SWEEP_CHUNK_BYTES = 1 << 20
 
 
-@dataclass
 class _Sweep:
     """One gradient's sampled statistics as 0-dim tensors (norm, max |g|, non-zeros, sum)."""
 
-    norm: torch.Tensor
-    peak: torch.Tensor
-    nonzero: torch.Tensor
-    total: torch.Tensor
+    __slots__ = ("nonzero", "norm", "peak", "total")
+
+    def __init__(
+        self, norm: torch.Tensor, peak: torch.Tensor, nonzero: torch.Tensor, total: torch.Tensor
+    ) -> None:
+        self.norm = norm
+        self.peak = peak
+        self.nonzero = nonzero
+        self.total = total
 
 
 #: Each float width's integer mask that clears the sign bit: ``bits & mask`` is ``|g|``'s bits.
