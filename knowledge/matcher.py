@@ -738,6 +738,19 @@ _LR_RANGE_TEST = re.compile(
     re.IGNORECASE,
 )
 _TRAINING_QUANTITY = re.compile(r"\b(?:loss(?:es)?|accuracy|grad\w*|norms?)\b", re.IGNORECASE)
+#: An optimizer's settings written as a call ("SGD(lr=0.1, momentum=0.9)", "AdamW(lr=3e-4,
+#: wd=0.1)"): the run's configuration stated as context, not a question about the rate.
+_OPTIMIZER_SPEC = re.compile(
+    r"\b[a-z_][\w.]*\s*\((?:[^()\n]|\([^()\n]*\)){0,120}?\blr\s*=(?:[^()\n]|\([^()\n]*\)){0,120}\)",
+    re.IGNORECASE,
+)
+#: A loss said to climb, blow up or diverge: a training problem, whatever the text blames for it
+#: (a raised learning rate, a deleted warmup), so the text is no learning-rate-only question.
+_LOSS_TROUBLE = re.compile(
+    r"\bloss(?:es)?\b[^.?!\n]{0,80}?\b(?:climb\w*|blew\s+up|blow(?:s|ing)?\s+up|explod\w*|"
+    r"diverg\w*|shot\s+up|shoots\s+up|went\s+back\s+up|goes\s+back\s+up|nan)\b",
+    re.IGNORECASE,
+)
 #: Loss readings an LR range test produces by design.
 _RANGE_TEST_READINGS = frozenset(
     {"loss-diverging", "loss-spikes", "diverges-after-stable-start", "loss-stuck", "plateau"}
@@ -2171,7 +2184,10 @@ class Matcher:
     # -- scope ---------------------------------------------------------------------------------
 
     def _in_scope(self, text: str, terms: Iterable[str]) -> bool:
-        """Whether the text uses a gradient-domain word in its gradient sense."""
+        """Whether the text uses a gradient-domain word in its gradient sense, or says the loss
+        climbs, blows up or diverges (outside an LR range test, where that is how it ends)."""
+        if _LOSS_TROUBLE.search(text) and not _LR_RANGE_TEST.search(text):
+            return True
         found = {t for t in terms if t in self.in_scope_terms}
         if not found:
             return False
@@ -2215,7 +2231,7 @@ class Matcher:
         if self._in_scope(text, terms):
             return False
         return bool(
-            _LR_QUESTION.search(text)
+            _LR_QUESTION.search(_OPTIMIZER_SPEC.sub(" ", text))
             or _DATA_QUESTION.search(text)
             or _TOOLING_QUESTION.search(text)
         )
@@ -2646,7 +2662,13 @@ class Matcher:
         ):
             self._put_clean_step_first(scores, reasons)
 
-        out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
+        # A whole-script note ("no gradient monitoring") on a pasted fragment says nothing of the
+        # question: an LR range test's loop logs no gradient norm either.
+        out_of_scope = (
+            not garbage
+            and self._out_of_scope(text, terms)
+            and not evidence_beyond(evidence, _WHOLE_SCRIPT_NOTES)
+        )
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
             best = max(scores, key=lambda k: scores[k])
             out_of_scope = best == OUT_OF_SCOPE_ID and not self._in_scope(text, terms)

@@ -196,3 +196,22 @@ def test_the_weights_file_is_package_data() -> None:
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["gradient_doctor.knowledge"]
     assert any(fnmatch.fnmatch("data/rerank.json", pattern) for pattern in patterns)
+
+
+@pytest.mark.parametrize(
+    ("text", "fact"),
+    [
+        ("loss nan at step 3", "short"),
+        ("step 1 loss 2.3\nstep 2 loss 2.1\nstep 3 loss 9.8\n", "log"),
+        ("the grad norm wobbles a lot but the loss is still going down, looks fine?", "calm"),
+    ],
+)
+def test_query_shapes_are_facts_for_every_candidate(text: str, fact: str) -> None:
+    assert fact in rerank._facts(text, code_detected=False)
+    dense, _ = rerank.candidate_features(text, None, _candidates(), False)[1]
+    named = {index for index, _ in dense}
+    # The fact crossed with the candidate's kind and with its id, and the candidate crossed
+    # with the matcher's first choice.
+    assert rerank._feature(f"q={fact}&kind=symptom") in named
+    assert rerank._feature(f"q={fact}&id=out-of-scope") in named
+    assert rerank._feature("first=loss-nan&id=out-of-scope") in named
