@@ -371,27 +371,41 @@ def candidate_features(
     return rows
 
 
-class Model(NamedTuple):
-    """Trained weights: the dense features' by index; the crossed ones as a table from word
-    hash to its non-zero weights by target, targets being numbered in ``targets`` (the id and
-    kind hashes of :func:`target_hashes`; the file stores each word's weights as a flat list
-    target, weight, target, weight ...). Equivalent to the hashed weight vector for
-    the words and targets seen in training, and far fewer look-ups than crossing every word
-    with every candidate."""
+class Model:
+    """Trained weights: the dense features' by index, and the crossed ones as a table from
+    target (an id or kind hash of :func:`target_hashes`) to the weights of the query words
+    (``text_grams`` hashes) that have one for it. Equivalent to the hashed weight vector for
+    the words and targets seen in training; a candidate's word weights are then one set
+    intersection of the query's words with its id's table and one with its kind's, instead of
+    a look-up per word and candidate.
 
-    dense: dict[int, float]
-    targets: dict[int, int]
-    crossed: dict[int, dict[int, float]]
+    ``memo`` keeps sums of dense weights that depend only on a candidate's rank, kind and id
+    and on small facts of the query (filled as queries are scored; a few thousand keys)."""
+
+    __slots__ = ("crossed", "dense", "memo")
+
+    def __init__(self, dense: dict[int, float], crossed: dict[int, dict[int, float]]) -> None:
+        self.dense = dense
+        self.crossed = crossed
+        self.memo: dict[tuple[Any, ...], float] = {}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Model):
+            return NotImplemented
+        return self.dense == other.dense and self.crossed == other.crossed
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by its weights
 
 
-class _WordTable(dict):  # type: ignore[type-arg]
-    """The per-word table as read from the file (flat lists), each word's list turned into a
-    dict on its first look-up: reading the file then costs a JSON parse, not 8,000 dicts."""
+class _TargetTable(dict):  # type: ignore[type-arg]
+    """The per-target tables as read from the file (flat lists gram, weight, gram, weight...),
+    each turned into a dict on its first look-up: reading the file then costs a JSON parse, not
+    hundreds of dicts."""
 
-    def get(self, gram: int, default: Any = None) -> Any:
-        weights = dict.get(self, gram, default)
+    def get(self, target: int, default: Any = None) -> Any:
+        weights = dict.get(self, target, default)
         if weights.__class__ is list:
-            weights = self[gram] = dict(zip(weights[::2], weights[1::2], strict=True))
+            weights = self[target] = dict(zip(weights[::2], weights[1::2], strict=True))
         return weights
 
 
@@ -409,8 +423,7 @@ def load_weights(path: Path = _WEIGHTS_FILE) -> Model | None:
             return None
         return Model(
             dict(zip(data["dense_index"], data["dense_weight"], strict=True)),
-            {target: position for position, target in enumerate(data["targets"])},
-            _WordTable(zip(data["grams"], data["pairs"], strict=True)),
+            _TargetTable(zip(data["targets"], data["words"], strict=True)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -428,6 +441,38 @@ def enabled() -> bool:
     return override == "1" if override in ("0", "1") else ENABLED
 
 
+def _word_sum(model: Model, target: int, words: set[int]) -> float:
+    """The summed weights of the query's words for ``target``: the words it shares with the
+    target's table (a set intersection, done in C over the smaller of the two)."""
+    table = model.crossed.get(target)
+    if not table:
+        return 0.0
+    return sum(map(table.__getitem__, table.keys() & words))
+
+
+def _fixed_sum(model: Model, rank: int, kind: str, entry_id: str, facts: tuple[str, ...]) -> float:
+    """The dense weights of a candidate's rank, kind and id, and of the query's facts crossed
+    with its kind and id (memoised per model)."""
+    key = (rank, kind, entry_id, facts)
+    found = model.memo.get(key)
+    if found is None:
+        get = model.dense.get
+        found = sum(get(index, 0.0) for index in _static(rank, kind, entry_id))
+        found += sum(get(index, 0.0) for fact in facts for index in _fact(fact, kind, entry_id))
+        model.memo[key] = found
+    return found
+
+
+def _evidence_weight(model: Model, name: str, kind: str, first: bool) -> float:
+    """The summed dense weights of one kind of evidence on a candidate (memoised per model)."""
+    key = ("ev", name, kind, first)
+    found = model.memo.get(key)
+    if found is None:
+        get = model.dense.get
+        found = model.memo[key] = sum(get(index, 0.0) for index in _evidence(name, kind, first))
+    return found
+
+
 def scores(
     model: Model,
     text: str,
@@ -440,29 +485,28 @@ def scores(
     the sums :func:`candidate_features` gives, without building the feature lists."""
     if not candidates:
         return []
-    # The crossed part: the weights the query's known words have for each candidate's targets.
-    tables = [t for t in map(model.crossed.get, text_grams(query_text(text, code))) if t]
-    unknown = -1  # no word has a weight for a target never trained on
+    words = set(text_grams(query_text(text, code)))
     get = model.dense.get
     shape_weights = [get(index, 0.0) for index in (_REL, _GAP, _ABOVE, _BELOW, _LOG)]
     strong_weight = get(_STRONG, 0.0)
-    facts = _facts(text, code_detected)
+    facts = tuple(_facts(text, code_detected))
     first = candidates[0].id
+    by_kind: dict[int, float] = {}  # candidates of one kind share the kind's word weights
     values = []
     for rank in range(len(candidates)) if positions is None else positions:
         cand = candidates[rank]
         kind = cand.kind
         id_hash, kind_hash = target_hashes(cand)
-        id_at = model.targets.get(id_hash, unknown)
-        kind_at = model.targets.get(kind_hash, unknown)
-        value = sum(table.get(id_at, 0.0) + table.get(kind_at, 0.0) for table in tables)
-        value += sum(get(index, 0.0) for index in _static(rank, kind, cand.id))
+        kind_words = by_kind.get(kind_hash)
+        if kind_words is None:
+            kind_words = by_kind[kind_hash] = _word_sum(model, kind_hash, words)
+        value = _word_sum(model, id_hash, words) + kind_words
+        value += _fixed_sum(model, rank, kind, cand.id, facts)
         value += sum(w * x for w, x in zip(shape_weights, _shape(candidates, rank), strict=True))
         evidence, strong = _reason_kinds(cand.reasons)
         for name, amount in evidence.items():
-            value += amount * sum(get(index, 0.0) for index in _evidence(name, kind, rank == 0))
+            value += amount * _evidence_weight(model, name, kind, rank == 0)
         value += strong_weight * min(strong, 3) / 3.0
-        value += sum(get(index, 0.0) for fact in facts for index in _fact(fact, kind, cand.id))
         value += get(_pair(first, cand.id), 0.0)
         values.append(value)
     return values
@@ -500,6 +544,26 @@ def order(
     for slot, position in zip(movable, ranked, strict=True):
         result[slot] = position
     return result
+
+
+def depth(ranked: Sequence[tuple[str, float]], top_k: int) -> int:
+    """How many of the matcher's ranked (id, score) pairs the re-ranker needs to see to fill
+    the first ``top_k``: those it may move (see :func:`order`, at most :data:`DEPTH`), and the
+    one below the last of them (whose score that one's features read). The rest can never
+    reach the first ``top_k``, so the matcher need not write their reasons."""
+    if not ranked:
+        return top_k
+    # Compared as the matches will carry them (rounded to 4 places).
+    least = FLOOR * round(ranked[0][1], 4)
+    last = max(
+        (
+            i
+            for i, (entry_id, score) in enumerate(ranked[:DEPTH])
+            if entry_id != _OUT_OF_SCOPE and round(score, 4) >= least
+        ),
+        default=0,
+    )
+    return max(top_k, min(last + 2, DEPTH))
 
 
 def rerank_matches(text: str, code: str | None, matches: list[_M], code_detected: bool) -> list[_M]:

@@ -1902,3 +1902,49 @@ def test_a_nan_check_placed_before_the_forward_locates_the_inputs() -> None:
         "loss is nan on that batch too."
     )
     assert _top_ids(match(text)) == ["nonfinite-inputs"]
+
+
+# -- Lightning's own clipping, and validation hold-out questions ----------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my lightning trainer: pl.Trainer(gradient_clip_val=1.0, max_epochs=20). good default?",
+        "Lightning run with gradient_clip_val: 0.5 in the yaml config; the loss spikes at 3k.",
+    ],
+)
+def test_lightning_that_clips_for_you_is_not_the_hand_clipping_belief(text: str) -> None:
+    result = match(text, top_k=5)
+    assert _top_ids(result) != ["lightning-needs-manual-clipping"], result.matches[:3]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # The belief itself, gradient_clip_val or not: clipping written by hand as well.
+        "In Lightning I set gradient_clip_val=1.0 but I also call clip_grad_norm_ in "
+        "on_after_backward to be safe, since Lightning doesn't really clip, right?",
+        "Lightning doesn't clip on its own, so I need to write the clipping myself?",
+    ],
+)
+def test_the_hand_clipping_belief_still_ranks_first(text: str) -> None:
+    assert _top_ids(match(text, top_k=5)) == ["lightning-needs-manual-clipping"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Should I hold out 10% of my images for validation or is 5% enough?",
+        "How much should I hold out for validation, 10% or 20%?",
+        "I put 20% of the dataset aside as a val set; is that too much for 8k samples?",
+    ],
+)
+def test_how_much_to_hold_out_for_validation_is_a_data_question(text: str) -> None:
+    result = match(text, top_k=3)
+    assert result.out_of_scope and _top_ids(result) == ["out-of-scope"], result.matches
+
+
+def test_held_out_loss_stays_a_training_question() -> None:
+    text = "I hold out 10% for validation; the val loss climbs after epoch 3 while train loss drops"
+    assert not match(text, top_k=3).out_of_scope

@@ -44,13 +44,15 @@ def test_shipped_weights_load_and_carry_the_extractors_version() -> None:
     assert data["version"] == rerank.VERSION
     assert data["bits"] == rerank.BITS
     model = rerank.load_weights()
-    assert model is not None and len(model.dense) > 20 and len(model.crossed) > 100
+    assert model is not None and len(model.dense) > 20 and len(model.crossed) > 20
     assert all(0 <= index < 2**rerank.BITS for index in model.dense)
-    positions = set(model.targets.values())
-    for gram in list(model.crossed)[:500]:
-        weights = model.crossed.get(gram)
-        assert weights and set(weights) <= positions
-        assert model.crossed.get(gram) is weights  # converted once
+    # Each target (an id or kind hash) has the weights of the words crossed with it.
+    loss_nan = rerank.target_hashes(Candidate("loss-nan", "symptom", 1.0, []))
+    assert set(loss_nan) <= set(model.crossed)
+    for target in list(model.crossed):
+        weights = model.crossed.get(target)
+        assert weights and all(isinstance(gram, int) for gram in weights)
+        assert model.crossed.get(target) is weights  # converted once
 
 
 def test_the_training_script_writes_the_extractors_version_and_reads_its_features() -> None:
@@ -99,8 +101,7 @@ def test_order_is_a_permutation_that_keeps_out_of_scope_in_place() -> None:
     last_id, _ = rerank.target_hashes(candidates[3])
     model = rerank.Model(
         {rerank._feature("id=out-of-scope"): 50.0},
-        {last_id: 0},
-        {gram: {0: 5.0} for gram in rerank.text_grams("nan")},
+        {last_id: {gram: 5.0 for gram in rerank.text_grams("nan")}},
     )
     positions = rerank.order("nan", None, candidates, False, model, floor=0.0)
     assert sorted(positions) == [0, 1, 2, 3]
@@ -109,7 +110,7 @@ def test_order_is_a_permutation_that_keeps_out_of_scope_in_place() -> None:
     # Scored at 5 against the first one's 40, under the floor: it keeps its place.
     assert candidates[3].score < rerank.FLOOR * candidates[0].score
     assert rerank.order("nan", None, candidates, False, model) == [0, 1, 2, 3]
-    empty = rerank.Model({}, {}, {})
+    empty = rerank.Model({}, {})
     assert rerank.order("nan", None, candidates, False, empty) == [0, 1, 2, 3]
 
 
@@ -119,7 +120,7 @@ def test_rerank_matches_marks_a_moved_match(monkeypatch: pytest.MonkeyPatch) -> 
     assert len(matches) >= 3
     rows = rerank.candidate_features("x", None, matches, False)
     weights = {index: 100.0 for index, _ in rows[2][0] if index not in dict(rows[0][0])}
-    monkeypatch.setattr(rerank, "_LOADED", [rerank.Model(weights, {}, {})])
+    monkeypatch.setattr(rerank, "_LOADED", [rerank.Model(weights, {})])
     third = matches[2].id
     reordered = rerank.rerank_matches("x", None, list(matches), False)
     assert reordered[0].id == third
@@ -215,3 +216,31 @@ def test_query_shapes_are_facts_for_every_candidate(text: str, fact: str) -> Non
     assert rerank._feature(f"q={fact}&kind=symptom") in named
     assert rerank._feature(f"q={fact}&id=out-of-scope") in named
     assert rerank._feature("first=loss-nan&id=out-of-scope") in named
+
+
+def test_the_matcher_hands_over_only_the_candidates_that_can_reach_the_top(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rerank.depth`` trims the list the matcher builds before re-ranking; the first
+    ``top_k`` come out exactly as re-ranking the full :data:`rerank.DEPTH` gives them."""
+    monkeypatch.setenv("GRADIENT_DOCTOR_RERANK", "1")
+    texts = [
+        "my loss turned into nan after 200 steps",
+        "grad norm 3, 40, 900, 2e4 over the first 50 steps with fp16 and accumulation",
+        "lightning trainer with gradient_clip_val=1.0; loss spikes every few thousand steps",
+        "the loss plateaus at 2.3 from epoch 2 and the gradient norm decays to 1e-7",
+    ]
+    matcher = get_matcher()
+    trimmed = [matcher.match(text, top_k=5) for text in texts]
+    depth = rerank.depth
+    monkeypatch.setattr(rerank, "depth", lambda ranked, top_k: max(top_k, rerank.DEPTH))
+    for text, got in zip(texts, trimmed, strict=True):
+        full = matcher.match(text, top_k=5)
+        assert [(m.id, m.score, m.reasons) for m in got.matches] == [
+            (m.id, m.score, m.reasons) for m in full.matches
+        ]
+    ranked = [("a", 10.0), ("b", 5.0), ("c", 2.5), ("d", 1.0), ("e", 0.5)]
+    # "c" is the last at or above FLOOR (0.2) of the first; "d" is read as its neighbour.
+    assert depth(ranked, 1) == 4
+    assert depth(ranked, 5) == 5
+    assert depth([], 3) == 3
