@@ -178,15 +178,37 @@ def _cross(left: int, right: int) -> int:
     return ((left * _SPREAD) ^ right) & _MASK
 
 
+#: Hashes of words and word pairs already seen (the same few thousand recur from one query to
+#: the next); cleared when it grows past _GRAM_CACHE_SIZE, so a long-lived server stays bounded.
+_GRAM_CACHE: dict[str | tuple[str, str], int] = {}
+_GRAM_CACHE_SIZE = 50_000
+
+
+def _word_hash(token: str) -> int:
+    found = _GRAM_CACHE.get(token)
+    if found is None:
+        found = _GRAM_CACHE[token] = _hash("w " + token)
+    return found
+
+
+def _pair_hash(pair: tuple[str, str]) -> int:
+    found = _GRAM_CACHE.get(pair)
+    if found is None:
+        found = _GRAM_CACHE[pair] = _hash("b " + pair[0] + " " + pair[1])
+    return found
+
+
 def text_grams(text: str) -> list[int]:
     """Hashes of the query's content words and adjacent word pairs (deduplicated, in order)."""
+    if len(_GRAM_CACHE) > _GRAM_CACHE_SIZE:
+        _GRAM_CACHE.clear()
     tokens = ["#" if _NUMBER.match(t) else t for t in _TOKEN.findall(text.lower())]
-    grams: dict[int, None] = {}
-    for token in tokens:
-        if token not in _STOP and token != "#" and len(token) > 1:
-            grams[_hash("w " + token)] = None
-    for left, right in itertools.pairwise(tokens):
-        grams[_hash("b " + left + " " + right)] = None
+    grams = dict.fromkeys(
+        _word_hash(token)
+        for token in tokens
+        if token not in _STOP and token != "#" and len(token) > 1
+    )
+    grams.update(dict.fromkeys(map(_pair_hash, itertools.pairwise(tokens))))
     return list(grams)
 
 
@@ -372,40 +394,43 @@ def candidate_features(
 
 
 class Model:
-    """Trained weights: the dense features' by index, and the crossed ones as a table from
-    target (an id or kind hash of :func:`target_hashes`) to the weights of the query words
-    (``text_grams`` hashes) that have one for it. Equivalent to the hashed weight vector for
-    the words and targets seen in training; a candidate's word weights are then one set
-    intersection of the query's words with its id's table and one with its kind's, instead of
-    a look-up per word and candidate.
+    """Trained weights: the dense features' by index; the crossed ones as a table from word
+    hash to its non-zero weights by target, targets being numbered in ``targets`` (the id and
+    kind hashes of :func:`target_hashes`; the file stores each word's weights as a flat list
+    target, weight, target, weight ...). Equivalent to the hashed weight vector for the words
+    and targets seen in training, and far fewer look-ups than crossing every word with every
+    candidate.
 
     ``memo`` keeps sums of dense weights that depend only on a candidate's rank, kind and id
     and on small facts of the query (filled as queries are scored; a few thousand keys)."""
 
-    __slots__ = ("crossed", "dense", "memo")
+    __slots__ = ("crossed", "dense", "memo", "targets")
 
-    def __init__(self, dense: dict[int, float], crossed: dict[int, dict[int, float]]) -> None:
+    def __init__(
+        self, dense: dict[int, float], targets: dict[int, int], crossed: dict[int, dict[int, float]]
+    ) -> None:
         self.dense = dense
+        self.targets = targets
         self.crossed = crossed
         self.memo: dict[tuple[Any, ...], float] = {}
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Model):
             return NotImplemented
-        return self.dense == other.dense and self.crossed == other.crossed
+        mine = (self.dense, self.targets, self.crossed)
+        return mine == (other.dense, other.targets, other.crossed)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by its weights
 
 
-class _TargetTable(dict):  # type: ignore[type-arg]
-    """The per-target tables as read from the file (flat lists gram, weight, gram, weight...),
-    each turned into a dict on its first look-up: reading the file then costs a JSON parse, not
-    hundreds of dicts."""
+class _WordTable(dict):  # type: ignore[type-arg]
+    """The per-word table as read from the file (flat lists), each word's list turned into a
+    dict on its first look-up: reading the file then costs a JSON parse, not 8,000 dicts."""
 
-    def get(self, target: int, default: Any = None) -> Any:
-        weights = dict.get(self, target, default)
+    def get(self, gram: int, default: Any = None) -> Any:
+        weights = dict.get(self, gram, default)
         if weights.__class__ is list:
-            weights = self[target] = dict(zip(weights[::2], weights[1::2], strict=True))
+            weights = self[gram] = dict(zip(weights[::2], weights[1::2], strict=True))
         return weights
 
 
@@ -423,7 +448,8 @@ def load_weights(path: Path = _WEIGHTS_FILE) -> Model | None:
             return None
         return Model(
             dict(zip(data["dense_index"], data["dense_weight"], strict=True)),
-            _TargetTable(zip(data["targets"], data["words"], strict=True)),
+            {target: position for position, target in enumerate(data["targets"])},
+            _WordTable(zip(data["grams"], data["pairs"], strict=True)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -439,15 +465,6 @@ def enabled() -> bool:
     """Whether the matcher re-ranks (:data:`ENABLED`, or ``$GRADIENT_DOCTOR_RERANK``)."""
     override = os.environ.get("GRADIENT_DOCTOR_RERANK", "")
     return override == "1" if override in ("0", "1") else ENABLED
-
-
-def _word_sum(model: Model, target: int, words: set[int]) -> float:
-    """The summed weights of the query's words for ``target``: the words it shares with the
-    target's table (a set intersection, done in C over the smaller of the two)."""
-    table = model.crossed.get(target)
-    if not table:
-        return 0.0
-    return sum(map(table.__getitem__, table.keys() & words))
 
 
 def _fixed_sum(model: Model, rank: int, kind: str, entry_id: str, facts: tuple[str, ...]) -> float:
@@ -485,22 +502,32 @@ def scores(
     the sums :func:`candidate_features` gives, without building the feature lists."""
     if not candidates:
         return []
-    words = set(text_grams(query_text(text, code)))
+    # The tables of the query's words that have weights, looked up once; a target's word sum
+    # is then one pass of dict.get over them (in C), shared by the candidates of one kind.
+    crossed = model.crossed
+    grams = text_grams(query_text(text, code))
+    tables = [crossed.get(gram) for gram in grams if gram in crossed]
+    zeros = [0.0] * len(tables)
+    word_sums: dict[int, float] = {}
     get = model.dense.get
     shape_weights = [get(index, 0.0) for index in (_REL, _GAP, _ABOVE, _BELOW, _LOG)]
     strong_weight = get(_STRONG, 0.0)
     facts = tuple(_facts(text, code_detected))
     first = candidates[0].id
-    by_kind: dict[int, float] = {}  # candidates of one kind share the kind's word weights
     values = []
     for rank in range(len(candidates)) if positions is None else positions:
         cand = candidates[rank]
         kind = cand.kind
-        id_hash, kind_hash = target_hashes(cand)
-        kind_words = by_kind.get(kind_hash)
-        if kind_words is None:
-            kind_words = by_kind[kind_hash] = _word_sum(model, kind_hash, words)
-        value = _word_sum(model, id_hash, words) + kind_words
+        value = 0.0
+        for target in target_hashes(cand):
+            found = word_sums.get(target)
+            if found is None:
+                at = model.targets.get(target)
+                found = 0.0
+                if at is not None and tables:
+                    found = sum(map(dict.get, tables, [at] * len(tables), zeros))
+                word_sums[target] = found
+            value += found
         value += _fixed_sum(model, rank, kind, cand.id, facts)
         value += sum(w * x for w, x in zip(shape_weights, _shape(candidates, rank), strict=True))
         evidence, strong = _reason_kinds(cand.reasons)

@@ -376,11 +376,11 @@ class Trained:
         crossed = ((grams * 1000003) ^ self.lists.targets[numbers]) & ((1 << rerank.BITS) - 1)
         slot = np.searchsorted(self.used, crossed).clip(0, len(self.used) - 1)
         value = np.where(self.used[slot] == crossed, self.w[slot], 0.0)
-        targets = self.lists.targets.tolist()
         table: dict[int, dict[int, float]] = {}
         for k in np.nonzero(np.abs(value) > keep)[0]:
-            table.setdefault(targets[numbers[k]], {})[int(grams[k])] = rounded(float(value[k]))
-        return rerank.Model(dense, table)
+            table.setdefault(int(grams[k]), {})[int(numbers[k])] = rounded(float(value[k]))
+        positions = {int(target): p for p, target in enumerate(self.lists.targets.tolist())}
+        return rerank.Model(dense, positions, table)
 
 
 def _lbfgs(f: Any, x: np.ndarray, iterations: int, memory: int = 10) -> np.ndarray:
@@ -559,14 +559,14 @@ def write_weights() -> None:
         "hyper": {"l2_dense": L2_DENSE, "l2_crossed": L2_CROSSED, "today_weight": TODAY_WEIGHT},
         "dense_index": list(model.dense),
         "dense_weight": list(model.dense.values()),
-        "targets": list(model.crossed),
-        "words": [[x for pair in t.items() for x in pair] for t in model.crossed.values()],
+        "targets": sorted(model.targets, key=model.targets.__getitem__),
+        "grams": list(model.crossed),
+        "pairs": [[x for pair in t.items() for x in pair] for t in model.crossed.values()],
     }
     WEIGHTS_FILE.write_text(json.dumps(data, separators=(",", ":")) + "\n")
     size = len(model.dense) + sum(len(t) for t in model.crossed.values())
-    words = len({gram for t in model.crossed.values() for gram in t})
     print(
-        f"wrote {size} weights ({words} words, {len(model.crossed)} targets) to "
+        f"wrote {size} weights ({len(model.crossed)} words) to "
         f"{WEIGHTS_FILE.relative_to(REPO)} in {time.perf_counter() - started:.0f} s"
     )
 

@@ -44,15 +44,13 @@ def test_shipped_weights_load_and_carry_the_extractors_version() -> None:
     assert data["version"] == rerank.VERSION
     assert data["bits"] == rerank.BITS
     model = rerank.load_weights()
-    assert model is not None and len(model.dense) > 20 and len(model.crossed) > 20
+    assert model is not None and len(model.dense) > 20 and len(model.crossed) > 100
     assert all(0 <= index < 2**rerank.BITS for index in model.dense)
-    # Each target (an id or kind hash) has the weights of the words crossed with it.
-    loss_nan = rerank.target_hashes(Candidate("loss-nan", "symptom", 1.0, []))
-    assert set(loss_nan) <= set(model.crossed)
-    for target in list(model.crossed):
-        weights = model.crossed.get(target)
-        assert weights and all(isinstance(gram, int) for gram in weights)
-        assert model.crossed.get(target) is weights  # converted once
+    positions = set(model.targets.values())
+    for gram in list(model.crossed)[:500]:
+        weights = model.crossed.get(gram)
+        assert weights and set(weights) <= positions
+        assert model.crossed.get(gram) is weights  # converted once
 
 
 def test_the_training_script_writes_the_extractors_version_and_reads_its_features() -> None:
@@ -101,7 +99,8 @@ def test_order_is_a_permutation_that_keeps_out_of_scope_in_place() -> None:
     last_id, _ = rerank.target_hashes(candidates[3])
     model = rerank.Model(
         {rerank._feature("id=out-of-scope"): 50.0},
-        {last_id: {gram: 5.0 for gram in rerank.text_grams("nan")}},
+        {last_id: 0},
+        {gram: {0: 5.0} for gram in rerank.text_grams("nan")},
     )
     positions = rerank.order("nan", None, candidates, False, model, floor=0.0)
     assert sorted(positions) == [0, 1, 2, 3]
@@ -110,7 +109,7 @@ def test_order_is_a_permutation_that_keeps_out_of_scope_in_place() -> None:
     # Scored at 5 against the first one's 40, under the floor: it keeps its place.
     assert candidates[3].score < rerank.FLOOR * candidates[0].score
     assert rerank.order("nan", None, candidates, False, model) == [0, 1, 2, 3]
-    empty = rerank.Model({}, {})
+    empty = rerank.Model({}, {}, {})
     assert rerank.order("nan", None, candidates, False, empty) == [0, 1, 2, 3]
 
 
@@ -120,7 +119,7 @@ def test_rerank_matches_marks_a_moved_match(monkeypatch: pytest.MonkeyPatch) -> 
     assert len(matches) >= 3
     rows = rerank.candidate_features("x", None, matches, False)
     weights = {index: 100.0 for index, _ in rows[2][0] if index not in dict(rows[0][0])}
-    monkeypatch.setattr(rerank, "_LOADED", [rerank.Model(weights, {})])
+    monkeypatch.setattr(rerank, "_LOADED", [rerank.Model(weights, {}, {})])
     third = matches[2].id
     reordered = rerank.rerank_matches("x", None, list(matches), False)
     assert reordered[0].id == third
