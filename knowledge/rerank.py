@@ -53,7 +53,7 @@ import math
 import os
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
@@ -490,6 +490,10 @@ def _evidence_weight(model: Model, name: str, kind: str, first: bool) -> float:
     return found
 
 
+#: dict.get as map() calls it on each word's table: (table, target, default).
+_TABLE_GET = cast(Callable[[dict[int, float], int, float], float], dict.get)
+
+
 def scores(
     model: Model,
     text: str,
@@ -506,7 +510,7 @@ def scores(
     # is then one pass of dict.get over them (in C), shared by the candidates of one kind.
     crossed = model.crossed
     grams = text_grams(query_text(text, code))
-    tables = [crossed.get(gram) for gram in grams if gram in crossed]
+    tables = [cast(dict[int, float], crossed.get(gram)) for gram in grams if gram in crossed]
     zeros = [0.0] * len(tables)
     word_sums: dict[int, float] = {}
     get = model.dense.get
@@ -525,7 +529,7 @@ def scores(
                 at = model.targets.get(target)
                 found = 0.0
                 if at is not None and tables:
-                    found = sum(map(dict.get, tables, [at] * len(tables), zeros))
+                    found = sum(map(_TABLE_GET, tables, [at] * len(tables), zeros))
                 word_sums[target] = found
             value += found
         value += _fixed_sum(model, rank, kind, cand.id, facts)
