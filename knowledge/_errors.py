@@ -107,6 +107,14 @@ _EVALUATION = re.compile(
     r"no_grad|inference_mode|model\.eval)\b",
     _I,
 )
+#: Building or loading the model, before the first batch: memory there holds only the weights.
+_LOADING = re.compile(
+    r"\b(?:load(?:ing)?|build(?:ing)?|instantiat\w*|construct\w*|creat(?:e|ing))\s+(?:the\s+|my\s+|"
+    r"a\s+)?(?:pretrained\s+)?(?:model|weights|checkpoint|network)\b|\bfrom_pretrained\b"
+    r"|\bmodel\.(?:to|cuda)\s*\(|\bbefore\s+(?:the\s+)?(?:first\s+)?(?:batch|step|forward|iteration)"
+    r"|\bload_state_dict\b",
+    _I,
+)
 #: A step that computes gradients: a memory error there is the memory questions' own.
 _TRAINING_STEP = re.compile(
     r"\bbackward\b|\b(?:accumulat\w*|micro[\s-]?batch\w*)\b"
@@ -289,6 +297,24 @@ _OTHER_KINDS = (
             "`torch.cuda.empty_cache()` after the training step if memory is tight."
         ),
         context=_EVALUATION,
+        unless=_TRAINING_STEP,
+    ),
+    ErrorKind(
+        "load-memory",
+        ("memory", "oom"),
+        re.compile(
+            r"\bout\s+of\s+(?:(?:GPU|CUDA|device|video)\s+)?memory|OutOfMemoryError|\bOOMs?\b"
+            r"|\bOOM(?:ed|s|ing)\b",
+            _I,
+        ),
+        pointer=(
+            "Memory while the model is built or loaded, before any training step, not a "
+            "gradient problem: the weights alone do not fit (4 bytes per parameter in fp32, "
+            "2 in bf16/fp16). Load them in half precision, onto the CPU first or sharded "
+            "across devices (a device map, FSDP or ZeRO), or pick a card or model that fits; "
+            "gradient accumulation and checkpointing only save memory inside a step."
+        ),
+        context=_LOADING,
         unless=_TRAINING_STEP,
     ),
     ErrorKind(

@@ -558,8 +558,16 @@ _CONTINUES = re.compile(
     r"yesterday|today|now|this|last)\b)",
     re.IGNORECASE,
 )
-#: A row of bare numbers under a heading that ends with a colon (not a table's row).
-_NUMBER_ROW = re.compile(r"^[^\S\n]*[-+]?\d[-+\d.eE \t]*$")
+#: A row of bare numbers under a heading that ends with a colon (not a table's row), each
+#: perhaps after the step it was read at ("2k: 1.93   4k: 0.61", "step 500: 0.8, step 1000: 0.6").
+_ROW_LABEL = r"(?:(?:step|iter|it|epoch)\s*)?\d+(?:\.\d+)?[kKmM]?\s*[:=]\s+"
+_NUMBER_ROW = re.compile(
+    rf"^[^\S\n]*(?:{_ROW_LABEL})?[-+]?\d[-+\d.eE]*"
+    rf"(?:[ \t,;]+(?:{_ROW_LABEL})?[-+]?\d[-+\d.eE]*)*[ \t,;]*$",
+    re.IGNORECASE,
+)
+#: After a whole number: it labels the value that follows ("2000: 1.93"), a step.
+_LABELS_NEXT = re.compile(r"^\s*[:=]\s+[-+]?\.?\d")
 #: Values below this many are a level, not a series.
 MIN_SERIES = 2
 #: How far past a subject's scope the words after its last number are read ("10 classes").
@@ -632,7 +640,9 @@ def _scope_values(
             and (parse_number(raw) or 0.0) > marker_value
         )
         # Steps and counts are whole numbers: "every 1k steps: 0.4, 0.8" lists values.
-        marker = whole and _MARKER_BEFORE.search(before[-24:]) is not None
+        marker = whole and (
+            _MARKER_BEFORE.search(before[-24:]) is not None or _LABELS_NEXT.match(after) is not None
+        )
         if m.group("suffix") or marker or listed:
             marker_end = m.end()
             scale = {"k": 1e3, "m": 1e6}.get((m.group("suffix") or "").lower(), 1.0)

@@ -695,7 +695,16 @@ _DATA_QUESTION = re.compile(
     r"train[\s/-]+test\s+split|split|images?|crop\w*|resiz\w*|rows?|columns?|pandas|parquet|"
     r"annotations?|scrap\w*|feature\s+engineering|outliers?\s+in\s+(?:the|my)\s+data|shuffl\w*|"
     r"tabular|normali[sz]\w*\s+(?:my\s+|the\s+)?(?:\w+\s+)?(?:features|inputs|data|images|pixels|"
-    r"columns|targets)|early[\s-]stopping)\b",
+    r"columns|targets)|early[\s-]stopping|"
+    # How much to hold out for validation ("hold out 10% for validation", "20% as a val set").
+    r"hold(?:ing)?\s+(?:back|out)\s+(?:\d+(?:\.\d+)?\s*%|(?:a|some|what)\s+(?:\w+\s+)?"
+    r"(?:fraction|share|percent\w*|portion|part|proportion))|"
+    r"hold(?:ing)?\s+(?:back|out)\b[^.?!\n]{0,40}?\b(?:for|as)\s+(?:an?\s+|the\s+)?(?:validation|val|"
+    r"test|dev|evaluation)|"
+    r"\d+(?:\.\d+)?\s*%\s+(?:of\s+(?:the\s+|my\s+|our\s+)?(?:data(?:set)?|samples|examples|images|"
+    r"rows|records|corpus)\s+)?(?:for|as)\s+(?:an?\s+|the\s+)?(?:validation|val|test|dev|"
+    r"hold[\s-]?out)|(?:validation|val|hold[\s-]?out|dev)\s+(?:fraction|ratio|proportion|"
+    r"percentage|size))\b",
     re.IGNORECASE,
 )
 #: Questions about the training job's plumbing rather than its numbers: saving and resuming
@@ -738,6 +747,35 @@ _LR_RANGE_TEST = re.compile(
     re.IGNORECASE,
 )
 _TRAINING_QUANTITY = re.compile(r"\b(?:loss(?:es)?|accuracy|grad\w*|norms?)\b", re.IGNORECASE)
+#: An optimizer's settings written as a call ("SGD(lr=0.1, momentum=0.9)", "AdamW(lr=3e-4,
+#: wd=0.1)"): the run's configuration stated as context, not a question about the rate.
+_OPTIMIZER_SPEC = re.compile(
+    r"\b[a-z_][\w.]*\s*\((?:[^()\n]|\([^()\n]*\)){0,120}?\blr\s*=(?:[^()\n]|\([^()\n]*\)){0,120}\)",
+    re.IGNORECASE,
+)
+#: A loss said to climb, blow up or diverge: a training problem, whatever the text blames for it
+#: (a raised learning rate, a deleted warmup), so the text is no learning-rate-only question.
+_LOSS_TROUBLE = re.compile(
+    r"\bloss(?:es)?\b[^.?!\n]{0,80}?\b(?:climb\w*|blew\s+up|blow(?:s|ing)?\s+up|explod\w*|"
+    r"diverg\w*|shot\s+up|shoots\s+up|went\s+back\s+up|goes\s+back\s+up|nan)\b",
+    re.IGNORECASE,
+)
+#: Lightning clipping for you: ``gradient_clip_val`` set to a positive value (automatic
+#: optimization clips at the right point, after unscaling, once per accumulated step).
+_LIGHTNING_CLIPS = re.compile(
+    r"\bgradient_clip_val\b\s*[=:]\s*['\"]?(?!0+(?:\.0*)?(?![\d.eE])|none\b)\d*\.?\d",
+    re.IGNORECASE,
+)
+#: Clipping done or wanted by hand, or manual optimization (where Lightning does not clip): the
+#: belief that Lightning needs hand-written clipping may still be what the text holds.
+_HAND_CLIPPING = re.compile(
+    r"\bmanual\w*|\bby\s+hand\b|\bmyself\b|\bourselves\b|automatic_optimization|"
+    r"clip_grad_(?:norm|value)_?|clip_gradients|on_after_backward|on_before_optimizer_step|"
+    r"configure_gradient_clipping",
+    re.IGNORECASE,
+)
+#: What the Lightning clipping belief keeps when the text sets Lightning's own clipping.
+_LIGHTNING_CLIPS_KEEP = 0.4
 #: Loss readings an LR range test produces by design.
 _RANGE_TEST_READINGS = frozenset(
     {"loss-diverging", "loss-spikes", "diverges-after-stable-start", "loss-stuck", "plateau"}
@@ -2171,7 +2209,10 @@ class Matcher:
     # -- scope ---------------------------------------------------------------------------------
 
     def _in_scope(self, text: str, terms: Iterable[str]) -> bool:
-        """Whether the text uses a gradient-domain word in its gradient sense."""
+        """Whether the text uses a gradient-domain word in its gradient sense, or says the loss
+        climbs, blows up or diverges (outside an LR range test, where that is how it ends)."""
+        if _LOSS_TROUBLE.search(text) and not _LR_RANGE_TEST.search(text):
+            return True
         found = {t for t in terms if t in self.in_scope_terms}
         if not found:
             return False
@@ -2215,7 +2256,7 @@ class Matcher:
         if self._in_scope(text, terms):
             return False
         return bool(
-            _LR_QUESTION.search(text)
+            _LR_QUESTION.search(_OPTIMIZER_SPEC.sub(" ", text))
             or _DATA_QUESTION.search(text)
             or _TOOLING_QUESTION.search(text)
         )
@@ -2477,6 +2518,16 @@ class Matcher:
             # Every NaN the text names is a monitor's count reading zero: nothing is non-finite.
             for entry_id in [e for e in scores if "nan" in e or "nonfinite" in e]:
                 scores[entry_id] *= 0.4
+        lightning = "lightning-needs-manual-clipping"
+        whole = text + "\n" + (code or "")
+        if (
+            lightning in scores
+            and _LIGHTNING_CLIPS.search(whole)
+            and not _HAND_CLIPPING.search(whole)
+        ):
+            # The run sets gradient_clip_val and writes no clipping of its own: Lightning
+            # clips for it, so the belief that it must clip by hand is not in the text.
+            scores[lightning] *= _LIGHTNING_CLIPS_KEEP
         contradicted = (self._contradicted(quantities) | frames.ruled_out) & scores.keys()
         if "zero-gradients" in scores and _ZERO_DENIED.search(text):
             # "tiny, but none of them is exactly zero": the words of the zero-gradient entry,
@@ -2646,7 +2697,13 @@ class Matcher:
         ):
             self._put_clean_step_first(scores, reasons)
 
-        out_of_scope = not garbage and self._out_of_scope(text, terms) and not evidence
+        # A whole-script note ("no gradient monitoring") on a pasted fragment says nothing of the
+        # question: an LR range test's loop logs no gradient norm either.
+        out_of_scope = (
+            not garbage
+            and self._out_of_scope(text, terms)
+            and not evidence_beyond(evidence, _WHOLE_SCRIPT_NOTES)
+        )
         if not out_of_scope and scores and OUT_OF_SCOPE_ID in scores:
             best = max(scores, key=lambda k: scores[k])
             out_of_scope = best == OUT_OF_SCOPE_ID and not self._in_scope(text, terms)
@@ -2681,8 +2738,8 @@ class Matcher:
 
         # The learned re-ranker (knowledge/rerank.py) re-orders the first rerank.DEPTH.
         reranking = not out_of_scope and rerank.enabled()
-        depth = max(top_k, rerank.DEPTH) if reranking else top_k
-        ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:depth]
+        ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+        ranked = ranked[: rerank.depth(ranked, top_k) if reranking else top_k]
         for entry_id, _ in ranked:
             if entry_id in lexical:
                 reasons.setdefault(entry_id, []).extend(

@@ -751,7 +751,11 @@ def cleared_stages(text: str, states: dict[str, list[str]] | None = None) -> fro
 #: A check said to have run on the inputs ("torch.isfinite(batch[...]).all(): False").
 _INPUT_CHECK = re.compile(
     r"\bis(?:nan|inf|finite)\s*\(\s*(?:\w+\.)?(?:batch|inputs?|input_\w+|x|xb|images?|"
-    r"features?|samples?|data)\b|\b\d+\s+(?:of|/)\s+\d+\s+(?:values?|elements?|entries)\s+(?:are\s+)?nan",
+    r"features?|samples?|data)\b|\b\d+\s+(?:of|/)\s+\d+\s+(?:values?|elements?|entries)\s+(?:are\s+)?nan"
+    # A check placed before the forward pass is a check on what goes in: "an isnan check on
+    # the tensor right before model(x)", "a finite assert just before the forward".
+    r"|\b(?:is(?:nan|inf|finite)|nan|inf|finite)\w*\s+(?:check|guard|assert\w*)\b[^.\n]{0,40}?"
+    r"\bbefore\s+(?:the\s+|calling\s+(?:the\s+)?)?(?:forward\b|model\s*\(|net\s*\()",
     re.IGNORECASE,
 )
 

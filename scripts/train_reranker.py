@@ -88,6 +88,9 @@ ROUNDS = {
     # their misses.
     **{f"fresh{n}": "fresh30" for n in range(31, 36)},
     "dev30": "fresh30",
+    # fresh36-fresh39 were written in parallel; dev31 was written for their misses.
+    **{f"fresh{n}": "fresh36" for n in range(37, 40)},
+    "dev31": "fresh36",
 }
 
 

@@ -52,6 +52,12 @@ from gradient_doctor.knowledge.matcher import match
             "distributed",
             "NCCL_DEBUG",
         ),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 500 MiB, raised by "
+            "AutoModel.from_pretrained on a 16 GB card",
+            "load-memory",
+            "half precision",
+        ),
     ],
 )
 def test_non_gradient_errors_are_out_of_scope_with_their_pointer(
@@ -108,3 +114,9 @@ def test_a_non_gradient_error_next_to_a_gradient_problem_stays_in_scope(text: st
 
 def test_text_without_an_error_reads_none() -> None:
     assert read_errors("my loss goes to NaN after 2k steps with fp16") is None
+
+
+def test_memory_while_training_is_no_loading_error() -> None:
+    # The same message inside a step that computes gradients is the memory entries' own.
+    text = "CUDA out of memory right after loading the model, in loss.backward() of step 1"
+    assert read_errors(text) is None

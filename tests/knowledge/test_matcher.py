@@ -770,6 +770,8 @@ def test_out_of_scope_questions(text: str) -> None:
         ("My learning rate schedule has warmup but the gradient norm explodes at step 800", None),
         # Said to be fine in one clause, a problem in the next: the problem keeps it ours.
         ("Grads look fine, but the loss spikes whenever the cosine schedule restarts", None),
+        # A loss that climbs is a training problem, whatever the text blames for it.
+        ("We doubled the learning rate and removed warmup; now the loss climbs after 1k", None),
     ],
 )
 def test_gradient_words_keep_a_question_in_scope(text: str, expected: str | None) -> None:
@@ -1870,3 +1872,79 @@ def test_a_call_said_to_eat_the_step_is_the_cost_belief() -> None:
 )
 def test_having_to_add_clipping_is_asking_whether_it_is_needed(text: str) -> None:
     assert _top_ids(match(text)) == ["is-clipping-needed"]
+
+
+def test_optimizer_settings_are_context_not_a_learning_rate_question() -> None:
+    text = "Adam(lr=1e-3, betas=(0.9, 0.99)), step 400\nparam    ||dw||/||w||\nfc1.w  2.1e-01\n"
+    result = match(text)
+    assert not result.out_of_scope
+    assert "out-of-scope" not in _top_ids(result, 3)
+
+
+def test_a_whole_script_note_does_not_keep_a_range_test_in_scope() -> None:
+    code = "lr = 1e-7\nfor x, y in dl:\n    opt.zero_grad()\n    crit(m(x), y).backward()\n"
+    code += "    opt.step()\n    lr *= 1.2\n"
+    text = "My LR range test loop is below; the loss flattens then shoots up. Which lr do I take?"
+    result = match(text, code=code)
+    assert result.out_of_scope and _top_ids(result) == ["out-of-scope"]
+
+
+def test_rows_of_step_labelled_values_under_a_heading_are_a_series() -> None:
+    text = "grad norm, every 1k steps:\n1k: 2.4   2k: 0.7   3k: 0.2   4k: 0.05   5k: 0.011\n"
+    result = match(text)
+    assert _top_ids(result) == ["grad-norm-decaying"]
+    assert any("2.4" in reason for reason in result.matches[0].reasons)
+
+
+def test_a_nan_check_placed_before_the_forward_locates_the_inputs() -> None:
+    text = (
+        "I put a nan assert on the tensor just before model(x); it trips on batch 77 and the "
+        "loss is nan on that batch too."
+    )
+    assert _top_ids(match(text)) == ["nonfinite-inputs"]
+
+
+# -- Lightning's own clipping, and validation hold-out questions ----------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my lightning trainer: pl.Trainer(gradient_clip_val=1.0, max_epochs=20). good default?",
+        "Lightning run with gradient_clip_val: 0.5 in the yaml config; the loss spikes at 3k.",
+    ],
+)
+def test_lightning_that_clips_for_you_is_not_the_hand_clipping_belief(text: str) -> None:
+    result = match(text, top_k=5)
+    assert _top_ids(result) != ["lightning-needs-manual-clipping"], result.matches[:3]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # The belief itself, gradient_clip_val or not: clipping written by hand as well.
+        "In Lightning I set gradient_clip_val=1.0 but I also call clip_grad_norm_ in "
+        "on_after_backward to be safe, since Lightning doesn't really clip, right?",
+        "Lightning doesn't clip on its own, so I need to write the clipping myself?",
+    ],
+)
+def test_the_hand_clipping_belief_still_ranks_first(text: str) -> None:
+    assert _top_ids(match(text, top_k=5)) == ["lightning-needs-manual-clipping"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Should I hold out 10% of my images for validation or is 5% enough?",
+        "How much should I hold out for validation, 10% or 20%?",
+        "I put 20% of the dataset aside as a val set; is that too much for 8k samples?",
+    ],
+)
+def test_how_much_to_hold_out_for_validation_is_a_data_question(text: str) -> None:
+    result = match(text, top_k=3)
+    assert result.out_of_scope and _top_ids(result) == ["out-of-scope"], result.matches
+
+
+def test_held_out_loss_stays_a_training_question() -> None:
+    text = "I hold out 10% for validation; the val loss climbs after epoch 3 while train loss drops"
+    assert not match(text, top_k=3).out_of_scope

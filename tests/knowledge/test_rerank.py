@@ -196,3 +196,50 @@ def test_the_weights_file_is_package_data() -> None:
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["gradient_doctor.knowledge"]
     assert any(fnmatch.fnmatch("data/rerank.json", pattern) for pattern in patterns)
+
+
+@pytest.mark.parametrize(
+    ("text", "fact"),
+    [
+        ("loss nan at step 3", "short"),
+        ("step 1 loss 2.3\nstep 2 loss 2.1\nstep 3 loss 9.8\n", "log"),
+        ("the grad norm wobbles a lot but the loss is still going down, looks fine?", "calm"),
+    ],
+)
+def test_query_shapes_are_facts_for_every_candidate(text: str, fact: str) -> None:
+    assert fact in rerank._facts(text, code_detected=False)
+    dense, _ = rerank.candidate_features(text, None, _candidates(), False)[1]
+    named = {index for index, _ in dense}
+    # The fact crossed with the candidate's kind and with its id, and the candidate crossed
+    # with the matcher's first choice.
+    assert rerank._feature(f"q={fact}&kind=symptom") in named
+    assert rerank._feature(f"q={fact}&id=out-of-scope") in named
+    assert rerank._feature("first=loss-nan&id=out-of-scope") in named
+
+
+def test_the_matcher_hands_over_only_the_candidates_that_can_reach_the_top(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rerank.depth`` trims the list the matcher builds before re-ranking; the first
+    ``top_k`` come out exactly as re-ranking the full :data:`rerank.DEPTH` gives them."""
+    monkeypatch.setenv("GRADIENT_DOCTOR_RERANK", "1")
+    texts = [
+        "my loss turned into nan after 200 steps",
+        "grad norm 3, 40, 900, 2e4 over the first 50 steps with fp16 and accumulation",
+        "lightning trainer with gradient_clip_val=1.0; loss spikes every few thousand steps",
+        "the loss plateaus at 2.3 from epoch 2 and the gradient norm decays to 1e-7",
+    ]
+    matcher = get_matcher()
+    trimmed = [matcher.match(text, top_k=5) for text in texts]
+    depth = rerank.depth
+    monkeypatch.setattr(rerank, "depth", lambda ranked, top_k: max(top_k, rerank.DEPTH))
+    for text, got in zip(texts, trimmed, strict=True):
+        full = matcher.match(text, top_k=5)
+        assert [(m.id, m.score, m.reasons) for m in got.matches] == [
+            (m.id, m.score, m.reasons) for m in full.matches
+        ]
+    ranked = [("a", 10.0), ("b", 5.0), ("c", 2.5), ("d", 1.0), ("e", 0.5)]
+    # "c" is the last at or above FLOOR (0.2) of the first; "d" is read as its neighbour.
+    assert depth(ranked, 1) == 4
+    assert depth(ranked, 5) == 5
+    assert depth([], 3) == 3
