@@ -52,6 +52,13 @@ class ErrorReading:
 
 
 _I = re.IGNORECASE
+# Running out of memory, however the error or the user words it; shared by the error kinds
+# that tell where it happened (evaluation, model loading).
+_OUT_OF_MEMORY = re.compile(
+    r"\bout\s+of\s+(?:(?:GPU|CUDA|device|video)\s+)?memory|OutOfMemoryError|\bOOMs?\b"
+    r"|\bOOM(?:ed|s|ing)\b",
+    _I,
+)
 _S = r"[\s\S]{0,80}?"
 
 #: Autograd, clipping and loss-scaler errors: the question is about gradients.
@@ -284,11 +291,7 @@ _OTHER_KINDS = (
     ErrorKind(
         "eval-memory",
         ("memory", "oom"),
-        re.compile(
-            r"\bout\s+of\s+(?:(?:GPU|CUDA|device|video)\s+)?memory|OutOfMemoryError|\bOOMs?\b"
-            r"|\bOOM(?:ed|s|ing)\b",
-            _I,
-        ),
+        _OUT_OF_MEMORY,
         pointer=(
             "Memory during evaluation, not a gradient problem: nothing there needs gradients. "
             "Run it under `torch.no_grad()` / `torch.inference_mode()` with `model.eval()`, "
@@ -302,11 +305,7 @@ _OTHER_KINDS = (
     ErrorKind(
         "load-memory",
         ("memory", "oom"),
-        re.compile(
-            r"\bout\s+of\s+(?:(?:GPU|CUDA|device|video)\s+)?memory|OutOfMemoryError|\bOOMs?\b"
-            r"|\bOOM(?:ed|s|ing)\b",
-            _I,
-        ),
+        _OUT_OF_MEMORY,
         pointer=(
             "Memory while the model is built or loaded, before any training step, not a "
             "gradient problem: the weights alone do not fit (4 bytes per parameter in fp32, "
