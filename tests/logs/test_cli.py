@@ -116,3 +116,48 @@ def test_gzip_logs_and_a_forced_format(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert report["format"] == "console"
     assert report["counts"]["first_nonfinite_step"] == 120
+
+
+@pytest.mark.parametrize(
+    ("lines", "shown", "unseen"),
+    [
+        (  # the norm is logged and still finite when the loss turns NaN
+            [
+                "step 1 loss 2.3 grad_norm 1.1",
+                "step 2 loss 2.1 grad_norm 1.0",
+                "step 3 loss nan grad_norm 1.05",
+                "step 4 loss nan grad_norm nan",
+            ],
+            "gradient norm logged at that step is still finite (1.05)",
+            "does not show the batch (inputs) or the weights",
+        ),
+        (  # only the loss is logged
+            ["step 1 loss 2.3", "step 2 loss 2.1", "step 3 loss nan"],
+            "the first non-finite value in the log.",
+            "does not show the gradient norm, the batch (inputs) or the weights",
+        ),
+        (  # both turn NaN on the same line: no order can be read
+            [
+                "step 1 loss 2.3 grad_norm 1.1",
+                "step 2 loss 2.1 grad_norm 1.0",
+                "step 3 loss nan grad_norm nan",
+            ],
+            "both turn non-finite at step 3, so the log cannot tell which came first",
+            "does not show the batch (inputs) or the weights",
+        ),
+    ],
+)
+def test_a_nan_loss_in_a_log_claims_only_what_the_log_shows(
+    tmp_path: Path, lines: list[str], shown: str, unseen: str
+) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    result = _run(str(log))
+    assert result.returncode == 1, result.stderr
+    finding = next(
+        line for line in result.stdout.splitlines() if line.strip().startswith("The logged loss")
+    )
+    assert shown in finding and unseen in finding
+    # The probe's own conclusion needs what a log cannot show.
+    assert "not the gradients" not in result.stdout
+    assert "given to backward()" not in finding

@@ -8,7 +8,7 @@ from typing import ClassVar
 from gradient_doctor.knowledge.findings import Finding, evidence_number
 from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.nonfinite import first_bad, origin_text
-from gradient_doctor.probes.runtime.signals.series import RunSeries
+from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
 from gradient_doctor.probes.runtime.signals.stats import is_nonfinite, norm_at
 
 NAN = float("nan")
@@ -55,13 +55,19 @@ class NanLossBeforeBackward(Signal):
                 f"the previous step's gradient norm was {previous:.3g}, so the weights grew "
                 "until the loss overflowed: fix the explosion first"
             )
+        elif run.source == "log":
+            cause = None
         else:
             cause = "the loss computation is the problem, not the gradients; clipping cannot fix it"
         origin, module = origin_text(run, point.step)
+        if cause is None:
+            text = _log_message(run, point, loss)
+        else:
+            text = self.message.format(step=point.step, loss=evidence_number(loss), cause=cause)
         yield ctx.finding(
             self.id,
             "critical",
-            self.message.format(step=point.step, loss=evidence_number(loss), cause=cause) + origin,
+            text + origin,
             step=point.step,
             module=module,
             fix=self.advice,
@@ -69,3 +75,40 @@ class NanLossBeforeBackward(Signal):
             previous_step_norm=previous,
             origin=run.nan_origin.model_dump() if run.nan_origin else None,
         )
+
+
+def _log_message(run: RunSeries, point: StepPoint, loss: float) -> str:
+    """What a training log shows about its first non-finite loss, and only that.
+
+    The probe sees the batch entering the forward, the loss given to ``backward()``, the
+    gradients and the weights, in that order; a log shows a few logged values per line. So
+    the sentence says which logged values were still finite at that step and names what the
+    log could not show, instead of concluding that the loss computation is the cause."""
+    step, shown = point.step, evidence_number(loss)
+    norm = point.grad_norm
+    if not run.has("grad_norm"):
+        seen = f"The logged loss is {shown} at step {step}, the first non-finite value in the log."
+        unseen = ["the gradient norm", "the batch (inputs)", "the weights"]
+    elif norm is None:
+        seen = (
+            f"The logged loss is {shown} at step {step}, the first non-finite value in the log; "
+            "no gradient norm is logged at that step."
+        )
+        unseen = ["the gradients at that step", "the batch (inputs)", "the weights"]
+    elif is_nonfinite(norm):
+        seen = (
+            f"The logged loss ({shown}) and gradient norm ({evidence_number(norm)}) both turn "
+            f"non-finite at step {step}, so the log cannot tell which came first."
+        )
+        unseen = ["the batch (inputs)", "the weights"]
+    else:
+        seen = (
+            f"The logged loss is {shown} at step {step} while the gradient norm logged at that "
+            f"step is still finite ({norm:.3g}): in this log the loss went non-finite first."
+        )
+        unseen = ["the batch (inputs)", "the weights"]
+    return (
+        f"{seen} The log does not show {', '.join(unseen[:-1])} or {unseen[-1]}, so it cannot "
+        "tell a broken loss computation from a bad batch or weights broken earlier; "
+        "`gradient-doctor probe` on the script checks them in that order."
+    )
