@@ -2,7 +2,8 @@
 
 The report's "Code to Add" reads better in the user's vocabulary: ``net.parameters()`` rather
 than ``model.parameters()``. Each name is taken from a plain, unambiguous pattern in the script
-(an assignment from ``torch.optim.X(...)``, the receiver of ``.parameters()``...). A name that
+(an assignment from ``torch.optim.X(...)``, the receiver of ``.parameters()``, the ``% N == 0``
+gate around the optimizer step, the loop that calls ``backward()``...). A name that
 cannot be found is simply left out and the snippet keeps its default, so a wrong guess is
 never forced: the snippet renderer also rejects anything that is not a valid name.
 """
@@ -26,6 +27,8 @@ _ASSIGNED_FROM: dict[str, re.Pattern[str]] = {
 _PARAMETERS_OF = re.compile(rf"({_NAME})\.parameters\(\)")
 _BACKWARD_OF = re.compile(rf"(?<![\w.)])({_NAME})\.backward\(")
 _GATED_EVERY = re.compile(r"%\s*([A-Za-z_]\w*|\d+)\s*==\s*0")
+# ``optimizer.step()``, ``opt_d.step()``, ``scaler.step(optimizer)``; not a scheduler's step.
+_OPTIMIZER_STEP = re.compile(r"(?<![\w.])(?![\w.]*sched)(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*\.step\(")
 _LOOP_OVER = re.compile(rf"^\s*for\s+.+\s+in\s+(?:enumerate\()?({_NAME})\)?\s*:", re.M)
 _MAX_NORM = re.compile(r"max_norm\s*=\s*([0-9]+(?:\.[0-9]*)?(?:e-?[0-9]+)?)")
 # ``clip_grad_norm_(model.parameters(), args.clip)``: the threshold given by position.
@@ -65,17 +68,31 @@ def guess_names(source: str) -> dict[str, str]:
     loss = _most_common(_BACKWARD_OF, source, exclude=set())
     if loss is not None and "." not in loss:
         names["loss"] = loss
-    every = set(_GATED_EVERY.findall(source))
+    lines = source.splitlines()
+    # Only a ``% N == 0`` gate around an optimizer step is accumulation; one around a print,
+    # a checkpoint or an evaluation (``if i % 100 == 0: print(...)``) says nothing about it.
+    every = {
+        found
+        for index, line in enumerate(lines)
+        if line.lstrip().startswith(("if ", "elif "))
+        for found in _GATED_EVERY.findall(line)
+        if _OPTIMIZER_STEP.search(_block(lines, index))
+    }
     if len(every) == 1:
         names["accumulation_steps"] = every.pop()
     # ``for group in optimizer.param_groups:`` (a learning-rate update) is no data loader.
-    loaders = [
-        m
-        for m in _LOOP_OVER.findall(source)
-        if m not in ("range",) and not m.endswith("param_groups")
+    loops = [
+        (m.group(1), _block(lines, source.count("\n", 0, m.start())))
+        for m in _LOOP_OVER.finditer(source)
+        if m.group(1) not in ("range",) and not m.group(1).endswith("param_groups")
     ]
-    if len(set(loaders)) == 1:
-        names["loader"] = loaders[0]
+    loaders = {name for name, _ in loops}
+    # Separate train and test loops: the loader is the one whose loop calls backward().
+    training = {name for name, body in loops if ".backward(" in body}
+    if len(loaders) == 1:
+        names["loader"] = loaders.pop()
+    elif len(training) == 1:
+        names["loader"] = training.pop()
     norms = set(_MAX_NORM.findall(source)) | set(_MAX_NORM_POSITIONAL.findall(source))
     if len(norms) == 1:
         names["max_norm"] = norms.pop()
@@ -86,6 +103,20 @@ def guess_names(source: str) -> dict[str, str]:
         if len(functional) == 1:
             names["criterion"] = functional.pop()
     return names
+
+
+def _block(lines: list[str], index: int) -> str:
+    """The compound statement starting at ``lines[index]``: what follows its header's last
+    colon on the same line, and the lines indented deeper than the header below it."""
+    header = lines[index]
+    indent = len(header) - len(header.lstrip())
+    body = [header.rpartition(":")[2]]
+    for line in lines[index + 1 :]:
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#") and len(line) - len(line.lstrip()) <= indent:
+            break
+        body.append(line)
+    return "\n".join(body)
 
 
 def _batch_names(source: str, loader: str | None) -> dict[str, str]:
