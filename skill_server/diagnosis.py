@@ -397,15 +397,18 @@ def _norm_value(measurements: dict[str, Any]) -> str | None:
                     float(record["total_norm"])
                 )
         if len(by_optimizer) > 1:
+            from gradient_doctor.probes.runtime.result import optimizer_label
+
             kinds = measurements.get("optimizer_kinds") or []
+            names = measurements.get("optimizer_names") or []
             parts = []
             for index, values in sorted(by_optimizer.items()):
                 numbers = sorted(v for v in values if v == v)
                 if not numbers:
                     continue
-                kind = f" ({kinds[index]})" if index < len(kinds) else ""
+                label = optimizer_label(index, kinds, names)
                 parts.append(
-                    f"optimizer {index}{kind}: median {numbers[len(numbers) // 2]:.3g}, "
+                    f"{label}: median {numbers[len(numbers) // 2]:.3g}, "
                     f"max {numbers[-1]:.3g} ({len(numbers)} steps)"
                 )
             if parts:

@@ -7,7 +7,7 @@ import statistics
 from typing import Any
 
 from gradient_doctor.knowledge.findings import Finding
-from gradient_doctor.probes.runtime.result import ProbeResult
+from gradient_doctor.probes.runtime.result import ProbeResult, optimizer_label
 from gradient_doctor.templates import render
 
 SEVERITY_MARK = {"critical": "❌", "warning": "⚠️", "info": "ℹ️"}
@@ -128,9 +128,9 @@ def probe_markdown(result: ProbeResult) -> str:
         for index in indices:
             own = [r.total_norm for r in result.records if r.optimizer == index]
             finite = [n for n in own if math.isfinite(n)]
-            kind = result.optimizer_kinds[index] if index < len(result.optimizer_kinds) else "?"
+            label = optimizer_label(index, result.optimizer_kinds, result.optimizer_names)
             median = f", median ‖g‖ {statistics.median(finite):.4g}" if finite else ""
-            parts.append(f"{index}: {kind} ({len(own)} steps{median})")
+            parts.append(f"{label}: {len(own)} steps{median}")
         summary.append(("Optimizers", "; ".join(parts)))
     elif result.optimizer_kinds:
         summary.append(("Optimizer", result.optimizer_kinds[0]))

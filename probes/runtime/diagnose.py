@@ -95,6 +95,7 @@ def build_result(
         loss=losses,
         layer_norms=[LayerSeries(layer=k, norms=v) for k, v in series.items()],
         optimizer_kinds=list(summary.optimizer_kinds),
+        optimizer_names=list(summary.optimizer_names),
         nan_origin=summary.nan_origin,
         wall_s=wall_s,
         script_s=summary.script_s,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard
 
 from gradient_doctor.probes.runtime.result import ProbeResult, StepRecord
+from gradient_doctor.probes.runtime.result import optimizer_label as _optimizer_label
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -321,10 +322,10 @@ OPTIMIZER_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 
 
 def optimizer_label(result: ProbeResult, index: int) -> str:
-    """ "optimizer 1 (Adam)": how the plots and reports name one optimizer's series."""
-    kinds = result.optimizer_kinds
-    kind = kinds[index] if index < len(kinds) else None
-    return f"optimizer {index}" + (f" ({kind})" if kind else "")
+    """ "optimizerG (Adam)", or "optimizer 1 (Adam)" when the script's name for it is not
+    known: how the plots name one optimizer's series (``result.optimizer_label``, without
+    the backticks a picture would show as such)."""
+    return _optimizer_label(index, result.optimizer_kinds, result.optimizer_names).replace("`", "")
 
 
 def total_norm_png(result: ProbeResult) -> bytes:

@@ -11,6 +11,7 @@ and reads them back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -150,6 +151,10 @@ class ChildSummary(_Series):
         default_factory=list,
         description="Class name of each optimizer by index; 'manual' for a hand-written update.",
     )
+    optimizer_names: list[str | None] = Field(
+        default_factory=list,
+        description="The script's own name of each optimizer by index (None: not sure).",
+    )
     backward_calls: int = 0
     saturating_modules: int = 0
     relu_modules: int = 0
@@ -258,6 +263,11 @@ class ProbeResult(_Series):
         description="Class name of each optimizer (records' `optimizer` indexes it); 'manual' "
         "for a hand-written update.",
     )
+    optimizer_names: list[str | None] = Field(
+        default_factory=list,
+        description="The script's own variable name of each optimizer (`optimizerG`), read "
+        "from its first step; None where the probe could not tell.",
+    )
     nan_origin: NanOrigin | None = None
     wall_s: float = 0.0
     script_s: float = 0.0
@@ -283,3 +293,16 @@ class ProbeResult(_Series):
     def ok(self) -> bool:
         """True when the probe measured the run as planned (status ok or stopped)."""
         return self.status in SUCCESS_STATUSES
+
+
+def optimizer_label(index: int, kinds: Sequence[str] | None, names: Sequence[str | None] | None) -> str:
+    """How reports, findings and plots name one optimizer: ```optimizerG` (Adam)`` when the
+    script's own name is known and no other optimizer has it, else ``optimizer 1 (Adam)``."""
+    kinds, names = kinds or [], names or []
+    kind = kinds[index] if index < len(kinds) else None
+    name = names[index] if index < len(names) else None
+    if name and list(names).count(name) == 1:
+        label = f"`{name}`"
+    else:
+        label = f"optimizer {index}"
+    return label + (f" ({kind})" if kind else "")

@@ -53,6 +53,43 @@ UPDATE_SAMPLE = 4096
 #: In-place tensor methods that write a parameter when a script updates weights by hand.
 _INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__"})
 #: autograd nodes that mean "the loss was divided or multiplied before backward()".
+#: Code that is not the user's: torch, the probe, the standard library, installed packages.
+_NOT_USER_CODE = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (torch.__file__, __file__, os.__file__)
+)
+
+
+def user_name_of(target: object) -> str | None:
+    """The script's own name for ``target`` (an optimizer whose step is running): a variable
+    of the innermost frame of user code on the stack (its locals, an attribute of its
+    ``self``, its module's globals) bound to that very object. None when there is no such
+    frame or name, or when several names are bound to it (the caller's labels then fall back
+    to the index). Runs once per optimizer, at its first step."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (
+            filename.startswith(_NOT_USER_CODE)
+            or filename.startswith("<")
+            or "site-packages" in filename
+            or "dist-packages" in filename
+        ):
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return None
+    local_vars = frame.f_locals
+    found = {name for name, value in local_vars.items() if value is target}
+    owner = local_vars.get("self")
+    if not found and isinstance(getattr(owner, "__dict__", None), dict):
+        found = {name for name, value in vars(owner).items() if value is target}
+    if not found:
+        found = {name for name, value in frame.f_globals.items() if value is target}
+    found = {name for name in found if name.isidentifier() and not name.startswith("__")}
+    return found.pop() if len(found) == 1 else None
+
+
 SCALED_LOSS_OPS = frozenset({"DivBackward0", "DivBackward1", "MulBackward0", "MulBackward1"})
 
 
@@ -330,6 +367,8 @@ class Collector:
         self.forward_hooks_wanted: Callable[[bool], None] | None = None
         #: Class name of each optimizer (by index); "manual" for a hand-written update.
         self.optimizer_kinds: list[str] = []
+        #: The script's own name for each optimizer (``optimizerG``), None where unsure.
+        self.optimizer_names: list[str | None] = []
         #: Whether the script draws batches from a DataLoader (then ``batches`` is counted).
         self._loader_seen = False
         #: Root modules (called at depth 0, with parameters) → their own forward hooks, which
@@ -435,7 +474,9 @@ class Collector:
         if id(opt) not in self.optimizers:
             self.optimizers[id(opt)] = len(self.optimizers)
             kind = type(opt).__name__
-            self.optimizer_kinds.append("manual" if isinstance(opt, _ManualOptimizer) else kind)
+            manual = isinstance(opt, _ManualOptimizer)
+            self.optimizer_kinds.append("manual" if manual else kind)
+            self.optimizer_names.append(None if manual else user_name_of(opt))
         unknown = [p for p in params if id(p) not in self.param_names]
         if unknown:
             self._resolve_module_names()
@@ -1288,6 +1329,7 @@ class Collector:
             "layer_types": self.layer_types,
             "optimizers": len(self.optimizers),
             "optimizer_kinds": list(self.optimizer_kinds),
+            "optimizer_names": list(self.optimizer_names),
             "backward_calls": self.backward_calls,
             "saturating_modules": self.saturating_per_forward,
             "relu_modules": len(self.relu_modules),

@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from gradient_doctor.knowledge.findings import SEVERITY_RANK, Finding
 from gradient_doctor.knowledge.models import ThresholdProfile
+from gradient_doctor.probes.runtime.result import optimizer_label
 from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
 from gradient_doctor.probes.runtime.signals.stats import first_nonfinite
@@ -93,10 +94,17 @@ def _for_optimizer(finding: Finding, index: int, run: RunSeries) -> Finding:
     """A finding judged on one optimizer's steps says which optimizer it is about."""
     kinds = run.optimizer_kinds or []
     kind = kinds[index] if index < len(kinds) else None
-    label = f"optimizer {index}" + (f" ({kind})" if kind else "")
+    label = optimizer_label(index, kinds, run.optimizer_names)
+    names = run.optimizer_names or []
+    name = names[index] if index < len(names) else None
     return finding.model_copy(
         update={
             "message": f"[{label}] {finding.message}",
-            "evidence": {**finding.evidence, "optimizer": index, "optimizer_kind": kind},
+            "evidence": {
+                **finding.evidence,
+                "optimizer": index,
+                "optimizer_kind": kind,
+                "optimizer_name": name,
+            },
         }
     )

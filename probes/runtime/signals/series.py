@@ -142,6 +142,9 @@ class RunSeries(_Model):
     optimizer_kinds: list[str] | None = Field(
         default=None, description="Optimizer class per index ('manual': a hand-written update)."
     )
+    optimizer_names: list[str | None] | None = Field(
+        default=None, description="The script's own name of each optimizer (None: not sure)."
+    )
     layer_roles: dict[str, str] | None = Field(
         default=None,
         description="Weight layer → its role: class name and name without indices "
@@ -204,6 +207,7 @@ class RunSeries(_Model):
                 layer: role_of(layer, summary.layer_types.get(layer, "")) for layer in weight_layers
             },
             optimizer_kinds=list(summary.optimizer_kinds) or None,
+            optimizer_names=list(summary.optimizer_names) or None,
             ddp=summary.ddp,
             saturating_modules=summary.saturating_modules,
             double_unscale=summary.double_unscale,
