@@ -97,11 +97,20 @@ def _figure(width: float, height: float) -> Figure:
 
 
 def _png(figure: Figure) -> bytes:
+    """The picture as PNG bytes. Its title and legend entries also go into the file as text
+    (the PNG ``Title`` and ``Description`` chunks), so that a reader that cannot see the
+    picture (an assistant, a screen reader) gets what each line is."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(figure)
+    legends = [figure.legends, *([axes.get_legend()] for axes in figure.axes)]
+    entries = [
+        text.get_text() for group in legends for legend in group if legend for text in legend.texts
+    ]
+    title = figure._suptitle.get_text() if figure._suptitle is not None else ""
+    metadata = {"Title": " ".join(title.split()), "Description": "; ".join(entries)}
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=DPI, facecolor="white")
+    figure.savefig(buffer, format="png", dpi=DPI, facecolor="white", metadata=metadata)
     return buffer.getvalue()
 
 
@@ -312,9 +321,38 @@ def _thresholds(profile_name: str) -> tuple[float | None, float | None, float]:
     )
 
 
+def clip_shaped_update(record: StepRecord) -> bool:
+    """Whether the script's clip in this step ran between its last ``backward()`` and its
+    ``step()``, so that the update used the clipped gradients. A clip after the step (seen at
+    the start of the next step's calls, before its ``zero_grad``/``backward``) measured and
+    cut gradients that were already applied and then thrown away. Without the call order
+    (older results) a measured clip counts as applied."""
+    if record.total_norm_before_clip is None:
+        return False
+    events = record.events or []
+    if "clip" not in events or "step" not in events:
+        return True
+    step = events.index("step")
+    backwards = [i for i, event in enumerate(events[:step]) if event == "backward"]
+    clips = [i for i, event in enumerate(events[:step]) if event == "clip"]
+    return bool(clips) and (not backwards or clips[-1] > backwards[-1])
+
+
+def _clip_note(records: Sequence[StepRecord]) -> str:
+    """What the plotted norm of these steps is with respect to the script's clip."""
+    if any(clip_shaped_update(r) for r in records):
+        return " before clipping"
+    if any(r.total_norm_before_clip is not None for r in records):
+        return " (clip after the step: unclipped)"
+    return ""
+
+
 def _raw(record: StepRecord) -> float:
+    """The norm the step's own backward produced: before the script's clip when that clip
+    shaped the update; otherwise the applied norm (a clip after the step measured the previous
+    step's gradients, not these)."""
     before = record.total_norm_before_clip
-    return before if before is not None else record.total_norm
+    return before if before is not None and clip_shaped_update(record) else record.total_norm
 
 
 #: One colour per optimizer when a script has several (a GAN's discriminator and generator).
@@ -340,7 +378,9 @@ def total_norm_png(result: ProbeResult) -> bytes:
     steps = [r.step for r in records]
     raw = [_raw(r) for r in records]
     applied = [r.total_norm for r in records]
-    clipped = any(r.total_norm_before_clip is not None for r in records)
+    clipped = any(clip_shaped_update(r) for r in records)
+    # The script clips, but only after its steps: the update never saw the clip.
+    clipped_late = not clipped and any(r.total_norm_before_clip is not None for r in records)
     warn, crit, factor = _thresholds(result.profile)
     figure = _figure(10.5, 5.2)
     axes = figure.subplots()
@@ -355,10 +395,14 @@ def total_norm_png(result: ProbeResult) -> bytes:
         marker="o",
         markersize=3,
         linewidth=1.4,
-        label="before clipping" if clipped else "total ‖g‖",
+        label="before clipping"
+        if clipped
+        else "total ‖g‖ (as applied: the clip ran after the step, unclipped)"
+        if clipped_late
+        else "total ‖g‖",
     )
     if clipped:
-        count = sum(1 for r in records if r.clipped)
+        count = sum(1 for r in records if r.clipped and clip_shaped_update(r))
         plot_line(
             applied,
             color=NORM_APPLIED,
@@ -369,7 +413,10 @@ def total_norm_png(result: ProbeResult) -> bytes:
         )
     limits = sorted({r.clip_max_norm for r in records if _finite(r.clip_max_norm)})
     for limit in limits:
-        axes.axhline(limit, color="black", linewidth=1.2, label=f"clip max_norm = {limit:g}")
+        late = " (clip after the step: not applied)" if clipped_late else ""
+        axes.axhline(
+            limit, color="black", linewidth=1.2, label=f"clip max_norm = {limit:g}{late}"
+        )
     top = max(finite_raw, default=1.0)
     bottom = min(finite_raw, default=1.0)
     for value, name, style in ((warn, "warning", ":"), (crit, "critical", "-.")):
@@ -453,10 +500,7 @@ def _total_norm_per_optimizer_png(result: ProbeResult, indices: list[int]) -> by
             marker="o",
             markersize=3,
             linewidth=1.4,
-            label=f"{label}: total ‖g‖"
-            + (
-                " before clipping" if any(r.total_norm_before_clip is not None for r in own) else ""
-            ),
+            label=f"{label}: total ‖g‖" + _clip_note(own),
         )
         finite = [v for v in raw if math.isfinite(v) and v > 0]
         top = max([top, *finite])
@@ -499,7 +543,10 @@ def _total_norm_per_optimizer_png(result: ProbeResult, indices: list[int]) -> by
             )
     limits = sorted({r.clip_max_norm for r in result.records if _finite(r.clip_max_norm)})
     for limit in limits:
-        axes.axhline(limit, color="black", linewidth=1.2, label=f"clip max_norm = {limit:g}")
+        late = " (clip after the step: not applied)" if clipped_late else ""
+        axes.axhline(
+            limit, color="black", linewidth=1.2, label=f"clip max_norm = {limit:g}{late}"
+        )
     for value, name, style in ((warn, "warning", ":"), (crit, "critical", "-.")):
         if value is not None and value <= top * 10:
             axes.axhline(
