@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import pkgutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,12 +60,21 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def _module_names() -> list[str]:
+    """The modules of ``skill_server.commands`` (its ``.py`` files), sorted. Not
+    ``pkgutil.iter_modules``: it imports ``inspect``, some 5 ms before a probed script starts."""
+    names: set[str] = set()
+    for folder in commands.__path__:
+        try:
+            files = os.listdir(folder)
+        except OSError:
+            continue
+        names.update(f[:-3] for f in files if f.endswith(".py") and f[:-3].isidentifier())
+    return sorted(names)
+
+
 def _command_names() -> list[str]:
-    return sorted(
-        info.name
-        for info in pkgutil.iter_modules(commands.__path__)
-        if not info.name.startswith("_")
-    )
+    return [name for name in _module_names() if not name.startswith("_")]
 
 
 SCRIPT_USAGE = "%(prog)s SCRIPT [options] [-- SCRIPT_ARGS...]"
@@ -111,10 +119,13 @@ def add_script_arguments(parser: argparse.ArgumentParser, script_help: str) -> N
 def launch_of(args: argparse.Namespace) -> Any:
     """The probe's :class:`~gradient_doctor.probes.runtime.Launch` from the script options."""
     from gradient_doctor.probes.runtime.launch import Launch
+
+    if args.max_memory is None:  # safety (and its dataclass import) only when a cap is asked
+        return Launch(python=args.python)
     from gradient_doctor.skill_server.safety import InputError, parse_memory_size
 
     try:
-        cap = parse_memory_size(args.max_memory) if args.max_memory is not None else None
+        cap = parse_memory_size(args.max_memory)
     except InputError as exc:
         raise UsageError(f"--max-memory: {exc}") from None
     return Launch(python=args.python, max_memory=cap)
@@ -132,10 +143,10 @@ def _command_modules(only: str | None = None) -> list[ModuleType]:
     """The command modules; ``only``: just that one (module file named like the command), so
     that ``serve`` starts without importing what the other commands need."""
     found = []
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
-        if info.name.startswith("_") or (only is not None and info.name != only):
+    for name in _command_names():
+        if only is not None and name != only:
             continue
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        module = importlib.import_module(f"{commands.__name__}.{name}")
         if hasattr(module, "run") and hasattr(module, "NAME"):
             found.append(module)
     return found
@@ -198,6 +209,11 @@ def entry() -> None:
     exit. After the commands in :data:`_EXIT_WITHOUT_TEARDOWN` the output is flushed and the
     process ends at once (``os._exit``, as mypy does), skipping the interpreter's teardown."""
     words = sys.argv[1:]
+    if words[:1] == ["probe"]:
+        # The supervisor's interpreter starts beside the parsing (``probes.runtime.prestart``).
+        from gradient_doctor.probes.runtime.prestart import prestart_supervisor
+
+        prestart_supervisor()
     code = main()
     if words and words[0] in _EXIT_WITHOUT_TEARDOWN:
         try:

@@ -21,9 +21,8 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 #: Folder names taken for a project's virtualenv, in order of preference.
 VENV_NAMES = (".venv", "venv")
@@ -37,9 +36,9 @@ class InterpreterError(ValueError):
     """``--python`` names nothing usable: one line, no traceback."""
 
 
-@dataclass(frozen=True)
-class Interpreter:
-    """The interpreter chosen for a probe run and why."""
+class Interpreter(NamedTuple):
+    """The interpreter chosen for a probe run and why (a named tuple, not a dataclass: see
+    ``launch.Launch``)."""
 
     path: str
     source: Source

@@ -29,14 +29,15 @@ import threading
 import time
 import zlib
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from gradient_doctor.probes.runtime import interpreter as interpreters
 from gradient_doctor.probes.runtime.child import STAGED_PACKAGE
 from gradient_doctor.probes.runtime.child.channel import CHANNEL_ENV, SETTINGS_ENV
 from gradient_doctor.probes.runtime.child.rankenv import LAUNCHER_GD
+from gradient_doctor.probes.runtime.prestart import SECRET_ENV, take_prestarted
+from gradient_doctor.probes.runtime.prestart import supervisor_command as _supervisor_command
 
 DEVICES = ("auto", "cpu", "cuda")
 TERM_GRACE_S = 1.0
@@ -47,8 +48,6 @@ MAX_SCRIPT_BYTES = 10_000_000
 MAX_NPROC = 64
 #: The smallest ``max_memory`` accepted: below it no Python interpreter starts.
 MIN_MEMORY_BYTES = 64 * 2**20
-#: Environment variables never passed to the script: the server's bearer token.
-SECRET_ENV = frozenset({"GRADIENT_DOCTOR_TOKEN"})
 #: How long the supervisor may take to stop everything after ``stop`` (its grace + sweeps).
 SUPERVISOR_STOP_S = TERM_GRACE_S + 3.0
 #: How often a drain thread looks whether the run is over while its pipe is silent.
@@ -65,13 +64,10 @@ def supervisor_command(config_hex: str) -> list[str]:
     folder (appended to the path, after the standard library) and runs it. Imported, not run by
     path: a script given by path is compiled on every run (some 2.5 ms of the time before the
     script's interpreter can start), a module loads its cached bytecode."""
-    folder, name = str(SUPERVISOR_FILE.parent), SUPERVISOR_FILE.stem
-    code = f"import sys; sys.path.append({folder!r}); import {name}; {name}.run()"
-    return [sys.executable, "-I", "-S", "-c", code, config_hex]
+    return _supervisor_command(config_hex, str(SUPERVISOR_FILE))
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     """Where and how the script's process runs (the same for the CLI, ``check`` and the server).
 
     ``python``: the interpreter (path, command or virtualenv folder); None picks one
@@ -80,12 +76,16 @@ class Launch:
     ``$CONDA_PREFIX``, the tool's own. ``max_memory``: address-space cap of the script's
     process, bytes (status ``out-of-memory`` when it runs out). ``scrub_env``: environment
     variables kept from the script besides ``GRADIENT_DOCTOR_TOKEN`` (the server's secrets).
+
+    A named tuple rather than a dataclass: immutable and comparable all the same, and
+    ``dataclasses`` (with the ``inspect`` it imports, some 9 ms) stays off the path to the
+    script's start (:func:`start_probe`).
     """
 
     python: str | None = None
     venv_boundary: Path | None = None
     max_memory: int | None = None
-    scrub_env: frozenset[str] = field(default_factory=frozenset)
+    scrub_env: frozenset[str] = frozenset()
 
 
 class ProbeInputError(ValueError):
@@ -360,37 +360,60 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-@dataclass
 class StartedRun:
     """A probe run whose supervisor has been started: what the runner needs to watch it.
 
     ``folder`` is the run's private temporary folder (channel, reports, the staged child);
     :meth:`close` removes it (or starts removing it). ``started`` is the
-    ``time.perf_counter()`` just before launch.
+    ``time.perf_counter()`` just before launch. A plain class, not a dataclass: see
+    :class:`Launch`.
     """
 
-    process: subprocess.Popen[bytes]
-    folder: Path
-    channel: Path
-    report: Path
-    script: Path
-    args: list[str]
-    workdir: Path
-    interpreter: interpreters.Interpreter
-    scrubbed: list[str]
-    steps: int
-    timeout_s: float
-    sample_every: int
-    max_memory: int | None
-    nproc: int | None
-    patched: bool
-    started: float
-    stdout: OutputTail
-    stderr: OutputTail
-    closing: threading.Event
-    closed: bool = False
-    #: The thread removing the run's folder after ``close(wait=False)``.
-    removal: threading.Thread | None = None
+    def __init__(
+        self,
+        *,
+        process: subprocess.Popen[bytes],
+        folder: Path,
+        channel: Path,
+        report: Path,
+        script: Path,
+        args: list[str],
+        workdir: Path,
+        interpreter: interpreters.Interpreter,
+        scrubbed: list[str],
+        steps: int,
+        timeout_s: float,
+        sample_every: int,
+        max_memory: int | None,
+        nproc: int | None,
+        patched: bool,
+        started: float,
+        stdout: OutputTail,
+        stderr: OutputTail,
+        closing: threading.Event,
+    ) -> None:
+        self.process = process
+        self.folder = folder
+        self.channel = channel
+        self.report = report
+        self.script = script
+        self.args = args
+        self.workdir = workdir
+        self.interpreter = interpreter
+        self.scrubbed = scrubbed
+        self.steps = steps
+        self.timeout_s = timeout_s
+        self.sample_every = sample_every
+        self.max_memory = max_memory
+        self.nproc = nproc
+        self.patched = patched
+        self.started = started
+        self.stdout = stdout
+        self.stderr = stderr
+        self.closing = closing
+        self.closed = False
+        #: The thread removing the run's folder after ``close(wait=False)``.
+        self.removal: threading.Thread | None = None
 
     def child_pid(self) -> int | None:
         """The script process's pid, as the shim recorded it (for the last-resort group kill)."""
@@ -458,6 +481,27 @@ class StartedRun:
             name="gd-remove-run-folder",
         )
         self.removal.start()
+
+
+def _hand_over(supervision: dict[str, Any], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+    """Give the run to the supervisor started ahead of it (``prestart``), if there is one: its
+    configuration, with the script's environment, as one line on its stdin. None: there is
+    none, or it could not take the run (it is then ended, and the caller starts one)."""
+    process = take_prestarted()
+    if process is None:
+        return None
+    line = marshal.dumps({**supervision, "env": env}).hex().encode("ascii") + b"\n"
+    try:
+        if process.stdin is None:
+            raise ValueError("no pipe to the supervisor")
+        process.stdin.write(line)
+        process.stdin.flush()
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError):
+            process.kill()
+        process.wait()
+        return None
+    return process
 
 
 def _child_environment(
@@ -547,7 +591,7 @@ def start_probe(
             "grace_s": TERM_GRACE_S,
         }
         started = time.perf_counter()
-        process = subprocess.Popen(
+        process = _hand_over(supervision, env) or subprocess.Popen(
             # marshal, not JSON: the supervisor reads it without importing json (built in).
             supervisor_command(marshal.dumps(supervision).hex()),
             stdin=subprocess.PIPE,

@@ -70,6 +70,9 @@ LEFTOVER_GRACE_S = 0.3
 #: Bound on the final sweeps (a process forking as fast as we kill still ends the sweep).
 SWEEP_LIMIT_S = 5.0
 POLL_S = 0.5
+#: ``argv[1]`` of a supervisor started ahead of its run (the same text as
+#: ``prestart.CONFIG_ON_STDIN``; not imported: this file imports nothing of the tool's).
+CONFIG_ON_STDIN = "-"
 _DEADLY = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -101,6 +104,24 @@ def _set_parent_death_signal(expected_parent: int) -> None:
         PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != expected_parent:
         os._exit(1)
+
+
+def _read_line(fd: int) -> tuple[bytes, bytes]:
+    """Read ``fd`` up to the first newline: (the line without it, what came after it). End of
+    file before a newline gives an empty line."""
+    data = b""
+    while b"\n" not in data:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except InterruptedError:  # pragma: no cover - retried by Python itself (PEP 475)
+            continue
+        except OSError:
+            return b"", b""
+        if not chunk:
+            return b"", b""
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line, rest
 
 
 def _catchable() -> set[int]:
@@ -219,7 +240,10 @@ def _start_child(config: dict[str, Any], prepare: Any, state: dict[str, Any], re
             os.dup2(devnull, 0)
             if devnull != 0:
                 os.close(devnull)
-            os.execvp(command[0], command)
+            env = config.get("env")
+            if env is None:
+                os.execvp(command[0], command)
+            os.execvpe(command[0], command, env)
         except OSError as exc:
             message = f"{exc.strerror or exc}: {command[0]}"
         except BaseException as exc:  # whatever fails before exec must reach the shim
@@ -394,7 +418,19 @@ def _describe_status(status: int | None) -> dict[str, Any]:
 
 def main() -> int:
     """Supervise one probe run (see the module docstring); the report says what happened."""
-    config: dict[str, Any] = marshal.loads(bytes.fromhex(sys.argv[1]))
+    pending = b""
+    if sys.argv[1] == CONFIG_ON_STDIN:
+        # Started ahead of the run (``probes.runtime.prestart``): the configuration comes as
+        # one line on the lifeline, and the process works in the run's folder as it would
+        # have been started there. No line (end of file): no run came, nothing to do.
+        line, pending = _read_line(0)
+        if not line:
+            return 0
+        config: dict[str, Any] = marshal.loads(bytes.fromhex(line.decode("ascii")))
+        with _suppress(OSError, KeyError):
+            os.chdir(config["run_folder"])
+    else:
+        config = marshal.loads(bytes.fromhex(sys.argv[1]))
     caller = int(config["caller_pid"])
     if PRCTL is not None:
         PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -404,7 +440,7 @@ def main() -> int:
     os.set_blocking(wake_write, False)
     os.set_blocking(wake_read, False)
     signal.set_wakeup_fd(wake_write)
-    stop: dict[str, str] = {}
+    stop: dict[str, str] = {"reason": "stop"} if b"stop" in pending else {}
 
     def on_deadly(signum: int, _frame: Any) -> None:
         stop.setdefault("reason", _signal_name(signum))
