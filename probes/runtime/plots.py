@@ -103,11 +103,9 @@ def _png(figure: Figure) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(figure)
-    legends = [figure.legends, *([axes.get_legend()] for axes in figure.axes)]
-    entries = [
-        text.get_text() for group in legends for legend in group if legend for text in legend.texts
-    ]
-    title = figure._suptitle.get_text() if figure._suptitle is not None else ""
+    legends = [*figure.legends, *(axes.get_legend() for axes in figure.axes)]
+    entries = [text.get_text() for legend in legends if legend is not None for text in legend.texts]
+    title = figure.get_suptitle()
     metadata = {"Title": " ".join(title.split()), "Description": "; ".join(entries)}
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI, facecolor="white", metadata=metadata)
@@ -414,9 +412,7 @@ def total_norm_png(result: ProbeResult) -> bytes:
     limits = sorted({r.clip_max_norm for r in records if _finite(r.clip_max_norm)})
     for limit in limits:
         late = " (clip after the step: not applied)" if clipped_late else ""
-        axes.axhline(
-            limit, color="black", linewidth=1.2, label=f"clip max_norm = {limit:g}{late}"
-        )
+        axes.axhline(limit, color="black", linewidth=1.2, label=f"clip max_norm = {limit:g}{late}")
     top = max(finite_raw, default=1.0)
     bottom = min(finite_raw, default=1.0)
     for value, name, style in ((warn, "warning", ":"), (crit, "critical", "-.")):
@@ -542,11 +538,10 @@ def _total_norm_per_optimizer_png(result: ProbeResult, indices: list[int]) -> by
                 label=f"{label}: loss",
             )
     limits = sorted({r.clip_max_norm for r in result.records if _finite(r.clip_max_norm)})
+    clipped_late = _clip_note(result.records) == " (clip after the step: unclipped)"
     for limit in limits:
         late = " (clip after the step: not applied)" if clipped_late else ""
-        axes.axhline(
-            limit, color="black", linewidth=1.2, label=f"clip max_norm = {limit:g}{late}"
-        )
+        axes.axhline(limit, color="black", linewidth=1.2, label=f"clip max_norm = {limit:g}{late}")
     for value, name, style in ((warn, "warning", ":"), (crit, "critical", "-.")):
         if value is not None and value <= top * 10:
             axes.axhline(

@@ -295,14 +295,14 @@ class ProbeResult(_Series):
         return self.status in SUCCESS_STATUSES
 
 
-def optimizer_label(index: int, kinds: Sequence[str] | None, names: Sequence[str | None] | None) -> str:
+def optimizer_label(
+    index: int, kinds: Sequence[str] | None, names: Sequence[str | None] | None
+) -> str:
     """How reports, findings and plots name one optimizer: ```optimizerG` (Adam)`` when the
     script's own name is known and no other optimizer has it, else ``optimizer 1 (Adam)``."""
     kinds, names = kinds or [], names or []
     kind = kinds[index] if index < len(kinds) else None
     name = names[index] if index < len(names) else None
-    if name and list(names).count(name) == 1:
-        label = f"`{name}`"
-    else:
-        label = f"optimizer {index}"
+    unique = bool(name) and list(names).count(name) == 1
+    label = f"`{name}`" if unique else f"optimizer {index}"
     return label + (f" ({kind})" if kind else "")

@@ -77,7 +77,7 @@ class NanLossBeforeBackward(Signal):
         )
 
 
-def _log_message(run: RunSeries, point: StepPoint, loss: float) -> str:
+def _log_message(run: RunSeries, point: StepPoint, loss: float | None) -> str:
     """What a training log shows about its first non-finite loss, and only that.
 
     The probe sees the batch entering the forward, the loss given to ``backward()``, the
