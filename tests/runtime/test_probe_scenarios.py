@@ -329,7 +329,12 @@ def test_a_gan_probe_text_has_a_norm_line_per_optimizer(results: dict[str, Probe
         for line in render("server/probe.md.j2", r=report).splitlines()
         if "gradient norm per step" in line
     ]
-    assert [line.split(",")[0] for line in lines] == ["Optimizer 0 (Adam)", "Optimizer 1 (Adam)"]
+    # Named as the script names them (``optD``, ``optG``), in the order they first stepped.
+    assert result.optimizer_names == ["optD", "optG"]
+    assert [line.split(",")[0] for line in lines] == [
+        "Optimizer `optD` (Adam)",
+        "Optimizer `optG` (Adam)",
+    ]
     for index, line in enumerate(lines):
         own = [r.total_norm for r in result.records if r.optimizer == index][:12]
         assert line.split(": ", 1)[1].split(" …")[0] == ", ".join(str(round(v, 4)) for v in own)
