@@ -1237,6 +1237,24 @@ class PairMarginHead(torch.nn.Module):
 """,
             (11, 16),
         ),
+        # The same sine written as a power or a method, of a cosine clamped to exactly [-1, 1].
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+class PowerMarginHead(torch.nn.Module):
+    def forward(self, emb, label):
+        cos_t = torch.mm(F.normalize(emb), F.normalize(self.kernel, dim=0))
+        cos_t = cos_t.clamp(-1, 1)
+        sin_t = (1 - cos_t ** 2) ** 0.5
+        return cos_t * 0.87 - sin_t * 0.48
+class MethodMarginHead(torch.nn.Module):
+    def forward(self, emb, label):
+        cos_t = F.linear(F.normalize(emb), F.normalize(self.weight))
+        return cos_t * 0.87 - (1.0 - cos_t.pow(2)).sqrt() * 0.48
+""",
+            (8, 13),
+        ),
         # Followed step by step, the probability is never kept below 1: `1 - p` reaches 0.
         Invalid(
             """
@@ -1361,12 +1379,7 @@ def diffusion_loss(net, schedule_logits, x0, t):
             elif _clamped_at_zero(target) and not hazard.startswith("log"):
                 remedy = "clamp the input to a small positive minimum, not to 0"
             elif cosine is not None:
-                remedy = (
-                    f"`{shorten(code_of(cosine))}` is a cosine of normalised vectors: it "
-                    "reaches 1 (and rounds past it) when a feature aligns with a weight, where "
-                    "`1 - cos**2` is 0 (infinite gradient) or negative (NaN); clamp it to a "
-                    "small positive minimum"
-                )
+                remedy = _cosine_remedy(cosine)
             elif hazard.startswith("log") and _sigmoid_valued(func, target, 0):
                 # `log(sigmoid(x))` underflows to -inf for x below about -88 (float32).
                 remedy = "use `F.logsigmoid` of the logits (or clamp the input)"
@@ -1386,8 +1399,14 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 continue
             if _without_gradient(model, power) or positivity.gradient_free(base, func):
                 continue
+            cosine = _cosine_complement(model, func, base)
             yield self._finding(
-                power, base, _clamped, "an infinite gradient at 0", "clamp the input"
+                power,
+                base,
+                _clamped,
+                "an infinite gradient at 0",
+                "clamp the input" if cosine is None else _cosine_remedy(cosine),
+                forward_pass=not scope.in_loss(func, stmt),
             )
         for division, stmt, func in _divisions(model):
             if only is not None and id(func) not in only:
@@ -1881,6 +1900,14 @@ def _cosine_complement(
     if base is None or not _unit_cosine(model, func, base, 0):
         return None
     return base
+
+
+def _cosine_remedy(cosine: cst.BaseExpression) -> str:
+    return (
+        f"`{shorten(code_of(cosine))}` is a cosine of normalised vectors: it reaches 1 (and "
+        "rounds past it) when a feature aligns with a weight, where `1 - cos**2` is 0 "
+        "(infinite gradient) or negative (NaN); clamp it to a small positive minimum"
+    )
 
 
 def _unit_cosine(model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
@@ -3583,7 +3610,9 @@ def _fractional_powers(
         whole = scope.whole_loss(func)
         # Only loss code is read: a whole loss function, or the values assigned to `*loss*`
         # names elsewhere (walking every function would cost a second pass over the file).
-        if whole:
+        # In a model's forward pass, only the sine of an angular margin is a certain hazard.
+        forward_only = not whole and id(func) in scope.forward
+        if whole or forward_only:
             roots: list[cst.CSTNode] = [func.node]
         else:
             roots = [
@@ -3600,9 +3629,18 @@ def _fractional_powers(
                 ):
                     continue
                 found = exponent_of(node)
-                if found is None or not 0 < found[1] < 1 or not _tensor_valued(node.left):
+                if found is None or not 0 < found[1] < 1:
                     continue
-                if _guarded(node.left):
+                # A cosine's complement is a tensor however it is written (`1 - c ** 2`).
+                cosine = forward_only and _cosine_complement(model, func, node.left) is not None
+                if not (cosine or _tensor_valued(node.left)) or _guarded(node.left):
+                    continue
+                if forward_only:
+                    if not cosine:
+                        continue
+                    stmt = _statement_of(model, node)
+                    if stmt is not None and not _statement_guards(stmt):
+                        yield node, stmt, func
                     continue
                 stmt = _statement_of(model, node)
                 if stmt is None or not (whole or assigns_loss(stmt, func)):
