@@ -345,8 +345,11 @@ class Positivity:
             # `torch.maximum(x, eps)`, `max(n, 1)`: at least the positive one.
             return any(self._positive(arg, func, depth + 1, seen) for arg in positional)
         if name == "where" and len(positional) == 3:
-            return self._positive(positional[1], func, depth + 1, seen) and self._positive(
-                positional[2], func, depth + 1, seen
+            chosen, other = positional[1], positional[2]
+            return all(
+                self._positive(branch, func, depth + 1, seen)
+                or _selected_above_zero(positional[0], branch, taken)
+                for branch, taken in ((chosen, True), (other, False))
             )
         subject = _subject(call, self._torch_aliases(func))
         if (
@@ -1007,6 +1010,33 @@ def _unpacked_attribute_values(
                     if dotted_name(element.value) == text and isinstance(value, cst.Element):
                         found.append(value.value)
     return found
+
+
+def _selected_above_zero(
+    condition: cst.BaseExpression, branch: cst.BaseExpression, taken: bool
+) -> bool:
+    """``torch.where(p < 1e-6, floor, p)``: the branch is the compared value itself, and
+    the condition (true for the first branch, false for the second) keeps only values above
+    0 there (``p >= 1e-6``, ``p > 0``)."""
+    if not isinstance(condition, cst.Comparison) or len(condition.comparisons) != 1:
+        return False
+    target = condition.comparisons[0]
+    bound = number_value(target.comparator, arithmetic=True)
+    if bound is None or code_of(condition.left) != code_of(branch):
+        return False
+    symbol = {
+        cst.LessThan: "<",
+        cst.LessThanEqual: "<=",
+        cst.GreaterThan: ">",
+        cst.GreaterThanEqual: ">=",
+    }.get(type(target.operator))
+    if not taken:  # the second branch sees the negated condition
+        symbol = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}.get(symbol or "")
+    if symbol == ">":
+        return bound >= 0
+    if symbol == ">=":
+        return bound > 0
+    return False
 
 
 def _mentions(node: cst.BaseExpression, name: str) -> bool:

@@ -77,6 +77,12 @@ def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
         ("(2 * (a * b).sum() + 1.0) / ((a + b).sum() + 0.0)", False),
         ("(2 * (a * b).sum() + eps) / ((a + b).sum() + eps)", True),
         ("(2 * (a * b).sum()) / ((a + b).sum() + eps)", False),
+        # A `where` that keeps the value only where a comparison puts it above 0.
+        ("torch.where(x < 1e-6, torch.full_like(x, 1e-6), x)", True),
+        ("torch.where(x > 0, x, torch.ones_like(x))", True),
+        ("torch.where(x < 0, torch.ones_like(x), x)", False),
+        ("torch.where(x >= 0, x, torch.ones_like(x))", False),
+        ("torch.where(x > 0, a, torch.ones_like(x))", False),
     ],
 )
 def test_positive_by_construction(expression: str, positive: bool) -> None:

@@ -715,6 +715,14 @@ class ScoreMatching(torch.nn.Module):
         t = torch.clamp(torch.rand(x0.shape[0]), margin, 1.0 - margin)
         return self.loss_at(x0, t)
 """,
+        # A floor written as a `where`: the probability is kept only where it is >= 1e-6.
+        """
+import torch
+def floored_nll_loss(logits, target):
+    p = torch.sigmoid(logits)
+    p = torch.where(p < 1e-6, torch.full_like(p, 1e-6), p)
+    return -(target * torch.log(p)).mean()
+""",
         # ArcFace margins whose cosine is kept strictly inside (-1, 1), or whose `1 - cos**2`
         # is clamped to a positive minimum.
         """
