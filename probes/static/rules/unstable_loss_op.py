@@ -715,6 +715,14 @@ class ScoreMatching(torch.nn.Module):
         t = torch.clamp(torch.rand(x0.shape[0]), margin, 1.0 - margin)
         return self.loss_at(x0, t)
 """,
+        # The divided total itself is tested against 0 first: the empty batch returns early.
+        """
+import torch
+def masked_l1_loss(pred, target, mask):
+    if mask.sum() == 0:
+        return pred.sum() * 0.0
+    return ((pred - target).abs() * mask).sum() / mask.sum()
+""",
         # A floor written as a `where`: the probability is kept only where it is >= 1e-6.
         """
 import torch
@@ -3978,7 +3986,10 @@ def _checked_against_zero(model: FileModel, func: FuncInfo, target: cst.BaseExpr
     """A condition of the function compares the value with 0 (``if beta == 0: ... else:
     log(beta)``, ``assert eps > 0``, ``if n > 0: x / n``)."""
     text = code_of(_strip(target))
-    if not text.isidentifier() and not all(p.isidentifier() for p in text.split(".")):
+    # A name (`if n > 0:`) or the very expression divided by (`if mask.sum() == 0: return`).
+    if not all(p.isidentifier() for p in text.split(".")) and not isinstance(
+        _strip(target), cst.Call
+    ):
         return False
     for node in walk(func.node):
         if not isinstance(node, cst.Comparison):
