@@ -119,6 +119,47 @@ REDUCTIONS_OF_SOME = frozenset({"sum", "mean", "amax", "max"})
 MASK_BUILDERS = frozenset({"zeros", "ones", "eye", "zeros_like", "ones_like"})
 """Calls that build an array of 0s and 1s (or cast a mask)."""
 CONSTRUCTOR = "__init__"
+FORWARD_METHODS = frozenset({"forward", "__call__"})
+DETACHED_ATTRIBUTES = frozenset({"data", "shape", "dtype", "device", "ndim", "is_cuda"})
+"""Attributes of a tensor that carry no gradient."""
+TENSOR_PROPERTIES = frozenset({"T", "mT", "real", "imag"})
+"""Attributes of a tensor that keep its gradient (and its freedom from one)."""
+MATH_MODULES = frozenset({"math", "np", "numpy"})
+LIBRARY_HEADS = frozenset({"torch", "th", "F", "np", "numpy", "math", "nn"})
+DETACHING_CALLS = frozenset(
+    {"detach", "detach_", "item", "tolist", "numpy", "len", "int", "float", "range", "size"}
+)
+"""Calls whose result carries no gradient (Python numbers, sizes, detached tensors)."""
+SAMPLED_OR_CONSTANT = frozenset(
+    {
+        "rand",
+        "randn",
+        "randint",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "randperm",
+        "arange",
+        "linspace",
+        "logspace",
+        "zeros",
+        "ones",
+        "zeros_like",
+        "ones_like",
+        "empty",
+        "empty_like",
+        "full_like",
+        "eye",
+        "tensor",
+        "as_tensor",
+        "from_numpy",
+    }
+)
+"""Tensors made by sampling or from constants: leaves without a gradient (``torch.tensor``
+copies even a tensor that has one). ``requires_grad=True`` among the arguments says
+otherwise."""
+GRADIENT_READERS = frozenset({"grad"})
+"""``torch.autograd.grad(..., create_graph=True)`` can carry a second-order gradient."""
 OFFSET_WORDS = ("eps", "epsilon", "offset", "smooth", "tiny", "floor")
 
 
@@ -170,6 +211,10 @@ class Positivity:
             return value > 0
         if isinstance(node, cst.Name | cst.Attribute) and offset_name(_last_part(node)):
             return True
+        if isinstance(node, cst.Name | cst.Attribute):
+            reaching = reaching_value(func.model or self.model, node)
+            if reaching is not None and self._positive(reaching, func, depth + 1, seen):
+                return True
         if isinstance(node, cst.Name):
             return self._name_positive(node.value, func, depth, seen)
         if isinstance(node, cst.Attribute):
@@ -213,13 +258,53 @@ class Positivity:
                 self._positive(right, func, depth + 1, seen)
                 and self._non_negative(left, func, depth + 1, seen)
             )
+        if isinstance(node.operator, cst.Divide) and self._smoothed_ratio(left, right, func):
+            return True
         if isinstance(node.operator, cst.Multiply | cst.Divide):
             return self._positive(left, func, depth + 1, seen) and self._positive(
                 right, func, depth + 1, seen
             )
         if isinstance(node.operator, cst.Power):
             return self._positive(left, func, depth + 1, seen)
+        if isinstance(node.operator, cst.Subtract):
+            # `1.0 - p` with `p` kept strictly below 1 (`p = clamp(p, eps, 1 - eps)`).
+            ceiling = number_value(left, arithmetic=True)
+            return ceiling is not None and self.below(right, ceiling, func, depth + 1)
         return False
+
+    def _smoothed_ratio(
+        self, left: cst.BaseExpression, right: cst.BaseExpression, func: FuncInfo
+    ) -> bool:
+        """``(2 * inter + smooth) / (union + smooth)``: the same positive smoothing term added
+        to the numerator and the denominator (Laplace smoothing of a Dice, IoU or Tversky
+        ratio). It is there to keep the ratio off 0/0 and off 0 when a prediction and its
+        target do not overlap; the overlap it is added to is a count or a sum of products
+        of non-negative maps (learned from static9 Loss_ToolBox, whose ``-log(1 - dice)``
+        takes the log of such a ratio)."""
+        numerator = self._single_definition(left, func)
+        denominator = self._single_definition(right, func)
+        if not all(
+            isinstance(side, cst.BinaryOperation) and isinstance(side.operator, cst.Add)
+            for side in (numerator, denominator)
+        ):
+            return False
+        assert isinstance(numerator, cst.BinaryOperation)
+        assert isinstance(denominator, cst.BinaryOperation)
+        offset = code_of(numerator.right)
+        return (
+            offset == code_of(denominator.right)
+            and isinstance(numerator.right, cst.Name | cst.Attribute | cst.Integer | cst.Float)
+            and self._positive(numerator.right, func, 0, frozenset())
+        )
+
+    def _single_definition(self, node: cst.BaseExpression, func: FuncInfo) -> cst.BaseExpression:
+        """What a local name stands for when it is assigned once (else ``node`` itself)."""
+        node = self._same_value(node)
+        if isinstance(node, cst.Name):
+            values = func.assigns.get(node.value, [])
+            if len(values) == 1:
+                return self._same_value(values[0])
+        return node
 
     def _call_positive(
         self, call: cst.Call, func: FuncInfo, depth: int, seen: frozenset[str]
@@ -260,8 +345,11 @@ class Positivity:
             # `torch.maximum(x, eps)`, `max(n, 1)`: at least the positive one.
             return any(self._positive(arg, func, depth + 1, seen) for arg in positional)
         if name == "where" and len(positional) == 3:
-            return self._positive(positional[1], func, depth + 1, seen) and self._positive(
-                positional[2], func, depth + 1, seen
+            chosen, other = positional[1], positional[2]
+            return all(
+                self._positive(branch, func, depth + 1, seen)
+                or _selected_above_zero(positional[0], branch, taken)
+                for branch, taken in ((chosen, True), (other, False))
             )
         subject = _subject(call, self._torch_aliases(func))
         if (
@@ -565,6 +653,272 @@ class Positivity:
             )
         return False
 
+    # -- upper bounds -------------------------------------------------------------------------
+    def below(
+        self, node: cst.BaseExpression, ceiling: float, func: FuncInfo, depth: int = 0
+    ) -> bool:
+        """``node`` stays strictly below ``ceiling`` by construction: a clamp whose maximum is
+        below it (``clamp(p, eps, 1 - eps)``), ``c - q`` with ``c <= ceiling`` and ``q``
+        positive (a Dice loss ``1 - ratio`` of a smoothed ratio), ``exp`` of a negated
+        positive value (below 1), a mean or maximum of such values, reached through the
+        definition that reaches the read and through what a project function or module
+        returns."""
+        if depth > MAX_DEPTH:
+            return False
+        node = self._same_value(node)
+        value = number_value(node, arithmetic=True)
+        if value is not None:
+            return value < ceiling
+        if isinstance(node, cst.Name | cst.Attribute):
+            reaching = reaching_value(func.model or self.model, node)
+            if reaching is not None:
+                return self.below(reaching, ceiling, func, depth + 1)
+            if isinstance(node, cst.Name):
+                values = func.assigns.get(node.value, [])
+                return bool(values) and all(
+                    not _mentions(v, node.value) and self.below(v, ceiling, func, depth + 1)
+                    for v in values
+                )
+            return False
+        if isinstance(node, cst.Subscript):
+            return self.below(node.value, ceiling, func, depth + 1)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract):
+            start = number_value(node.left, arithmetic=True)
+            return (
+                start is not None
+                and start <= ceiling
+                and self._positive(node.right, func, depth + 1, frozenset())
+            )
+        if not isinstance(node, cst.Call):
+            return False
+        name = called_name(node)
+        if name in CLAMPS | {"clamp_max"}:
+            bound = clamp_bound(node, "max")
+            return bound is not None and self.below(bound, ceiling, func, depth + 1)
+        subject = _subject(node, self._torch_aliases(func))
+        if name in {"exp", "exp_"} and ceiling >= 1 and subject is not None:
+            negated = self._same_value(subject)
+            return (
+                isinstance(negated, cst.UnaryOperation)
+                and isinstance(negated.operator, cst.Minus)
+                and self._positive(negated.expression, func, depth + 1, frozenset())
+            )
+        if subject is not None and name in {"mean", "amax", "max", "amin", "min"} | SELECTIONS:
+            return self.below(subject, ceiling, func, depth + 1)
+        callee = self._callee(node, func)
+        if callee is None or callee is func or not callee.returns:
+            return False
+        returned = [
+            r for r in callee.returns if not (isinstance(r, cst.Name) and r.value == "None")
+        ]
+        return bool(returned) and all(
+            self.below(r, ceiling, callee, depth + 1) or _other_reduction(r, returned)
+            for r in returned
+        )
+
+    # -- values no gradient flows through -----------------------------------------------------
+    def gradient_free(self, node: cst.BaseExpression, func: FuncInfo) -> bool:
+        """No parameter's gradient flows through ``node``: it is built only from numbers,
+        settings, sampled or constant tensors (``torch.rand``, ``arange``, ``zeros_like``),
+        detached values and library arithmetic on them, through local names, parameters that
+        every caller fills that way, and project functions that compute from their
+        arguments alone (``get_noise(t, beta_min, beta_max)`` of a sampled time).
+
+        A root's infinite slope at 0 matters only where a gradient is taken: a noise
+        schedule ``sqrt(1 - exp(-cum_noise))`` of a sampled diffusion time is a constant for
+        autograd (learned from static9 Grad-TTS)."""
+        return self._gradient_free(node, func, 0, frozenset(), frozenset())
+
+    def _gradient_free(
+        self,
+        node: cst.BaseExpression,
+        func: FuncInfo,
+        depth: int,
+        seen: frozenset[str],
+        free_params: frozenset[str],
+    ) -> bool:
+        if depth > 2 * MAX_DEPTH:
+            return False
+        if number_value(node) is not None or isinstance(
+            node, cst.SimpleString | cst.ConcatenatedString | cst.FormattedString
+        ):
+            return True
+
+        def free(value: cst.BaseExpression) -> bool:
+            # Sub-expressions: the tree bounds them; only definitions and calls count depth.
+            return self._gradient_free(value, func, depth, seen, free_params)
+
+        if isinstance(node, cst.Comparison):
+            return True  # booleans carry no gradient
+        if isinstance(node, cst.UnaryOperation):
+            return free(node.expression)
+        if isinstance(node, cst.BinaryOperation):
+            return free(node.left) and free(node.right)
+        if isinstance(node, cst.IfExp):
+            return free(node.body) and free(node.orelse)
+        if isinstance(node, cst.Subscript):
+            return free(node.value)
+        if isinstance(node, cst.List | cst.Tuple):
+            return all(isinstance(e, cst.Element) and free(e.value) for e in node.elements)
+        if isinstance(node, cst.Attribute):
+            if node.attr.value in DETACHED_ATTRIBUTES:
+                return True
+            if dotted_name(node.value) in MATH_MODULES:
+                return True  # `math.pi`, `np.e`
+            if not (dotted_name(node) or "").startswith("self."):
+                return free(node.value) and node.attr.value in TENSOR_PROPERTIES
+            return self._setting_free(node, func, depth, seen)
+        if isinstance(node, cst.Name):
+            return self._name_free(node, func, depth, seen, free_params)
+        if isinstance(node, cst.Call):
+            return self._call_free(node, func, depth, seen, free_params)
+        return False
+
+    def _name_free(
+        self,
+        node: cst.Name,
+        func: FuncInfo,
+        depth: int,
+        seen: frozenset[str],
+        free_params: frozenset[str],
+    ) -> bool:
+        name = node.value
+        if name in free_params or name in {"True", "False", "None"}:
+            return True
+        reaching = reaching_value(func.model or self.model, node)
+        if reaching is not None:
+            return self._gradient_free(reaching, func, depth + 1, seen, free_params)
+        key = f"{id(func)}:{name}"
+        if key in seen:
+            return True  # `t = t.unsqueeze(-1)`: the other definitions decide
+        values = func.assigns.get(name, [])
+        sites = func.assign_sites.get(name, [])
+        if values:
+            if any(_unpacked_index(name, v, sites) is not None for v in values):
+                return False
+            if any(isinstance(site, cst.AugAssign) for site in sites):
+                return False
+            inner = seen | {key}
+            if not all(self._gradient_free(v, func, depth + 1, inner, free_params) for v in values):
+                return False
+            return name not in func.params or self._parameter_free(name, func, depth)
+        if name in func.params:
+            return self._parameter_free(name, func, depth)
+        module = (func.model or self.model).module_info
+        constants = module.assigns.get(name, [])
+        return (
+            module is not func
+            and len(constants) == 1
+            and self._gradient_free(constants[0], module, depth + 1, seen | {key}, frozenset())
+        )
+
+    def _parameter_free(self, name: str, func: FuncInfo, depth: int) -> bool:
+        """Every caller of ``func`` in its file passes a gradient-free ``name`` (a caller that
+        leaves it out gets the default)."""
+        node = func.node
+        if not isinstance(node, cst.FunctionDef) or depth >= 2 * MAX_DEPTH:
+            return False
+        default = _default_of(node, name)
+        callers = self.callers_of(func)
+        if not callers:
+            # No caller in the file: a numeric default says the parameter is a setting.
+            return default is not None and number_value(default, arithmetic=True) is not None
+        for call, caller in callers:
+            if any(arg.star for arg in call.args):
+                return False
+            argument = dict(bind_arguments(call, node)).get(name)
+            if argument is None:
+                if default is None or not self._gradient_free(
+                    default, func, depth + 1, frozenset(), frozenset()
+                ):
+                    return False
+            elif not self._gradient_free(argument, caller, depth + 1, frozenset(), frozenset()):
+                return False
+        return True
+
+    def _setting_free(
+        self, node: cst.Attribute, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> bool:
+        """``self.beta_min``: every assignment of the attribute is gradient-free, where a
+        constructor's parameter is a setting (a number the object was configured with)."""
+        text = dotted_name(node)
+        if text is None or text in seen:
+            return text is not None
+        model = func.model or self.model
+        values = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+        values = values or _unpacked_attribute_values(model, func.class_name, text)
+        if not values:
+            return False
+        for value in values:
+            owner = model.function_holding(value)
+            if (
+                owner.name == CONSTRUCTOR
+                and isinstance(value, cst.Name)
+                and value.value in owner.params
+                and value.value not in owner.assigns
+            ):
+                continue
+            if not self._gradient_free(value, owner, depth + 1, seen | {text}, frozenset()):
+                return False
+        return True
+
+    def _call_free(
+        self,
+        call: cst.Call,
+        func: FuncInfo,
+        depth: int,
+        seen: frozenset[str],
+        free_params: frozenset[str],
+    ) -> bool:
+        name = called_name(call)
+        for arg in call.args:
+            if (
+                arg.keyword is not None
+                and arg.keyword.value == "requires_grad"
+                and not (isinstance(arg.value, cst.Name) and arg.value.value == "False")
+            ):
+                return False
+        if name in {"requires_grad_", "Parameter"} or name in GRADIENT_READERS:
+            return False
+        if name in DETACHING_CALLS or name in SAMPLED_OR_CONSTANT:
+            return True
+        arguments = [arg.value for arg in call.args]
+        text = dotted_name(call.func) or ""
+        head = text.split(".", 1)[0]
+        library = head in LIBRARY_HEADS or head in self._torch_aliases(func)
+        if library and name[:1].islower():
+            return all(self._gradient_free(a, func, depth, seen, free_params) for a in arguments)
+        if isinstance(call.func, cst.Attribute) and not library:
+            owner = call.func.value
+            if not (dotted_name(owner) or "").startswith("self") and self._gradient_free(
+                owner, func, depth, seen, free_params
+            ):
+                # A tensor method of a gradient-free tensor (`t.unsqueeze(-1)`).
+                return all(
+                    self._gradient_free(a, func, depth, seen, free_params) for a in arguments
+                )
+        callee = self._callee(call, func)
+        if (
+            callee is None
+            or callee is func
+            or not callee.returns
+            or callee.name in FORWARD_METHODS
+            or not isinstance(callee.node, cst.FunctionDef)
+        ):
+            return False
+        # A project function computing from its arguments: free where they are.
+        bound = dict(bind_arguments(call, callee.node))
+        if any(arg.star for arg in call.args):
+            return False
+        free = frozenset(
+            param
+            for param, value in bound.items()
+            if self._gradient_free(value, func, depth, seen, free_params)
+        )
+        return all(
+            self._gradient_free(r, callee, depth + 1, frozenset(), free) for r in callee.returns
+        )
+
     # -- gradients ------------------------------------------------------------------------------
     def _autograd_gradient(
         self, node: cst.BaseExpression, func: FuncInfo, depth: int, seen: frozenset[str]
@@ -632,6 +986,85 @@ def _default_of(node: cst.FunctionDef, name: str) -> cst.BaseExpression | None:
         if param.name.value == name:
             return param.default
     return None
+
+
+def _unpacked_attribute_values(
+    model: FileModel, class_name: str | None, text: str
+) -> list[cst.BaseExpression]:
+    """The values ``self.a, self.b = a, b`` gives ``text`` in the methods of ``class_name``
+    (element by element; the file model records only single-target attributes)."""
+    found: list[cst.BaseExpression] = []
+    for func in model.functions:
+        if func.class_name != class_name or not isinstance(func.node, cst.FunctionDef):
+            continue
+        for node in walk(func.node):
+            if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Tuple):
+                continue
+            for target in node.targets:
+                if not isinstance(target.target, cst.Tuple):
+                    continue
+                elements = target.target.elements
+                if len(elements) != len(node.value.elements):
+                    continue
+                for element, value in zip(elements, node.value.elements, strict=True):
+                    if dotted_name(element.value) == text and isinstance(value, cst.Element):
+                        found.append(value.value)
+    return found
+
+
+def _selected_above_zero(
+    condition: cst.BaseExpression, branch: cst.BaseExpression, taken: bool
+) -> bool:
+    """``torch.where(p < 1e-6, floor, p)``: the branch is the compared value itself, and
+    the condition (true for the first branch, false for the second) keeps only values above
+    0 there (``p >= 1e-6``, ``p > 0``)."""
+    if not isinstance(condition, cst.Comparison) or len(condition.comparisons) != 1:
+        return False
+    target = condition.comparisons[0]
+    bound = number_value(target.comparator, arithmetic=True)
+    if bound is None or code_of(condition.left) != code_of(branch):
+        return False
+    symbol = {
+        cst.LessThan: "<",
+        cst.LessThanEqual: "<=",
+        cst.GreaterThan: ">",
+        cst.GreaterThanEqual: ">=",
+    }.get(type(target.operator))
+    if not taken:  # the second branch sees the negated condition
+        symbol = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}.get(symbol or "")
+    if symbol == ">":
+        return bound >= 0
+    if symbol == ">=":
+        return bound > 0
+    return False
+
+
+def _mentions(node: cst.BaseExpression, name: str) -> bool:
+    """``node`` reads the local name ``name``."""
+    return any(isinstance(n, cst.Name) and n.value == name for n in walk(node))
+
+
+def _other_reduction(value: cst.BaseExpression, returned: list[cst.BaseExpression]) -> bool:
+    """``loss.sum()`` returned next to ``loss.mean()`` (or ``loss`` itself) of the same
+    function: a ``reduction`` setting picks how one per-element value is reduced, and its
+    bound is the per-element one; the sum is the caller's explicit choice."""
+    if not isinstance(value, cst.Call) or called_name(value) != "sum":
+        return False
+    subject = _subject(value)
+    if subject is None:
+        return False
+    text = code_of(subject)
+    return any(
+        code_of(other) == text
+        or (
+            isinstance(other, cst.Call)
+            and called_name(other) == "mean"
+            and (inner := _subject(other)) is not None
+            and code_of(inner) == text
+        )
+        for other in returned
+        if other is not value
+    )
 
 
 def _element_written(name: str, func: FuncInfo) -> bool:
@@ -813,3 +1246,80 @@ def _unpacked_index(name: str, value: cst.BaseExpression, sites: list[cst.CSTNod
                     if isinstance(element.value, cst.Name) and element.value.value == name:
                         return index
     return None
+
+
+# -- reaching definitions -----------------------------------------------------------------------
+LOOPS = (cst.For, cst.While)
+
+
+def reaching_value(model: FileModel, node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The value that ``node`` (a name or ``self.x`` read in ``model``) holds where it is read:
+    the last plain assignment to it before the reading statement in straight-line code,
+    climbing out of ``if`` / ``with`` blocks (what is assigned before them still reaches).
+    None when an assignment inside an earlier compound statement, an in-place update, a
+    loop around the read that assigns it, or the start of the function comes first: the
+    caller then judges every definition of the name.
+
+    Real code reassigns one name step by step (``output = torch.sigmoid(output)``, then
+    ``output = torch.clamp(output, eps, 1 - eps)``): only the last step says what the value is
+    where it is used (learned from static9 Loss_ToolBox, whose ``log(1.0 - output)`` reads
+    the clamped value)."""
+    if not isinstance(node, cst.Name | cst.Attribute):
+        return None
+    text = dotted_name(node)
+    if text is None:
+        return None
+    current: cst.CSTNode = node
+    for parent in model.ancestors(node):
+        if isinstance(parent, cst.FunctionDef | cst.Lambda | cst.ClassDef | cst.Module):
+            return None
+        if isinstance(parent, cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp):
+            return None
+        if isinstance(parent, LOOPS) and _assigns(parent, text):
+            return None  # an assignment later in the loop reaches the next iteration
+        if isinstance(parent, cst.IndentedBlock):
+            statements = list(parent.body)
+            index = next((i for i, s in enumerate(statements) if s is current), None)
+            if index is None:
+                return None
+            for earlier in reversed(statements[:index]):
+                found = _assignment_in(earlier, text)
+                if found is not None:
+                    return found if isinstance(found, cst.BaseExpression) else None
+        current = parent
+    return None
+
+
+def _assignment_in(stmt: cst.CSTNode, text: str) -> cst.BaseExpression | bool | None:
+    """The value ``stmt`` assigns to ``text`` as a whole statement (``x = v``); True when it
+    changes ``text`` otherwise (an in-place update, a tuple target, a compound statement that
+    assigns it); None when it leaves it alone."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        for small in reversed(stmt.body):
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    if dotted_name(target.target) == text:
+                        return small.value
+                if _assigns(small, text):
+                    return True
+            elif isinstance(small, cst.AnnAssign | cst.AugAssign) and _assigns(small, text):
+                return True
+        return None
+    return True if _assigns(stmt, text) else None
+
+
+def _assigns(node: cst.CSTNode, text: str) -> bool:
+    """Something inside ``node`` binds or updates ``text``."""
+    for inner in walk(node):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(inner, cst.Assign):
+            targets = [t.target for t in inner.targets]
+        elif isinstance(inner, cst.AnnAssign | cst.AugAssign | cst.For | cst.CompFor):
+            targets = [inner.target]
+        elif isinstance(inner, cst.AsName):
+            targets = [inner.name] if isinstance(inner.name, cst.BaseExpression) else []
+        for target in targets:
+            for part in walk(target):
+                if isinstance(part, cst.Name | cst.Attribute) and dotted_name(part) == text:
+                    return True
+    return False

@@ -63,6 +63,26 @@ def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
         ("torch.cumsum(torch.exp(x), dim=-1)", True),
         ("torch.cumsum(x, dim=-1)", False),
         ("x.exp().cuda()", True),
+        # `c - q` with `q` kept strictly below `c`.
+        ("1.0 - x.clamp(1e-6, 1 - 1e-6)", True),
+        ("1.0 - torch.clamp(x, min=eps, max=1.0 - eps)", True),
+        ("1.0 - x.clamp(0, 1)", False),
+        ("1.0 - torch.sigmoid(x)", False),
+        ("1.0 - torch.exp(-torch.exp(x))", True),
+        ("1.0 - torch.exp(-x)", False),
+        ("1 - (1 - torch.exp(x)).mean()", True),
+        ("2.0 - x.clamp(max=2.0)", False),
+        # The same positive smoothing term on both sides of a ratio.
+        ("(2 * (a * b).sum() + 1.0) / ((a + b).sum() + 1.0)", True),
+        ("(2 * (a * b).sum() + 1.0) / ((a + b).sum() + 0.0)", False),
+        ("(2 * (a * b).sum() + eps) / ((a + b).sum() + eps)", True),
+        ("(2 * (a * b).sum()) / ((a + b).sum() + eps)", False),
+        # A `where` that keeps the value only where a comparison puts it above 0.
+        ("torch.where(x < 1e-6, torch.full_like(x, 1e-6), x)", True),
+        ("torch.where(x > 0, x, torch.ones_like(x))", True),
+        ("torch.where(x < 0, torch.ones_like(x), x)", False),
+        ("torch.where(x >= 0, x, torch.ones_like(x))", False),
+        ("torch.where(x > 0, a, torch.ones_like(x))", False),
     ],
 )
 def test_positive_by_construction(expression: str, positive: bool) -> None:
@@ -513,3 +533,141 @@ def test_loss_scope_reads_a_returned_negative_log_and_skips_interpolation_ratios
     assert in_loss == {"forward", "iou_term"}
     (spline,) = [f for f in model.functions if f.name == "spline"]
     assert interpolated_ratios(spline) == {"t"}
+
+
+def test_a_reassigned_name_is_read_at_its_last_definition_before_the_use() -> None:
+    checker, func = _function(
+        """
+        def f(logits, flip):
+            p = torch.sigmoid(logits)
+            p = p.view(-1)
+            p = torch.clamp(p, min=1e-6, max=1 - 1e-6)
+            y = 1.0 - p
+            if flip:
+                p = torch.sigmoid(-logits)
+            z = 1.0 - p
+            for step in range(3):
+                w = 1.0 - p
+                p = torch.sigmoid(logits * step)
+        """,
+        "f",
+    )
+    (y,), (z,), (w,) = func.assigns["y"], func.assigns["z"], func.assigns["w"]
+    assert checker.positive(y, func) is True
+    # A branch reassigns it: every definition decides, and one reaches 1.
+    assert checker.positive(z, func) is False
+    # A later assignment in the loop reaches the next iteration.
+    assert checker.positive(w, func) is False
+
+
+def test_one_minus_a_smoothed_dice_loss_returned_by_a_module_is_positive() -> None:
+    code = """
+        import torch
+        class Dice(torch.nn.Module):
+            def __init__(self, reduction="mean"):
+                super().__init__()
+                self.smooth = 1.0
+                self.reduction = reduction
+            def forward(self, p, t):
+                num = 2 * (p * t).sum(1) + self.smooth
+                den = (p + t).sum(1) + self.smooth
+                loss = 1 - num / den
+                if self.reduction == "sum":
+                    return loss.sum()
+                return loss.mean()
+        class Total(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.dice = Dice()
+            def forward(self, p, t):
+                y = 1 - self.dice(p, t)
+                return y
+        """
+    model = FileModel(cst.parse_module(textwrap.dedent(code)))
+    (func,) = [f for f in model.functions if f.class_name == "Total" and f.name == "forward"]
+    (value,) = func.assigns["y"]
+    assert Positivity(model).positive(value, func) is True
+
+
+GRADIENT_FREE = """
+import math
+import torch
+def schedule(t, low, high):
+    return low * t + 0.5 * (high - low) * t ** 2
+class Noise(torch.nn.Module):
+    def __init__(self, net, low=0.1, high=20.0):
+        super().__init__()
+        self.net, self.low, self.high = net, low, high
+        self.gain = torch.nn.Parameter(torch.ones(1))
+    def level(self, x, t):
+        a = schedule(t[:, None], self.low, self.high)
+        b = 1.0 - torch.exp(-a) * math.pi
+        c = self.net(x) * a
+        d = a * self.gain
+        e = schedule(self.net(x), self.low, self.high)
+        f = torch.randn_like(x).detach() + torch.arange(3)
+        g = torch.tensor([1.0], requires_grad=True)
+        return a
+    def loss(self, x):
+        t = torch.rand(x.shape[0]).clamp(1e-5, 1.0)
+        return self.level(x, t)
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "free"),
+    [("a", True), ("b", True), ("c", False), ("d", False), ("e", False), ("f", True), ("g", False)],
+)
+def test_values_no_gradient_flows_through(name: str, free: bool) -> None:
+    model = FileModel(cst.parse_module(GRADIENT_FREE))
+    (func,) = [f for f in model.functions if f.name == "level"]
+    (value,) = func.assigns[name]
+    assert Positivity(model).gradient_free(value, func) is free
+
+
+def test_a_parameter_no_caller_fills_carries_a_gradient() -> None:
+    checker, func = _function("def f(t, scale=2.0):\n    y = t * scale\n    z = scale * 3\n", "f")
+    (y,), (z,) = func.assigns["y"], func.assigns["z"]
+    assert checker.gradient_free(y, func) is False
+    assert checker.gradient_free(z, func) is True
+
+
+SELF_NORMALISED = """\
+import torch
+import torch.nn.functional as F
+def pairwise_cos(a, b):
+    a_unit = a / a.norm(dim=1)[:, None]
+    return a_unit @ (b / b.norm(dim=1, keepdim=True).clamp_min(1e-8)).T
+class RankingLoss(torch.nn.Module):
+    def __init__(self, scale=20.0, similarity=pairwise_cos):
+        super().__init__()
+        self.scale = scale
+        self.similarity = similarity
+    def forward(self, a, b):
+        scores = self.similarity(a, b) * self.scale
+        return F.cross_entropy(scores, torch.arange(len(a)))
+def feature_match_loss(student, teacher, task_losses):
+    norm = torch.sqrt((teacher ** 2).sum(dim=1, keepdim=True))
+    weights = task_losses.detach() / torch.sum(task_losses.detach())
+    shares = task_losses / task_losses.abs().sum()
+    return (student - teacher / norm).pow(2).mean() + (weights * shares).sum()
+"""
+
+
+def test_a_tensor_divided_by_its_own_total_or_norm_is_an_info_with_an_unsafe_clamp() -> None:
+    """0/0 needs an all-zero row: the data decides (an empty input's embedding does it, a
+    hidden state does not), as for a weighted mean. Learned from static9 TextBrewer
+    (``cls / torch.norm(cls, dim=1, keepdim=True)``) and cov-weighting (``ls / sum(ls)``)."""
+    report = lint_source(SELF_NORMALISED, "normalised.py", select=["unstable-loss-op"])
+    found = [(f.line, f.severity) for f in report.findings]
+    # The root of the sum of squares (line 15) keeps its warning: its slope at 0 is infinite.
+    assert found == [(4, "info"), (15, "warning"), (16, "info"), (17, "info"), (18, "info")]
+    messages = {f.line: f.message for f in report.findings}
+    assert "its own norm" in messages[4] and "F.normalize" in messages[4]
+    assert "its own total" in messages[16] and "its own total" in messages[17]
+    assert "its own norm" in messages[18]
+    for finding in report.findings:
+        if finding.severity != "info":
+            continue
+        assert finding.fix is not None and finding.fix.safe is False
+        assert ".clamp_min(1e-8)" in (finding.fix.diff or "")

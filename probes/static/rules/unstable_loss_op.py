@@ -33,6 +33,7 @@ from gradient_doctor.probes.static.positivity import (
     clamp_bound,
     exponent_of,
     offset_name,
+    reaching_value,
 )
 from gradient_doctor.probes.static.ruletools import shorten
 from gradient_doctor.probes.static.traverse import walk
@@ -82,11 +83,18 @@ class UnstableLossOp(Rule):
         "alone (a negative log-likelihood) is loss code whatever its name. "
         "A division by a count the data decides "
         "(a mask's count, `num_pos`, per-sample lengths, a parameter to which every caller "
-        "passes `len(...)` or a count) or by the total weight of a weighted "
-        "mean is reported "
-        "as info: only the data says whether it can be 0. Code that runs with autograd off "
-        "(`torch.no_grad()`, `inference_mode()`), or whose value is only logged or measured, "
-        "is left alone."
+        "passes `len(...)` or a count), by the total weight of a weighted "
+        "mean, or by the numerator's own total or norm (`w / w.sum()`, `x / x.norm(dim=1)`: "
+        "0/0 only for an all-zero row) is reported "
+        "as info: only the data says whether it can be 0. The sine of an angular margin, "
+        "`sqrt(1 - cos ** 2)` of a cosine of normalised vectors, is reported in a forward "
+        "pass too: aligned vectors give a cosine of 1, or just above it after rounding. A "
+        "name is read at the definition that reaches it (`p = clamp(p, eps, 1 - eps)` makes "
+        "`1 - p` positive), and `1 - loss` of a ratio smoothed on both sides (a Dice loss) "
+        "is positive. A root of a value no gradient flows through (a noise schedule of a "
+        "sampled time, settings, detached statistics) is left alone, as is code that runs "
+        "with autograd off "
+        "(`torch.no_grad()`, `inference_mode()`), or whose value is only logged or measured."
     )
     why = (
         "`log(0)` is -inf, the gradient of `sqrt` at 0 is infinite, and dividing by a sum or "
@@ -642,6 +650,108 @@ class AdditiveMarginLoss(torch.nn.Module):
         denominator = torch.exp(numerator) + torch.exp(self.s * others).sum(dim=1)
         return -(numerator - torch.log(denominator)).mean()
 """,
+        # One name reassigned step by step: the clamp below 1 is the value `1 - p` reads.
+        """
+import torch
+class WeightedBinaryLoss(torch.nn.Module):
+    def __init__(self, pos_weight=2.0):
+        super().__init__()
+        self.pos_weight = pos_weight
+    def forward(self, logits, target):
+        p = torch.sigmoid(logits)
+        p = p.view(p.shape[0], -1)
+        p = torch.clamp(p, min=1e-6, max=1.0 - 1e-6)
+        pos = self.pos_weight * target * torch.log(p)
+        return -(pos + (1.0 - target) * torch.log(1.0 - p)).mean()
+""",
+        # `1 - dice_loss` is the smoothed Dice ratio itself: the same smoothing term in its
+        # numerator and denominator keeps it above 0 (log-Dice), whatever the reduction.
+        """
+import torch
+class SoftDiceLoss(torch.nn.Module):
+    def __init__(self, reduction="mean"):
+        super().__init__()
+        self.smooth = 1.0
+        self.reduction = reduction
+    def forward(self, probs, mask):
+        probs, mask = probs.flatten(1), mask.flatten(1)
+        overlap = 2 * (probs * mask).sum(dim=1) + self.smooth
+        total = (probs + mask).sum(dim=1) + self.smooth
+        per_sample = 1 - overlap / total
+        if self.reduction == "sum":
+            return per_sample.sum()
+        return per_sample.mean()
+class LogDiceBceLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dice = SoftDiceLoss()
+        self.dice_term = None
+    def forward(self, logits, mask):
+        self.dice_term = self.dice(torch.sigmoid(logits), mask)
+        self.dice_term = -torch.log(1 - self.dice_term)
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, mask)
+        return bce + self.dice_term
+""",
+        # A noise schedule of a sampled time carries no gradient: its root's slope at 0 is
+        # never taken.
+        """
+import torch
+def schedule(t, low, high):
+    return low * t + 0.5 * (high - low) * t ** 2
+class ScoreMatching(torch.nn.Module):
+    def __init__(self, net, low=0.05, high=20.0):
+        super().__init__()
+        self.net, self.low, self.high = net, low, high
+    def perturb(self, x0, t):
+        level = schedule(t[:, None], self.low, self.high)
+        noise = torch.randn_like(x0)
+        return x0 * torch.exp(-0.5 * level) + noise * torch.sqrt(1.0 - torch.exp(-level)), noise
+    def loss_at(self, x0, t):
+        xt, noise = self.perturb(x0, t)
+        level = schedule(t[:, None], self.low, self.high)
+        guess = self.net(xt, t) * torch.sqrt(1.0 - torch.exp(-level))
+        return ((guess + noise) ** 2).mean()
+    def compute_loss(self, x0, margin=1e-5):
+        t = torch.clamp(torch.rand(x0.shape[0]), margin, 1.0 - margin)
+        return self.loss_at(x0, t)
+""",
+        # The divided total itself is tested against 0 first: the empty batch returns early.
+        """
+import torch
+def masked_l1_loss(pred, target, mask):
+    if mask.sum() == 0:
+        return pred.sum() * 0.0
+    return ((pred - target).abs() * mask).sum() / mask.sum()
+""",
+        # A floor written as a `where`: the probability is kept only where it is >= 1e-6.
+        """
+import torch
+def floored_nll_loss(logits, target):
+    p = torch.sigmoid(logits)
+    p = torch.where(p < 1e-6, torch.full_like(p, 1e-6), p)
+    return -(target * torch.log(p)).mean()
+""",
+        # ArcFace margins whose cosine is kept strictly inside (-1, 1), or whose `1 - cos**2`
+        # is clamped to a positive minimum.
+        """
+import torch
+import torch.nn.functional as F
+class AngularMarginHead(torch.nn.Module):
+    def __init__(self, dim, classes, margin=0.5):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(classes, dim))
+        self.margin = margin
+    def forward(self, emb, label):
+        cosine = F.linear(F.normalize(emb), F.normalize(self.weight))
+        cosine = cosine.clamp(-1 + 1e-7, 1 - 1e-7)
+        sine = torch.sqrt(1.0 - cosine ** 2)
+        return cosine * 0.87 - sine * 0.48
+class FloorMarginHead(torch.nn.Module):
+    def forward(self, emb, label):
+        cosine = F.normalize(emb) @ F.normalize(self.weight).T
+        sine = torch.sqrt((1.0 - cosine * cosine).clamp(1e-6, 1.0))
+        return cosine * 0.87 - sine * 0.48
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         # A loss built up in place is a loss statement.
@@ -908,24 +1018,6 @@ class MarginHead(torch.nn.Module):
         Invalid(
             """
 import torch
-import torch.nn.functional as F
-def pairwise_cos(a, b):
-    a_unit = a / a.norm(dim=1)[:, None]
-    return a_unit @ (b / b.norm(dim=1, keepdim=True).clamp_min(1e-8)).T
-class RankingLoss(torch.nn.Module):
-    def __init__(self, scale=20.0, similarity=pairwise_cos):
-        super().__init__()
-        self.scale = scale
-        self.similarity = similarity
-    def forward(self, a, b):
-        scores = self.similarity(a, b) * self.scale
-        return F.cross_entropy(scores, torch.arange(len(a)))
-""",
-            5,
-        ),
-        Invalid(
-            """
-import torch
 class SpectralDistortionLoss(torch.nn.Module):
     def frame_norms(self, bands):
         energy = torch.sum(torch.pow(bands * self.band_width, 2.0), dim=-1)
@@ -1139,6 +1231,70 @@ def ratio_loss(p, q):
 """,
             (4, 4),
         ),
+        # The sine of an ArcFace margin from a cosine of unit vectors: 0 or negative when a
+        # feature aligns with its class weight, in the model's forward pass.
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+class AngularMarginHead(torch.nn.Module):
+    def __init__(self, dim, classes):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(classes, dim))
+    def forward(self, emb, label):
+        unit_emb = F.normalize(emb)
+        cosine = unit_emb @ F.normalize(self.weight).t()
+        sine = torch.sqrt(1.0 - cosine * cosine)
+        return torch.where(cosine > 0, cosine * 0.87 - sine * 0.48, cosine)
+class PairMarginHead(torch.nn.Module):
+    def forward(self, a, b):
+        cosine = F.cosine_similarity(a, b).clamp(-1, 1)
+        return torch.sqrt(1 - cosine.pow(2))
+""",
+            (11, 16),
+        ),
+        # The same sine written as a power or a method, of a cosine clamped to exactly [-1, 1].
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+class PowerMarginHead(torch.nn.Module):
+    def forward(self, emb, label):
+        cos_t = torch.mm(F.normalize(emb), F.normalize(self.kernel, dim=0))
+        cos_t = cos_t.clamp(-1, 1)
+        sin_t = (1 - cos_t ** 2) ** 0.5
+        return cos_t * 0.87 - sin_t * 0.48
+class MethodMarginHead(torch.nn.Module):
+    def forward(self, emb, label):
+        cos_t = F.linear(F.normalize(emb), F.normalize(self.weight))
+        return cos_t * 0.87 - (1.0 - cos_t.pow(2)).sqrt() * 0.48
+""",
+            (8, 13),
+        ),
+        # Followed step by step, the probability is never kept below 1: `1 - p` reaches 0.
+        Invalid(
+            """
+import torch
+def binary_loss(logits, target, smooth=0.1):
+    p = torch.sigmoid(logits)
+    p = p.view(p.shape[0], -1)
+    target = target.view(p.shape[0], -1).clamp(smooth, 1 - smooth)
+    return -((1 - target) * torch.log(1 - p)).mean()
+""",
+            7,
+        ),
+        # A learned schedule carries a gradient: the root's slope at 0 is taken.
+        Invalid(
+            """
+import torch
+def diffusion_loss(net, schedule_logits, x0, t):
+    alpha = torch.sigmoid(schedule_logits)[t]
+    noise = torch.randn_like(x0)
+    xt = x0 * alpha.sqrt() + noise * torch.sqrt(1.0 - alpha)
+    return ((net(xt, t) - noise) ** 2).mean()
+""",
+            (6, 6),
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -1207,7 +1363,8 @@ def ratio_loss(p, q):
                 continue
             target, hazard = found
             outside = _epsilon_outside(model, func, call) if not hazard.startswith("log") else None
-            if not in_loss and outside is None and not _clamped_at_zero(target):
+            cosine = None if hazard.startswith("log") else _cosine_complement(model, func, target)
+            if not in_loss and outside is None and not _clamped_at_zero(target) and cosine is None:
                 # Forward-pass code: only a root whose author expected 0 (an epsilon after
                 # it, a clamp at 0 before it) is a certain hazard there.
                 continue
@@ -1218,6 +1375,8 @@ def ratio_loss(p, q):
                 or (outside is None and _safe(model, func, stmt, target))
             ):
                 continue
+            if not hazard.startswith("log") and positivity.gradient_free(target, func):
+                continue  # a root's slope matters only where a gradient flows
             if hazard.startswith("log") and _sampled_action_probability(func, target, sampled):
                 continue
             if hazard.startswith("log") and _away_from_zero(target, func, positivity):
@@ -1235,6 +1394,8 @@ def ratio_loss(p, q):
                 )
             elif _clamped_at_zero(target) and not hazard.startswith("log"):
                 remedy = "clamp the input to a small positive minimum, not to 0"
+            elif cosine is not None:
+                remedy = _cosine_remedy(cosine)
             elif hazard.startswith("log") and _sigmoid_valued(func, target, 0):
                 # `log(sigmoid(x))` underflows to -inf for x below about -88 (float32).
                 remedy = "use `F.logsigmoid` of the logits (or clamp the input)"
@@ -1252,10 +1413,16 @@ def ratio_loss(p, q):
                 or positivity.gradient_norm(base, func)
             ):
                 continue
-            if _without_gradient(model, power):
+            if _without_gradient(model, power) or positivity.gradient_free(base, func):
                 continue
+            cosine = _cosine_complement(model, func, base)
             yield self._finding(
-                power, base, _clamped, "an infinite gradient at 0", "clamp the input"
+                power,
+                base,
+                _clamped,
+                "an infinite gradient at 0",
+                "clamp the input" if cosine is None else _cosine_remedy(cosine),
+                forward_pass=not scope.in_loss(func, stmt),
             )
         for division, stmt, func in _divisions(model):
             if only is not None and id(func) not in only:
@@ -1271,6 +1438,15 @@ def ratio_loss(p, q):
                     yield self._softmax_finding(division, softmax)
                     continue
             if _guarded(right):
+                continue
+            if (
+                scope.in_loss(func, stmt)
+                and (normalised := _self_normalised(func, division)) is not None
+                and not _safe(model, func, stmt, right)
+                and not positivity.positive(right, func)
+                and not _without_gradient(model, division.node)
+            ):
+                yield self._normalised_finding(division, normalised)
                 continue
             if (
                 scope.in_loss(func, stmt)
@@ -1531,6 +1707,40 @@ def ratio_loss(p, q):
             severity="info",
         )
 
+    def _normalised_finding(self, division: Division, total: str) -> RawFinding:
+        """``w / w.sum()``, ``x / x.norm(dim=1, keepdim=True)``: a tensor divided by its own
+        total or norm (weights turned into proportions, a vector made unit length). It is
+        0/0 only when every element of a row is 0, which the data decides, not the code: an
+        all-zero embedding from an empty input does it (a reported bug of
+        sentence-transformers' ``cos_sim``), a hidden state or a set of positive loss
+        statistics does not. Info, like the weighted mean it is a case of."""
+        return RawFinding(
+            node=division.node,
+            message=(
+                "`{expression}` on line {line} divides `{numerator}` by its own {total}: this "
+                "is 0/0 = NaN only for a row whose every element is 0, and whether your data "
+                "can give one (an empty input, all-zero weights) the code does not say. "
+                "{remedy}"
+            ),
+            evidence={
+                "expression": shorten(code_of(division.node)),
+                "line": division.node,
+                "numerator": shorten(code_of(division.left)),
+                "total": total,
+                "remedy": (
+                    "`F.normalize(x, dim=..., eps=...)` (or a clamp of the norm to a small "
+                    "minimum) keeps that row finite"
+                    if total == "norm"
+                    else "Clamping the total to a small positive minimum changes only that case"
+                ),
+            },
+            patch=Patch().replace_node(division.right, _clamped),
+            fix_description="Clamp the denominator to at least 1e-8.",
+            # A total legitimately below 1e-8 would change: not marked safe.
+            fix_safe=False,
+            severity="info",
+        )
+
     def _softmax_finding(self, division: Division, logits: cst.BaseExpression) -> RawFinding:
         """``e = exp(x); e / e.sum()``: softmax written by hand without subtracting the
         maximum first."""
@@ -1679,6 +1889,184 @@ def _weighted_mean(division: Division) -> bool:
         if any(code_of(_strip(side)) == text for side in sides):
             return True
     return False
+
+
+NORM_CALLS = frozenset({"norm", "vector_norm"})
+COSINE_CALLS = frozenset({"cosine_similarity"})
+PRODUCTS = frozenset({"linear", "matmul", "mm", "bmm", "einsum"})
+UNIT_NORMALISERS = frozenset({"normalize", "l2_normalize", "l2norm"})
+
+
+def _cosine_complement(
+    model: FileModel, func: FuncInfo, target: cst.BaseExpression
+) -> cst.BaseExpression | None:
+    """The cosine ``c`` of ``1 - c ** 2`` (``1.0 - torch.pow(c, 2)``, ``1 - c * c``) when ``c``
+    is a cosine of unit vectors (``F.linear(F.normalize(x), F.normalize(w))``,
+    ``F.cosine_similarity``): the sine of ArcFace-style margins. Aligned vectors give a cosine
+    of 1, and rounding gives 1.0000001, so the root's input is 0 or negative, in a model's
+    forward as in a loss (learned from leads1 Face_Pytorch's ``ArcMarginProduct``)."""
+    target = _strip(target)
+    if not (
+        isinstance(target, cst.BinaryOperation)
+        and isinstance(target.operator, cst.Subtract)
+        and number_value(target.left, arithmetic=True) == 1
+    ):
+        return None
+    base = _squared(target.right)
+    if base is None or not _unit_cosine(model, func, base, 0):
+        return None
+    return base
+
+
+def _cosine_remedy(cosine: cst.BaseExpression) -> str:
+    return (
+        f"`{shorten(code_of(cosine))}` is a cosine of normalised vectors: it reaches 1 (and "
+        "rounds past it) when a feature aligns with a weight, where `1 - cos**2` is 0 "
+        "(infinite gradient) or negative (NaN); clamp it to a small positive minimum"
+    )
+
+
+def _unit_cosine(model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``node`` is a cosine of unit vectors that can reach -1 or 1 (a clamp to [-1, 1]
+    keeps the ends; one strictly inside them does not)."""
+    if depth > 4:
+        return False
+    node = _strip(node)
+    while isinstance(node, cst.Subscript):
+        node = _strip(node.value)
+    if isinstance(node, cst.Name | cst.Attribute):
+        reaching = reaching_value(model, node)
+        if reaching is not None:
+            return _unit_cosine(model, func, reaching, depth + 1)
+        if not isinstance(node, cst.Name):
+            return False
+        values = func.assigns.get(node.value, [])
+        return bool(values) and all(
+            not _mentions(v, node.value) and _unit_cosine(model, func, v, depth + 1) for v in values
+        )
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+        return _unit_vectors(model, func, node.left, depth + 1) and _unit_vectors(
+            model, func, node.right, depth + 1
+        )
+    if not isinstance(node, cst.Call):
+        return False
+    name = _called_name(node)
+    if name in COSINE_CALLS:
+        return True
+    if name in {"clamp", "clip"}:
+        bounds = [clamp_bound(node, side) for side in ("min", "max")]
+        numbers = [number_value(b, arithmetic=True) if b is not None else None for b in bounds]
+        subject = _reduced(node)
+        return (
+            all(n is not None and abs(n) >= 1 for n in numbers)
+            and subject is not None
+            and _unit_cosine(model, func, subject, depth + 1)
+        )
+    if name in {"gather", "diagonal", "diag", "squeeze", "unsqueeze", "view", "reshape"}:
+        subject = _reduced(node)
+        return subject is not None and _unit_cosine(model, func, subject, depth + 1)
+    if name in PRODUCTS and name != "einsum":
+        operands = [a.value for a in node.args if a.keyword is None][-2:]
+        if isinstance(node.func, cst.Attribute) and not _library_call(node):
+            operands = [node.func.value, *operands][:2]
+        return len(operands) == 2 and all(
+            _unit_vectors(model, func, operand, depth + 1) for operand in operands
+        )
+    return False
+
+
+def _unit_vectors(model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
+    """``F.normalize(x)`` (transposed, reshaped, or through a name that holds it)."""
+    if depth > 4:
+        return False
+    node = _strip(node)
+    while isinstance(node, cst.Attribute) and node.attr.value in {"T", "mT"}:
+        node = _strip(node.value)
+    if isinstance(node, cst.Name | cst.Attribute):
+        reaching = reaching_value(model, node)
+        if reaching is not None:
+            return _unit_vectors(model, func, reaching, depth + 1)
+        if not isinstance(node, cst.Name):
+            return False
+        own = node.value
+        values = func.assigns.get(own, [])
+        return bool(values) and all(
+            not _mentions(v, own) and _unit_vectors(model, func, v, depth + 1) for v in values
+        )
+    if not isinstance(node, cst.Call):
+        return False
+    name = _called_name(node)
+    if name in UNIT_NORMALISERS:
+        return True
+    if name in {"t", "transpose", "permute", "view", "reshape", "unsqueeze", "squeeze"}:
+        subject = _reduced(node)
+        return subject is not None and _unit_vectors(model, func, subject, depth + 1)
+    return False
+
+
+def _library_call(call: cst.Call) -> bool:
+    """``torch.mm(a, b)``, ``F.linear(x, w)``: a function of a library, not a method."""
+    if not isinstance(call.func, cst.Attribute):
+        return False
+    head = (dotted_name(call.func.value) or "").split(".", 1)[0]
+    return head in {"torch", "th", "F", "nn"} or head in _LIBRARY_ALIASES.get()
+
+
+def _self_normalised(func: FuncInfo, division: Division) -> str | None:
+    """``"sum"`` for ``w / w.sum()`` (``torch.sum(w)``, ``w.abs().sum()``) and ``"norm"`` for
+    ``x / x.norm(dim=1)[:, None]`` (``torch.norm(x, ...)``, ``torch.sqrt((x ** 2).sum(1))``),
+    also through a denominator assigned once (``n = x.norm(...); x / n``): the numerator
+    divided by its own total or norm."""
+    numerator = code_of(_strip(division.left))
+    denominator = _strip(division.right)
+    while isinstance(denominator, cst.Subscript):  # `[:, None]`
+        denominator = _strip(denominator.value)
+    if isinstance(denominator, cst.Name):
+        values = func.assigns.get(denominator.value, [])
+        if len(values) != 1:
+            return None
+        denominator = _strip(values[0])
+    if not isinstance(denominator, cst.Call):
+        return None
+    name = _called_name(denominator)
+    if name == "sqrt":
+        inner = _sole_operand(denominator, "sqrt")
+        total = _summed(inner) if inner is not None else None
+        squared = _squared(total) if total is not None else None
+        return "norm" if squared is not None and code_of(_strip(squared)) == numerator else None
+    if name in NORM_CALLS:
+        subject = _reduced(denominator)
+        return "norm" if subject is not None and code_of(_strip(subject)) == numerator else None
+    total = _summed(denominator)
+    if total is None:
+        return None
+    total = _strip(total)
+    if isinstance(total, cst.Call) and _called_name(total) == "abs":
+        total = _reduced(total) or total
+    return "total" if code_of(_strip(total)) == numerator else None
+
+
+def _reduced(call: cst.Call) -> cst.BaseExpression | None:
+    """The tensor of ``x.norm()`` / ``torch.norm(x)`` / ``torch.linalg.norm(x)``."""
+    if isinstance(call.func, cst.Attribute):
+        owner = dotted_name(call.func.value) or ""
+        if owner.split(".", 1)[0] in {"torch", "th"}:
+            return call.args[0].value if call.args and call.args[0].keyword is None else None
+        return call.func.value
+    return call.args[0].value if call.args and call.args[0].keyword is None else None
+
+
+def _squared(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``x`` for ``x ** 2``, ``x.pow(2)``, ``x * x``, ``x.square()``."""
+    node = _strip(node)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return node.left if code_of(node.left) == code_of(node.right) else None
+    found = exponent_of(node)
+    if found is not None and found[1] == 2:
+        return found[0]
+    if isinstance(node, cst.Call) and _called_name(node) == "square":
+        return _reduced(node)
+    return None
 
 
 def _hand_softmax(func: FuncInfo, division: Division) -> cst.BaseExpression | None:
@@ -3238,7 +3626,9 @@ def _fractional_powers(
         whole = scope.whole_loss(func)
         # Only loss code is read: a whole loss function, or the values assigned to `*loss*`
         # names elsewhere (walking every function would cost a second pass over the file).
-        if whole:
+        # In a model's forward pass, only the sine of an angular margin is a certain hazard.
+        forward_only = not whole and id(func) in scope.forward
+        if whole or forward_only:
             roots: list[cst.CSTNode] = [func.node]
         else:
             roots = [
@@ -3255,9 +3645,18 @@ def _fractional_powers(
                 ):
                     continue
                 found = exponent_of(node)
-                if found is None or not 0 < found[1] < 1 or not _tensor_valued(node.left):
+                if found is None or not 0 < found[1] < 1:
                     continue
-                if _guarded(node.left):
+                # A cosine's complement is a tensor however it is written (`1 - c ** 2`).
+                cosine = forward_only and _cosine_complement(model, func, node.left) is not None
+                if not (cosine or _tensor_valued(node.left)) or _guarded(node.left):
+                    continue
+                if forward_only:
+                    if not cosine:
+                        continue
+                    stmt = _statement_of(model, node)
+                    if stmt is not None and not _statement_guards(stmt):
+                        yield node, stmt, func
                     continue
                 stmt = _statement_of(model, node)
                 if stmt is None or not (whole or assigns_loss(stmt, func)):
@@ -3587,7 +3986,10 @@ def _checked_against_zero(model: FileModel, func: FuncInfo, target: cst.BaseExpr
     """A condition of the function compares the value with 0 (``if beta == 0: ... else:
     log(beta)``, ``assert eps > 0``, ``if n > 0: x / n``)."""
     text = code_of(_strip(target))
-    if not text.isidentifier() and not all(p.isidentifier() for p in text.split(".")):
+    # A name (`if n > 0:`) or the very expression divided by (`if mask.sum() == 0: return`).
+    if not all(p.isidentifier() for p in text.split(".")) and not isinstance(
+        _strip(target), cst.Call
+    ):
         return False
     for node in walk(func.node):
         if not isinstance(node, cst.Comparison):
