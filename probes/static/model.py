@@ -50,9 +50,18 @@ EventKind = Literal[
 STEP_KINDS = frozenset({"step", "scaler_step"})
 
 DEEPSPEED_ENGINE_METHODS = frozenset(
-    {"set_gradient_accumulation_boundary", "is_gradient_accumulation_boundary"}
+    {
+        "set_gradient_accumulation_boundary",
+        "is_gradient_accumulation_boundary",
+        "get_global_grad_norm",
+        "gradient_accumulation_steps",
+    }
 )
-"""Methods only a DeepSpeed engine has (``deepspeed/runtime/engine.py``)."""
+"""Methods only a DeepSpeed engine has (``deepspeed/runtime/engine.py``); a call of one marks
+its receiver as an engine, however the engine reached the function (an argument built in
+another file: ``model.get_global_grad_norm()`` after ``model.backward(loss)``, learned from
+leads1 videomaev2). ``gradient_accumulation_steps`` counts only as a call (elsewhere it is a
+plain setting)."""
 
 
 def _deepspeed_engine(
@@ -691,6 +700,9 @@ class FileModel:
         """DDP is built in this file (not only implied by ``accelerator.prepare``)."""
         self.uses_deepspeed = False
         self.accelerators: dict[str, cst.Call] = {}
+        self.accelerator_calls: list[tuple[FuncInfo, str, cst.Call]] = []
+        """Every ``Accelerator(...)`` construction: (the function, the name bound, the call);
+        ``accelerators`` keeps only the last per name."""
         """``Accelerator(...)`` constructor calls by the name they are bound to."""
         self.prepared: set[str] = set()
         """Names passed to, or bound from, ``accelerator.prepare(...)``."""
@@ -1807,13 +1819,17 @@ def _zip_aliases(model: FileModel, stmt: cst.CSTNode) -> dict[str, str]:
 
 
 def _is_prepare(value: cst.BaseExpression) -> bool:
-    """``accelerator.prepare(...)`` (or ``fabric.setup(...)``)."""
+    """``accelerator.prepare(...)`` and its one-object forms ``prepare_model`` /
+    ``prepare_optimizer`` / ``prepare_scheduler`` (learned from leads1 coqui-trainer), or
+    ``fabric.setup(...)``."""
     return (
         isinstance(value, cst.Call)
         and method_name(value)
         in {
             "prepare",
             "prepare_model",
+            "prepare_optimizer",
+            "prepare_scheduler",
             "setup",
         }
         and "accelerator" in code_of(value.func).lower()
@@ -2023,12 +2039,17 @@ class _Collector:
             sites = self.func_stack[-1].assign_sites
             for name in _bound_names(target.target):
                 sites.setdefault(name, []).append(node)
+            place = keyed_place(target.target)
+            if place is not None:
+                sites.setdefault(place, []).append(node)
         return True
 
     def visit_AugAssign(self, node: cst.AugAssign) -> bool:
-        if isinstance(node.target, cst.Name):
+        place = node.target.value if isinstance(node.target, cst.Name) else None
+        place = place or keyed_place(node.target)
+        if place is not None:
             sites = self.func_stack[-1].assign_sites
-            sites.setdefault(node.target.value, []).append(node)
+            sites.setdefault(place, []).append(node)
         return True
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
@@ -2076,6 +2097,7 @@ class _Collector:
         kind = self._constructed_kind(value)
         if kind == "accelerator" and isinstance(value, cst.Call):
             self.model.accelerators[text] = value
+            self.model.accelerator_calls.append((func, text, value))
         if kind is not None:
             self.model.kinds[text] = kind
             if isinstance(value, cst.Call):
@@ -2683,7 +2705,15 @@ class _EventWalker:
                 return
         kind = model.kind_of(recv)
         loss_arg = call_arg(call, 0, "loss")
-        if kind is None and loss_arg is not None and _deepspeed_engine(model, recv, frames):
+        if (
+            kind in {None, "ddp", "fsdp"}
+            and loss_arg is not None
+            and _deepspeed_engine(model, recv, frames)
+        ):
+            # A wrapped module has no `backward(loss)`: a name that is a DDP model on one
+            # path (the caller wraps it when DeepSpeed is off) and the engine on another is
+            # the engine where the engine's own methods are called on it (learned from leads1
+            # videomaev2).
             kind = "deepspeed"
         if kind in {"accelerator", "deepspeed"}:
             self._add(Event("backward", call, stmt, func, frames, loss=loss_arg, framework=kind))
@@ -2790,6 +2820,24 @@ def _rescales_without_clipping(helper: FuncInfo) -> bool:
                 seen.add(id(item.target))
                 pending.append(item.target)
     return "grad_div" in kinds and "clip" not in kinds
+
+
+def keyed_place(target: cst.BaseExpression) -> str | None:
+    """``losses["loss"]`` as a place of its own (``'losses["loss"]'``) when a name is indexed
+    by one constant string: real trainers keep the loss in a dict and rescale it in place
+    (``loss_dict["loss"] = loss_dict["loss"] / N``; learned from leads1 coqui-trainer), so
+    that entry is followed like a variable. None for any other target."""
+    if not isinstance(target, cst.Subscript) or not isinstance(target.value, cst.Name):
+        return None
+    if len(target.slice) != 1:
+        return None
+    index = target.slice[0].slice
+    if not isinstance(index, cst.Index) or not isinstance(index.value, cst.SimpleString):
+        return None
+    key = index.value.evaluated_value
+    if not isinstance(key, str):
+        return None
+    return f'{target.value.value}["{key}"]'
 
 
 def _bound_names(target: cst.BaseExpression) -> list[str]:

@@ -32,6 +32,7 @@ from gradient_doctor.probes.static.model import (
     HelperCall,
     attribute_key,
     bind_arguments,
+    keyed_place,
 )
 from gradient_doctor.probes.static.names import (
     code_of,
@@ -238,6 +239,9 @@ class _Reader:
                 return Scaling("unknown", reason=f"`{code_of(expr)}` is set elsewhere")
             return self.expression(expr.value, context, depth + 1)
         if isinstance(expr, cst.Subscript):
+            place = keyed_place(expr)
+            if place is not None and context.func.assign_sites.get(place):
+                return self._name(place, expr, context, depth)
             return self.expression(expr.value, context, depth + 1)
         if isinstance(expr, cst.Call):
             return self._call(expr, context, depth)
@@ -618,6 +622,10 @@ class _Reader:
         return verdict
 
     def _divisor(self, node: cst.BaseExpression, context: _Context, depth: int) -> str:
+        inner = _number_cast(node)
+        if inner is not None:
+            # `loss / float(self.accum_steps)` divides by the count itself.
+            return self._divisor(inner, context, depth + 1)
         text = code_of(node)
         if self._length_of_window(node):
             return "accumulation"
@@ -938,6 +946,8 @@ def _assigned_value(site: cst.Assign, name: str) -> cst.BaseExpression | None:
         bound = target.target
         if isinstance(bound, cst.Name) and bound.value == name:
             return value
+        if keyed_place(bound) == name:
+            return value
         if isinstance(bound, cst.Tuple | cst.List):
             names = [e.value for e in bound.elements]
             if isinstance(value, cst.Tuple | cst.List):
@@ -1022,6 +1032,20 @@ def _same_name(a: str, b: str) -> bool:
     tail_a = a.rsplit(".", 1)[-1]
     tail_b = b.rsplit(".", 1)[-1]
     return tail_a == tail_b and tail_a.isidentifier() and len(tail_a) > 1
+
+
+def _number_cast(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``x`` of ``float(x)`` / ``int(x)`` (a cast of a count keeps its meaning)."""
+    if (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Name)
+        and node.func.value in {"float", "int"}
+        and len(node.args) == 1
+        and not node.args[0].keyword
+        and not node.args[0].star
+    ):
+        return node.args[0].value
+    return None
 
 
 def _names_accumulation(node: cst.CSTNode) -> bool:
