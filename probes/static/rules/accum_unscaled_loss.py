@@ -382,6 +382,47 @@ for micro_step in range(total_micro_steps):
 """,
             4,
         ),
+        # PPO minibatches counted by `it += 1` up to `iter_size`: the value loss is picked by
+        # an if/elif/else chain, advantages are normalised, the warm-up path uses a summed
+        # loss; the steady path's loss is never divided.
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+
+class Learner:
+    def update(self, policy, rollouts, epochs):
+        it = 0
+        for _ in range(epochs):
+            loader = torch.utils.data.DataLoader(rollouts, batch_size=self.mb, shuffle=True)
+            for obs, old_logp, acts, adv, ret in loader:
+                logp, ent, value = policy.evaluate(obs, acts)
+                ratio = (logp - old_logp).exp()
+                if self.normalize and adv.shape[0] > 1:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                surrogate = torch.min(adv * ratio, adv * ratio.clamp(0.8, 1.2)).mean()
+                if self.value_loss == "l2":
+                    v_loss = F.mse_loss(value, ret)
+                elif self.value_loss == "huber":
+                    v_loss = F.smooth_l1_loss(value, ret)
+                else:
+                    v_loss = F.l1_loss(value, ret)
+                if self.warmup:
+                    prior = F.l1_loss(value, ret, reduction="sum")
+                loss = (
+                    -surrogate - self.ent_coef * ent.mean() + self.vf_coef * v_loss
+                    if not self.warmup
+                    else v_loss + 0.1 * prior
+                )
+                loss.backward()
+                it += 1
+                if it == self.iter_size:
+                    self.optimizer.step()
+                    self.optimizer.zero_grad()
+                    it = 0
+""",
+            29,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -407,7 +448,12 @@ for micro_step in range(total_micro_steps):
                     # division is the same convention: the window's gradient is the sum over
                     # all its samples, as one big batch would give.
                     continue
-                if scaling.others and not scaling.by_counter and _threshold_window(acc):
+                if (
+                    scaling.others
+                    and not scaling.by_counter
+                    and _threshold_window(acc)
+                    and not _counts_micro_batches(unit, acc)
+                ):
                     # `if seen >= target: step; seen = 0` with `seen += len(batch)`: the
                     # window counts samples, and a loss scaled by `len(batch) / target` is
                     # exact though N is not written (learned from static6 torchseq).
@@ -484,6 +530,27 @@ def _threshold_window(acc: Accumulation) -> bool:
         acc.style == "conditional"
         and acc.condition is not None
         and modulo_divisor(acc.condition) is None
+    )
+
+
+def _counts_micro_batches(unit: Unit, acc: Accumulation) -> bool:
+    """The threshold counter goes up by one per micro-batch (``it += 1`` ... ``if it ==
+    size:``): the window is N micro-batches, not a sample count, so loss weights
+    (``vf_coef * v_loss``) are no sample ratio (learned from leads1 wheatley, PPO with
+    ``iter_size``)."""
+    counter = acc.counter
+    if counter is None:
+        return False
+    steps: list[cst.AugAssign] = [
+        node
+        for node in walk(unit.root.node)
+        if isinstance(node, cst.AugAssign) and code_of(node.target) == counter
+    ]
+    return bool(steps) and all(
+        isinstance(node.operator, cst.AddAssign)
+        and isinstance(node.value, cst.Integer)
+        and node.value.value == "1"
+        for node in steps
     )
 
 
