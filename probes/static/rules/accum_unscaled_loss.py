@@ -9,6 +9,7 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
+from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed, accelerator_divides
 from gradient_doctor.probes.static.model import Accumulation, Event, FileModel, Unit, modulo_divisor
 from gradient_doctor.probes.static.names import code_of, receiver
 from gradient_doctor.probes.static.patches import Patch
@@ -233,6 +234,18 @@ class Trainer:
             is_update = (i + 1) % self.accum_steps == 0 or i + 1 == len(loader)
             self.train_micro(batch, is_update)
 """,
+        # The Accelerator divides by its own `gradient_accumulation_steps`, even when the
+        # update is gated by hand.
+        """
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=cfg.accum)
+model, opt, loader = accelerator.prepare(model, opt, loader)
+for step, batch in enumerate(loader, 1):
+    accelerator.backward(model(**batch).loss)
+    if step % cfg.accum == 0:
+        opt.step()
+        opt.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -382,6 +395,24 @@ for micro_step in range(total_micro_steps):
 """,
             4,
         ),
+        # An Accelerator built without an accumulation count divides by nothing.
+        Invalid(
+            """
+from accelerate import Accelerator
+accelerator = Accelerator()
+model, opt, sched, loader = accelerator.prepare(model, opt, sched, loader)
+step = 0
+for batch in loader:
+    step += 1
+    loss = model(**batch).loss
+    accelerator.backward(loss)
+    if step % cfg.accum == 0:
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+""",
+            9,
+        ),
         # PPO minibatches counted by `it += 1` up to `iter_size`: the value loss is picked by
         # an if/elif/else chain, advantages are normalised, the warm-up path uses a summed
         # loss; the steady path's loss is never divided.
@@ -430,8 +461,16 @@ class Learner:
             if unit.of_kind("grad_div"):
                 continue  # the gradients are divided by hand (accum-manual-grad-scaling)
             for backward in unit.backwards:
-                if backward.framework in {"accelerator", "deepspeed"}:
-                    continue  # they divide by their own accumulation count
+                if backward.framework == "deepspeed":
+                    continue  # the engine divides by its own accumulation count
+                if backward.framework == "accelerator" and (
+                    accelerator_divides(model, backward) is not False
+                    or accelerate_runs_deepspeed(model)
+                ):
+                    # It divides by the Accelerator's `gradient_accumulation_steps`; only an
+                    # Accelerator visibly built without one divides by nothing (learned from
+                    # leads1 bsmetadata: `Accelerator()` and a hand-written `% N` gate).
+                    continue
                 if not unit.in_micro_step(backward):
                     continue
                 micro = unit.micro.node if unit.micro is not None else None
