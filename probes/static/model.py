@@ -611,7 +611,7 @@ def window_gate(frame: Frame) -> tuple[str, bool] | None:
     update = _update_branch(frame)
     if update is None:
         return None
-    test: cst.BaseExpression = frame.node.test
+    test: cst.BaseExpression = _modulo_atom(frame.node.test)
     while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         test = test.expression
     if isinstance(test, cst.BinaryOperation):
@@ -624,13 +624,37 @@ def window_gate(frame: Frame) -> tuple[str, bool] | None:
     return f"{code_of(modulo)} == {code_of(residue)}", frame.branch == update
 
 
+def _modulo_atom(test: cst.BaseExpression) -> cst.BaseExpression:
+    """The one ``% N`` test inside an ``and`` / ``or`` of conditions, when it is not negated
+    there: ``(args.accumulate and (i + 1) % N == 0) or not args.accumulate`` picks the same
+    micro-batch of each window as ``(i + 1) % N == 0`` wherever accumulation is on (learned
+    from leads1 dlrm, whose zero_grad and step share that test). Any other test: itself."""
+    if not isinstance(test, cst.BooleanOperation):
+        return test
+    atoms: list[cst.BaseExpression] = []
+    stack: list[cst.BaseExpression] = [test]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.BooleanOperation):
+            stack.extend((current.left, current.right))
+        else:
+            atoms.append(current)
+    found = [a for a in atoms if modulo_divisor(a) is not None]
+    if len(found) != 1:
+        return test
+    atom = found[0]
+    if isinstance(atom, cst.UnaryOperation) and isinstance(atom.operator, cst.Not):
+        return test
+    return atom
+
+
 def _update_branch(frame: Frame) -> int | None:
     """Which branch of a ``% N`` gate runs once per window: 0 for ``if x % N == 0:``, 1 for
     ``if x % N != 0:`` (or ``if x % N:``), each flipped by ``not``; None for other tests."""
     node = frame.node
     if not isinstance(node, cst.If):
         return None
-    test: cst.BaseExpression = node.test
+    test: cst.BaseExpression = _modulo_atom(node.test)
     flipped = False
     while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         test, flipped = test.expression, not flipped
@@ -1841,11 +1865,23 @@ def _is_prepare(value: cst.BaseExpression) -> bool:
 
 
 def modulo_divisor(test: cst.BaseExpression) -> cst.BaseExpression | None:
-    """``N`` in a condition such as ``(i + 1) % N == 0`` or ``step % N == N - 1``."""
+    """``N`` in a condition such as ``(i + 1) % N == 0`` or ``step % N == N - 1``. A modulo of
+    a data size (``X.size(0) % world_size``, ``len(batch) % n``) tests the batch, not which
+    micro-step this is (learned from leads1 dlrm: a guard that skips batches not divisible
+    by the world size read as the accumulation gate)."""
     for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            if _data_size(node.left):
+                continue
             return node.right
     return None
+
+
+_SIZE_WORDS = re.compile(r"\.size\(|\.shape\b|\blen\(|\.numel\(|\bnbytes\b")
+
+
+def _data_size(node: cst.BaseExpression) -> bool:
+    return bool(_SIZE_WORDS.search(code_of(node)))
 
 
 class _Collector:

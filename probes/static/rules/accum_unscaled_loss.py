@@ -246,6 +246,15 @@ for step, batch in enumerate(loader, 1):
         opt.step()
         opt.zero_grad()
 """,
+        # A modulo of the batch size is a guard, not an accumulation gate.
+        """
+for x, y in loader:
+    if world_size > 1 and x.size(0) % world_size != 0:
+        continue
+    optimizer.zero_grad()
+    loss_fn(model(x), y).backward()
+    optimizer.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(

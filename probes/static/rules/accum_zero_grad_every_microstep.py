@@ -186,6 +186,24 @@ for step in range(steps):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # Zeroing and stepping share a compound test (accumulation on behind a flag), and a
+        # guard skips batches whose size does not split over the ranks: the zero_grad runs on
+        # the stepping micro-batch before its backward.
+        Invalid(
+            """
+def train(args, model, optimizer, loader, world):
+    for j, (x, y) in enumerate(loader):
+        if world > 1 and x.size(0) % world != 0:
+            continue
+        loss = loss_fn(model(x), y) / args.accum
+        if (args.accumulate and (j + 1) % args.accum == 0) or not args.accumulate:
+            optimizer.zero_grad()
+        loss.backward()
+        if (args.accumulate and (j + 1) % args.accum == 0) or not args.accumulate:
+            optimizer.step()
+""",
+            8,
+        ),
         Invalid(
             """
 for i, batch in enumerate(loader):
