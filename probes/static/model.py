@@ -168,6 +168,9 @@ class Frame:
     tag: str | None = None
     """For ``with``: ``no_sync``, ``accumulate`` (Accelerate) or ``sync_helper`` (the project's
     own context manager around ``no_sync``, condition unread); for loops: ``for``/``while``."""
+    condition: cst.BaseExpression | None = None
+    """For an accumulation gate that tests a flag (``if should_step:``): the ``% N`` test the
+    flag was assigned, which says on which micro-batch of a window the branch runs."""
 
     def same(self, other: Frame) -> bool:
         return self.node is other.node and self.branch == other.branch
@@ -614,6 +617,8 @@ def window_gate(frame: Frame) -> tuple[str, bool] | None:
     test: cst.BaseExpression = _modulo_atom(frame.node.test)
     while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         test = test.expression
+    if isinstance(test, cst.Name) and frame.condition is not None:
+        test = _modulo_atom(frame.condition)
     if isinstance(test, cst.BinaryOperation):
         return f"{code_of(test)} == 0", frame.branch == update  # `if x % N:`
     if not isinstance(test, cst.Comparison):
@@ -622,6 +627,10 @@ def window_gate(frame: Frame) -> tuple[str, bool] | None:
     modulo, residue = (left, right) if isinstance(left, cst.BinaryOperation) else (right, left)
     # The residue matters: `x % N == 1` picks another micro-batch than `x % N == 0`.
     return f"{code_of(modulo)} == {code_of(residue)}", frame.branch == update
+
+
+def _boolean_constant(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value in {"True", "False"}
 
 
 def _modulo_atom(test: cst.BaseExpression) -> cst.BaseExpression:
@@ -658,6 +667,11 @@ def _update_branch(frame: Frame) -> int | None:
     flipped = False
     while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         test, flipped = test.expression, not flipped
+    if isinstance(test, cst.Name) and frame.condition is not None:
+        # `if should_step:` where `should_step = (i + 1) % N == 0`.
+        test = _modulo_atom(frame.condition)
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, flipped = test.expression, not flipped
     if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):
         branch = 1  # `if x % N:` is true on the micro-batches in between
     elif (
@@ -2421,11 +2435,21 @@ class _EventWalker:
             self.model._gate_counters[id(stmt)] = last[0]
             return Frame("if", stmt, branch, _GATE_TAG)
         if divisor is None:
-            # `if do_step:` / `if not accumulating:` where the flag is `(i + 1) % N == 0`.
+            # `if do_step:` / `if not accumulating:` where the flag is `(i + 1) % N == 0`;
+            # with `else: do_step = True` (accumulation off) beside it, the `% N` value is the
+            # accumulating configuration (learned from leads1 optispeech).
             for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
                 if isinstance(node, cst.Name) and self.func.assigns.get(node.value):
-                    condition = self.func.assigns[node.value][-1]
+                    values = self.func.assigns[node.value]
+                    condition = values[-1]
                     divisor = modulo_divisor(condition)
+                    if divisor is None:
+                        modular = [v for v in values if modulo_divisor(v) is not None]
+                        if len(modular) == 1 and all(
+                            v is modular[0] or _boolean_constant(v) for v in values
+                        ):
+                            condition = modular[0]
+                            divisor = modulo_divisor(condition)
                     if divisor is not None:
                         break
         if divisor is None:
@@ -2458,7 +2482,8 @@ class _EventWalker:
             self.model._gate_info[id(stmt)] = (divisor, stmt.test, last_batch)
             if counter is not None:
                 self.model._gate_counters[id(stmt)] = counter
-            return Frame("if", stmt, branch, _GATE_TAG)
+            flag = condition if condition is not test else None
+            return Frame("if", stmt, branch, _GATE_TAG, condition=flag)
         window = self._flag_window(stmt)
         if window is not None:
             self.model._gate_info[id(stmt)] = (window, stmt.test, False)
