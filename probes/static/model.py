@@ -2205,6 +2205,10 @@ class _Collector:
 
     # calls ----------------------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "grad":
+            # `torch.autograd.grad(loss, params)` computes fresh gradients: a function named
+            # grad, not a read of `.grad` (learned from static9 cov-weighting's GradNorm).
+            self.not_grad_reads.add(id(node.func))
         if self.stmt_stack:
             stmt = self.stmt_stack[-1]
             self.model.calls_by_stmt.setdefault(id(stmt), []).append(node)
