@@ -735,6 +735,8 @@ class FileModel:
         self.uses_ddp = False
         self.uses_fsdp = False
         self.explicit_ddp = False
+        self.ddp_calls: list[cst.Call] = []
+        """Every ``DistributedDataParallel(...)`` construction of the file."""
         """DDP is built in this file (not only implied by ``accelerator.prepare``)."""
         self.uses_deepspeed = False
         self.accelerators: dict[str, cst.Call] = {}
@@ -2229,6 +2231,7 @@ class _Collector:
         if last in {"DistributedDataParallel", "DDP"}:
             self.model.uses_ddp = True
             self.model.explicit_ddp = True
+            self.model.ddp_calls.append(node)
         if last == "fully_shard" or last == "FullyShardedDataParallel":
             self.model.uses_fsdp = True
             target = call_arg(node, 0, "module")
