@@ -10,7 +10,14 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed, accelerator_divides
-from gradient_doctor.probes.static.model import Accumulation, Event, FileModel, Unit, modulo_divisor
+from gradient_doctor.probes.static.model import (
+    Accumulation,
+    Event,
+    FileModel,
+    FuncInfo,
+    Unit,
+    modulo_divisor,
+)
 from gradient_doctor.probes.static.names import code_of, receiver
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.provenance import loss_scaling
@@ -255,6 +262,18 @@ for x, y in loader:
     loss_fn(model(x), y).backward()
     optimizer.step()
 """,
+        # Meta-learning: one batch of tasks, the query loss of each task backpropagated and
+        # summed into the meta-gradient; the task count is the batch's own first dimension.
+        """
+for support_x, support_y, query_x, query_y in episodes:
+    n_tasks, shots = support_x.shape[:2]
+    meta_optimizer.zero_grad()
+    for t in range(n_tasks):
+        fast = adapt(learner, support_x[t], support_y[t], steps=5)
+        query_loss = F.cross_entropy(fast(query_x[t]), query_y[t])
+        query_loss.backward()
+    meta_optimizer.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -490,6 +509,12 @@ class Learner:
                 scaling = loss_scaling(model, backward, acc, unit.root, micro)
                 if scaling.verdict != "none":
                     continue
+                if acc.style == "nested" and _tensor_dimension(unit.root, acc.divisor):
+                    # `for i in range(task_num)` with `task_num, ... = x.size()`: the loop
+                    # walks the tasks (rows) of one batch already drawn, and the summed
+                    # per-task loss is the meta-objective itself, not micro-batch accumulation
+                    # of a configured count (learned from static9 higher, MAML).
+                    continue
                 if any(SAMPLE_SUM.search(other) for other in scaling.others):
                     # `loss *= world_size` / `loss * batch_size`: the loss is a sum over
                     # samples (DDP's average undone), so summing micro-batches without a
@@ -579,6 +604,22 @@ def _threshold_window(acc: Accumulation) -> bool:
         and acc.condition is not None
         and modulo_divisor(acc.condition) is None
     )
+
+
+_DIMENSION = re.compile(r"\.size\(|\.shape\b")
+
+
+def _tensor_dimension(func: FuncInfo, divisor: cst.BaseExpression | None) -> bool:
+    """``divisor`` is a dimension of a tensor: ``x.size(0)``, ``x.shape[0]``, or a name
+    unpacked from ``x.size()`` / ``x.shape`` in ``func``."""
+    if divisor is None:
+        return False
+    if _DIMENSION.search(code_of(divisor)):
+        return True
+    if not isinstance(divisor, cst.Name):
+        return False
+    values = func.assigns.get(divisor.value, [])
+    return bool(values) and all(_DIMENSION.search(code_of(v)) for v in values)
 
 
 def _counts_micro_batches(unit: Unit, acc: Accumulation) -> bool:
