@@ -120,16 +120,24 @@ def accelerator_divides(model: FileModel, backward: Event | None = None) -> bool
         receiver = code_of(call.func.value)
         own = [c for func, name, c in calls if func is backward.func and name == receiver]
         if own:
-            return any(_accelerator_call_divides(call) for call in own)
-    return any(_accelerator_call_divides(call) for _, _, call in calls)
+            return _any_divides([_accelerator_call_divides(call) for call in own])
+    return _any_divides([_accelerator_call_divides(call) for _, _, call in calls])
 
 
-def _accelerator_call_divides(call: cst.Call) -> bool:
+def _any_divides(verdicts: list[bool | None]) -> bool | None:
+    if any(v is True for v in verdicts):
+        return True
+    return None if any(v is None for v in verdicts) else False
+
+
+def _accelerator_call_divides(call: cst.Call) -> bool | None:
+    """None when the count may come in ``**kwargs`` (learned from static7
+    rectified-flow: ``Accelerator(**accelerate_kwargs)``)."""
     if call_arg(call, None, "gradient_accumulation_plugin") is not None:
         return True
     steps = call_arg(call, None, "gradient_accumulation_steps")
     if steps is None:
-        return False
+        return None if any(a.star for a in call.args) else False
     value = number_value(steps)
     return value is None or value != 1
 

@@ -418,7 +418,16 @@ class _Reader:
                 },
             )
             parts = [self._returned(value, inner, depth + 1, element) for value in target.returns]
-            return _either(parts)
+            result = _either(parts)
+            if result.verdict == "none" and any(
+                ACCUMULATION_WORDS.search(code_of(a.value)) for a in call.args
+            ):
+                # A helper handed the window itself (`get_loss(..., accum_features, j)`: the
+                # contrastive loss of the whole cached window, one chunk with gradients) may
+                # weigh each micro-step as it should, however deep it is followed (learned
+                # from static7 Chinese-CLIP).
+                return Scaling("unknown", reason=f"`{_short(call)}` is given the accumulation")
+            return result
         # A call the analyser does not see into (a model, a criterion, F.cross_entropy): it
         # computes a fresh loss and knows nothing of the accumulation count.
         if any(ACCUMULATION_WORDS.search(code_of(a.value)) for a in call.args):
