@@ -497,6 +497,8 @@ class _Reader:
         return model.method_of(class_name, "forward")
 
     def _name(self, name: str, node: cst.CSTNode, context: _Context, depth: int) -> Scaling:
+        if depth > MAX_DEPTH:
+            return Scaling("unknown", reason="the loss goes through too many steps to follow")
         func = context.func
         sites = self._sites(func, name, node)
         if sites is None:
@@ -592,8 +594,9 @@ class _Reader:
         if not before:
             if name in func.params:
                 return None  # the parameter's value, re-bound only later
-            # Assigned only after the use (a loop carrying it to the next iteration): all.
-            before = [s for s in sites if id(s) not in around]
+            # Assigned only after the use (a loop carrying it to the next iteration): all
+            # but the use itself (`d["loss"] /= N` reads the value before it).
+            before = [s for s in sites if id(s) not in around and s is not use]
         chosen: list[cst.CSTNode] = []
         for site in reversed(before):
             chosen.append(site)

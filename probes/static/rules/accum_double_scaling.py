@@ -145,6 +145,29 @@ class Lit(L.LightningModule):
         loss = self.model(batch).loss * 0.5
         return loss
 """,
+        # The loss kept in a dict and divided in place with `/=`, handed to a helper; the
+        # Accelerator counts no accumulation, so this division is the only one.
+        """
+from accelerate import Accelerator
+
+class Runner:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.accelerator = Accelerator()
+
+    def backward_step(self, loss):
+        self.accelerator.backward(loss)
+
+    def run(self, loader):
+        for step, batch in enumerate(loader):
+            out = self.batch_loss(batch)
+            if self.cfg.accum > 1:
+                out["loss"] /= self.cfg.accum
+            self.backward_step(out["loss"])
+            if (step + 1) % self.cfg.accum == 0:
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+""",
         # Two Accelerators under one name in two functions: the one this loop uses does not
         # divide, so its manual division is the only one.
         """
