@@ -2464,13 +2464,13 @@ class _EventWalker:
             # kept in range on an object.
             for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
                 text = dotted_name(node) if isinstance(node, cst.Attribute) else None
-                values = (
+                attribute_values = (
                     self.model.attribute_assigns.get(attribute_key(text, self.func.class_name))
                     if text is not None
                     else None
                 )
-                if values and modulo_divisor(values[-1]) is not None:
-                    condition = values[-1]
+                if attribute_values and modulo_divisor(attribute_values[-1]) is not None:
+                    condition = attribute_values[-1]
                     divisor = modulo_divisor(condition)
                     break
         counter: str | None = None
