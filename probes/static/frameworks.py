@@ -103,21 +103,43 @@ def method(model: FileModel, class_name: str, name: str) -> FuncInfo | None:
     return model.method_of(class_name, name)
 
 
-def accelerator_divides(model: FileModel) -> bool | None:
-    """True when an ``Accelerator`` of this file is built with an accumulation count (its
-    ``backward`` then divides the loss), False when it is built without one, None when no
-    constructor is visible."""
-    if not model.accelerators:
+def accelerator_divides(model: FileModel, backward: Event | None = None) -> bool | None:
+    """True when the ``Accelerator`` behind ``backward`` is built with an accumulation count
+    (its ``backward`` then divides the loss), False when it is built without one, None when
+    no constructor is visible.
+
+    The constructor bound to the backward's receiver in the backward's own function wins (a
+    file may build one Accelerator with ``gradient_accumulation_steps`` for pre-training and
+    another without it for fine-tuning, under the same name; learned from leads1
+    chatlm-mini-chinese); otherwise any constructor of the file that divides counts."""
+    calls = model.accelerator_calls
+    if not calls:
         return None
-    for call in model.accelerators.values():
-        steps = call_arg(call, None, "gradient_accumulation_steps")
-        plugin = call_arg(call, None, "gradient_accumulation_plugin")
-        if plugin is not None:
-            return True
-        if steps is not None:
-            value = number_value(steps)
-            return value is None or value != 1
-    return False
+    call = backward.call if backward is not None else None
+    if backward is not None and isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
+        receiver = code_of(call.func.value)
+        own = [c for func, name, c in calls if func is backward.func and name == receiver]
+        if own:
+            return _any_divides([_accelerator_call_divides(call) for call in own])
+    return _any_divides([_accelerator_call_divides(call) for _, _, call in calls])
+
+
+def _any_divides(verdicts: list[bool | None]) -> bool | None:
+    if any(v is True for v in verdicts):
+        return True
+    return None if any(v is None for v in verdicts) else False
+
+
+def _accelerator_call_divides(call: cst.Call) -> bool | None:
+    """None when the count may come in ``**kwargs`` (learned from static7
+    rectified-flow: ``Accelerator(**accelerate_kwargs)``)."""
+    if call_arg(call, None, "gradient_accumulation_plugin") is not None:
+        return True
+    steps = call_arg(call, None, "gradient_accumulation_steps")
+    if steps is None:
+        return None if any(a.star for a in call.args) else False
+    value = number_value(steps)
+    return value is None or value != 1
 
 
 def deepspeed_accumulation(model: FileModel) -> list[str]:
@@ -289,5 +311,5 @@ def accelerate_runs_deepspeed(model: FileModel) -> bool:
     1.15.0 ``utils/deepspeed.py`` 308-312; ``accelerator.py`` 3023-3027 for clipping)."""
     return any(
         call_arg(call, None, "deepspeed_plugin") is not None or "deepspeed" in code_of(call)
-        for call in model.accelerators.values()
+        for _, _, call in model.accelerator_calls
     )

@@ -50,9 +50,18 @@ EventKind = Literal[
 STEP_KINDS = frozenset({"step", "scaler_step"})
 
 DEEPSPEED_ENGINE_METHODS = frozenset(
-    {"set_gradient_accumulation_boundary", "is_gradient_accumulation_boundary"}
+    {
+        "set_gradient_accumulation_boundary",
+        "is_gradient_accumulation_boundary",
+        "get_global_grad_norm",
+        "gradient_accumulation_steps",
+    }
 )
-"""Methods only a DeepSpeed engine has (``deepspeed/runtime/engine.py``)."""
+"""Methods only a DeepSpeed engine has (``deepspeed/runtime/engine.py``); a call of one marks
+its receiver as an engine, however the engine reached the function (an argument built in
+another file: ``model.get_global_grad_norm()`` after ``model.backward(loss)``, learned from
+leads1 videomaev2). ``gradient_accumulation_steps`` counts only as a call (elsewhere it is a
+plain setting)."""
 
 
 def _deepspeed_engine(
@@ -159,6 +168,9 @@ class Frame:
     tag: str | None = None
     """For ``with``: ``no_sync``, ``accumulate`` (Accelerate) or ``sync_helper`` (the project's
     own context manager around ``no_sync``, condition unread); for loops: ``for``/``while``."""
+    condition: cst.BaseExpression | None = None
+    """For an accumulation gate that tests a flag (``if should_step:``): the ``% N`` test the
+    flag was assigned, which says on which micro-batch of a window the branch runs."""
 
     def same(self, other: Frame) -> bool:
         return self.node is other.node and self.branch == other.branch
@@ -602,9 +614,11 @@ def window_gate(frame: Frame) -> tuple[str, bool] | None:
     update = _update_branch(frame)
     if update is None:
         return None
-    test: cst.BaseExpression = frame.node.test
+    test: cst.BaseExpression = _modulo_atom(frame.node.test)
     while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         test = test.expression
+    if isinstance(test, cst.Name) and frame.condition is not None:
+        test = _modulo_atom(frame.condition)
     if isinstance(test, cst.BinaryOperation):
         return f"{code_of(test)} == 0", frame.branch == update  # `if x % N:`
     if not isinstance(test, cst.Comparison):
@@ -615,16 +629,49 @@ def window_gate(frame: Frame) -> tuple[str, bool] | None:
     return f"{code_of(modulo)} == {code_of(residue)}", frame.branch == update
 
 
+def _boolean_constant(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value in {"True", "False"}
+
+
+def _modulo_atom(test: cst.BaseExpression) -> cst.BaseExpression:
+    """The one ``% N`` test inside an ``and`` / ``or`` of conditions, when it is not negated
+    there: ``(args.accumulate and (i + 1) % N == 0) or not args.accumulate`` picks the same
+    micro-batch of each window as ``(i + 1) % N == 0`` wherever accumulation is on (learned
+    from leads1 dlrm, whose zero_grad and step share that test). Any other test: itself."""
+    if not isinstance(test, cst.BooleanOperation):
+        return test
+    atoms: list[cst.BaseExpression] = []
+    stack: list[cst.BaseExpression] = [test]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.BooleanOperation):
+            stack.extend((current.left, current.right))
+        else:
+            atoms.append(current)
+    found = [a for a in atoms if modulo_divisor(a) is not None]
+    if len(found) != 1:
+        return test
+    atom = found[0]
+    if isinstance(atom, cst.UnaryOperation) and isinstance(atom.operator, cst.Not):
+        return test
+    return atom
+
+
 def _update_branch(frame: Frame) -> int | None:
     """Which branch of a ``% N`` gate runs once per window: 0 for ``if x % N == 0:``, 1 for
     ``if x % N != 0:`` (or ``if x % N:``), each flipped by ``not``; None for other tests."""
     node = frame.node
     if not isinstance(node, cst.If):
         return None
-    test: cst.BaseExpression = node.test
+    test: cst.BaseExpression = _modulo_atom(node.test)
     flipped = False
     while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         test, flipped = test.expression, not flipped
+    if isinstance(test, cst.Name) and frame.condition is not None:
+        # `if should_step:` where `should_step = (i + 1) % N == 0`.
+        test = _modulo_atom(frame.condition)
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, flipped = test.expression, not flipped
     if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):
         branch = 1  # `if x % N:` is true on the micro-batches in between
     elif (
@@ -688,9 +735,14 @@ class FileModel:
         self.uses_ddp = False
         self.uses_fsdp = False
         self.explicit_ddp = False
+        self.ddp_calls: list[cst.Call] = []
+        """Every ``DistributedDataParallel(...)`` construction of the file."""
         """DDP is built in this file (not only implied by ``accelerator.prepare``)."""
         self.uses_deepspeed = False
         self.accelerators: dict[str, cst.Call] = {}
+        self.accelerator_calls: list[tuple[FuncInfo, str, cst.Call]] = []
+        """Every ``Accelerator(...)`` construction: (the function, the name bound, the call);
+        ``accelerators`` keeps only the last per name."""
         """``Accelerator(...)`` constructor calls by the name they are bound to."""
         self.prepared: set[str] = set()
         """Names passed to, or bound from, ``accelerator.prepare(...)``."""
@@ -1807,13 +1859,17 @@ def _zip_aliases(model: FileModel, stmt: cst.CSTNode) -> dict[str, str]:
 
 
 def _is_prepare(value: cst.BaseExpression) -> bool:
-    """``accelerator.prepare(...)`` (or ``fabric.setup(...)``)."""
+    """``accelerator.prepare(...)`` and its one-object forms ``prepare_model`` /
+    ``prepare_optimizer`` / ``prepare_scheduler`` (learned from leads1 coqui-trainer), or
+    ``fabric.setup(...)``."""
     return (
         isinstance(value, cst.Call)
         and method_name(value)
         in {
             "prepare",
             "prepare_model",
+            "prepare_optimizer",
+            "prepare_scheduler",
             "setup",
         }
         and "accelerator" in code_of(value.func).lower()
@@ -1825,11 +1881,23 @@ def _is_prepare(value: cst.BaseExpression) -> bool:
 
 
 def modulo_divisor(test: cst.BaseExpression) -> cst.BaseExpression | None:
-    """``N`` in a condition such as ``(i + 1) % N == 0`` or ``step % N == N - 1``."""
+    """``N`` in a condition such as ``(i + 1) % N == 0`` or ``step % N == N - 1``. A modulo of
+    a data size (``X.size(0) % world_size``, ``len(batch) % n``) tests the batch, not which
+    micro-step this is (learned from leads1 dlrm: a guard that skips batches not divisible
+    by the world size read as the accumulation gate)."""
     for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            if _data_size(node.left):
+                continue
             return node.right
     return None
+
+
+_SIZE_WORDS = re.compile(r"\.size\(|\.shape\b|\blen\(|\.numel\(|\bnbytes\b")
+
+
+def _data_size(node: cst.BaseExpression) -> bool:
+    return bool(_SIZE_WORDS.search(code_of(node)))
 
 
 class _Collector:
@@ -2023,12 +2091,17 @@ class _Collector:
             sites = self.func_stack[-1].assign_sites
             for name in _bound_names(target.target):
                 sites.setdefault(name, []).append(node)
+            place = keyed_place(target.target)
+            if place is not None:
+                sites.setdefault(place, []).append(node)
         return True
 
     def visit_AugAssign(self, node: cst.AugAssign) -> bool:
-        if isinstance(node.target, cst.Name):
+        place = node.target.value if isinstance(node.target, cst.Name) else None
+        place = place or keyed_place(node.target)
+        if place is not None:
             sites = self.func_stack[-1].assign_sites
-            sites.setdefault(node.target.value, []).append(node)
+            sites.setdefault(place, []).append(node)
         return True
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
@@ -2076,6 +2149,7 @@ class _Collector:
         kind = self._constructed_kind(value)
         if kind == "accelerator" and isinstance(value, cst.Call):
             self.model.accelerators[text] = value
+            self.model.accelerator_calls.append((func, text, value))
         if kind is not None:
             self.model.kinds[text] = kind
             if isinstance(value, cst.Call):
@@ -2133,6 +2207,10 @@ class _Collector:
 
     # calls ----------------------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "grad":
+            # `torch.autograd.grad(loss, params)` computes fresh gradients: a function named
+            # grad, not a read of `.grad` (learned from static9 cov-weighting's GradNorm).
+            self.not_grad_reads.add(id(node.func))
         if self.stmt_stack:
             stmt = self.stmt_stack[-1]
             self.model.calls_by_stmt.setdefault(id(stmt), []).append(node)
@@ -2153,6 +2231,7 @@ class _Collector:
         if last in {"DistributedDataParallel", "DDP"}:
             self.model.uses_ddp = True
             self.model.explicit_ddp = True
+            self.model.ddp_calls.append(node)
         if last == "fully_shard" or last == "FullyShardedDataParallel":
             self.model.uses_fsdp = True
             target = call_arg(node, 0, "module")
@@ -2363,11 +2442,21 @@ class _EventWalker:
             self.model._gate_counters[id(stmt)] = last[0]
             return Frame("if", stmt, branch, _GATE_TAG)
         if divisor is None:
-            # `if do_step:` / `if not accumulating:` where the flag is `(i + 1) % N == 0`.
+            # `if do_step:` / `if not accumulating:` where the flag is `(i + 1) % N == 0`;
+            # with `else: do_step = True` (accumulation off) beside it, the `% N` value is the
+            # accumulating configuration (learned from leads1 optispeech).
             for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
                 if isinstance(node, cst.Name) and self.func.assigns.get(node.value):
-                    condition = self.func.assigns[node.value][-1]
+                    values = self.func.assigns[node.value]
+                    condition = values[-1]
                     divisor = modulo_divisor(condition)
+                    if divisor is None:
+                        modular = [v for v in values if modulo_divisor(v) is not None]
+                        if len(modular) == 1 and all(
+                            v is modular[0] or _boolean_constant(v) for v in values
+                        ):
+                            condition = modular[0]
+                            divisor = modulo_divisor(condition)
                     if divisor is not None:
                         break
         if divisor is None:
@@ -2375,13 +2464,13 @@ class _EventWalker:
             # kept in range on an object.
             for node in walk(test, prune=lambda n: isinstance(n, cst.Call)):
                 text = dotted_name(node) if isinstance(node, cst.Attribute) else None
-                values = (
+                attribute_values = (
                     self.model.attribute_assigns.get(attribute_key(text, self.func.class_name))
                     if text is not None
                     else None
                 )
-                if values and modulo_divisor(values[-1]) is not None:
-                    condition = values[-1]
+                if attribute_values and modulo_divisor(attribute_values[-1]) is not None:
+                    condition = attribute_values[-1]
                     divisor = modulo_divisor(condition)
                     break
         counter: str | None = None
@@ -2400,7 +2489,8 @@ class _EventWalker:
             self.model._gate_info[id(stmt)] = (divisor, stmt.test, last_batch)
             if counter is not None:
                 self.model._gate_counters[id(stmt)] = counter
-            return Frame("if", stmt, branch, _GATE_TAG)
+            flag = condition if condition is not test else None
+            return Frame("if", stmt, branch, _GATE_TAG, condition=flag)
         window = self._flag_window(stmt)
         if window is not None:
             self.model._gate_info[id(stmt)] = (window, stmt.test, False)
@@ -2683,7 +2773,15 @@ class _EventWalker:
                 return
         kind = model.kind_of(recv)
         loss_arg = call_arg(call, 0, "loss")
-        if kind is None and loss_arg is not None and _deepspeed_engine(model, recv, frames):
+        if (
+            kind in {None, "ddp", "fsdp"}
+            and loss_arg is not None
+            and _deepspeed_engine(model, recv, frames)
+        ):
+            # A wrapped module has no `backward(loss)`: a name that is a DDP model on one
+            # path (the caller wraps it when DeepSpeed is off) and the engine on another is
+            # the engine where the engine's own methods are called on it (learned from leads1
+            # videomaev2).
             kind = "deepspeed"
         if kind in {"accelerator", "deepspeed"}:
             self._add(Event("backward", call, stmt, func, frames, loss=loss_arg, framework=kind))
@@ -2790,6 +2888,24 @@ def _rescales_without_clipping(helper: FuncInfo) -> bool:
                 seen.add(id(item.target))
                 pending.append(item.target)
     return "grad_div" in kinds and "clip" not in kinds
+
+
+def keyed_place(target: cst.BaseExpression) -> str | None:
+    """``losses["loss"]`` as a place of its own (``'losses["loss"]'``) when a name is indexed
+    by one constant string: real trainers keep the loss in a dict and rescale it in place
+    (``loss_dict["loss"] = loss_dict["loss"] / N``; learned from leads1 coqui-trainer), so
+    that entry is followed like a variable. None for any other target."""
+    if not isinstance(target, cst.Subscript) or not isinstance(target.value, cst.Name):
+        return None
+    if len(target.slice) != 1:
+        return None
+    index = target.slice[0].slice
+    if not isinstance(index, cst.Index) or not isinstance(index.value, cst.SimpleString):
+        return None
+    key = index.value.evaluated_value
+    if not isinstance(key, str):
+        return None
+    return f'{target.value.value}["{key}"]'
 
 
 def _bound_names(target: cst.BaseExpression) -> list[str]:

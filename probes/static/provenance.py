@@ -32,6 +32,7 @@ from gradient_doctor.probes.static.model import (
     HelperCall,
     attribute_key,
     bind_arguments,
+    keyed_place,
 )
 from gradient_doctor.probes.static.names import (
     code_of,
@@ -73,7 +74,7 @@ WEIGHT_WORDS = re.compile(r"weight|lambda|\blam|alpha|beta|gamma|coef|\bw\d*\b|_
 # `dict.get` (a batch item is read as a count here, not passed through), plus the shape methods
 # a loss takes on its way to a token count.
 TENSOR_METHODS = (RULE_TENSOR_METHODS - {"get"}) | {"flatten", "type_as", "unsqueeze"}
-MAX_DEPTH = 12
+MAX_DEPTH = 20
 
 
 @dataclass
@@ -95,6 +96,9 @@ class Scaling:
     token mean), wherever it is written: in the loop, or in a helper of another file."""
     token_mean_in: FuncInfo | None = None
     """The function that holds ``token_mean``."""
+    summed: bool = False
+    """For ``unknown``: only because a loss is summed (``reduction='sum'``), which may be
+    normalised elsewhere."""
     divided_path: Scaling | None = None
     """For ``unknown`` because only some paths divide: the scaling of a path that divides by
     the accumulation count (a rule judged per path may still read it)."""
@@ -180,7 +184,11 @@ def _either(parts: list[Scaling]) -> Scaling:
     if not parts:
         return Scaling("unknown", reason="no value")
     verdicts = {p.verdict for p in parts}
-    if len(verdicts) == 1:
+    if verdicts == {"none", "unknown"} and all(p.summed for p in parts if p.verdict == "unknown"):
+        # `mean_loss if steady else summed_warmup_loss`: the path with the plain mean is not
+        # divided by N whatever normalises the summed one (learned from leads1 wheatley).
+        result = next(p for p in parts if p.verdict == "none")
+    elif len(verdicts) == 1:
         result = parts[0]
     else:
         unknown = next((p for p in parts if p.verdict == "unknown"), None)
@@ -238,6 +246,9 @@ class _Reader:
                 return Scaling("unknown", reason=f"`{code_of(expr)}` is set elsewhere")
             return self.expression(expr.value, context, depth + 1)
         if isinstance(expr, cst.Subscript):
+            place = keyed_place(expr)
+            if place is not None and context.func.assign_sites.get(place):
+                return self._name(place, expr, context, depth)
             return self.expression(expr.value, context, depth + 1)
         if isinstance(expr, cst.Call):
             return self._call(expr, context, depth)
@@ -390,6 +401,7 @@ class _Reader:
             return Scaling(
                 "unknown",
                 reason="a summed loss (reduction='sum') is normalised elsewhere, if at all",
+                summed=True,
             )
         if target is not None and isinstance(target.node, cst.FunctionDef):
             if not target.returns:
@@ -406,7 +418,16 @@ class _Reader:
                 },
             )
             parts = [self._returned(value, inner, depth + 1, element) for value in target.returns]
-            return _either(parts)
+            result = _either(parts)
+            if result.verdict == "none" and any(
+                ACCUMULATION_WORDS.search(code_of(a.value)) for a in call.args
+            ):
+                # A helper handed the window itself (`get_loss(..., accum_features, j)`: the
+                # contrastive loss of the whole cached window, one chunk with gradients) may
+                # weigh each micro-step as it should, however deep it is followed (learned
+                # from static7 Chinese-CLIP).
+                return Scaling("unknown", reason=f"`{_short(call)}` is given the accumulation")
+            return result
         # A call the analyser does not see into (a model, a criterion, F.cross_entropy): it
         # computes a fresh loss and knows nothing of the accumulation count.
         if any(ACCUMULATION_WORDS.search(code_of(a.value)) for a in call.args):
@@ -476,6 +497,8 @@ class _Reader:
         return model.method_of(class_name, "forward")
 
     def _name(self, name: str, node: cst.CSTNode, context: _Context, depth: int) -> Scaling:
+        if depth > MAX_DEPTH:
+            return Scaling("unknown", reason="the loss goes through too many steps to follow")
         func = context.func
         sites = self._sites(func, name, node)
         if sites is None:
@@ -493,17 +516,58 @@ class _Reader:
                         for v in module.assigns[name]
                     ]
                 )
+            loop = _enclosing_loop_binding(func, name, node)
+            if loop is not None:
+                return self._iterated(loop.iter, context, depth + 1)
             return Scaling("unknown", reason=f"`{name}` is not assigned in the function")
         parts = [self._site(site, name, context, depth) for site in sites]
         if (
             sites
             and self._conditional(func, sites[-1], node)
+            and self._has_entry_value(name, context)
             and not self._both_branches(func, sites, node)
         ):
             # Every assignment before the use is conditional: the value it had on entry (a
             # parameter, or what the caller passed) may reach the use as well.
             parts.append(self._entry_value(name, context, depth))
         return _either(parts)
+
+    def _iterated(self, iterable: cst.BaseExpression, context: _Context, depth: int) -> Scaling:
+        """The scaling of an item of ``iterable`` (a ``for`` loop's variable): what a data
+        loader yields is fresh data, never divided by the accumulation count (learned from
+        leads1 wheatley: PPO minibatches unpacked in the loop header); ``zip`` / ``enumerate``
+        / ``tqdm`` wrappers yield items of their arguments."""
+        if depth > MAX_DEPTH:
+            return Scaling("unknown", reason="the loss goes through too many steps to follow")
+        if isinstance(iterable, cst.Call):
+            wrapper = method_name(iterable)
+            if wrapper in ITERATION_WRAPPERS and iterable.args:
+                return _either(
+                    [
+                        self._iterated(a.value, context, depth + 1)
+                        for a in iterable.args
+                        if a.keyword is None
+                    ]
+                    or [Scaling("none")]
+                )
+            return self.expression(iterable, context, depth + 1)
+        if isinstance(iterable, cst.Name | cst.Attribute):
+            text = code_of(iterable)
+            kind = (context.func.model or self.model).kind_of(text)
+            if DATA_WORDS.search(text) or kind is not None:
+                return Scaling("none")
+        return Scaling("unknown", reason=f"items of `{_short(iterable)}` are not followed")
+
+    def _has_entry_value(self, name: str, context: _Context) -> bool:
+        """``name`` can have a value before the function assigns it: a parameter, a value the
+        caller passed, or a module global. Otherwise a path that skips every assignment
+        raises at the use instead of reaching it (learned from leads1 wheatley: a value loss
+        assigned in every branch of nested if/elif chains)."""
+        func = context.func
+        if name in context.bindings or name in func.params:
+            return True
+        module = func.model.module_info if func.model is not None else None
+        return module is not None and module is not func and bool(module.assigns.get(name))
 
     def _entry_value(self, name: str, context: _Context, depth: int) -> Scaling:
         bound = context.bindings.get(name)
@@ -530,8 +594,9 @@ class _Reader:
         if not before:
             if name in func.params:
                 return None  # the parameter's value, re-bound only later
-            # Assigned only after the use (a loop carrying it to the next iteration): all.
-            before = [s for s in sites if id(s) not in around]
+            # Assigned only after the use (a loop carrying it to the next iteration): all
+            # but the use itself (`d["loss"] /= N` reads the value before it).
+            before = [s for s in sites if id(s) not in around and s is not use]
         chosen: list[cst.CSTNode] = []
         for site in reversed(before):
             chosen.append(site)
@@ -582,6 +647,7 @@ class _Reader:
             return False
         use_chain = {id(n) for n in model.ancestors(use)}
         seen: dict[int, set[int]] = {}
+        ifs: list[cst.If] = []
         for site in sites:
             chain = [site, *model.ancestors(site)]
             for child, parent in itertools.pairwise(chain):
@@ -589,9 +655,29 @@ class _Reader:
                     break
                 if isinstance(parent, cst.If) and child is not parent.test:
                     seen.setdefault(id(parent), set()).add(0 if child is parent.body else 1)
+                    ifs.append(parent)
                     if seen[id(parent)] == {0, 1} and not self._conditional(func, parent, use):
                         return True
                     break
+
+        def covered(node: cst.If) -> bool:
+            # `if a: x = ... elif b: x = ... else: x = ...`: every branch of the chain assigns
+            # (learned from leads1 wheatley, a value loss picked by an if/elif/else chain).
+            branches = seen.get(id(node), set())
+            if 0 not in branches:
+                return False
+            return 1 in branches or (isinstance(node.orelse, cst.If) and covered(node.orelse))
+
+        for node in ifs:
+            head = node
+            parents = model.ancestors(node)
+            for parent in parents:
+                if isinstance(parent, cst.If) and parent.orelse is head:
+                    head = parent  # climb from an `elif` to the `if` that starts the chain
+                else:
+                    break
+            if covered(head) and not self._conditional(func, head, use):
+                return True
         return False
 
     def _conditional(self, func: FuncInfo, site: cst.CSTNode, use: cst.CSTNode) -> bool:
@@ -618,6 +704,10 @@ class _Reader:
         return verdict
 
     def _divisor(self, node: cst.BaseExpression, context: _Context, depth: int) -> str:
+        inner = _number_cast(node)
+        if inner is not None:
+            # `loss / float(self.accum_steps)` divides by the count itself.
+            return self._divisor(inner, context, depth + 1)
         text = code_of(node)
         if self._length_of_window(node):
             return "accumulation"
@@ -938,6 +1028,8 @@ def _assigned_value(site: cst.Assign, name: str) -> cst.BaseExpression | None:
         bound = target.target
         if isinstance(bound, cst.Name) and bound.value == name:
             return value
+        if keyed_place(bound) == name:
+            return value
         if isinstance(bound, cst.Tuple | cst.List):
             names = [e.value for e in bound.elements]
             if isinstance(value, cst.Tuple | cst.List):
@@ -1022,6 +1114,45 @@ def _same_name(a: str, b: str) -> bool:
     tail_a = a.rsplit(".", 1)[-1]
     tail_b = b.rsplit(".", 1)[-1]
     return tail_a == tail_b and tail_a.isidentifier() and len(tail_a) > 1
+
+
+ITERATION_WRAPPERS = frozenset({"zip", "enumerate", "tqdm", "iter", "sorted", "reversed"})
+DATA_WORDS = re.compile(r"(?i)(loader|dataset|data\b|batches|minibatch|rollout|buffer|storage)")
+
+
+def _enclosing_loop_binding(func: FuncInfo, name: str, use: cst.CSTNode) -> cst.For | None:
+    """The ``for`` loop around ``use`` whose header binds ``name``."""
+    model = func.model
+    if model is None:
+        return None
+    for node in model.ancestors(use):
+        if isinstance(node, cst.For) and name in _target_names(node.target):
+            return node
+        if node is func.node:
+            break
+    return None
+
+
+def _target_names(target: cst.BaseExpression) -> set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, cst.Tuple | cst.List):
+        return {n for e in target.elements for n in _target_names(e.value)}
+    return set()
+
+
+def _number_cast(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``x`` of ``float(x)`` / ``int(x)`` (a cast of a count keeps its meaning)."""
+    if (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Name)
+        and node.func.value in {"float", "int"}
+        and len(node.args) == 1
+        and not node.args[0].keyword
+        and not node.args[0].star
+    ):
+        return node.args[0].value
+    return None
 
 
 def _names_accumulation(node: cst.CSTNode) -> bool:

@@ -121,6 +121,44 @@ for i, real in enumerate(loader):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # Lightning manual optimisation with two optimizers: each clip runs on every
+        # micro-batch, before its own optimizer's gated step.
+        Invalid(
+            """
+import lightning as L
+
+class GanModule(L.LightningModule):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        accum = self.cfg.accumulate
+        if accum is not None:
+            scale = float(accum)
+            should_step = (batch_idx + 1) % accum == 0
+        else:
+            scale = 1.0
+            should_step = True
+        opt_g, opt_d = self.optimizers()
+        loss_g = self.generator_loss(batch) / scale
+        if should_step:
+            opt_g.zero_grad()
+        self.manual_backward(loss_g)
+        self.clip_gradients(opt_g, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        if should_step:
+            opt_g.step()
+        loss_d = self.discriminator_loss(batch) / scale
+        if should_step:
+            opt_d.zero_grad()
+        self.manual_backward(loss_d)
+        self.clip_gradients(opt_d, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        if should_step:
+            opt_d.step()
+""",
+            (23, 30),
+        ),
         # The per-iteration helper is reached through two branches of the caller: the clip is
         # reported once, where it is written, not again at a caller's helper call.
         Invalid(
@@ -228,7 +266,13 @@ class Trainer:
                 # self._step_a() else: self._step_b()` holds two copies of the update), so
                 # the finding lands in the function that holds both (learned from static8
                 # xvr, whose clip was also reported at the caller's other branch).
-                step = next((s for s in steps if not exclusive(clip, s)), None)
+                # The first such step after the clip: with two optimizers updated in turn,
+                # the discriminator's clip precedes the discriminator's step (learned from
+                # leads1 optispeech).
+                on_path = [s for s in steps if not exclusive(clip, s)]
+                step = next((s for s in on_path if s.order > clip.order), None) or next(
+                    iter(on_path), None
+                )
                 if step is None:
                     continue
                 clip_at, step_at = placements(clip, step)

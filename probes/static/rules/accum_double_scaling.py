@@ -145,6 +145,53 @@ class Lit(L.LightningModule):
         loss = self.model(batch).loss * 0.5
         return loss
 """,
+        # The loss kept in a dict and divided in place with `/=`, handed to a helper; the
+        # Accelerator counts no accumulation, so this division is the only one.
+        """
+from accelerate import Accelerator
+
+class Runner:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.accelerator = Accelerator()
+
+    def backward_step(self, loss):
+        self.accelerator.backward(loss)
+
+    def run(self, loader):
+        for step, batch in enumerate(loader):
+            out = self.batch_loss(batch)
+            if self.cfg.accum > 1:
+                out["loss"] /= self.cfg.accum
+            self.backward_step(out["loss"])
+            if (step + 1) % self.cfg.accum == 0:
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+""",
+        # Two Accelerators under one name in two functions: the one this loop uses does not
+        # divide, so its manual division is the only one.
+        """
+from accelerate import Accelerator
+
+def finetune(cfg, net, opt, data):
+    accelerator = Accelerator(mixed_precision="bf16")
+    net, opt, data = accelerator.prepare(net, opt, data)
+    for i, batch in enumerate(data):
+        loss = net(**batch).loss / cfg.accum
+        accelerator.backward(loss)
+        if (i + 1) % cfg.accum == 0:
+            opt.step()
+            opt.zero_grad()
+
+def pretrain(cfg, net, opt, data):
+    accelerator = Accelerator(gradient_accumulation_steps=cfg.accum)
+    net, opt, data = accelerator.prepare(net, opt, data)
+    for batch in data:
+        with accelerator.accumulate(net):
+            accelerator.backward(net(**batch).loss)
+            opt.step()
+            opt.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -198,6 +245,81 @@ class Lit(L.LightningModule):
         return loss / self.trainer.accumulate_grad_batches
 """,
             6,
+        ),
+        # The loss kept in a dict and rescaled in place, the count cast to float, the
+        # Accelerator built by a helper and kept on `self`.
+        Invalid(
+            """
+from accelerate import Accelerator
+
+def build(net, opt, accum):
+    accelerator = Accelerator(gradient_accumulation_steps=accum)
+    net, opt = accelerator.prepare(net, opt)
+    return net, opt, accelerator
+
+class Runner:
+    def __init__(self, net, opt, accum):
+        self.accum = accum
+        self.net, self.opt, self.accelerator = build(net, opt, accum)
+
+    def fit_batch(self, batch):
+        terms = self.net.losses(batch)
+        terms["total"] = terms["total"] / float(self.accum)
+        with self.accelerator.accumulate(self.net):
+            self.accelerator.backward(terms["total"])
+            self.opt.step()
+            self.opt.zero_grad()
+""",
+            16,
+        ),
+        # The loop's own Accelerator divides; another function's does not.
+        Invalid(
+            """
+from accelerate import Accelerator
+
+def pretrain(cfg, net, opt, data):
+    accelerator = Accelerator(gradient_accumulation_steps=cfg.accum)
+    net, opt, data = accelerator.prepare(net, opt, data)
+    for i, batch in enumerate(data):
+        loss = net(**batch).loss / cfg.accum
+        accelerator.backward(loss)
+        if (i + 1) % cfg.accum == 0:
+            opt.step()
+            opt.zero_grad()
+
+def evaluate(cfg, net, data):
+    accelerator = Accelerator(mixed_precision="bf16")
+    net, data = accelerator.prepare(net, data)
+""",
+            8,
+        ),
+        # The engine arrives as an argument that is a DDP model on the other path; the
+        # engine-only `get_global_grad_norm()` says what it is where `backward(loss)` runs.
+        Invalid(
+            """
+import deepspeed
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def train_epoch(model, loader, accum, amp_step=None):
+    for batch in loader:
+        loss = model(batch)
+        if amp_step is None:
+            loss /= accum
+            model.backward(loss)
+            norm = model.get_global_grad_norm()
+            model.step()
+        else:
+            amp_step(loss / accum)
+
+def main(args, net, ds_config, loader):
+    if args.deepspeed:
+        model, _, _, _ = deepspeed.initialize(model=net, config=ds_config)
+        train_epoch(model, loader, args.accum)
+    else:
+        model = DDP(net)
+        train_epoch(model, loader, args.accum, make_amp_step(model))
+""",
+            9,
         ),
     ]
 
@@ -277,7 +399,7 @@ class Lit(L.LightningModule):
         if scaling is None:
             return None
         accumulates = unit.accumulation is not None and unit.accumulation.style == "accelerate"
-        divides = accelerator_divides(model)
+        divides = accelerator_divides(model, backward)
         divisor = _divisor_text(scaling)
         via_deepspeed = accelerate_runs_deepspeed(model) or _from_deepspeed_config(model, divisor)
         if not accumulates and divides is not True and not via_deepspeed:

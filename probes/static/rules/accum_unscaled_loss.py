@@ -9,7 +9,15 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import Accumulation, Event, FileModel, Unit, modulo_divisor
+from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed, accelerator_divides
+from gradient_doctor.probes.static.model import (
+    Accumulation,
+    Event,
+    FileModel,
+    FuncInfo,
+    Unit,
+    modulo_divisor,
+)
 from gradient_doctor.probes.static.names import code_of, receiver
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.provenance import loss_scaling
@@ -233,6 +241,39 @@ class Trainer:
             is_update = (i + 1) % self.accum_steps == 0 or i + 1 == len(loader)
             self.train_micro(batch, is_update)
 """,
+        # The Accelerator divides by its own `gradient_accumulation_steps`, even when the
+        # update is gated by hand.
+        """
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=cfg.accum)
+model, opt, loader = accelerator.prepare(model, opt, loader)
+for step, batch in enumerate(loader, 1):
+    accelerator.backward(model(**batch).loss)
+    if step % cfg.accum == 0:
+        opt.step()
+        opt.zero_grad()
+""",
+        # A modulo of the batch size is a guard, not an accumulation gate.
+        """
+for x, y in loader:
+    if world_size > 1 and x.size(0) % world_size != 0:
+        continue
+    optimizer.zero_grad()
+    loss_fn(model(x), y).backward()
+    optimizer.step()
+""",
+        # Meta-learning: one batch of tasks, the query loss of each task backpropagated and
+        # summed into the meta-gradient; the task count is the batch's own first dimension.
+        """
+for support_x, support_y, query_x, query_y in episodes:
+    n_tasks, shots = support_x.shape[:2]
+    meta_optimizer.zero_grad()
+    for t in range(n_tasks):
+        fast = adapt(learner, support_x[t], support_y[t], steps=5)
+        query_loss = F.cross_entropy(fast(query_x[t]), query_y[t])
+        query_loss.backward()
+    meta_optimizer.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -382,6 +423,65 @@ for micro_step in range(total_micro_steps):
 """,
             4,
         ),
+        # An Accelerator built without an accumulation count divides by nothing.
+        Invalid(
+            """
+from accelerate import Accelerator
+accelerator = Accelerator()
+model, opt, sched, loader = accelerator.prepare(model, opt, sched, loader)
+step = 0
+for batch in loader:
+    step += 1
+    loss = model(**batch).loss
+    accelerator.backward(loss)
+    if step % cfg.accum == 0:
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+""",
+            9,
+        ),
+        # PPO minibatches counted by `it += 1` up to `iter_size`: the value loss is picked by
+        # an if/elif/else chain, advantages are normalised, the warm-up path uses a summed
+        # loss; the steady path's loss is never divided.
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+
+class Learner:
+    def update(self, policy, rollouts, epochs):
+        it = 0
+        for _ in range(epochs):
+            loader = torch.utils.data.DataLoader(rollouts, batch_size=self.mb, shuffle=True)
+            for obs, old_logp, acts, adv, ret in loader:
+                logp, ent, value = policy.evaluate(obs, acts)
+                ratio = (logp - old_logp).exp()
+                if self.normalize and adv.shape[0] > 1:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                surrogate = torch.min(adv * ratio, adv * ratio.clamp(0.8, 1.2)).mean()
+                if self.value_loss == "l2":
+                    v_loss = F.mse_loss(value, ret)
+                elif self.value_loss == "huber":
+                    v_loss = F.smooth_l1_loss(value, ret)
+                else:
+                    v_loss = F.l1_loss(value, ret)
+                if self.warmup:
+                    prior = F.l1_loss(value, ret, reduction="sum")
+                loss = (
+                    -surrogate - self.ent_coef * ent.mean() + self.vf_coef * v_loss
+                    if not self.warmup
+                    else v_loss + 0.1 * prior
+                )
+                loss.backward()
+                it += 1
+                if it == self.iter_size:
+                    self.optimizer.step()
+                    self.optimizer.zero_grad()
+                    it = 0
+""",
+            29,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -389,8 +489,16 @@ for micro_step in range(total_micro_steps):
             if unit.of_kind("grad_div"):
                 continue  # the gradients are divided by hand (accum-manual-grad-scaling)
             for backward in unit.backwards:
-                if backward.framework in {"accelerator", "deepspeed"}:
-                    continue  # they divide by their own accumulation count
+                if backward.framework == "deepspeed":
+                    continue  # the engine divides by its own accumulation count
+                if backward.framework == "accelerator" and (
+                    accelerator_divides(model, backward) is not False
+                    or accelerate_runs_deepspeed(model)
+                ):
+                    # It divides by the Accelerator's `gradient_accumulation_steps`; only an
+                    # Accelerator visibly built without one divides by nothing (learned from
+                    # leads1 bsmetadata: `Accelerator()` and a hand-written `% N` gate).
+                    continue
                 if not unit.in_micro_step(backward):
                     continue
                 micro = unit.micro.node if unit.micro is not None else None
@@ -401,13 +509,24 @@ for micro_step in range(total_micro_steps):
                 scaling = loss_scaling(model, backward, acc, unit.root, micro)
                 if scaling.verdict != "none":
                     continue
+                if acc.style == "nested" and _tensor_dimension(unit.root, acc.divisor):
+                    # `for i in range(task_num)` with `task_num, ... = x.size()`: the loop
+                    # walks the tasks (rows) of one batch already drawn, and the summed
+                    # per-task loss is the meta-objective itself, not micro-batch accumulation
+                    # of a configured count (learned from static9 higher, MAML).
+                    continue
                 if any(SAMPLE_SUM.search(other) for other in scaling.others):
                     # `loss *= world_size` / `loss * batch_size`: the loss is a sum over
                     # samples (DDP's average undone), so summing micro-batches without a
                     # division is the same convention: the window's gradient is the sum over
                     # all its samples, as one big batch would give.
                     continue
-                if scaling.others and not scaling.by_counter and _threshold_window(acc):
+                if (
+                    scaling.others
+                    and not scaling.by_counter
+                    and _threshold_window(acc)
+                    and not _counts_micro_batches(unit, acc)
+                ):
                     # `if seen >= target: step; seen = 0` with `seen += len(batch)`: the
                     # window counts samples, and a loss scaled by `len(batch) / target` is
                     # exact though N is not written (learned from static6 torchseq).
@@ -484,6 +603,43 @@ def _threshold_window(acc: Accumulation) -> bool:
         acc.style == "conditional"
         and acc.condition is not None
         and modulo_divisor(acc.condition) is None
+    )
+
+
+_DIMENSION = re.compile(r"\.size\(|\.shape\b")
+
+
+def _tensor_dimension(func: FuncInfo, divisor: cst.BaseExpression | None) -> bool:
+    """``divisor`` is a dimension of a tensor: ``x.size(0)``, ``x.shape[0]``, or a name
+    unpacked from ``x.size()`` / ``x.shape`` in ``func``."""
+    if divisor is None:
+        return False
+    if _DIMENSION.search(code_of(divisor)):
+        return True
+    if not isinstance(divisor, cst.Name):
+        return False
+    values = func.assigns.get(divisor.value, [])
+    return bool(values) and all(_DIMENSION.search(code_of(v)) for v in values)
+
+
+def _counts_micro_batches(unit: Unit, acc: Accumulation) -> bool:
+    """The threshold counter goes up by one per micro-batch (``it += 1`` ... ``if it ==
+    size:``): the window is N micro-batches, not a sample count, so loss weights
+    (``vf_coef * v_loss``) are no sample ratio (learned from leads1 wheatley, PPO with
+    ``iter_size``)."""
+    counter = acc.counter
+    if counter is None:
+        return False
+    steps: list[cst.AugAssign] = [
+        node
+        for node in walk(unit.root.node)
+        if isinstance(node, cst.AugAssign) and code_of(node.target) == counter
+    ]
+    return bool(steps) and all(
+        isinstance(node.operator, cst.AddAssign)
+        and isinstance(node.value, cst.Integer)
+        and node.value.value == "1"
+        for node in steps
     )
 
 

@@ -186,6 +186,62 @@ for step in range(steps):
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # Lightning manual optimisation: the step flag is `% N` when accumulating and True
+        # otherwise; each optimizer is zeroed on the stepping micro-batch before its backward.
+        Invalid(
+            """
+import lightning as L
+
+class GanModule(L.LightningModule):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        accum = self.cfg.accumulate
+        if accum is not None:
+            scale = float(accum)
+            should_step = (batch_idx + 1) % accum == 0
+        else:
+            scale = 1.0
+            should_step = True
+        opt_g, opt_d = self.optimizers()
+        loss_g = self.generator_loss(batch) / scale
+        if should_step:
+            opt_g.zero_grad()
+        self.manual_backward(loss_g)
+        self.clip_gradients(opt_g, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        if should_step:
+            opt_g.step()
+        loss_d = self.discriminator_loss(batch) / scale
+        if should_step:
+            opt_d.zero_grad()
+        self.manual_backward(loss_d)
+        self.clip_gradients(opt_d, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        if should_step:
+            opt_d.step()
+""",
+            (21, 28),
+        ),
+        # Zeroing and stepping share a compound test (accumulation on behind a flag), and a
+        # guard skips batches whose size does not split over the ranks: the zero_grad runs on
+        # the stepping micro-batch before its backward.
+        Invalid(
+            """
+def train(args, model, optimizer, loader, world):
+    for j, (x, y) in enumerate(loader):
+        if world > 1 and x.size(0) % world != 0:
+            continue
+        loss = loss_fn(model(x), y) / args.accum
+        if (args.accumulate and (j + 1) % args.accum == 0) or not args.accumulate:
+            optimizer.zero_grad()
+        loss.backward()
+        if (args.accumulate and (j + 1) % args.accum == 0) or not args.accumulate:
+            optimizer.step()
+""",
+            8,
+        ),
         Invalid(
             """
 for i, batch in enumerate(loader):

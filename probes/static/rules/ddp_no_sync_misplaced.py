@@ -194,8 +194,36 @@ while done < total_updates:
     opt.zero_grad()
     done += 1
 """,
+        # The flag set only under DDP, to the step's own condition.
+        """
+for step, (x, y) in enumerate(loader):
+    if ddp:
+        model.require_backward_grad_sync = (step + 1) % accum == 0
+    loss = model(x, y) / accum
+    scaler.scale(loss).backward()
+    if (step + 1) % accum == 0:
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # A micro-step loop removed, its index replaced by 0: the flag is a constant, False
+        # whenever N > 1, so DDP never synchronises.
+        Invalid(
+            """
+for step, (x, y) in enumerate(loader):
+    if ddp:
+        model.require_backward_grad_sync = 0 == accum - 1
+    loss = model(x, y) / accum
+    scaler.scale(loss).backward()
+    if (step + 1) % accum == 0:
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+""",
+            4,
+        ),
         Invalid(
             """
 from contextlib import nullcontext
@@ -639,7 +667,11 @@ def _sync_source(
         if value is None:
             return None
         expr = _resolved(value, flag.func, keep=keep)
-        guards = _own_guards(flag, backward, unit, keep)
+        # `if ddp: model.require_backward_grad_sync = ...`: a guard that does not read the
+        # micro-step counter or N is the configuration where the flag matters (without DDP
+        # the attribute does nothing), so it is taken as holding (learned from leads1
+        # baby-llama2-chinese).
+        guards = [g for g in _own_guards(flag, backward, unit, keep) if _variables(g[0]) & keep]
         if not guards:
             return path, (lambda env, e=expr: bool(evaluate(e, env))), flag.call
         # `if not last: model.set_requires_gradient_sync(False)`: the flag holds that value

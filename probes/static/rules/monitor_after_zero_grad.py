@@ -73,6 +73,19 @@ for x, y in loader:
     loss_fn(model(x), y).backward()
     optimizer.step()
 """,
+        # GradNorm-style weights: zero their gradients, then set them from a fresh
+        # `torch.autograd.grad`, which reads no `.grad`.
+        """
+for batch in loader:
+    optimizer.zero_grad()
+    task_losses = model.task_losses(batch)
+    (weights * task_losses).sum().backward(retain_graph=True)
+    weight_optimizer.zero_grad()
+    balance = (weights * task_losses).sum()
+    weights.grad = torch.autograd.grad(balance, weights)[0]
+    weight_optimizer.step()
+    optimizer.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
