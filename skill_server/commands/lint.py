@@ -116,9 +116,7 @@ def at_least(report: LintReport, severity: str) -> LintReport:
     files = []
     for file in report.files:
         kept = [f for f in file.findings if severity_at_least(f.severity, severity)]
-        dropped_fix = any(
-            f.fix is not None and f.fix.diff for f in file.findings if f not in kept
-        )
+        dropped_fix = any(f.fix is not None and f.fix.diff for f in file.findings if f not in kept)
         files.append(
             file.model_copy(
                 update={
