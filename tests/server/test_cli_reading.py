@@ -96,3 +96,21 @@ def test_min_severity_leaves_info_out_of_every_format(project: Path) -> None:
     assert plain_only.returncode == 0, plain_only.stdout
     assert plain_only.stdout.startswith("No findings")
     assert run_cli("lint", "a_plain_00.py", "--fail-on", "info", cwd=project).returncode == 1
+
+
+def test_check_does_not_call_a_crashed_probe_a_clean_bill(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        'import torch\n\nmodel = torch.nn.Linear(2, 1)\nraise SystemExit("no data at ./data")\n'
+    )
+    done = run_cli("check", str(script), "--steps", "2", cwd=tmp_path)
+    report = done.stdout
+    assert "runtime probe ✗ script-error, no optimizer step measured" in report, report
+    assert "✓ script-error" not in report
+    assert "not a clean bill of health" in report
+    assert "the gradients were not measured" in report
+
+    # A run that stops part-way measured some steps, and says so.
+    crash = Path(__file__).parent / "fixtures" / "crash_train.py"
+    partial = run_cli("check", str(crash), "--steps", "5", cwd=tmp_path).stdout
+    assert "runtime probe ✗ script-error, 2 optimizer steps measured" in partial, partial
