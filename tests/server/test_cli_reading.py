@@ -114,3 +114,35 @@ def test_check_does_not_call_a_crashed_probe_a_clean_bill(tmp_path: Path) -> Non
     crash = Path(__file__).parent / "fixtures" / "crash_train.py"
     partial = run_cli("check", str(crash), "--steps", "5", cwd=tmp_path).stdout
     assert "runtime probe ✗ script-error, 2 optimizer steps measured" in partial, partial
+
+
+def test_the_snippet_ids_that_reports_name_can_be_looked_up() -> None:
+    # `match` and `explain` name fix snippets by id: the catalogue lists them and `explain`
+    # prints their code, with the user's names.
+    catalog = run_cli("catalog").stdout
+    assert "## Fix snippets" in catalog
+    assert "| `accumulation` | Gradient accumulation" in catalog
+    entry = run_cli("explain", "accum-unscaled-loss").stdout
+    assert "Fix snippets: `accumulation`" in entry and "gradient-doctor explain SNIPPET" in entry
+
+    done = run_cli(
+        "explain", "accumulation", "--name", "model=net", "--name", "accumulation_steps=K"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "`accumulation` · fix snippet" in done.stdout
+    assert "loss = criterion(net(inputs), targets)" in done.stdout
+    assert "(loss / K).backward()" in done.stdout
+
+    as_json = json.loads(run_cli("explain", "clip-norm", "--format", "json").stdout)
+    assert as_json["snippet_id"] == "clip-norm" and "clip_grad_norm_" in as_json["code"]
+
+    for args, reason in [
+        (("clip-norm", "--name", "modle=net"), "unknown parameter(s) modle"),
+        (("clip-norm", "--name", "model"), "write KEY=VALUE"),
+        (("clip-norm", "--name", "model=os.system(1)"), "is not a Python identifier"),
+        (("clip-after-step", "--name", "model=net"), "'clip-after-step' is not a fix snippet"),
+        (("nan-check-ordr",), "closest: nan-check-order"),
+    ]:
+        bad = run_cli("explain", *args)
+        assert bad.returncode == 2 and bad.stdout == "", args
+        assert len(bad.stderr.splitlines()) == 1 and reason in bad.stderr, bad.stderr
