@@ -493,6 +493,13 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
         path: Annotated[
             str | None, Field(description="Training script to check (inside the root).")
         ] = None,
+        args: Annotated[
+            list[str] | None,
+            Field(
+                description="Command-line arguments for the script (its required options, a "
+                "data path), as for probe_script; also given to the patched copy with verify."
+            ),
+        ] = None,
         description: Annotated[
             str | None,
             Field(description="What the user observes, in their words.", max_length=MAX_TEXT_CHARS),
@@ -538,6 +545,7 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
                 exec_allowed=config.allow_exec,
                 steps=steps,
                 timeout_s=timeout_s,
+                args=check_script_args(args or []),
                 nproc=nproc,
                 verify=verify or verify_ids is not None,
                 verify_ids=check_rule_ids(verify_ids, "verify_ids") if verify_ids else None,

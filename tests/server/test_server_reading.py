@@ -42,3 +42,39 @@ async def test_explain_sends_guide_topics_and_snippet_ids_to_their_own_door(
     assert unknown.is_error and "clip-after-step" in text_of(unknown)
     for result in (guide, snippet, unknown):
         assert len(text_of(result).splitlines()) == 1
+
+
+NEEDS_ARGS = """\
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--data", required=True)
+parser.add_argument("--lr", type=float, default=0.1)
+opts = parser.parse_args()
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=opts.lr)
+for _ in range(20):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+async def test_diagnose_passes_the_scripts_own_arguments(workspace: Path) -> None:
+    # A script with a required option could only be probed by probe_script, never diagnosed.
+    (workspace / "needs_args.py").write_text(NEEDS_ARGS)
+    async with Client(build_server([workspace])) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert "args" in tools["diagnose"].input_schema["properties"]
+        bare = await client.call_tool(
+            "diagnose", {"path": "needs_args.py", "steps": 3, "plots": False}
+        )
+        given = await client.call_tool(
+            "diagnose",
+            {"path": "needs_args.py", "steps": 3, "plots": False, "args": ["--data", "x"]},
+        )
+    assert structured(bare)["probe_status"] == "script-error"
+    assert structured(given)["probe_status"] == "stopped", text_of(given)
