@@ -164,12 +164,10 @@ CLI_FOR_TOOL: dict[str, str] = {
     "match_symptoms": 'gradient-doctor match "WHAT GOES WRONG"',
     "explain": "gradient-doctor explain ID",
     "diagnose_logs": "gradient-doctor logs PATH",
+    "get_fix": "gradient-doctor explain SNIPPET_ID --name model=MODEL",
 }
 #: Tools with no CLI command of their own, and where the CLI gives the same thing.
-CLI_INSTEAD: dict[str, str] = {
-    "get_fix": "the `check` report already holds the fix code and a patch; "
-    "`gradient-doctor explain ID` shows an entry's fix",
-}
+CLI_INSTEAD: dict[str, str] = {}
 
 
 def cli_has_option(command: str, option: str) -> bool:
@@ -238,7 +236,11 @@ def verify_step() -> Verify:
 def cli_section(command: str) -> str:
     """The "without the MCP tools" section of a slash command."""
     lines = {
-        "check-gradients": [CLI_FOR_TOOL["diagnose"], CLI_FOR_TOOL["lint_script"]],
+        "check-gradients": [
+            CLI_FOR_TOOL["diagnose"],
+            "gradient-doctor check SCRIPT --verify",
+            CLI_FOR_TOOL["lint_script"],
+        ],
         "triage": [CLI_FOR_TOOL["match_symptoms"], CLI_FOR_TOOL["explain"]],
         "review-training-loop": [CLI_FOR_TOOL["lint_script"], CLI_FOR_TOOL["probe_script"]],
     }[command]
@@ -247,7 +249,9 @@ def cli_section(command: str) -> str:
         "## Without the MCP tools\n\n"
         "If the gradient-doctor tools are not available in this session, run the same checks "
         "with the command line (the plugin puts `gradient-doctor` on PATH and sets it up on "
-        "first use; add `--format json` for machine-readable output):\n\n"
+        "first use; add `--format json` for machine-readable output"
+        + ("; the script's own arguments go last, after `--`" if command != "triage" else "")
+        + "):\n\n"
         f"{shown}\n\n"
         "Pasted code that is not in a file: write it to a temporary `.py` file first; the "
         "user's own files are never modified.\n"
@@ -732,7 +736,7 @@ the patch and fix code written with your variable names. Your files are never mo
   (diagnose, fix, explain, verify), the claims not to make, the command-line fallback, and
   reference pages generated from the knowledge base;
 - the MCP server `{PLUGIN_NAME}` (tools `diagnose`, `lint_script`, `probe_script`,
-  `match_symptoms`, `get_fix`, `explain`), rooted at your project;
+  `match_symptoms`, `get_fix`, `explain`, `diagnose_logs`), rooted at your project;
 - the `gradient-doctor` command on the shell's PATH inside Claude Code.
 
 ## Install

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -493,6 +493,13 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
         path: Annotated[
             str | None, Field(description="Training script to check (inside the root).")
         ] = None,
+        args: Annotated[
+            list[str] | None,
+            Field(
+                description="Command-line arguments for the script (its required options, a "
+                "data path), as for probe_script; also given to the patched copy with verify."
+            ),
+        ] = None,
         description: Annotated[
             str | None,
             Field(description="What the user observes, in their words.", max_length=MAX_TEXT_CHARS),
@@ -538,6 +545,7 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
                 exec_allowed=config.allow_exec,
                 steps=steps,
                 timeout_s=timeout_s,
+                args=check_script_args(args or []),
                 nproc=nproc,
                 verify=verify or verify_ids is not None,
                 verify_ids=check_rule_ids(verify_ids, "verify_ids") if verify_ids else None,
@@ -613,7 +621,11 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
             from gradient_doctor.knowledge import load_knowledge
             from gradient_doctor.skill_server import views
 
-            entry = load_knowledge().get(id.strip())
+            kb = load_knowledge()
+            wanted = id.strip()
+            if wanted not in kb.entries:
+                _not_an_entry(wanted, kb.guides)
+            entry = kb.get(wanted)
             markdown = views.entry_markdown(entry)
             result = ExplainResult(
                 id=entry.id,
@@ -628,6 +640,21 @@ def _add_tools(server: MCPServer, config: ServerConfig) -> None:
     from gradient_doctor.skill_server.logs_tool import add_diagnose_logs
 
     add_diagnose_logs(server, policy, _tool, READ_ONLY)
+
+
+def _not_an_entry(wanted: str, guides: Mapping[str, object]) -> None:
+    """Name the right door for an id that is a guide topic or a fix snippet, not an entry."""
+    from gradient_doctor.templates.snippets import list_snippets
+
+    if wanted in guides:
+        raise InputError(
+            f"{wanted!r} is a guide topic, not a catalogue id: read the resource "
+            f"gradient-doctor://guide/{wanted}"
+        )
+    if wanted in {spec.id for spec in list_snippets()}:
+        raise InputError(
+            f"{wanted!r} is a fix snippet id, not a catalogue id: call get_fix with id={wanted!r}"
+        )
 
 
 def _tool(server: MCPServer, *, title: str, annotations: ToolAnnotations) -> Any:

@@ -93,8 +93,11 @@ def entry_markdown(entry: Entry, thresholds: ThresholdSet | None = None) -> str:
     )
 
 
-def catalog_markdown(kb: KnowledgeBase) -> str:
-    """Every entry in one table per kind: id, severity, title, source."""
+def catalog_markdown(kb: KnowledgeBase, *, snippets: bool = True) -> str:
+    """Every entry in one table per kind: id, severity, title, source; then (``snippets``)
+    the fix snippets, whose ids the entries and reports name."""
+    from gradient_doctor.templates.snippets import list_snippets
+
     sections = []
     for kind in _KIND_ORDER:
         rows = [
@@ -108,7 +111,13 @@ def catalog_markdown(kb: KnowledgeBase) -> str:
         ]
         if rows:
             sections.append({"title": _KIND_TITLES[kind], "kind": kind, "rows": rows})
-    return render("knowledge/catalog.md.j2", sections=sections, total=len(kb.entries))
+    fixes = [
+        {"id": spec.id, "title": spec.title, "related": spec.related}
+        for spec in (list_snippets() if snippets else [])
+    ]
+    return render(
+        "knowledge/catalog.md.j2", sections=sections, total=len(kb.entries), snippets=fixes
+    )
 
 
 def rationalization_table_markdown(kb: KnowledgeBase) -> str:

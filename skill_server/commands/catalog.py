@@ -72,5 +72,5 @@ def run(args: argparse.Namespace) -> int:
             corrections=kb.corrections,
             guides=kb.guides,
         )
-    sys.stdout.write(catalog_markdown(kb))
+    sys.stdout.write(catalog_markdown(kb, snippets=not args.kind))
     return EXIT_OK

@@ -7,14 +7,23 @@ import difflib
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gradient_doctor.knowledge.findings import severity_at_least
 from gradient_doctor.skill_server.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, UsageError
+
+if TYPE_CHECKING:  # the static analyser (libcst) is imported only when lint runs
+    from gradient_doctor.probes.static.report import LintReport
 
 NAME = "lint"
 HELP = "Read PyTorch training scripts and report gradient red flags at their lines, with patches."
 
 FAIL_ON_CHOICES = ("critical", "warning", "info", "never")
+SEVERITY_CHOICES = ("critical", "warning", "info")
+
+#: A text report on a folder in which info findings are at least this many, and the larger
+#: share, gets a note on stderr saying how to leave them out.
+INFO_NOTE_AT = 10
 
 EPILOG = """\
 exit status:
@@ -57,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lowest severity that makes the exit status 1 (default: critical; never: always 0)",
     )
     parser.add_argument(
+        "--min-severity",
+        choices=SEVERITY_CHOICES,
+        default="info",
+        help="report only findings at or above this severity (default: info, all of them); "
+        "--fail-on then judges the findings reported",
+    )
+    parser.add_argument(
         "--output", metavar="FILE", help="write the report to FILE instead of standard output"
     )
 
@@ -89,6 +105,29 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def at_least(report: LintReport, severity: str) -> LintReport:
+    """``report`` with only the findings at or above ``severity``. A file whose combined patch
+    holds the fix of a finding left out loses that patch (it would change more than the
+    report shows); each finding kept still carries its own."""
+    from gradient_doctor.probes.static.report import LintReport
+
+    if severity == "info":
+        return report
+    files = []
+    for file in report.files:
+        kept = [f for f in file.findings if severity_at_least(f.severity, severity)]
+        dropped_fix = any(f.fix is not None and f.fix.diff for f in file.findings if f not in kept)
+        files.append(
+            file.model_copy(
+                update={
+                    "findings": kept,
+                    "combined_diff": None if dropped_fix else file.combined_diff,
+                }
+            )
+        )
+    return LintReport(files=files)
+
+
 def run(args: argparse.Namespace) -> int:
     """Lint the paths, write the report, return the exit status."""
     from gradient_doctor.probes.static.formats import render_report
@@ -112,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         if not output.parent.exists():
             raise UsageError(f"--output {output}: directory {output.parent} does not exist")
 
-    report = lint_paths(paths, select=select, ignore=ignore)
+    report = at_least(lint_paths(paths, select=select, ignore=ignore), args.min_severity)
     if output is not None and any(_same_file(output, Path(f.path)) for f in report.files):
         raise UsageError(f"--output {output} is a file being analysed; refusing to overwrite it")
     named_files = {str(p) for p in paths if not p.is_dir()}
@@ -135,6 +174,14 @@ def run(args: argparse.Namespace) -> int:
 
     if not report.files:
         print("gradient-doctor: warning: no Python files found", file=sys.stderr)
+    if args.format == "text" and args.min_severity == "info":
+        info = sum(1 for f in report.findings if f.severity == "info")
+        if info >= INFO_NOTE_AT and 2 * info > len(report.findings):
+            print(
+                f"gradient-doctor: note: {info} of {len(report.findings)} findings are info; "
+                "--min-severity warning leaves them out",
+                file=sys.stderr,
+            )
     input_errors = [f for f in report.files if f.error and f.path in named_files]
     if input_errors:
         first = input_errors[0]

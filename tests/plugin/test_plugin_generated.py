@@ -265,3 +265,21 @@ def test_claude_tool_names_follow_claude_codes_rule(tool: str, expected: str) ->
     assert (
         plugin_files.claude_tool_name("x", server="a.b c") == "mcp__plugin_gradient-doctor_a_b_c__x"
     )
+
+
+def test_every_slash_commands_cli_fallback_parses_and_check_gradients_can_verify() -> None:
+    for command in ("check-gradients", "triage", "review-training-loop"):
+        section = plugin_files.cli_section(command)
+        lines = [line.strip() for line in section.splitlines() if line.startswith("    ")]
+        assert lines, command
+        for line in lines:
+            assert plugin_files.cli_line_parses(line), (command, line)
+    fallback = plugin_files.cli_section("check-gradients")
+    assert "gradient-doctor check SCRIPT --verify" in fallback
+    assert "after `--`" in fallback
+    # The MCP steps the assistant follows: arguments for scripts that need them, and every
+    # status in which the probe measured nothing.
+    steps = prompts.check_gradients_steps("train.py", "")
+    assert "pass them as args" in steps
+    for status in ("script-error", "timeout", "no-training-loop", "out-of-memory"):
+        assert status in steps
