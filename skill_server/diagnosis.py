@@ -503,6 +503,7 @@ def _recommendations(
     checked: bool,
     matches: Sequence[SymptomMatch],
     verification: Verification | None = None,
+    probe_status: str | None = None,
 ) -> list[str]:
     if not checked:
         hints = [
@@ -531,7 +532,14 @@ def _recommendations(
         recs.append(f"`{issue.id}`{where}: {one_line(action, limit)}")
     if has_patch:
         recs.append(_patch_advice(verification))
-    if not issues:
+    if probe_status is not None and probe_status not in _PROBE_RAN:
+        # a probe that measured nothing cannot clear the script: say what to do instead
+        recs.append(
+            f"The runtime probe ended with `{probe_status}` and measured no healthy run: fix "
+            "that first (or pass the script's own arguments after `--`), then run the check "
+            "again."
+        )
+    elif not issues:
         recs.append(
             "Nothing to fix. Keep logging the total gradient norm each step so a change shows "
             "up early."
@@ -708,6 +716,7 @@ async def diagnose(
             lint is not None or report is not None,
             matches,
             verification,
+            report.status if report else None,
         ),
         combined_diff=combined,
         code_to_add=_code_blocks(

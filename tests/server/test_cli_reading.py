@@ -109,6 +109,9 @@ def test_check_does_not_call_a_crashed_probe_a_clean_bill(tmp_path: Path) -> Non
     assert "✓ script-error" not in report
     assert "not a clean bill of health" in report
     assert "the gradients were not measured" in report
+    # nor tells the user there is nothing to fix
+    assert "Nothing to fix" not in report
+    assert "ended with `script-error`" in report
 
     # A run that stops part-way measured some steps, and says so.
     crash = Path(__file__).parent / "fixtures" / "crash_train.py"
