@@ -247,6 +247,16 @@ class _Watch:
             )
         elif self.timed_out:
             summary = summary.model_copy(update={"status": "timeout"})
+        elif summary.status == "script-error" and not summary.traceback_tail and err_tail.strip():
+            # sys.exit(2) from argparse: the reason is what the script printed on stderr
+            lines = err_tail.strip().splitlines()
+            message = summary.message or "the script exited"
+            summary = summary.model_copy(
+                update={
+                    "message": f"{message}: {lines[-1].strip()}",
+                    "traceback_tail": "\n".join(lines[-15:]),
+                }
+            )
         result = build_result(
             script=str(started.script),
             args=started.args,

@@ -149,3 +149,20 @@ def test_the_snippet_ids_that_reports_name_can_be_looked_up() -> None:
         bad = run_cli("explain", *args)
         assert bad.returncode == 2 and bad.stdout == "", args
         assert len(bad.stderr.splitlines()) == 1 and reason in bad.stderr, bad.stderr
+
+
+def test_probe_keeps_the_reason_a_script_exited_with(tmp_path: Path) -> None:
+    """argparse exits with code 2 and prints why on stderr: the report must carry that line."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import argparse\n\nimport torch\n\n"
+        "parser = argparse.ArgumentParser()\n"
+        'parser.add_argument("--data", required=True)\n'
+        "args = parser.parse_args()\n"
+        "model = torch.nn.Linear(2, 1)\n"
+    )
+    done = run_cli("probe", str(script), "--steps", "2", "--format", "json", cwd=tmp_path)
+    result = json.loads(done.stdout)
+    assert result["status"] == "script-error", result
+    assert "the following arguments are required: --data" in result["message"], result
+    assert "--data" in (result["traceback_tail"] or "")
