@@ -718,7 +718,13 @@ _TOOLING_QUESTION = re.compile(
     r"|\b(?:hang\w*|freez\w*|deadlock\w*)\b[^.?!]{0,60}\b(?:data\s*loader|loader|workers?)\b"
     r"|\berror\(s\)\s+in\s+loading\s+state_dict|\b(?:missing|unexpected)\s+key\(s\)"
     r"|\b(?:class\s+weights?|weighted\s+(?:cross[\s-]?entropy|loss|sampler)|weightedrandomsampler"
-    r"|over[\s-]?sampl\w*|under[\s-]?sampl\w*|minority\s+class|positive\s+class|rare\s+class)\b",
+    r"|over[\s-]?sampl\w*|under[\s-]?sampl\w*|minority\s+class|positive\s+class|rare\s+class)\b"
+    # Tensor shapes told in prose ("output is [32, 10] but targets come out as [32, 1, 10]"),
+    # and sizing the hardware for a job ("how many GPUs do I need for a 13B model").
+    r"|\[\d+(?:,\s*\d+)+\][^.?!\n]{0,80}\[\d+(?:,\s*\d+)+\]"
+    r"|\b(?:extra|missing|wrong)\s+(?:dim(?:ension)?|axis)\b"
+    r"|\bhow\s+many\s+(?:gpus|cards|nodes|a100s|h100s)\b"
+    r"|\bhow\s+much\s+(?:vram|gpu\s+memory|memory)\s+(?:do|would|will|does)\b",
     re.IGNORECASE,
 )
 #: The error a state dict with the wrong key names gives when it is loaded.

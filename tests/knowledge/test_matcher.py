@@ -1948,3 +1948,16 @@ def test_how_much_to_hold_out_for_validation_is_a_data_question(text: str) -> No
 def test_held_out_loss_stays_a_training_question() -> None:
     text = "I hold out 10% for validation; the val loss climbs after epoch 3 while train loss drops"
     assert not match(text, top_k=3).out_of_scope
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my logits are [16, 5] but the labels come out as [16, 1, 5] after collate, why?",
+        "the model adds an extra dim somewhere between the encoder and the head; how to find it?",
+        "how many GPUs would we need to train a 3B model from scratch in a week?",
+    ],
+)
+def test_shapes_told_in_prose_and_hardware_sizing_are_out_of_scope(text: str) -> None:
+    result = match(text, top_k=3)
+    assert result.out_of_scope and _top_ids(result) == ["out-of-scope"], result.matches
