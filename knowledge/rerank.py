@@ -69,6 +69,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
+from gradient_doctor.knowledge import _regex
+
 #: Whether the matcher re-ranks its candidates (the measurements behind it are in the module
 #: docstring).
 ENABLED = True
@@ -96,8 +98,8 @@ _OUT_OF_SCOPE = "out-of-scope"
 
 _WEIGHTS_FILE = Path(__file__).resolve().parent / "data" / "rerank.json"
 
-_TOKEN = re.compile(r"[a-z][a-z0-9_]*|\d+(?:\.\d+)?(?:e[-+]?\d+)?")
-_NUMBER = re.compile(r"\d")
+_TOKEN = _regex.compile(r"[a-z][a-z0-9_]*|\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_NUMBER = _regex.compile(r"\d")
 #: Words too common to say anything about an entry on their own (they still form pairs).
 _STOP_WORDS = (
     "a an the and or but of to in on at for with by from as is are was were be been it its "
@@ -127,8 +129,8 @@ _REASON_KINDS: tuple[tuple[str, str], ...] = (
     ("the value the text worries about", "band"),
 )
 _REASON_KIND = dict(_REASON_KINDS)
-_REASON_PREFIX = re.compile("|".join(re.escape(prefix) for prefix, _ in _REASON_KINDS))
-_CLOSENESS = re.compile(r"\((\d(?:\.\d+)?)\)\s*$")
+_REASON_PREFIX = _regex.compile("|".join(re.escape(prefix) for prefix, _ in _REASON_KINDS))
+_CLOSENESS = _regex.compile(r"\((\d(?:\.\d+)?)\)\s*$")
 
 
 class Ranked(Protocol):
@@ -285,7 +287,7 @@ def _evidence(name: str, kind: str, first: bool) -> tuple[int, ...]:
 
 
 #: Words that call something fine: a healthy run told in alarming numbers, or a worry denied.
-_CALM = re.compile(
+_CALM = _regex.compile(
     r"\b(?:fine|healthy|normal|ok(?:ay)?|stable|expected|looks?\s+good|as\s+usual|no\s+nans?|"
     r"converg\w*|improv\w*|still\s+(?:going\s+)?down)\b",
     re.IGNORECASE,
@@ -293,7 +295,7 @@ _CALM = re.compile(
 #: A question whether what the text reports is normal or a worry ("is that high?", "should I
 #: be worried?", "does this look ok?"): new authors ask it of healthy runs and of real
 #: problems alike, and the model learns which candidates it favours.
-_NORMAL_QUESTION = re.compile(
+_NORMAL_QUESTION = _regex.compile(
     r"\b(?:is\s+(?:that|this|it|such\s+a\s+\w+)\s+(?:\w+\s+)?(?:normal|ok(?:ay)?|fine|expected|"
     r"high|low|bad|a\s+problem|an\s+issue|concerning|too\s+\w+)|"
     r"should\s+(?:i|we)\s+(?:be\s+)?(?:worr\w*|concern\w*|care|panic|switch|change|do\s+anything)|"
@@ -303,7 +305,7 @@ _NORMAL_QUESTION = re.compile(
 )
 #: Training said to make progress in words: a loss that keeps falling, accuracy that rises,
 #: a smooth or steady curve.
-_PROGRESS = re.compile(
+_PROGRESS = _regex.compile(
     r"\b(?:loss(?:es)?|curves?)\b[^.?!\n]{0,40}?\b(?:keeps?\s+|kept\s+|still\s+)?(?:dropping|"
     r"drops|decreas\w*|falling|falls|going\s+down|goes\s+down|sliding\s+down|smooth\w*|steady)|"
     r"\b(?:accuracy|f1|bleu|auc|metrics?|score)\b[^.?!\n]{0,40}?\b(?:goes|going|went|keeps?\s+going|"
@@ -311,7 +313,7 @@ _PROGRESS = re.compile(
     re.IGNORECASE,
 )
 #: A line of a pasted log or table: a number after some text or another number.
-_LOG_LINE = re.compile(r"^[^\n]*\d[^\n]*\d", re.MULTILINE)
+_LOG_LINE = _regex.compile(r"^[^\n]*\d[^\n]*\d", re.MULTILINE)
 
 
 def _facts(text: str, code_detected: bool) -> list[str]:

@@ -1,0 +1,182 @@
+"""Regular expressions that skip their scan when a text cannot match.
+
+Most of the matcher's patterns are long alternations of words searched in every query, and
+most queries contain none of those words. :func:`compile` reads from the pattern itself a set
+of literal strings one of which every match must contain (its "required literals"); a search
+in a text that holds none of them returns no match without running the regular expression.
+The answer is exactly the pattern's: the gate only ever skips scans that would find nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from re import _parser  # type: ignore[attr-defined]
+from typing import Any, cast
+
+#: A literal shorter than this is in nearly every text: the gate would cost and skip nothing.
+MIN_LITERAL = 3
+#: Gates with more literals than this cost more to test than most scans they would save.
+MAX_LITERALS = 40
+
+# Characters that match an ASCII letter under re.IGNORECASE but do not lower-case to it
+# (dotless i, long s): a text holding one is always scanned.
+_FOLDS_TO_ASCII = ("\u0131", "\u017f")
+
+_Literals = frozenset[str] | None
+
+
+def _best(options: list[frozenset[str]]) -> _Literals:
+    """The most selective of several sets each of which is required: the longest shortest
+    literal, then the fewest literals."""
+    if not options:
+        return None
+    return max(options, key=lambda s: (min(map(len, s)), -len(s)))
+
+
+def _required(items: Any, ignore_case: bool) -> _Literals:
+    """Literals one of which every match of the parsed sequence ``items`` contains."""
+    options: list[frozenset[str]] = []
+    run: list[str] = []
+
+    def close_run() -> None:
+        if run:
+            options.append(frozenset(["".join(run)]))
+            run.clear()
+
+    for op, av in items:
+        name = str(op)
+        if name == "LITERAL":
+            char = chr(av)
+            if not char.isascii():
+                close_run()
+                continue
+            run.append(char.lower() if ignore_case else char)
+            continue
+        close_run()
+        if name == "SUBPATTERN":
+            _group, add_flags, del_flags, sub = av
+            if (add_flags | del_flags) & re.IGNORECASE:
+                continue
+            found = _required(sub, ignore_case)
+        elif name == "BRANCH":
+            found = _branch(av[1], ignore_case)
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            low, _high, sub = av
+            found = _required(sub, ignore_case) if low >= 1 else None
+        elif name == "ATOMIC_GROUP":
+            found = _required(av, ignore_case)
+        else:
+            found = None
+        if found:
+            options.append(found)
+    close_run()
+    return _best(options)
+
+
+def _branch(alternatives: Any, ignore_case: bool) -> _Literals:
+    union: set[str] = set()
+    for alternative in alternatives:
+        found = _required(alternative, ignore_case)
+        if found is None:
+            return None
+        union |= found
+    return frozenset(union)
+
+
+def required_literals(pattern: re.Pattern[str]) -> frozenset[str] | None:
+    """Strings one of which every match of ``pattern`` contains (lower-cased when the pattern
+    ignores case), or None when the pattern has no such useful set."""
+    ignore_case = bool(pattern.flags & re.IGNORECASE)
+    try:
+        parsed = _parser.parse(pattern.pattern, pattern.flags & ~re.IGNORECASE)
+    except Exception:  # a pattern the private parser reads differently: never gate it
+        return None
+    found = _required(parsed, ignore_case)
+    if not found or min(map(len, found)) < MIN_LITERAL or len(found) > MAX_LITERALS:
+        return None
+    # Shortest first: when one literal is inside another, the shorter settles the test.
+    return frozenset(s for s in found if not any(t != s and t in s for t in found))
+
+
+class _Lowered:
+    """The last text lower-cased (the matcher searches one text with many patterns)."""
+
+    text: str | None = None
+    lowered = ""
+
+
+def _lower(text: str) -> str:
+    if text is not _Lowered.text:
+        _Lowered.text = text
+        lowered = text.lower()
+        if not lowered.isascii() and any(c in lowered for c in _FOLDS_TO_ASCII):
+            lowered = ""  # marker: test nothing, scan
+        _Lowered.lowered = lowered
+    return _Lowered.lowered
+
+
+class Gated:
+    """A compiled pattern with a cheap test before each scan (see the module docstring).
+
+    Offers the methods of :class:`re.Pattern` that the matcher uses; each answers exactly as
+    the pattern would.
+    """
+
+    __slots__ = ("_literals", "_may_match", "flags", "pattern", "regex")
+
+    def __init__(self, regex: re.Pattern[str], literals: frozenset[str]) -> None:
+        self.regex = regex
+        self.pattern = regex.pattern
+        self.flags = regex.flags
+        self._literals = tuple(sorted(literals, key=len))
+        self._may_match: Callable[[str], bool] = (
+            self._may_match_folded if regex.flags & re.IGNORECASE else self._may_match_exact
+        )
+
+    def _may_match_exact(self, text: str) -> bool:
+        return any(literal in text for literal in self._literals)
+
+    def _may_match_folded(self, text: str) -> bool:
+        lowered = _lower(text)
+        if not lowered and text:
+            return True
+        return any(literal in lowered for literal in self._literals)
+
+    def search(self, text: str, *args: int) -> re.Match[str] | None:
+        return self.regex.search(text, *args) if self._may_match(text) else None
+
+    def match(self, text: str, *args: int) -> re.Match[str] | None:
+        return self.regex.match(text, *args) if self._may_match(text) else None
+
+    def fullmatch(self, text: str, *args: int) -> re.Match[str] | None:
+        return self.regex.fullmatch(text, *args) if self._may_match(text) else None
+
+    def finditer(self, text: str, *args: int) -> Iterator[re.Match[str]]:
+        return self.regex.finditer(text, *args) if self._may_match(text) else iter(())
+
+    def findall(self, text: str, *args: int) -> list[Any]:
+        return self.regex.findall(text, *args) if self._may_match(text) else []
+
+    def sub(self, repl: Any, text: str, count: int = 0) -> str:
+        return self.regex.sub(repl, text, count) if self._may_match(text) else text
+
+    def split(self, text: str, maxsplit: int = 0) -> list[str | Any]:
+        return self.regex.split(text, maxsplit) if self._may_match(text) else [text]
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (groupindex, groups, scanner ...) is the pattern's own.
+        return getattr(self.regex, name)
+
+    def __repr__(self) -> str:
+        return f"Gated({self.regex!r}, {sorted(self._literals)!r})"
+
+
+def compile(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    """:func:`re.compile`, gated when the pattern has a useful set of required literals.
+
+    Typed as the pattern it stands for: a :class:`Gated` answers every method of it.
+    """
+    regex = re.compile(pattern, flags)
+    literals = required_literals(regex)
+    return regex if literals is None else cast("re.Pattern[str]", Gated(regex, literals))
