@@ -134,14 +134,22 @@ class Gated:
             self._may_match_folded if regex.flags & re.IGNORECASE else self._may_match_exact
         )
 
+    # (Loops rather than any() over a generator: a third cheaper, and these run ~150 times a
+    # query.)
     def _may_match_exact(self, text: str) -> bool:
-        return any(literal in text for literal in self._literals)
+        for literal in self._literals:  # noqa: SIM110 (see above)
+            if literal in text:
+                return True
+        return False
 
     def _may_match_folded(self, text: str) -> bool:
-        lowered = _lower(text)
+        lowered = _Lowered.lowered if text is _Lowered.text else _lower(text)
         if not lowered and text:
             return True
-        return any(literal in lowered for literal in self._literals)
+        for literal in self._literals:  # noqa: SIM110 (see above)
+            if literal in lowered:
+                return True
+        return False
 
     def search(self, text: str, *args: int) -> re.Match[str] | None:
         return self.regex.search(text, *args) if self._may_match(text) else None

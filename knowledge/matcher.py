@@ -1131,7 +1131,8 @@ class Matcher:
         can still complete a synonym phrase ("almost no graident" → "almost no gradient").
         """
         fixes: dict[str, str] = {}
-        for token in self.analyzer.tokens(text):
+        tokens = self.analyzer.tokens(text)
+        for token in tokens:
             if token.term in self.idf:
                 # A word seen once or twice in the entries may itself be a deliberate typo
                 # there ("gradiants"); read it as the common word it stands for.
@@ -1144,7 +1145,8 @@ class Matcher:
             if fixed is not None:
                 fixes[token.raw] = fixed
         repaired_text = _apply_fixes(text, fixes)
-        repaired = self.analyzer.tokens(repaired_text)
+        # Nothing repaired: the text's tokens are the repaired text's (no second analysis).
+        repaired = tokens if repaired_text is text else self.analyzer.tokens(repaired_text)
         terms = [t.term for t in repaired]
         surface = {t.term: t.raw for t in repaired}
         # Show a rewritten phrase as the user wrote it ("blew up"), not as its canonical token.
