@@ -116,28 +116,62 @@ def _lower(text: str) -> str:
     return _Lowered.lowered
 
 
+#: The methods of a pattern that an ungated :class:`Gated` hands straight to it.
+_METHODS = ("search", "match", "fullmatch", "finditer", "findall", "sub", "split")
+#: Calls of a pattern before its literals are read: reading them parses the pattern again
+#: (about 0.15 ms), which a one-off query (the CLI's ``match``) would not earn back.
+LEARN_AFTER = 3
+
+
+def _always(text: str) -> bool:
+    return True
+
+
 class Gated:
     """A compiled pattern with a cheap test before each scan (see the module docstring).
 
-    Offers the methods of :class:`re.Pattern` that the matcher uses; each answers exactly as
-    the pattern would.
+    Offers every method of :class:`re.Pattern`; each answers exactly as the pattern would.
+    The required literals are read on the :data:`LEARN_AFTER`-th call (or by
+    :meth:`prepare`); a pattern without useful ones then hands its methods straight to the
+    compiled pattern.
     """
 
-    __slots__ = ("_literals", "_may_match", "flags", "pattern", "regex")
-
-    def __init__(self, regex: re.Pattern[str], literals: frozenset[str]) -> None:
+    def __init__(self, regex: re.Pattern[str]) -> None:
         self.regex = regex
         self.pattern = regex.pattern
         self.flags = regex.flags
-        self._literals = tuple(sorted(literals, key=len))
-        self._may_match: Callable[[str], bool] = (
-            self._may_match_folded if regex.flags & re.IGNORECASE else self._may_match_exact
+        self.literals: tuple[str, ...] | None = None
+        self._calls = 0
+        self._prepared = False
+        self._may_match: Callable[[str], bool] = self._learn
+
+    def prepare(self) -> None:
+        """Read the pattern's required literals now (idempotent)."""
+        if self._prepared:
+            return
+        self._prepared = True
+        literals = required_literals(self.regex)
+        if literals is None:
+            # Instance attributes come before the class's methods: no test, no wrapper.
+            for name in _METHODS:
+                setattr(self, name, getattr(self.regex, name))
+            self._may_match = _always
+            return
+        self.literals = tuple(sorted(literals, key=len))
+        self._may_match = (
+            self._may_match_folded if self.flags & re.IGNORECASE else self._may_match_exact
         )
+
+    def _learn(self, text: str) -> bool:
+        self._calls += 1
+        if self._calls >= LEARN_AFTER:
+            self.prepare()
+        return True
 
     # (Loops rather than any() over a generator: a third cheaper, and these run ~150 times a
     # query.)
     def _may_match_exact(self, text: str) -> bool:
-        for literal in self._literals:  # noqa: SIM110 (see above)
+        for literal in self.literals or ():  # noqa: SIM110 (see above)
             if literal in text:
                 return True
         return False
@@ -146,7 +180,7 @@ class Gated:
         lowered = _Lowered.lowered if text is _Lowered.text else _lower(text)
         if not lowered and text:
             return True
-        for literal in self._literals:  # noqa: SIM110 (see above)
+        for literal in self.literals or ():  # noqa: SIM110 (see above)
             if literal in lowered:
                 return True
         return False
@@ -177,14 +211,12 @@ class Gated:
         return getattr(self.regex, name)
 
     def __repr__(self) -> str:
-        return f"Gated({self.regex!r}, {sorted(self._literals)!r})"
+        return f"Gated({self.regex!r}, literals={self.literals!r})"
 
 
 def compile(pattern: str, flags: int = 0) -> re.Pattern[str]:
-    """:func:`re.compile`, gated when the pattern has a useful set of required literals.
+    """:func:`re.compile`, gated once the pattern shows a useful set of required literals.
 
     Typed as the pattern it stands for: a :class:`Gated` answers every method of it.
     """
-    regex = re.compile(pattern, flags)
-    literals = required_literals(regex)
-    return regex if literals is None else cast("re.Pattern[str]", Gated(regex, literals))
+    return cast("re.Pattern[str]", Gated(re.compile(pattern, flags)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -45,8 +46,10 @@ def test_required_literals(pattern: str, flags: int, literals: set[str] | None) 
 
 
 def test_gated_pattern_answers_as_the_pattern() -> None:
-    gated = _regex.compile(r"\b(?:exploding|vanishing)\s+grad\w*", re.IGNORECASE)
+    gated = cast(_regex.Gated, _regex.compile(r"\b(?:exploding|vanishing)\s+grad\w*", re.I))
     assert isinstance(gated, _regex.Gated)
+    gated.prepare()
+    assert set(gated.literals or ()) == {"vanishing", "exploding"}
     assert gated.search("EXPLODING gradients!") is not None
     assert gated.search("the loss is fine") is None
     assert gated.findall("vanishing grads, exploding gradients") == [
@@ -61,6 +64,7 @@ def test_gated_pattern_answers_as_the_pattern() -> None:
 def test_letters_that_fold_to_ascii_are_scanned() -> None:
     # Under re.IGNORECASE the long s matches "s" though it does not lower-case to it.
     gated = _regex.compile(r"\bloss\b", re.IGNORECASE)
+    cast(_regex.Gated, gated).prepare()
     assert gated.search("lo\u017fs") is not None
     assert gated.search("lo\u017fs") is not None  # also from the cache of the last text
 
@@ -70,7 +74,9 @@ def _gated_patterns() -> list[tuple[str, _regex.Gated]]:
 
     def visit(name: str, value: object) -> None:
         if isinstance(value, _regex.Gated):
-            found.append((name, value))
+            value.prepare()
+            if value.literals is not None:
+                found.append((name, value))
         elif isinstance(value, dict):
             for key, item in value.items():
                 visit(f"{name}[{key}]", item)
