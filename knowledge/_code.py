@@ -442,26 +442,49 @@ def _inside_branch(lines: list[str], number: int) -> bool:
 def _repeated_saturating(lines: list[str]) -> bool:
     """A sigmoid/tanh inside something repeated more than 20 times: ``[..., nn.Tanh()] * 30``,
     ``[... nn.Sigmoid() ... for _ in range(32)]``, or a ``for`` loop over ``range(N > 20)``
-    that builds one (a single output Tanh after 48 residual blocks is not a stack)."""
+    that builds one (a single output Tanh after 48 residual blocks is not a stack). The count
+    may be a name the code sets to a number (``depth=32`` as a default or an assignment),
+    give or take a constant (``range(depth - 1)``)."""
     code = "\n".join(lines)
     for m in _REPEATED.finditer(code):
-        count = int(m.group("times") or m.group("range") or 0)
+        count = _count(m.group("times") or m.group("range") or "0", code)
         if count > 20 and _SATURATING.search(m.group("body") or m.group("inner") or ""):
             return True
     for number, line in enumerate(lines):
         header = _DEEP_LOOP.match(line)
-        if header and int(header.group("n")) > 20:
+        if header and _count(header.group("n"), code) > 20:
             body = "\n".join(lines[number + 1 : _block_end(lines, number)])
             if _SATURATING.search(body):
                 return True
     return False
 
 
+_COUNT = r"(?:\d+|[A-Za-z_]\w*(?:\s*[-+]\s*\d+)?)"
 _REPEATED = _regex.compile(
-    r"\[(?P<body>[^\[\]]*)\]\s*\*\s*(?P<times>\d+)"
-    r"|\[(?P<inner>[^\[\]]*?)\bfor\b[^\[\]]*?\brange\s*\(\s*(?P<range>\d+)\s*\)\s*\]"
+    r"\[(?P<body>[^\[\]]*)\]\s*\*\s*(?P<times>" + _COUNT + r")\b"
+    r"|\[(?P<inner>[^\[\]]*?)\bfor\b[^\[\]]*?\brange\s*\(\s*(?P<range>" + _COUNT + r")\s*\)\s*\]"
 )
-_DEEP_LOOP = _regex.compile(r"^\s*for\b[^\n]*\brange\s*\(\s*(?P<n>\d+)\s*\)\s*:")
+_DEEP_LOOP = _regex.compile(r"^\s*for\b[^\n]*\brange\s*\(\s*(?P<n>" + _COUNT + r")\s*\)\s*:")
+_NAMED_COUNT = re.compile(r"^(?P<name>[A-Za-z_]\w*)(?:\s*(?P<sign>[-+])\s*(?P<delta>\d+))?$")
+
+
+def _count(expression: str, code: str) -> int:
+    """The number ``expression`` (a literal, or a name the code sets to a literal, plus or
+    minus a constant) stands for; 0 when the code does not say."""
+    expression = expression.strip()
+    if expression.isdigit():
+        return int(expression)
+    m = _NAMED_COUNT.match(expression)
+    if m is None:
+        return 0
+    # "depth=32" as a parameter default or "DEPTH = 32" / "depth: int = 32" as an assignment.
+    bound = re.search(
+        r"\b" + re.escape(m.group("name")) + r"\s*(?::\s*int\s*)?=\s*(\d+)\b(?!\s*[*/.])", code
+    )
+    if bound is None:
+        return 0
+    delta = int(m.group("delta") or 0)
+    return int(bound.group(1)) + (-delta if m.group("sign") == "-" else delta)
 
 
 def _under_any_gate(e: Event, events: list[Event], lines: list[str], acc: _Accumulation) -> bool:

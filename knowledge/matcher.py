@@ -371,6 +371,22 @@ _HELD_OUT_ANY = _regex.compile(
     r"\b(?:val\w*|eval\w*|test\w*|dev|held[-\s]?out|generali[sz]\w*|unseen|overfit\w*)\b",
     re.IGNORECASE,
 )
+#: A held-out loss said to worsen: rising, going up, or best at an earlier epoch ("val loss
+#: rising since epoch 6", "val logloss best at epoch 2 (0.452), 0.471 by epoch 6"). A report of
+#: training dynamics (overfitting), whatever the text says of its data set.
+_HELD_OUT_WORSENS = _regex.compile(
+    r"\b(?:val(?:idation)?|eval|dev|test|held[-\s]?out)[\s_/-]*(?:set\s+)?(?:log[\s_-]?)?"
+    r"loss(?:es)?\b[^.;?!\n]{0,30}?\b(?:ris(?:es|ing)|rose|climb\w*|increas\w*|"
+    r"(?:goes|going|went|creep\w*|tick\w*)\s+(?:back\s+)?up|worse\w*|"
+    r"best\s+(?:at|in|after|around)\s+(?:epoch|ep|step)s?\b)",
+    re.IGNORECASE,
+)
+#: The training loss said to rise too: both losses rising is divergence, not overfitting.
+_TRAIN_LOSS_RISES = _regex.compile(
+    r"\b(?:train(?:ing)?|both)[\s_/-]*(?:(?:log[\s_-]?)?loss(?:es)?\b)?[^.;?!\n]{0,30}?"
+    r"\b(?:ris(?:es|ing)|rose|climb\w*|increas\w*|(?:goes|going|went)\s+up)",
+    re.IGNORECASE,
+)
 _HELD_OUT = _regex.compile(r"\b(?:val(?:idation)?|eval\w*|test|dev)\b", re.IGNORECASE)
 #: The text asks whether what it shows is normal ("is that normal?", "anything to worry about?").
 _NORMAL_QUESTION = _regex.compile(
@@ -1311,6 +1327,8 @@ class Matcher:
                     "text: gradients called small while the loss or metrics still improve",
                 )
             )
+        norms = [q.value for q in quantities if q.name == "grad_norm"]
+        finite_grad_norms = bool(norms) and all(math.isfinite(v) for v in norms)
         for q in quantities:
             v, shown = q.value, fmt(q.value)
             if q.name == "loss" and not math.isfinite(v):
@@ -1318,7 +1336,9 @@ class Matcher:
                 # be the premise of a claim, so it counts for less.
                 strength = 1.0 if q.logged else 0.45
                 out.append(CodeHit("loss-nan", strength, f"loss {shown}: the loss is not finite"))
-                if mentions_grads:
+                # Gradients given as finite norms are said to be finite ("grad norm 0.8 every
+                # step but loss: nan"): their mention is no sign that they are NaN.
+                if mentions_grads and not finite_grad_norms:
                     out.append(
                         CodeHit(
                             "nan-gradients",
@@ -2242,6 +2262,8 @@ class Matcher:
         climbs, blows up or diverges (outside an LR range test, where that is how it ends)."""
         if _LOSS_TROUBLE.search(text) and not _LR_RANGE_TEST.search(text):
             return True
+        if _HELD_OUT_WORSENS.search(text):
+            return True
         found = {t for t in terms if t in self.in_scope_terms}
         if not found:
             return False
@@ -2381,6 +2403,19 @@ class Matcher:
                     "amp-diverges",
                     0.9,
                     "text: the run fails only in reduced precision; full precision trains",
+                )
+            )
+
+        if (
+            _HELD_OUT_WORSENS.search(text)
+            and not _TRAIN_LOSS_RISES.search(text)
+            and not any(h.entry_id == "overfitting" for h in evidence)
+        ):
+            evidence.append(
+                CodeHit(
+                    "overfitting",
+                    0.6,
+                    "text: the held-out loss worsens (rises, or was best at an earlier epoch)",
                 )
             )
 
