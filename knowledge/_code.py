@@ -18,38 +18,42 @@ from dataclasses import dataclass
 from functools import cache
 from typing import NamedTuple
 
+from gradient_doctor.knowledge import _regex
+
 # Call events, in the order they appear in the fragment.
 _EVENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("scaled_backward", re.compile(r"\.scale\s*\([^\n]*?\)\s*\.\s*backward\s*\(")),
+    ("scaled_backward", _regex.compile(r"\.scale\s*\([^\n]*?\)\s*\.\s*backward\s*\(")),
     (
         "backward",
-        re.compile(r"(?<![\w.])(?:[\w\]\)]+\s*\)?\s*\.\s*)?backward\s*\(|\.\s*backward\s*\("),
+        _regex.compile(r"(?<![\w.])(?:[\w\]\)]+\s*\)?\s*\.\s*)?backward\s*\(|\.\s*backward\s*\("),
     ),
-    ("unscale", re.compile(r"\.\s*unscale_\s*\(")),
-    ("clip_norm", re.compile(r"clip_grad_norm_?\s*\(|clip_grad_norm\b|clip_gradients?\s*\(")),
-    ("clip_value", re.compile(r"clip_grad_value_?\s*\(")),
-    ("scaler_step", re.compile(r"\bscaler\w*\s*\.\s*step\s*\(")),
-    ("sched_step", re.compile(r"\b\w*(?:sched|lr_sched|scheduler|warmup)\w*\s*\.\s*step\s*\(")),
-    ("opt_step", re.compile(r"\b\w*(?:optim|opt)\w*\s*\.\s*step\s*\(")),
-    ("zero_grad", re.compile(r"zero_grad\s*\(|\.grad\s*=\s*None|\.grad\.zero_\s*\(")),
+    ("unscale", _regex.compile(r"\.\s*unscale_\s*\(")),
+    ("clip_norm", _regex.compile(r"clip_grad_norm_?\s*\(|clip_grad_norm\b|clip_gradients?\s*\(")),
+    ("clip_value", _regex.compile(r"clip_grad_value_?\s*\(")),
+    ("scaler_step", _regex.compile(r"\bscaler\w*\s*\.\s*step\s*\(")),
+    ("sched_step", _regex.compile(r"\b\w*(?:sched|lr_sched|scheduler|warmup)\w*\s*\.\s*step\s*\(")),
+    ("opt_step", _regex.compile(r"\b\w*(?:optim|opt)\w*\s*\.\s*step\s*\(")),
+    ("zero_grad", _regex.compile(r"zero_grad\s*\(|\.grad\s*=\s*None|\.grad\.zero_\s*\(")),
     (
         "norm_read",
         # A computation of the norm (not a later use of a variable that holds it).
-        re.compile(
+        _regex.compile(
             r"\.grad\w*(?:\.data)?\s*\.\s*norm\s*\(|\b\w*(?:grad|total)_?norms?\w*\s*\("
             r"|\b\w*norm\w*\s*=\s*[^=\n]*\.grad\b"
         ),
     ),
     (
         "grad_div",
-        re.compile(r"\.grad(?:\.data)?\s*(?:/=|\*=|\.div_\s*\(|\.mul_\s*\(|=\s*[\w.]+\.grad\s*/)"),
+        _regex.compile(
+            r"\.grad(?:\.data)?\s*(?:/=|\*=|\.div_\s*\(|\.mul_\s*\(|=\s*[\w.]+\.grad\s*/)"
+        ),
     ),
-    ("accum_gate", re.compile(r"\bif\b[^\n]*%[^\n]*")),
+    ("accum_gate", _regex.compile(r"\bif\b[^\n]*%[^\n]*")),
 )
-_SCALER = re.compile(r"GradScaler\s*\(|\bscaler\s*\.\s*scale\s*\(|\bscaler\b")
-_DDP = re.compile(r"DistributedDataParallel|\bDDP\s*\(|torchrun|init_process_group")
-_NO_SYNC = re.compile(r"no_sync\s*\(|require_backward_grad_sync")
-_LOSS_DIVIDED = re.compile(
+_SCALER = _regex.compile(r"GradScaler\s*\(|\bscaler\s*\.\s*scale\s*\(|\bscaler\b")
+_DDP = _regex.compile(r"DistributedDataParallel|\bDDP\s*\(|torchrun|init_process_group")
+_NO_SYNC = _regex.compile(r"no_sync\s*\(|require_backward_grad_sync")
+_LOSS_DIVIDED = _regex.compile(
     r"loss\w*\s*(?:/|\*\s*\(?\s*1(?:\.0)?\s*/|\.div)|loss\w*\s*/=|/\s*\w*(?:accum|grad_acc|gas|"
     r"n_micro|micro)\w*|\bloss\w*\s*=\s*[^\n]*/\s*[\w.()]+|\*\s*\(?\s*1\s*/\s*\w+"
     # The divided expression itself is backpropagated: ``(model(b) / 4).backward()``.
@@ -57,54 +61,54 @@ _LOSS_DIVIDED = re.compile(
     # A loss helper that returns the divided loss.
     r"|\breturn\s+[^\n]*/\s*[\w.()]+"
 )
-_MAX_NORM = re.compile(
+_MAX_NORM = _regex.compile(
     r"clip_grad_norm_?\s*\([^,()]*(?:\([^()]*\))?[^,()]*,\s*(?:max_norm\s*=\s*)?"
     r"(?P<num>\d*\.?\d+(?:e[-+]?\d+)?)|max_norm\s*=\s*(?P<kw>\d*\.?\d+(?:e[-+]?\d+)?)"
 )
-_SEQUENCE_MODEL = re.compile(
+_SEQUENCE_MODEL = _regex.compile(
     r"nn\.(?:LSTM|GRU|RNN|Transformer\w*|MultiheadAttention)\b|GPT|Bert|T5|policy_gradient|"
     r"log_prob",
 )
 #: A sequence model or policy-gradient training named in the words around the code.
-_DIVISOR = re.compile(r"/\s*([A-Za-z_][\w.]*(?:\(\s*\))?)")
-_LOOP_HEADER = re.compile(r"^\s*(?:for|while)\b")
-_ZEROED = re.compile(r"zero_grad|\.grad\s*=\s*None|set_to_none|\.grad\.zero_|zero_\(\)")
-_NO_SYNC_BLOCK = re.compile(r"^\s*with\s+[\w.]*no_sync\s*\(\s*\)\s*:")
-_NO_SYNC_CONDITIONAL = re.compile(
+_DIVISOR = _regex.compile(r"/\s*([A-Za-z_][\w.]*(?:\(\s*\))?)")
+_LOOP_HEADER = _regex.compile(r"^\s*(?:for|while)\b")
+_ZEROED = _regex.compile(r"zero_grad|\.grad\s*=\s*None|set_to_none|\.grad\.zero_|zero_\(\)")
+_NO_SYNC_BLOCK = _regex.compile(r"^\s*with\s+[\w.]*no_sync\s*\(\s*\)\s*:")
+_NO_SYNC_CONDITIONAL = _regex.compile(
     r"nullcontext|ExitStack|require_backward_grad_sync|\bif\b[^\n]*no_sync|no_sync[^\n]*\bif\b"
 )
-_FP16_PRECISION = re.compile(r"precision\s*=\s*['\"]?16(?:-mixed)?\b|amp_backend")
-_FP16_PROSE = re.compile(
+_FP16_PRECISION = _regex.compile(r"precision\s*=\s*['\"]?16(?:-mixed)?\b|amp_backend")
+_FP16_PROSE = _regex.compile(
     r"\bfp16\b|float16|16-mixed|precision\s*=\s*['\"]?16\b|half[\s-]precision|GradScaler",
     re.IGNORECASE,
 )
-_SEQUENCE_PROSE = re.compile(
+_SEQUENCE_PROSE = _regex.compile(
     r"\b(?:transformers?|lstms?|grus?|rnns?|gpt\w*|bert|t5|llms?|seq2seq|language\s+models?|"
     r"policy[\s-]gradients?|ppo|reinforce)\b",
     re.IGNORECASE,
 )
-_CLIP_WORD = re.compile(r"\bclip", re.IGNORECASE)
-_SATURATING = re.compile(r"nn\.(?:Sigmoid|Tanh)\s*\(|torch\.(?:sigmoid|tanh)\s*\(")
-_UNSTABLE_OP = re.compile(
+_CLIP_WORD = _regex.compile(r"\bclip", re.IGNORECASE)
+_SATURATING = _regex.compile(r"nn\.(?:Sigmoid|Tanh)\s*\(|torch\.(?:sigmoid|tanh)\s*\(")
+_UNSTABLE_OP = _regex.compile(
     r"torch\.log\s*\((?P<a>[^()\n]*(?:\([^()\n]*\))?[^()\n]*)\)|\.log\s*\(\s*\)|"
     r"torch\.sqrt\s*\((?P<b>[^\n]*)|torch\.exp\s*\("
 )
-_EPS = re.compile(r"eps|1e-|clamp|\+\s*\d")
-_TOKEN_MEAN = re.compile(r"ignore_index|pad_token|pad_id|padding_idx|-100\b")
-_DIVIDED_BY_N = re.compile(
+_EPS = _regex.compile(r"eps|1e-|clamp|\+\s*\d")
+_TOKEN_MEAN = _regex.compile(r"ignore_index|pad_token|pad_id|padding_idx|-100\b")
+_DIVIDED_BY_N = _regex.compile(
     r"(?<!/)/\s*[\w.]*(?:accum|grad_acc|gas\b|n_micro|micro)\w*", re.IGNORECASE
 )
-_GRAD_DIV_BY_N = re.compile(
+_GRAD_DIV_BY_N = _regex.compile(
     r"\.grad(?:\.data)?\s*(?:/=\s*|\.div_\s*\(\s*|\*=\s*1(?:\.0)?\s*/\s*|\.mul_\s*\(\s*1(?:\.0)?\s*/\s*)"
     r"[\w.]*(?:accum|grad_acc|gas\b|n_micro|micro)",
     re.IGNORECASE,
 )
 #: ``from torch.nn.utils import clip_grad_norm_ as clip``: the alias is a clip call too.
 #: A trainer configured to clip element by element (Lightning's ``gradient_clip_algorithm``).
-_CLIP_BY_VALUE_SETTING = re.compile(r"gradient_clip_algorithm\s*[=:]\s*['\"]?value\b")
-_CLIP_ALIAS = re.compile(r"\bclip_grad_(norm|value)_?\s+as\s+(\w+)")
-_LEFTOVER_HANDLED = re.compile(r"len\s*\(\s*\w*loader\w*\s*\)|is_last|last_batch|remainder")
-_LIGHTNING = re.compile(r"pl\.Trainer|Trainer\s*\(|LightningModule|on_after_backward")
+_CLIP_BY_VALUE_SETTING = _regex.compile(r"gradient_clip_algorithm\s*[=:]\s*['\"]?value\b")
+_CLIP_ALIAS = _regex.compile(r"\bclip_grad_(norm|value)_?\s+as\s+(\w+)")
+_LEFTOVER_HANDLED = _regex.compile(r"len\s*\(\s*\w*loader\w*\s*\)|is_last|last_batch|remainder")
+_LIGHTNING = _regex.compile(r"pl\.Trainer|Trainer\s*\(|LightningModule|on_after_backward")
 
 
 @dataclass(frozen=True)
@@ -129,13 +133,13 @@ class CodeHit:
     advice_id: str | None = None
 
 
-_DEF = re.compile(r"^\s*(?:async\s+)?def\s")
-_MICRO_LOOP = re.compile(
+_DEF = _regex.compile(r"^\s*(?:async\s+)?def\s")
+_MICRO_LOOP = _regex.compile(
     r"^\s*for\b[^\n]*\bin\b[^\n]*(?:accum|micro|gas\b|grad_acc|n_acc|\bmbs?\b)"
     r"|^\s*for\s+(?:micro\w*|mb)\b",
     re.IGNORECASE,
 )
-_UNSCALE_ARG = re.compile(r"unscale_\s*\(\s*([^)]*)\)")
+_UNSCALE_ARG = _regex.compile(r"unscale_\s*\(\s*([^)]*)\)")
 
 
 def _events(lines: list[str]) -> list[Event]:
@@ -145,7 +149,7 @@ def _events(lines: list[str]) -> list[Event]:
     patterns = list(_EVENTS)
     for kind, alias in _CLIP_ALIAS.findall("\n".join(lines)):
         event = "clip_norm" if kind == "norm" else "clip_value"
-        patterns.append((event, re.compile(rf"(?<![\w.]){re.escape(alias)}\s*\(")))
+        patterns.append((event, _regex.compile(rf"(?<![\w.]){re.escape(alias)}\s*\(")))
     for number, raw_line in enumerate(lines):
         line = raw_line.split("#", 1)[0] if "#" in raw_line else raw_line
         if not line.strip():
@@ -346,7 +350,7 @@ def analyse(code: str, prose: str = "") -> list[CodeHit]:
     # A division by something the words around the code say is zero ("/ y.var()", "y.var() is
     # 0 for some batches").
     for divisor in _DIVISOR.findall(code):
-        said_zero = re.compile(
+        said_zero = _regex.compile(
             re.escape(divisor) + r"[^.;\n]{0,20}\b(?:is|was|are|were|can\s+be|becomes?|equals?|"
             r"hits?)\s+(?:exactly\s+)?(?:0|zero)\b",
             re.IGNORECASE,
@@ -438,26 +442,49 @@ def _inside_branch(lines: list[str], number: int) -> bool:
 def _repeated_saturating(lines: list[str]) -> bool:
     """A sigmoid/tanh inside something repeated more than 20 times: ``[..., nn.Tanh()] * 30``,
     ``[... nn.Sigmoid() ... for _ in range(32)]``, or a ``for`` loop over ``range(N > 20)``
-    that builds one (a single output Tanh after 48 residual blocks is not a stack)."""
+    that builds one (a single output Tanh after 48 residual blocks is not a stack). The count
+    may be a name the code sets to a number (``depth=32`` as a default or an assignment),
+    give or take a constant (``range(depth - 1)``)."""
     code = "\n".join(lines)
     for m in _REPEATED.finditer(code):
-        count = int(m.group("times") or m.group("range") or 0)
+        count = _count(m.group("times") or m.group("range") or "0", code)
         if count > 20 and _SATURATING.search(m.group("body") or m.group("inner") or ""):
             return True
     for number, line in enumerate(lines):
         header = _DEEP_LOOP.match(line)
-        if header and int(header.group("n")) > 20:
+        if header and _count(header.group("n"), code) > 20:
             body = "\n".join(lines[number + 1 : _block_end(lines, number)])
             if _SATURATING.search(body):
                 return True
     return False
 
 
-_REPEATED = re.compile(
-    r"\[(?P<body>[^\[\]]*)\]\s*\*\s*(?P<times>\d+)"
-    r"|\[(?P<inner>[^\[\]]*?)\bfor\b[^\[\]]*?\brange\s*\(\s*(?P<range>\d+)\s*\)\s*\]"
+_COUNT = r"(?:\d+|[A-Za-z_]\w*(?:\s*[-+]\s*\d+)?)"
+_REPEATED = _regex.compile(
+    r"\[(?P<body>[^\[\]]*)\]\s*\*\s*(?P<times>" + _COUNT + r")\b"
+    r"|\[(?P<inner>[^\[\]]*?)\bfor\b[^\[\]]*?\brange\s*\(\s*(?P<range>" + _COUNT + r")\s*\)\s*\]"
 )
-_DEEP_LOOP = re.compile(r"^\s*for\b[^\n]*\brange\s*\(\s*(?P<n>\d+)\s*\)\s*:")
+_DEEP_LOOP = _regex.compile(r"^\s*for\b[^\n]*\brange\s*\(\s*(?P<n>" + _COUNT + r")\s*\)\s*:")
+_NAMED_COUNT = re.compile(r"^(?P<name>[A-Za-z_]\w*)(?:\s*(?P<sign>[-+])\s*(?P<delta>\d+))?$")
+
+
+def _count(expression: str, code: str) -> int:
+    """The number ``expression`` (a literal, or a name the code sets to a literal, plus or
+    minus a constant) stands for; 0 when the code does not say."""
+    expression = expression.strip()
+    if expression.isdigit():
+        return int(expression)
+    m = _NAMED_COUNT.match(expression)
+    if m is None:
+        return 0
+    # "depth=32" as a parameter default or "DEPTH = 32" / "depth: int = 32" as an assignment.
+    bound = re.search(
+        r"\b" + re.escape(m.group("name")) + r"\s*(?::\s*int\s*)?=\s*(\d+)\b(?!\s*[*/.])", code
+    )
+    if bound is None:
+        return 0
+    delta = int(m.group("delta") or 0)
+    return int(bound.group(1)) + (-delta if m.group("sign") == "-" else delta)
 
 
 def _under_any_gate(e: Event, events: list[Event], lines: list[str], acc: _Accumulation) -> bool:
@@ -534,9 +561,9 @@ def _accumulation_rules(
         add("accum-leftover-batches", 0.45, "code: the % N gate ignores the last partial window")
 
 
-_FENCED = re.compile(r"```[a-zA-Z0-9_+-]*\n?(.*?)(?:```|\Z)", re.DOTALL)
-_INLINE = re.compile(r"`([^`\n]+)`")
-_CODE_LINE = re.compile(
+_FENCED = _regex.compile(r"```[a-zA-Z0-9_+-]*\n?(.*?)(?:```|\Z)", re.DOTALL)
+_INLINE = _regex.compile(r"`([^`\n]+)`")
+_CODE_LINE = _regex.compile(
     r"^\s*(?:(?:for|if|elif|else|with|def|return|while|import|from|try|except)\b[^\n]*"
     r"|[\w.\[\]()'\"]+\s*(?:[-+*/]?=)\s*[^\s=][^\n]*"
     r"|[\w.\[\]()]+\.\w+\s*\([^\n]*\)[^\n]*"
@@ -546,17 +573,17 @@ _CODE_LINE = re.compile(
     r"|\.\.\.|…)\s*$"
 )
 # Prose lines start with a pronoun or article far more often than code does.
-_PROSE_START = re.compile(
+_PROSE_START = _regex.compile(
     r"^\s*(?:i|we|you|my|our|the|it|this|that|is|are|why|how|what|when)\b", re.IGNORECASE
 )
 #: Where a statement may start inside a prose line: a dotted name followed by a call, an
 #: assignment or an index (``like this: opt.step()``), or a loop/branch header.
-_STATEMENT_START = re.compile(
+_STATEMENT_START = _regex.compile(
     r"(?<![\w.])(?:for|if|while|with)\s"
     r"|(?<![\w.])[A-Za-z_][\w.]*\s*(?:\(|=(?!=)|\[|[-+*/]=)"
 )
-_CALL = re.compile(r"[\w\])]\s*\(")
-_REMARK = re.compile(r"\s+(?:--|—|–|<-+|←|//)\s*")
+_CALL = _regex.compile(r"[\w\])]\s*\(")
+_REMARK = _regex.compile(r"\s+(?:--|—|–|<-+|←|//)\s*")
 #: Longest code text the fragment repair works on (whole scripts are the analyser's job).
 FRAGMENT_CHARS = 8_000
 #: Most lines dropped while repairing one fragment before giving up on it.
@@ -627,7 +654,7 @@ def without_code(text: str) -> str:
 
 
 #: A call with its arguments, as written inside a sentence.
-_CALL_WITH_ARGS = re.compile(r"[\w.]+\s*\([^()\n]*\)")
+_CALL_WITH_ARGS = _regex.compile(r"[\w.]+\s*\([^()\n]*\)")
 
 
 def _indented_blocks(lines: list[str]) -> set[int]:
@@ -716,10 +743,10 @@ def _split_prose(
             words.append(line)
 
 
-_HEADER = re.compile(r"^\s*(?:for|if|elif|else|with|while|try|except)\b")
+_HEADER = _regex.compile(r"^\s*(?:for|if|elif|else|with|while|try|except)\b")
 #: A header with its body on the same line: "if i % 4 == 0: opt.step()".
-_INLINE_BODY = re.compile(r":\s*\S")
-_PLAIN_WORD = re.compile(r"(?<![\w.(\[=])[A-Za-z']{2,}(?![\w.(\[=])")
+_INLINE_BODY = _regex.compile(r":\s*\S")
+_PLAIN_WORD = _regex.compile(r"(?<![\w.(\[=])[A-Za-z']{2,}(?![\w.(\[=])")
 #: Plain words from which a line reads as a sentence, not a statement.
 _WORDY_LINE = 7
 
@@ -769,7 +796,7 @@ def _ast_parse(source: str) -> None:
 
 
 #: "f(a=1, ...)" in pseudo-code: an elided argument list, not an argument.
-_ELIDED_ARGS = re.compile(r",\s*(?:\.\.\.|…)\s*(?=[)\]}])")
+_ELIDED_ARGS = _regex.compile(r",\s*(?:\.\.\.|…)\s*(?=[)\]}])")
 
 
 def _parses(statement: str) -> bool:
@@ -800,10 +827,10 @@ def _trim_to_statement(piece: str, *, allow_prefix: bool = True) -> str | None:
     return None
 
 
-_COMPOUND = re.compile(
+_COMPOUND = _regex.compile(
     r"(?:if|elif|else|for|while|with|try|except|finally|def|class|async\s+(?:def|for|with))\b"
 )
-_CONTINUATION = re.compile(r"(?:elif|else|except|finally)\b")
+_CONTINUATION = _regex.compile(r"(?:elif|else|except|finally)\b")
 
 
 def _opens_string(line: str, index: int) -> bool:
@@ -945,7 +972,7 @@ _STATIC_STRENGTH = 1.0
 #: Findings about what a whole script lacks: a fragment shows only part of the loop, so they
 #: count only when the fragment holds a whole loop, and then weakly.
 _WHOLE_SCRIPT_FINDINGS = {"no-grad-monitoring": 0.45, "accum-leftover-batches": 0.45}
-_LOOP = re.compile(r"^\s*(?:for|while)\b", re.MULTILINE)
+_LOOP = _regex.compile(r"^\s*(?:for|while)\b", re.MULTILINE)
 
 
 def static_hits(source: str) -> list[CodeHit]:
@@ -1031,9 +1058,9 @@ _ORDER_FREE = (
     r"thing|effect)|wherever|anywhere|any\s+point|order\s+(?:does\s+not|is\s+not|doesn't|"
     r"isn't)\s+(?:matter|important))"
 )
-_ORDER_FREE_RE = re.compile(_ORDER_FREE, re.IGNORECASE)
+_ORDER_FREE_RE = _regex.compile(_ORDER_FREE, re.IGNORECASE)
 #: "unscale_ isn't called anywhere": a negated "anywhere" says nothing about the clip's place.
-_NOT_ANYWHERE = re.compile(
+_NOT_ANYWHERE = _regex.compile(
     r"(?:n't|\bnot|\bnever|\bno)\b(?:\s+\w+){0,2}\s+anywhere\b", re.IGNORECASE
 )
 
@@ -1064,14 +1091,14 @@ _LOWER_LR_PLAN = "text: plans to lower the learning rate to cure a NaN"
 _RECIPE_BATCH = "text: the recipe's batch size is wanted and memory does not hold it"
 #: Rules (by reason) that need the whole text, not only their sentence, to say something.
 _TEXT_REQUIRES: dict[str, re.Pattern[str]] = {
-    _SCHEDULER_WITH_BACKWARD: re.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE),
-    _LOWER_LR_PLAN: re.compile(r"\bnan|\binf\b|non-?finite", re.IGNORECASE),
-    _RECIPE_BATCH: re.compile(
+    _SCHEDULER_WITH_BACKWARD: _regex.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE),
+    _LOWER_LR_PLAN: _regex.compile(r"\bnan|\binf\b|non-?finite", re.IGNORECASE),
+    _RECIPE_BATCH: _regex.compile(
         r"^(?=[\s\S]*\b(?:bs|batch))[\s\S]*(?:\boom|out\s+of\s+memory|doesn't\s+fit|"
         r"does\s+not\s+fit)",
         re.IGNORECASE,
     ),
-    _WANTED_BATCH: re.compile(
+    _WANTED_BATCH: _regex.compile(
         r"\boom|out\s+of\s+memory|doesn't\s+fit|does\s+not\s+fit", re.IGNORECASE
     ),
 }
@@ -1731,17 +1758,19 @@ _PROSE_RULES: tuple[tuple[str, str, float, str], ...] = tuple(
 
 #: Rules that also need a second pattern somewhere in the same sentence.
 _PROSE_REQUIRES: dict[str, re.Pattern[str]] = {
-    "loss-down-then-up-with-accumulation": re.compile(r"accum|micro-?batch", re.IGNORECASE),
-    "accum-leftover-batches": re.compile(r"accum|micro-?batch|every\s+\d+|epoch", re.IGNORECASE),
-    "clip-anywhere": re.compile(r"\bclip", re.IGNORECASE),
-    "no-clip-sequence-model": re.compile(
+    "loss-down-then-up-with-accumulation": _regex.compile(r"accum|micro-?batch", re.IGNORECASE),
+    "accum-leftover-batches": _regex.compile(
+        r"accum|micro-?batch|every\s+\d+|epoch", re.IGNORECASE
+    ),
+    "clip-anywhere": _regex.compile(r"\bclip", re.IGNORECASE),
+    "no-clip-sequence-model": _regex.compile(
         r"\b(?:lstm|gru|rnn|transformer|seq2seq|gpt|bert|t5|llm|language\s+model|"
         r"policy\s+gradient)",
         re.IGNORECASE,
     ),
 }
 #: "i.e." and "e.g." end no sentence: what follows them explains the same clause.
-_SENTENCE_END = re.compile(r"(?<=[.;!?])(?<!\bi\.e\.)(?<!\be\.g\.)\s+|\n", re.IGNORECASE)
+_SENTENCE_END = _regex.compile(r"(?<=[.;!?])(?<!\bi\.e\.)(?<!\be\.g\.)\s+|\n", re.IGNORECASE)
 #: Longest piece of text one rule looks at; bounds the regex work on pathological input.
 SEGMENT_CHARS = 400
 
@@ -1777,12 +1806,12 @@ ADVICE_FOR: dict[str, str] = {
 }
 
 
-_DEPTH = re.compile(
+_DEPTH = _regex.compile(
     r"\b(?P<n>\d{2,4})\s*[- ]?(?:layers?|deep|linear\b)[^.;\n]{0,50}\b(?:sigmoid|tanh)"
     r"|\b(?:sigmoid|tanh)\b[^.;\n]{0,50}\b(?P<m>\d{2,4})\s*[- ]?layers?",
     re.IGNORECASE,
 )
-_DEEP_SATURATING = re.compile(
+_DEEP_SATURATING = _regex.compile(
     r"\b(?:very\s+)?deep\s+(?:\w+\s+)?(?:sigmoid|tanh|logistic)\s*(?:-\s*)?(?:activated\s+)?"
     r"(?:net\w*|mlp|model|stack|classifier|autoencoder)"
     r"|\b(?:sigmoid|tanh)\s+(?:activations?\s+)?(?:in|throughout|after\s+every\s+layer\s+of)\s+"
@@ -1837,10 +1866,10 @@ _PROSE_TRIGGERS: dict[str, tuple[str, ...]] = {
 
 @cache
 def _prose_rule(index: int) -> re.Pattern[str]:
-    return re.compile(_PROSE_RULES[index][0], re.IGNORECASE)
+    return _regex.compile(_PROSE_RULES[index][0], re.IGNORECASE)
 
 
-_BATCH_COUNT = re.compile(
+_BATCH_COUNT = _regex.compile(
     r"\b(?P<n>\d+)\s+(?:micro[-\s]?)?batch(?:es)?\b[^.;\n?]{0,60}?\b(?:every|each)\s+(?P<k>\d+)\b"
     r"|\b(?:every|each)\s+(?P<k2>\d+)\s+(?:micro[-\s]?)?(?:batch(?:es)?|steps?)\b[^.;\n?]{0,60}?"
     r"\b(?P<n2>\d+)\s+(?:micro[-\s]?)?batch(?:es)?\b",

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gradient_doctor.knowledge import _regex
+
 
 @dataclass(frozen=True)
 class ErrorKind:
@@ -54,7 +56,7 @@ class ErrorReading:
 _I = re.IGNORECASE
 # Running out of memory, however the error or the user words it; shared by the error kinds
 # that tell where it happened (evaluation, model loading).
-_OUT_OF_MEMORY = re.compile(
+_OUT_OF_MEMORY = _regex.compile(
     r"\bout\s+of\s+(?:(?:GPU|CUDA|device|video)\s+)?memory|OutOfMemoryError|\bOOMs?\b"
     r"|\bOOM(?:ed|s|ing)\b",
     _I,
@@ -66,25 +68,25 @@ _GRADIENT_KINDS = (
     ErrorKind(
         "graph-detached",
         ("grad_fn",),
-        re.compile(r"does\s+not\s+require\s+grad\s+and\s+does\s+not\s+have\s+a\s+grad_fn", _I),
+        _regex.compile(r"does\s+not\s+require\s+grad\s+and\s+does\s+not\s+have\s+a\s+grad_fn", _I),
         gradient=True,
     ),
     ErrorKind(
         "inplace-modified",
         ("inplace",),
-        re.compile(r"needed\s+for\s+gradient\s+computation\s+has\s+been\s+modified\s+by", _I),
+        _regex.compile(r"needed\s+for\s+gradient\s+computation\s+has\s+been\s+modified\s+by", _I),
         gradient=True,
     ),
     ErrorKind(
         "backward-twice",
         ("second time",),
-        re.compile(r"backward\s+through\s+the\s+graph\s+a\s+second\s+time", _I),
+        _regex.compile(r"backward\s+through\s+the\s+graph\s+a\s+second\s+time", _I),
         gradient=True,
     ),
     ErrorKind(
         "anomaly-nan",
         ("backward",),
-        re.compile(
+        _regex.compile(
             r"Function\s+'?\w+Backward\w*'?\s+returned\s+nan|Error\s+detected\s+in\s+\w+Backward",
             _I,
         ),
@@ -93,13 +95,13 @@ _GRADIENT_KINDS = (
     ErrorKind(
         "clip-nonfinite",
         ("non-finite", "nonfinite"),
-        re.compile(r"non-finite,\s+so\s+it\s+cannot\s+be\s+clipped|error_if_nonfinite", _I),
+        _regex.compile(r"non-finite,\s+so\s+it\s+cannot\s+be\s+clipped|error_if_nonfinite", _I),
         gradient=True,
     ),
     ErrorKind(
         "scaler",
         ("unscale", "implicitly created"),
-        re.compile(
+        _regex.compile(
             r"unscale_\(\)\s+has\s+already\s+been\s+called|Attempting\s+to\s+unscale\s+FP16"
             r"|grad\s+can\s+be\s+implicitly\s+created\s+only\s+for\s+scalar",
             _I,
@@ -108,14 +110,14 @@ _GRADIENT_KINDS = (
     ),
 )
 
-_EVALUATION = re.compile(
+_EVALUATION = _regex.compile(
     r"\b(?:evaluat\w*|validat\w*|val(?:idation)?[\s_-]+(?:loop|step|pass|set|batch\w*)|"
     r"inference|predict\w*|test(?:ing)?[\s_-]+(?:loop|set|pass)|generat\w*|eval\s*\(\s*\)|"
     r"no_grad|inference_mode|model\.eval)\b",
     _I,
 )
 #: Building or loading the model, before the first batch: memory there holds only the weights.
-_LOADING = re.compile(
+_LOADING = _regex.compile(
     r"\b(?:load(?:ing)?|build(?:ing)?|instantiat\w*|construct\w*|creat(?:e|ing))\s+(?:the\s+|my\s+|"
     r"a\s+)?(?:pretrained\s+)?(?:model|weights|checkpoint|network)\b|\bfrom_pretrained\b"
     r"|\bmodel\.(?:to|cuda)\s*\(|\bbefore\s+(?:the\s+)?(?:first\s+)?(?:batch|step|forward|iteration)"
@@ -123,7 +125,7 @@ _LOADING = re.compile(
     _I,
 )
 #: A step that computes gradients: a memory error there is the memory questions' own.
-_TRAINING_STEP = re.compile(
+_TRAINING_STEP = _regex.compile(
     r"\bbackward\b|\b(?:accumulat\w*|micro[\s-]?batch\w*)\b"
     r"|\b(?:need|want|use|get\s+to|reach|train\s+with)\b[^.\n]{0,40}\bbatch",
     _I,
@@ -145,7 +147,7 @@ _OTHER_KINDS = (
             "is_available",
             "cuda setup",
         ),
-        re.compile(
+        _regex.compile(
             r"\bModuleNotFoundError\b|\bImportError\b|\bNo\s+module\s+named\b"
             r"|cannot\s+open\s+shared\s+object\s+file|\bundefined\s+symbol\b|DLL\s+load\s+failed"
             r"|CUDA\s+driver\s+version\s+is\s+insufficient|no\s+kernel\s+image\s+is\s+available"
@@ -165,7 +167,7 @@ _OTHER_KINDS = (
     ErrorKind(
         "loader-workers",
         ("worker", "bus error", "shared memory", "shm", "pickle"),
-        re.compile(
+        _regex.compile(
             rf"DataLoader\s+worker{_S}(?:killed\s+by\s+signal|exited\s+unexpectedly)"
             r"|\bbus\s+error\b|out\s+of\s+shared\s+memory|insufficient\s+shared\s+memory"
             r"|\bshm\b|/dev/shm|segmentation\s+fault\s+encountered\s+in\s+worker"
@@ -185,7 +187,7 @@ _OTHER_KINDS = (
         # checkpoint, weights and parameters in their file sense, never a gradient problem.
         "checkpoint",
         ("state_dict", "size mismatch", "current model"),
-        re.compile(
+        _regex.compile(
             r"Error\(s\)\s+in\s+loading\s+state_dict"
             r"|\bsize\s+mismatch\s+for\s+[\w.]+:\s+copying\s+a\s+param\s+with\s+shape[\s\S]{0,240}?"
             r"current\s+model\s+is\s+torch\.Size\(\[[\d,\s]*\]\)\)?\.?"
@@ -200,7 +202,7 @@ _OTHER_KINDS = (
             "the base model's embeddings to the tokenizer it was trained with), or drop the "
             "mismatched head and load with strict=False, then train that head."
         ),
-        incidental=re.compile(
+        incidental=_regex.compile(
             r"\b(?:checkpoint\w*|inference|weights?|params?|parameters?|embed\w*|heads?)\b", _I
         ),
     ),
@@ -216,7 +218,7 @@ _OTHER_KINDS = (
             "input size",
             "invalid for input",
         ),
-        re.compile(
+        _regex.compile(
             r"stack\s+expects\s+each\s+tensor\s+to\s+be\s+equal\s+size"
             r"|shapes\s+cannot\s+be\s+multiplied|size\s+of\s+tensor\s+a\s+\(\d+\)\s+must\s+match"
             r"|\bsize\s+mismatch\s+for\b|Expected\s+input\s+batch_size"
@@ -234,12 +236,12 @@ _OTHER_KINDS = (
         ),
         # Layers named in a shape question ("Conv2D x3, Flatten, Dense(128)"): not a curve
         # that flattens.
-        incidental=re.compile(r"\b(?:flatten\w*|dense|conv\w*|linear)\b", _I),
+        incidental=_regex.compile(r"\b(?:flatten\w*|dense|conv\w*|linear)\b", _I),
     ),
     ErrorKind(
         "device",
         ("device", "weight type"),
-        re.compile(
+        _regex.compile(
             r"Expected\s+all\s+tensors\s+to\s+be\s+on\s+the\s+same\s+device"
             r"|found\s+at\s+least\s+two\s+devices"
             r"|Input\s+type\s+\([\w.]*cuda[\w.]*\)\s+and\s+weight\s+type\s+\((?![\w.]*cuda)"
@@ -256,7 +258,7 @@ _OTHER_KINDS = (
     ErrorKind(
         "dtype",
         ("scalar type", "dtype", "not implemented for", "be cast", "weight type"),
-        re.compile(
+        _regex.compile(
             r"expected\s+scalar\s+type\s+\w+\s+but\s+found\s+\w+"
             r"|Found\s+dtype\s+\w+\s+but\s+expected\s+\w+|must\s+have\s+the\s+same\s+dtype"
             r"|not\s+implemented\s+for\s+'(?:Half|BFloat16|Long|Int|Bool)'"
@@ -274,7 +276,7 @@ _OTHER_KINDS = (
     ErrorKind(
         "index",
         ("assert", "index out of range", "out of bounds", "indexselect"),
-        re.compile(
+        _regex.compile(
             r"device-side\s+assert\s+triggered|index\s+out\s+of\s+range\s+in\s+self"
             r"|t\s*>=\s*0\s*&&\s*t\s*<\s*n_classes|Target\s+-?\d+\s+is\s+out\s+of\s+bounds"
             r"|indexSelect\w*\s*:\s*block",
@@ -319,7 +321,7 @@ _OTHER_KINDS = (
     ErrorKind(
         "distributed",
         ("watchdog", "nccl", "address already", "childfailed"),
-        re.compile(
+        _regex.compile(
             r"Watchdog\s+caught\s+collective\s+operation\s+timeout|NCCL\s+(?:error|timeout)"
             r"|ncclSystemError|ncclInternalError|Address\s+already\s+in\s+use"
             r"|ChildFailedError",
@@ -331,12 +333,12 @@ _OTHER_KINDS = (
             "read the first rank that failed, check that every rank runs the same number of "
             "collective calls, and pick a free MASTER_PORT."
         ),
-        incidental=re.compile(r"\b(?:ranks?|ddp|nodes?|gpus?|hang\w*|stuck)\b", _I),
+        incidental=_regex.compile(r"\b(?:ranks?|ddp|nodes?|gpus?|hang\w*|stuck)\b", _I),
     ),
 )
 
 #: Traceback furniture: the header, stack frames and the source line under each frame.
-_FRAME = re.compile(
+_FRAME = _regex.compile(
     r"^\s*Traceback \(most recent call last\):.*$|^\s*File \"[^\"\n]*\", line \d+.*(?:\n\s+\S.*)?$"
     r"|^\s*\.\.\.\s*$",
     re.MULTILINE,
@@ -345,14 +347,14 @@ _FRAME = re.compile(
 
 #: Before the error on its line: the line is the exception or a log record of it
 #: ("RuntimeError: ...", "ERROR: ...", "[rank3]:[E ProcessGroupNCCL.cpp:616] ...").
-_EXCEPTION_LINE = re.compile(
+_EXCEPTION_LINE = _regex.compile(
     r"^\s*\S*$|[\w.]*(?:Error|Exception|Warning)\b|\bERROR\b|\[E\s|\w\.(?:cpp|cu|cuh|h|py):\d+",
     re.MULTILINE,
 )
 #: Where a clause of prose ends (a period before a space, not the one in "torch.cuda").
-_CLAUSE_END = re.compile(r"[,.!?;](?=\s)|\n")
+_CLAUSE_END = _regex.compile(r"[,.!?;](?=\s)|\n")
 #: Words that name no-gradient evaluation, not a gradient question ("under torch.no_grad").
-_NO_GRAD_WORDS = re.compile(r"\b(?:torch\.)?(?:no_grad|inference_mode|enable_grad)\b(?:\(\))?")
+_NO_GRAD_WORDS = _regex.compile(r"\b(?:torch\.)?(?:no_grad|inference_mode|enable_grad)\b(?:\(\))?")
 
 
 def _without_spans(text: str, spans: list[tuple[int, int]]) -> str:

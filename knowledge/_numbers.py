@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from gradient_doctor.knowledge import _regex
 from gradient_doctor.knowledge._text import unwrap_prose, wrapped_breaks
 
 
@@ -29,7 +30,7 @@ class _Lazy:
         if not any(t in lowered for t in self.triggers):
             return iter(())
         if self._compiled is None:
-            self._compiled = re.compile(self.source, self.flags)
+            self._compiled = _regex.compile(self.source, self.flags)
         return self._compiled.finditer(text)
 
 
@@ -236,13 +237,13 @@ _UPDATE_NOTATION = _Lazy(
     re.IGNORECASE,
 )
 #: Where the values of an update formula stop: another quantity's name, or two sentences on.
-_UPDATE_SCOPE_END = re.compile(
+_UPDATE_SCOPE_END = _regex.compile(
     r"\|{1,2}\s*g(?:rad)?\s*\|{1,2}|\bgrad(?:ient)?s?[_ ]?(?:norms?|/)"
     r"|(?:[.;!?]\s+[^.;!?]*){2}",
     re.IGNORECASE,
 )
 #: A learning rate and its value inside that stretch ("with SGD, lr 1e-5: it is ~1e-8").
-_LR_VALUE = re.compile(
+_LR_VALUE = _regex.compile(
     r"\b(?:lr|learning[_ ]rate)\s*(?:of|is|=|:)?\s*~?\s*[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?",
     re.IGNORECASE,
 )
@@ -454,7 +455,7 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # start at the same word, this (longer) one wins.
     (
         "layer_norms",
-        re.compile(
+        _regex.compile(
             r"\b(?:per[-_ ]?(?:layer|module|block|tensor)|layer[-_ ]?wise|layer[-_ ]?by[-_ ]?layer)"
             r"\s+(?:grad(?:ient)?s?[_ \-]?)?norms?\b"
             r"|\b(?:grad(?:ient)?s?[_ \-]?)?norms?\s+(?:per|by|"
@@ -465,7 +466,7 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "grad_norm",
-        re.compile(
+        _regex.compile(
             r"\b(?:total[_ ]norm|global[_ ]norm|grad(?:ient)?s?[_ \-]?(?:l2[_ ])?norms?|gnorm|"
             rf"norms?)\b|{_CLIP_RETURNS}|{_CLIP_PRINTED}"
             # The norm in lay words: "the size of the gradient", "gradient magnitude".
@@ -480,18 +481,18 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "val_loss",
-        re.compile(
+        _regex.compile(
             r"\b(?:val(?:idation)?|eval|test|dev)[_ ](?:loss(?:es)?|ppl|perplexity)\b",
             re.IGNORECASE,
         ),
     ),
-    ("loss", re.compile(r"\b(?:train(?:ing)?[_ ])?loss(?:es)?\b", re.IGNORECASE)),
+    ("loss", _regex.compile(r"\b(?:train(?:ing)?[_ ])?loss(?:es)?\b", re.IGNORECASE)),
     # exp(loss): it diverges, spikes and stalls with the loss.
-    ("perplexity", re.compile(r"\b(?:perplexity|ppl)\b", re.IGNORECASE)),
+    ("perplexity", _regex.compile(r"\b(?:perplexity|ppl)\b", re.IGNORECASE)),
     # Other quantities end the stretch of text that belongs to a subject.
     (
         "",
-        re.compile(
+        _regex.compile(
             r"\b(?:lr|learning[_ ]rates?|batch(?:[_ ]size)?|acc(?:uracy)?|"
             r"max_norm|clip\w*|scale|grad/param|ratio|dead|zeros?|weights?|params?|"
             r"parameters?|memory|time|throughput|vocab\w*|classes|num_\w+|hidden[_ ]size|d_model|"
@@ -505,7 +506,7 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # grad_norm) is read as that subject.
     (
         "",
-        re.compile(
+        _regex.compile(
             r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b"
             r"|\b(?![\w/.-]*(?:loss|norm|ppl|perplexity))[a-z][\w/.-]*(?=\s*=)"
             r"|(?<=['\"])(?![\w/.-]*(?:loss|norm|ppl|perplexity))[a-z][\w/.-]*(?=['\"]\s*:)"
@@ -516,39 +517,39 @@ _SERIES_SUBJECTS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 # A number glued to a name by a hyphen is part of the name (CIFAR-10, ResNet-50, GPT-2), not a
 # reading; a hyphen after a digit is still a range (0.4-0.7).
-_SERIES_NUMBER = re.compile(
+_SERIES_NUMBER = _regex.compile(
     # "4,200" and "19,000" are one number each (thousands separators), "0.9, 1.3" a list.
     r"(?<![\w.])(?<![A-Za-z]-)(?P<num>[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d|\.\d)|\d+(?:\.\d+)?|\.\d+)"
     r"(?:[eE][-+−]?\d+)?)(?P<suffix>[kKmM]\b)?"
     r"(?!\w|\.\d)"
 )
-_EARLIER = re.compile(
+_EARLIER = _regex.compile(
     r"\b(?:after|since|before\s+(?:that|this)|previously|earlier|initially|at\s+first)\b"
     r"[^.;\d]{0,30}?\bfrom\s*~?\s*$",
     re.IGNORECASE,
 )
-_LIST_JOIN = re.compile(r"\s*(?:,|and|&|or|,\s*and)\s*", re.IGNORECASE)
-_BETWEEN = re.compile(r"between\s*$", re.IGNORECASE)
-_AND = re.compile(r"^\s*and\s*$", re.IGNORECASE)
-_DASH = re.compile(r"^\s*[-–]\s*$")
+_LIST_JOIN = _regex.compile(r"\s*(?:,|and|&|or|,\s*and)\s*", re.IGNORECASE)
+_BETWEEN = _regex.compile(r"between\s*$", re.IGNORECASE)
+_AND = _regex.compile(r"^\s*and\s*$", re.IGNORECASE)
+_DASH = _regex.compile(r"^\s*[-–]\s*$")
 #: A number right after these is a step, an epoch or a count, not a value of the subject.
-_MARKER_BEFORE = re.compile(
+_MARKER_BEFORE = _regex.compile(
     r"(?:\b(?:steps?|iters?|iterations?|updates?|it|epochs?|first|last|every|batch(?:es)?|layers?|"
     r"ranks?|gpus?|nodes?|top|within|over|past|since|until|till)|@|#)\s*[:=]?\s*~?\s*$",
     re.IGNORECASE,
 )
 #: ... and so is a number followed by these.
-_MARKER_AFTER = re.compile(
+_MARKER_AFTER = _regex.compile(
     r"^\s*(?:%|x\b|×|times\b|steps?\b|iters?\b|iterations?\b|updates\b|epochs?\b|k\b|layers?\b|"
     r"gpus?\b|nodes?\b|samples?\b|tokens?\b|batches\b|bits?\b|[gm]i?b\b|hours?\b|minutes?\b|"
     r"seconds?\b|s\b|ms\b|params?\b|heads?\b|dims?\b|d\b|-?layer|classes\b|categories\b|labels\b"
     r"|points?\b|pts\b|pp\b)",
     re.IGNORECASE,
 )
-_SERIES_SENTENCE = re.compile(r"(?<=[.;!?])\s+|\n|(?<=\})\s*(?:\.\.\.|…)?\s*(?=\{)")
+_SERIES_SENTENCE = _regex.compile(r"(?<=[.;!?])\s+|\n|(?<=\})\s*(?:\.\.\.|…)?\s*(?=\{)")
 #: A sentence that goes on about the quantity the previous one named: a pronoun or "the
 #: line/panel/value" near its start, or a row of bare numbers.
-_CONTINUES = re.compile(
+_CONTINUES = _regex.compile(
     r"^\s*(?:[^.;\d\n]{0,30}?\b(?:it|it's|its|they|they're|this|that)\b(?!\s+(?:step|epoch|run|"
     r"model|layer|batch)\b)"
     r"|[^.;\d\n]{0,20}?\bthe\s+(?:line|panel|chart|curve|value|number|readout|reading)s?\b"
@@ -561,13 +562,13 @@ _CONTINUES = re.compile(
 #: A row of bare numbers under a heading that ends with a colon (not a table's row), each
 #: perhaps after the step it was read at ("2k: 1.93   4k: 0.61", "step 500: 0.8, step 1000: 0.6").
 _ROW_LABEL = r"(?:(?:step|iter|it|epoch)\s*)?\d+(?:\.\d+)?[kKmM]?\s*[:=]\s+"
-_NUMBER_ROW = re.compile(
+_NUMBER_ROW = _regex.compile(
     rf"^[^\S\n]*(?:{_ROW_LABEL})?[-+]?\d[-+\d.eE]*"
     rf"(?:[ \t,;]+(?:{_ROW_LABEL})?[-+]?\d[-+\d.eE]*)*[ \t,;]*$",
     re.IGNORECASE,
 )
 #: After a whole number: it labels the value that follows ("2000: 1.93"), a step.
-_LABELS_NEXT = re.compile(r"^\s*[:=]\s+[-+]?\.?\d")
+_LABELS_NEXT = _regex.compile(r"^\s*[:=]\s+[-+]?\.?\d")
 #: Values below this many are a level, not a series.
 MIN_SERIES = 2
 #: How far past a subject's scope the words after its last number are read ("10 classes").
@@ -588,7 +589,7 @@ class Series:
     ranges: tuple[tuple[float, float], ...] = ()
 
 
-_ASIDE = re.compile(r"\((?=[^()\n]*[a-z])[^()\d\n]{1,60}\)", re.IGNORECASE)
+_ASIDE = _regex.compile(r"\((?=[^()\n]*[a-z])[^()\d\n]{1,60}\)", re.IGNORECASE)
 
 
 def _subject_mentions(sentence: str) -> list[tuple[int, int, str]]:
@@ -739,7 +740,7 @@ def read_series(text: str) -> list[Series]:
 #: Longest text read for series (a pasted log is read by ``gradient-doctor logs``).
 _MAX_SERIES_TEXT = 20_000
 #: A Markdown table's separator row ("|---|:--:|").
-_TABLE_RULE = re.compile(r"^[\s|:\-+]+$")
+_TABLE_RULE = _regex.compile(r"^[\s|:\-+]+$")
 
 
 def _cells(line: str, separator: str) -> list[str]:
@@ -766,7 +767,7 @@ def _column_name(header: str) -> str:
 
 
 #: The one value column of a TensorBoard / MLflow scalar export ("Wall time,Step,Value").
-_VALUE_HEADER = re.compile(r"^(?:value|values|scalar)$", re.IGNORECASE)
+_VALUE_HEADER = _regex.compile(r"^(?:value|values|scalar)$", re.IGNORECASE)
 
 
 def _table_columns(text: str) -> dict[str, list[float]]:
@@ -830,18 +831,20 @@ def rank_correlation(values: tuple[float, ...] | list[float]) -> float:
 # -- whitespace-aligned tables and listings ("step 0   10.98", "conv1.weight   0.412") --------
 
 #: A step-like column header or row label: its numbers are positions, not values.
-_STEP_LABEL = re.compile(
+_STEP_LABEL = _regex.compile(
     r"^(?:steps?|iters?|iterations?|it|epochs?|ep|updates?|global_step|batch(?:es)?|bins?|#|n)$",
     re.IGNORECASE,
 )
 #: The loss scale a GradScaler prints ("scale 65536.0", "loss_scale", "grad_scale").
-_SCALE_LABEL = re.compile(r"^(?:loss[_-]?|grad[_-]?|amp[_-]?)?scale[:=]?$", re.IGNORECASE)
+_SCALE_LABEL = _regex.compile(r"^(?:loss[_-]?|grad[_-]?|amp[_-]?)?scale[:=]?$", re.IGNORECASE)
 #: Lines skipped inside a run of rows: an ellipsis standing for the rows left out.
-_ELLIPSIS_ROW = re.compile(r"^\s*(?:\.\.\.|…|\[\.\.\.\])\s*$")
+_ELLIPSIS_ROW = _regex.compile(r"^\s*(?:\.\.\.|…|\[\.\.\.\])\s*$")
 #: The middle cell of "name grad value" rows that makes the values gradient norms.
-_GRAD_CELL = re.compile(r"^(?:grad(?:ient)?s?|g?norms?|grad_norm|gnorm|\|g\|)[:=]?$", re.IGNORECASE)
+_GRAD_CELL = _regex.compile(
+    r"^(?:grad(?:ient)?s?|g?norms?|grad_norm|gnorm|\|g\|)[:=]?$", re.IGNORECASE
+)
 #: A row that sums the others ("total  1.7e-02").
-_TOTAL = re.compile(r"^(?:total|sum|global|overall|all)[:=]?$", re.IGNORECASE)
+_TOTAL = _regex.compile(r"^(?:total|sum|global|overall|all)[:=]?$", re.IGNORECASE)
 #: Fewest rows that make a listing (two lines could be a sentence and its number).
 _MIN_ROWS = 3
 
@@ -916,7 +919,7 @@ def aligned_columns(text: str) -> dict[str, list[float]]:
 
 
 #: One bin of steps and its value: "0-5k 0.41", "10k–15k: 1.05", "step 200-300 = 6.9".
-_STEP_BIN_CELL = re.compile(
+_STEP_BIN_CELL = _regex.compile(
     r"^\s*(?:(?:steps?|iters?|epochs?)\s*)?\d[\d.,]*[kKmM]?\s*(?:-|–|to)\s*\d[\d.,]*[kKmM]?"
     r"\s*[:=]?\s+(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\s*$",
     re.IGNORECASE,

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from gradient_doctor.knowledge import _regex
+
 SYNONYMS_FILE = "synonyms.yaml"
 
-_WORD = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*_?|[a-z0-9]+")
-_SPLIT_PARTS = re.compile(r"[a-z0-9]+")
+_WORD = _regex.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*_?|[a-z0-9]+")
+_SPLIT_PARTS = _regex.compile(r"[a-z0-9]+")
 # Bare numbers ("1", "0", the "1e" of "1e-4") say nothing lexically; the number rules read them.
-_NUMERIC = re.compile(r"^\d+e?$")
+_NUMERIC = _regex.compile(r"^\d+e?$")
 
 
 def _keep(word: str) -> bool:
@@ -101,10 +103,10 @@ _NO_UNDOUBLE = frozenset("lsz")
 
 
 _CONTRACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\bcan['’]t\b"), "can not"),
-    (re.compile(r"\bwon['’]t\b"), "will not"),
-    (re.compile(r"n['’]t\b"), " not"),
-    (re.compile(r"['’](?:s|re|ve|ll|d|m)\b"), ""),
+    (_regex.compile(r"\bcan['’]t\b"), "can not"),
+    (_regex.compile(r"\bwon['’]t\b"), "will not"),
+    (_regex.compile(r"n['’]t\b"), " not"),
+    (_regex.compile(r"['’](?:s|re|ve|ll|d|m)\b"), ""),
 )
 
 
@@ -225,7 +227,7 @@ def _phrase_pattern(phrases: Iterable[str]) -> re.Pattern[str] | None:
         return None
     body = "|".join(re.escape(p) for p in ordered)
     # Whole words only: the variant must not be glued to letters on either side.
-    return re.compile(rf"(?<![a-z0-9])(?:{body})(?![a-z0-9])")
+    return _regex.compile(rf"(?<![a-z0-9])(?:{body})(?![a-z0-9])")
 
 
 @lru_cache(maxsize=1)
@@ -413,21 +415,21 @@ def vocabulary(texts: Iterable[str]) -> dict[str, int]:
 
 #: A wrapped paragraph's lines are long: a short line ended where its writer ended it.
 _WRAPPED_WIDTH = 60
-_PROSE_WORD = re.compile(r"[A-Za-z]{2,}")
+_PROSE_WORD = _regex.compile(r"[A-Za-z]{2,}")
 #: A next line that starts something of its own: a bullet or number mark, a log or table row, a
 #: traceback frame, a prompt, a comment, a quotation.
-_OWN_LINE_START = re.compile(
+_OWN_LINE_START = _regex.compile(
     r"^\s*(?:[-*•>|#\[]|\d+[.)]\s|(?:step|iter(?:ation)?|epoch|it)\s*[:=]?\s*\d|File\s\"|"
     r"Traceback\b|[A-Z]\w*(?:Error|Exception|Warning)\b|>>>|\.\.\.\s|\{)",
     re.IGNORECASE,
 )
 #: A line of code (a statement, a block header, an assignment) is never part of a paragraph.
-_CODE_LIKE = re.compile(
+_CODE_LIKE = _regex.compile(
     r"^\s*(?:for|if|elif|while|with|def|class|try|except|finally|else)\b[^\n]*:\s*$"
     r"|^\s*(?:import\s+[\w.]+|from\s+[\w.]+\s+import\b|return\b|lambda\b)"
     r"|^\s*[\w.\[\]'\"]+\s*(?:[-+*/]?=)(?!=)\s*\S|[{(\[\\]\s*$|^\s*[\w.]+\([^\n]*\)\s*$"
 )
-_NUMBER_ROW = re.compile(r"^[\s\d.eE+\-−,:/|%x×]*$")
+_NUMBER_ROW = _regex.compile(r"^[\s\d.eE+\-−,:/|%x×]*$")
 
 
 def _paragraph_line(line: str) -> bool:

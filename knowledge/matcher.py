@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from gradient_doctor.knowledge import rerank
+from gradient_doctor.knowledge import _regex, rerank
 from gradient_doctor.knowledge._code import (
     ADVICE_FOR,
     MEASURED_CHECKS,
@@ -151,7 +151,7 @@ _SYMPTOM_CLAIM_PRIOR = 0.85
 _CLAIM_PART_WEIGHT = 0.6
 #: Where a belief or a plan starts in a text that first tells what happened ("loss went nan at
 #: step 900. I'll suggest swapping to SGD", "NaN at epoch 7, so there must be bad rows").
-_CLAIM_START = re.compile(
+_CLAIM_START = _regex.compile(
     r"(?:^|[\s,;:.!?(-])(?:so(?!\s+(?:far|much|many|that|long|the|it|is|was)\b)|therefore|hence|"
     r"thus|clearly|obviously|surely|probably|must\s+(?:be|contain|have|come|include)|"
     r"conclusion\s*:|replace|(?:is|are)\s+known\s+to|(?:want|wants|plan|plans|planning|"
@@ -166,7 +166,7 @@ _MAX_TEXT = 20_000
 _GARBAGE_MIN_TERMS = 20
 _GARBAGE_KNOWN_FRACTION = 0.3
 
-_ASSERTION = re.compile(
+_ASSERTION = _regex.compile(
     r"(?:^|[.;:,!?]\s*)(?:just\s+|simply\s+)?(?:use|try|swap|switch|replace|skip|reduce|divide|drop|lower|"
     r"raise|increase|bump|add|remove|set|avoid|pick|choose|rent|buy|shrink|simplify|rescale|"
     r"scale|cut|go|stick|forget|ignore)\b|"
@@ -198,13 +198,13 @@ _ASSERTION = re.compile(
     re.IGNORECASE,
 )
 #: Negations that mark a claim only when nobody is describing their own run.
-_WEAK_NEGATION = re.compile(
+_WEAK_NEGATION = _regex.compile(
     r"\b(?:can't|cannot|isn't|doesn't|don't|won't|can\s+not|does\s+not|do\s+not|is\s+not)\b",
     re.IGNORECASE,
 )
 _STRONG_ASSERTION = _ASSERTION
-_FIRST_PERSON = re.compile(r"\b(?:my|i|i'm|i've|we|our|we're)\b", re.IGNORECASE)
-_REPORT = re.compile(
+_FIRST_PERSON = _regex.compile(r"\b(?:my|i|i'm|i've|we|our|we're)\b", re.IGNORECASE)
+_REPORT = _regex.compile(
     r"\b(?:my|i'm\s+getting|i\s+get|i\s+see|i'm\s+seeing|we\s+see|we're\s+seeing|keeps?|kept|"
     r"after\s+\d+|epochs?|steps?\s+\d+|iterations?|why\s+(?:is|does|do)|what's\s+wrong|"
     r"i'?d\s+need|i\s+need|"
@@ -225,7 +225,7 @@ _MOVEMENT_SYMPTOMS = frozenset(
         "loss-down-then-up-with-accumulation",
     }
 )
-_MOVEMENT = re.compile(
+_MOVEMENT = _regex.compile(
     r"\b(?:up|down|ris\w*|rose|fall\w*|fell|increas\w*|decreas\w*|climb\w*|drop\w*|grow\w*|"
     r"shrink\w*|stuck|flat\w*|plateau\w*|stall\w*|stagnat\w*|high\w*|low\w*|worse|better|"
     r"improv\w*|diverg\w*|explod\w*|spik\w*|jump\w*|oscillat\w*|fluctuat\w*|bounc\w*|"
@@ -240,9 +240,9 @@ _MOVEMENT = re.compile(
 #: What a per-layer profile reading explains (see ``matcher_frames.layer_profile_hits``).
 _PROFILE_EXPLAINS = {"vanishing-gradients": ("loss-stuck", "plateau")}
 #: Clipping named in any form (clip_grad_norm_, max_norm, gradient_clip_val ...).
-_CLIPPING = re.compile(r"clip|max_norm|max_grad_norm", re.IGNORECASE)
+_CLIPPING = _regex.compile(r"clip|max_norm|max_grad_norm", re.IGNORECASE)
 _PREMISES: dict[str, re.Pattern[str]] = {
-    key: re.compile(pattern, re.IGNORECASE)
+    key: _regex.compile(pattern, re.IGNORECASE)
     for key, pattern in {
         "saturating-deep-net": r"sigmoid|tanh|saturat|logistic|squash",
         "amp-": r"\bamp\b|fp16|float16|half|mixed|scaler|unscale|autocast|bf16|bfloat16|"
@@ -321,7 +321,7 @@ _PREMISES: dict[str, re.Pattern[str]] = {
         r"explod|blow|blew)",
     }.items()
 }
-_STILL_LEARNING = re.compile(
+_STILL_LEARNING = _regex.compile(
     r"\b(?:loss|metrics?|accuracy|validation|val|training)\b[^.\n]{0,40}?\b(?:still|steadily|"
     r"nicely|fine|keeps?)\b[^.\n]{0,20}?\b(?:fall|falling|decreas\w*|drop\w*|going\s+down|goes\s+"
     r"down|improv\w*|learn\w*|fine|ok|okay|good)|\b(?:loss|training)\b[^.\n]{0,30}?\b(?:is|are)\s+"
@@ -329,51 +329,67 @@ _STILL_LEARNING = re.compile(
     re.IGNORECASE,
 )
 
-_SMALL_GRADS = re.compile(
+_SMALL_GRADS = _regex.compile(
     r"\b(?:small|tiny|minuscule|vanish\w*|near\s+zero|close\s+to\s+zero)\b[^.\n]{0,20}\bgrad"
     r"|\bgrad\w*\b[^.\n]{0,25}\b(?:small|tiny|minuscule|vanish\w*|near\s+zero)\b",
     re.IGNORECASE,
 )
 
 #: The loss (or perplexity) getting better, and a score (accuracy, F1, ...) getting better.
-_LOSS_IMPROVING = re.compile(
+_LOSS_IMPROVING = _regex.compile(
     r"\b(?:loss(?:es)?|perplexity|ppl)\b(?P<between>[^.;,\n]{0,30}?)\b(?:going\s+down|goes\s+down|"
     r"went\s+down|decreas\w*|dropping|drops|falling|falls|improv\w*|converg\w*)",
     re.IGNORECASE,
 )
-_SCORE_IMPROVING = re.compile(
+_SCORE_IMPROVING = _regex.compile(
     r"\b(?:acc(?:uracy)?|f1|bleu|auc|map|metrics?|scores?|rouge|iou|dice|reward)\b"
     r"(?P<between>[^.;,\n]{0,30}?)\b(?:going\s+up|goes\s+up|went\s+up|increas\w*|rising|rises|"
     r"climb\w*|improv\w*|better)",
     re.IGNORECASE,
 )
 #: Another quantity between a metric and its verb: the verb is about that one.
-_OTHER_METRIC = re.compile(
+_OTHER_METRIC = _regex.compile(
     r"\b(?:loss(?:es)?|acc(?:uracy)?|norms?|grad\w*|lr|learning\s+rate)\b", re.IGNORECASE
 )
 #: Two quantities sharing one verb: "loss and val loss both going down", "loss and accuracy".
-_SHARED_VERB = re.compile(
+_SHARED_VERB = _regex.compile(
     r"\s*(?:and|&|,|as\s+well\s+as)\s+(?:the\s+)?(?:(?:train\w*|val\w*|validation|test|eval\w*)"
     r"[_ ])?(?:loss(?:es)?|acc(?:uracy)?|ppl|perplexity)(?:\s+(?:both|all|each|too))?"
     r"(?:\s+(?:keep|kept|are|were|is|have\s+been|both))*\s*",
     re.IGNORECASE,
 )
 #: The held-out set named after the verb: "keep improving on train and val".
-_ON_HELD_OUT = re.compile(
+_ON_HELD_OUT = _regex.compile(
     r"\s*(?:\w+\s+)?(?:on|for|in)\s+(?:both\s+)?(?:the\s+)?(?:train\w*\s+(?:and|&)\s+)?"
     r"(?:val(?:idation)?|held[-\s]?out|test|dev|eval)\b",
     re.IGNORECASE,
 )
-_NEGATED = re.compile(
+_NEGATED = _regex.compile(
     r"\b(?:not|never|no\s+longer|stopped|barely|hardly|isn't|doesn't|won't)\b|n't\b"
 )
-_HELD_OUT_ANY = re.compile(
+_HELD_OUT_ANY = _regex.compile(
     r"\b(?:val\w*|eval\w*|test\w*|dev|held[-\s]?out|generali[sz]\w*|unseen|overfit\w*)\b",
     re.IGNORECASE,
 )
-_HELD_OUT = re.compile(r"\b(?:val(?:idation)?|eval\w*|test|dev)\b", re.IGNORECASE)
+#: A held-out loss said to worsen: rising, going up, or best at an earlier epoch ("val loss
+#: rising since epoch 6", "val logloss best at epoch 2 (0.452), 0.471 by epoch 6"). A report of
+#: training dynamics (overfitting), whatever the text says of its data set.
+_HELD_OUT_WORSENS = _regex.compile(
+    r"\b(?:val(?:idation)?|eval|dev|test|held[-\s]?out)[\s_/-]*(?:set\s+)?(?:log[\s_-]?)?"
+    r"loss(?:es)?\b[^.;?!\n]{0,30}?\b(?:ris(?:es|ing)|rose|climb\w*|increas\w*|"
+    r"(?:goes|going|went|creep\w*|tick\w*)\s+(?:back\s+)?up|worse\w*|"
+    r"best\s+(?:at|in|after|around)\s+(?:epoch|ep|step)s?\b)",
+    re.IGNORECASE,
+)
+#: The training loss said to rise too: both losses rising is divergence, not overfitting.
+_TRAIN_LOSS_RISES = _regex.compile(
+    r"\b(?:train(?:ing)?|both)[\s_/-]*(?:(?:log[\s_-]?)?loss(?:es)?\b)?[^.;?!\n]{0,30}?"
+    r"\b(?:ris(?:es|ing)|rose|climb\w*|increas\w*|(?:goes|going|went)\s+up)",
+    re.IGNORECASE,
+)
+_HELD_OUT = _regex.compile(r"\b(?:val(?:idation)?|eval\w*|test|dev)\b", re.IGNORECASE)
 #: The text asks whether what it shows is normal ("is that normal?", "anything to worry about?").
-_NORMAL_QUESTION = re.compile(
+_NORMAL_QUESTION = _regex.compile(
     r"\b(?:is\s+(?:this|that|it)\s+(?:normal|expected|ok(?:ay)?|fine|healthy|a\s+problem|bad)"
     r"|(?:normal|expected|ok(?:ay)?|fine)\s*\?|anything\s+to\s+worry|should\s+i\s+(?:be\s+)?worr"
     r"|nothing\s+(?:wrong|to\s+worry|weird)|worth\s+worrying|(?:looks?|seems?)\s+(?:fine|ok(?:ay)?|"
@@ -392,7 +408,7 @@ _NORMAL_QUESTION = re.compile(
 )
 #: The text hands over code to be checked ("anything wrong in here?", "double-check the order
 #: of the calls", "is this step right?") rather than telling what went wrong with it.
-_REVIEW_REQUEST = re.compile(
+_REVIEW_REQUEST = _regex.compile(
     r"\b(?:double[-\s]?check\w*|sanity[-\s]?check\w*|check\s+(?:over\s+)?(?:the|my|this|our|their|"
     r"it|if|whether)|review\w*|proof[-\s]?read|look\s+(?:it\s+)?over|(?:anything|something)\s+"
     r"(?:\w+\s+)?(?:wrong|off|missing|amiss)|(?:is|are)\s+(?:this|that|it|these|my|the)\b[^.?\n]{0,40}"
@@ -404,7 +420,7 @@ _REVIEW_REQUEST = re.compile(
 )
 #: Words of something having gone wrong in a run: then the code is read for its cause, and a
 #: clean fragment is not a clean run.
-_RUN_PROBLEM = re.compile(
+_RUN_PROBLEM = _regex.compile(
     r"\b(?:nan\w*|inf|infinite|non-?finite|overflow\w*|diverg\w*|explod\w*|blow\w*|blew|spik\w*|"
     r"stuck|plateau\w*|stall\w*|flat|not\s+learn\w*|doesn't\s+learn|barely|slow\w*|worse|oom|"
     r"out\s+of\s+memory|crash\w*|error\w*|exception|traceback|identical|zero|jump\w*|"
@@ -414,8 +430,8 @@ _RUN_PROBLEM = re.compile(
     re.IGNORECASE,
 )
 #: A fragment with both of these is a training step the analyser can judge as a whole.
-_BACKWARD_CALL = re.compile(r"\.backward\s*\(|\bbackward\s*\(")
-_STEP_CALL = re.compile(r"\.step\s*\(")
+_BACKWARD_CALL = _regex.compile(r"\.backward\s*\(|\bbackward\s*\(")
+_STEP_CALL = _regex.compile(r"\.step\s*\(")
 #: A static finding about what a whole script lacks, which a pasted step rarely shows (the
 #: norm is logged elsewhere). The leftover micro-batches are in the loop shown: they count.
 _WHOLE_SCRIPT_NOTES = frozenset({"no-grad-monitoring"})
@@ -450,7 +466,7 @@ _MEASURED_BELIEF_PRIOR = 0.5
 #: An entry whose trend words a frame gave to another quantity, or that a healthy frame contradicts.
 _FRAME_DISCOUNT = 0.6
 #: "the loss curve looks textbook": the run is said to go well.
-_LOOKS_GOOD = re.compile(
+_LOOKS_GOOD = _regex.compile(
     r"\b(?:loss|curves?|training|metrics?|run)\b[^.;,\n]{0,20}\b(?:looks?|seems?|is)\s+"
     r"(?:textbook|good|great|nice|clean|healthy|normal|fine|as\s+expected)\b"
     r"|\b(?:learns?|learning|trains?|training|converges?|converging|fits?)\s+(?:just\s+)?(?:fine|"
@@ -468,13 +484,13 @@ _LOSS_DIVERGING_FACTOR = 3.0
 #: Per-layer norms listed in a monotone order (|Spearman| at least this): a fade through depth.
 _LAYER_ORDER_CORRELATION = 0.9
 #: Words of an unstable run (for a clip that never fires while it is).
-_UNSTABLE = re.compile(
+_UNSTABLE = _regex.compile(
     r"\b(?:diverg\w*|spik\w*|nan|inf|explod\w*|blow\w*|blew|unstable|instabilit\w*|jump\w*|"
     r"oscillat\w*)\b",
     re.IGNORECASE,
 )
 #: The text says the large value is an exception ("except at", "every so often").
-_OCCASIONAL = re.compile(
+_OCCASIONAL = _regex.compile(
     r"\b(?:except|apart\s+from|other\s+than|but\s+(?:at|on)|occasionally|sometimes|every\s+so\s+"
     r"often|once\s+in\s+a\s+while|now\s+and\s+then|from\s+time\s+to\s+time|(?:a\s+)?few\s+steps|"
     r"some\s+steps|(?<!every\s)(?<!each\s)single\s+steps?|random\s+steps|mostly|usually|typically|"
@@ -483,12 +499,12 @@ _OCCASIONAL = re.compile(
     re.IGNORECASE,
 )
 #: Gradients said not to be exactly zero ("no parameter with an exactly zero gradient").
-_ZERO_DENIED = re.compile(
+_ZERO_DENIED = _regex.compile(
     r"\b(?:no|none(?:\s+of\s+(?:them|the\s+\w+))?|not\s+(?:a\s+single|one)|never)\b[^.;\n]{0,40}?"
     r"\b(?:exactly|precisely|literally)\s+(?:zero|0)\b(?!\.\d)",
     re.IGNORECASE,
 )
-_EVERY_STEP = re.compile(
+_EVERY_STEP = _regex.compile(
     r"\b(?:every|each|all)\s+(?:single\s+)?(?:step|iteration|batch)|\balways\b", re.IGNORECASE
 )
 #: The usual order of ||Δw||/||w|| and how far from it a value must be to be reported (two
@@ -542,7 +558,7 @@ class _Progress:
 
 
 #: Held-out results said to follow the training ones: no generalisation gap.
-_NO_GAP = re.compile(
+_NO_GAP = _regex.compile(
     r"\b(?:val(?:idation)?|eval\w*|test|dev|held[-\s]?out)[_ ]?(?:loss(?:es)?|ppl|perplexity|"
     r"acc(?:uracy)?|curves?|metrics?)?\b[^.;\n]{0,20}?\b(?:tracks?|tracking|follows?|following|"
     r"matches|mirrors?|mirroring|(?:stays?|is|are|remains?)\s+(?:very\s+)?close\s+to|in\s+line\s+"
@@ -551,7 +567,7 @@ _NO_GAP = re.compile(
     re.IGNORECASE,
 )
 #: Words that call the losses high or stuck: what underfitting is.
-_LOSS_BAD_LEVEL = re.compile(
+_LOSS_BAD_LEVEL = _regex.compile(
     r"\b(?:high|stuck|flat|plateau\w*|stall\w*|poor\w*|bad|terrible|random|chance|"
     r"not\s+(?:learning|improving|decreasing|going\s+down)|doesn't\s+(?:learn|improve|go\s+down)|"
     r"won't\s+(?:learn|improve|go\s+down)|barely|underfit\w*)\b",
@@ -559,7 +575,7 @@ _LOSS_BAD_LEVEL = re.compile(
 )
 
 
-_HOLDS_LEVEL = re.compile(
+_HOLDS_LEVEL = _regex.compile(
     r"\b(?:sits?|sat|stays?|stayed|stuck|flat\w*|plateau\w*|hover\w*|unchanged|stall\w*|"
     r"levels?\s+off|levell?ed\s+off|for\s+the\s+(?:next|rest|last|remaining)|ever\s+since|"
     r"since\s+then|doesn't\s+move|not\s+moving|won't\s+budge)\b",
@@ -570,7 +586,7 @@ _HOLDS_LEVEL = re.compile(
 #: A loss series that ends at or below this share of its start has come down.
 _LOSS_FALLEN = 0.9
 #: Words saying the loss itself is finite ("while the loss is still finite", "loss prints fine").
-_LOSS_FINITE = re.compile(
+_LOSS_FINITE = _regex.compile(
     r"\bloss\w*\s+(?:itself\s+|value\s+)?(?:is|was|stays?|remains?|looks?|prints?|seems?)\s+"
     r"(?:still\s+)?(?:perfectly\s+)?(?:finite|fine|ok|okay|normal|not\s+nan)\b|\bfinite\s+loss",
     re.IGNORECASE,
@@ -578,7 +594,7 @@ _LOSS_FINITE = re.compile(
 #: A stage of the NaN tree the text says it checked and found clean ("the weights themselves
 #: are still finite", "the batch has no NaN/Inf"): the NaN did not start there.
 _CLEARED_STAGE: dict[str, re.Pattern[str]] = {
-    "nan-parameters": re.compile(
+    "nan-parameters": _regex.compile(
         r"\b(?:weights?|params?|parameters?)\b(?:\s+themselves)?[^.;\n]{0,30}?(?:\b(?:are|were|is|"
         r"was|stay\w*|remain\w*|still|all|look\w*)\s+(?:(?:all|still|perfectly)\s+)*"
         r"(?:finite|clean|fine|ok(?:ay)?|normal)\b|"
@@ -586,7 +602,7 @@ _CLEARED_STAGE: dict[str, re.Pattern[str]] = {
         r"\bpass(?:es|ed)?\s+(?:the\s+|a\s+)?(?:torch\.)?(?:isfinite|finiteness|nan)\w*)",
         re.IGNORECASE,
     ),
-    "nonfinite-inputs": re.compile(
+    "nonfinite-inputs": _regex.compile(
         r"\b(?:inputs?|batch|x\s*/\s*y|tensors?|data|images?|samples?|features?)\b"
         r"(?![^.;\n]{0,40}\bother\b)[^.;\n]{0,40}?(?:\b(?:has|have|had|contain\w*|with)\s+no\s+"
         r"(?:nan|inf|non-?finite)|\b(?:is|are|was|were|look\w*)\s+(?:all\s+)?(?:clean|finite)\b|"
@@ -596,13 +612,13 @@ _CLEARED_STAGE: dict[str, re.Pattern[str]] = {
     ),
 }
 #: A monitor's count of non-finite values that reads zero ("nan=0", "inf_count: 0", "0 NaNs").
-_ZERO_NAN_COUNT = re.compile(
+_ZERO_NAN_COUNT = _regex.compile(
     r"\b(?:nan|inf|non_?finite)s?(?:[_ ]?(?:count|values?|grads?|steps?))?\s*[=:]\s*0(?![.\d])"
     r"|\b0\s+(?:nan|inf)s?\b",
     re.IGNORECASE,
 )
-_NAN_WORD = re.compile(r"\b(?:nan|inf|non_?finite)s?\b", re.IGNORECASE)
-_KEEPS_RISING = re.compile(
+_NAN_WORD = _regex.compile(r"\b(?:nan|inf|non_?finite)s?\b", re.IGNORECASE)
+_KEEPS_RISING = _regex.compile(
     r"\b(?:still|keeps?|kept|continu\w*\s+(?:to\s+)?)\s*(?:rising|rise|climbing|climb|going\s+up|"
     r"increasing|increase|growing)\b|\bclimbs?\s+back\b|\bclimb(?:ed|ing)?\s+back\b",
     re.IGNORECASE,
@@ -610,32 +626,34 @@ _KEEPS_RISING = re.compile(
 #: Two runs compared where only the precision differs: full precision trains, or the text
 #: says the precision is the only change ("fp32: ... smooth", "only thing changed is the
 #: precision flag").
-_ONLY_PRECISION_DIFFERS = re.compile(
+_ONLY_PRECISION_DIFFERS = _regex.compile(
     r"\b(?:fp32|float32|full[\s-]precision)\b[^.;\n]{0,50}?\b(?:fine|ok(?:ay)?|smooth\w*|stable|"
     r"works?|converges?|trains?\s+(?:fine|well)|no\s+nan)\b"
     r"|\b(?:only|sole)\s+(?:thing|difference|change)\w*\b[^.;\n]{0,30}?\b(?:precision|dtype|fp16|"
     r"amp|autocast)",
     re.IGNORECASE,
 )
-_REDUCED_PRECISION = re.compile(
+_REDUCED_PRECISION = _regex.compile(
     r"\b(?:mixed[\s-]precision|amp|autocast|fp16|float16|half[\s-]precision|gradscaler)\b",
     re.IGNORECASE,
 )
 _PRECISION_EFFECTS = ("loss-nan", "loss-diverging", "loss-spikes", "exploding-gradients")
-_FAILS = re.compile(r"\b(?:nan|inf|diverg\w*|blow\w*|blew|explod\w*|unstable)\b", re.IGNORECASE)
-_SAME_AGAIN = re.compile(r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE)
+_FAILS = _regex.compile(r"\b(?:nan|inf|diverg\w*|blow\w*|blew|explod\w*|unstable)\b", re.IGNORECASE)
+_SAME_AGAIN = _regex.compile(
+    r"\b(?:still|same|unchanged|identical|exactly\s+where)\b", re.IGNORECASE
+)
 
 
-_COMES_BACK = re.compile(
+_COMES_BACK = _regex.compile(
     r"\b(?:and|then)\s+back\b|\bback\s+(?:down|again)\b|oscillat|jump\w*\s+around|bounc|"
     r"zig-?zag|fluctuat|up\s+and\s+down",
     re.IGNORECASE,
 )
 #: Gradient accumulation named in the text.
-_ACCUMULATING = re.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE)
+_ACCUMULATING = _regex.compile(r"accum|micro[-\s]?(?:batch|step)", re.IGNORECASE)
 #: Two layers named by their place in the network, in one sentence: norms given for them
 #: are per-layer values side by side, not a trend over time.
-_LAYER_PAIR = re.compile(
+_LAYER_PAIR = _regex.compile(
     r"\b(?P<early>first|early|earliest|bottom|input|lowest|embedding)\w*\b[^.;\n]{0,60}\b(?:layer|linear|conv|block|lstm|gru)\w*"
     r"[^.;\n]{0,80}\b(?:last|late|final|top|output|head|deepest|classifier)\w*\b"
     r"|\b(?:last|late|final|top|output|head|deepest|classifier)\w*\b[^.;\n]{0,60}\b(?:layer|linear|conv|block|lstm|gru)\w*"
@@ -682,14 +700,14 @@ def _progress(text: str) -> _Progress:
     return progress
 
 
-_LR_QUESTION = re.compile(
+_LR_QUESTION = _regex.compile(
     r"\b(?:lr|learning[\s_-]*rates?|schedul\w*|warm[\s-]?up|cosine|linear\s+decay|one[\s_-]?cycle|"
     r"step\s+decay|lr\s+finder|range\s+test|decay|annealing|cyclical|"
     # Scheduler and argument names: OneCycleLR, StepLR, max_lr, base_lr.
     r"\w*(?:cycle|step|cyclic|exponential)lr|\w+_lr)\b",
     re.IGNORECASE,
 )
-_DATA_QUESTION = re.compile(
+_DATA_QUESTION = _regex.compile(
     r"\b(?:augment\w*|csv|missing\s+values?|datasets?|data\s*loaders?|labels?|label\s+noise|"
     r"class\s+imbalance|imbalanced|tokeni[sz]\w*|preprocess\w*|clean(?:ing)?|dedup\w*|"
     r"train[\s/-]+test\s+split|split|images?|crop\w*|resiz\w*|rows?|columns?|pandas|parquet|"
@@ -709,7 +727,7 @@ _DATA_QUESTION = re.compile(
 )
 #: Questions about the training job's plumbing rather than its numbers: saving and resuming
 #: from a checkpoint, the input pipeline's speed or hangs (workers, prefetching, GPU idle).
-_TOOLING_QUESTION = re.compile(
+_TOOLING_QUESTION = _regex.compile(
     r"\b(?:resum\w*|restor\w*|reload\w*)\b[^.?!]{0,80}\b(?:checkpoints?|state[_ ]dicts?|\.pt|\.pth"
     r"|optimizer\s+state|epoch)\b|\bsav\w*\b[^.?!]{0,40}\bcheckpoints?\b[^.?!]{0,80}\bresum\w*"
     r"|\b(?:num_workers|persistent_workers|prefetch(?:_factor|\s+factor)?|pin_memory|data\s+loading"
@@ -718,11 +736,17 @@ _TOOLING_QUESTION = re.compile(
     r"|\b(?:hang\w*|freez\w*|deadlock\w*)\b[^.?!]{0,60}\b(?:data\s*loader|loader|workers?)\b"
     r"|\berror\(s\)\s+in\s+loading\s+state_dict|\b(?:missing|unexpected)\s+key\(s\)"
     r"|\b(?:class\s+weights?|weighted\s+(?:cross[\s-]?entropy|loss|sampler)|weightedrandomsampler"
-    r"|over[\s-]?sampl\w*|under[\s-]?sampl\w*|minority\s+class|positive\s+class|rare\s+class)\b",
+    r"|over[\s-]?sampl\w*|under[\s-]?sampl\w*|minority\s+class|positive\s+class|rare\s+class)\b"
+    # Tensor shapes told in prose ("output is [32, 10] but targets come out as [32, 1, 10]"),
+    # and sizing the hardware for a job ("how many GPUs do I need for a 13B model").
+    r"|\[\d+(?:,\s*\d+)+\][^.?!\n]{0,80}\[\d+(?:,\s*\d+)+\]"
+    r"|\b(?:extra|missing|wrong)\s+(?:dim(?:ension)?|axis)\b"
+    r"|\bhow\s+many\s+(?:gpus|cards|nodes|a100s|h100s)\b"
+    r"|\bhow\s+much\s+(?:vram|gpu\s+memory|memory)\s+(?:do|would|will|does)\b",
     re.IGNORECASE,
 )
 #: The error a state dict with the wrong key names gives when it is loaded.
-_STATE_DICT_KEYS = re.compile(
+_STATE_DICT_KEYS = _regex.compile(
     r"\berror\(s\)\s+in\s+loading\s+state_dict|\b(?:missing|unexpected)\s+key\(s\)",
     re.IGNORECASE,
 )
@@ -733,7 +757,7 @@ _QUANTITY_WORD = (
     r"(?:(?:train(?:ing)?\s+|val(?:idation)?\s+)?loss(?:es)?|grad(?:ient)?s?(?:\s+norms?)?|norms?|"
     r"metrics?|accuracy|curves?|training|everything)"
 )
-_FINE_CLAUSE = re.compile(
+_FINE_CLAUSE = _regex.compile(
     rf"\b(?:the\s+)?{_QUANTITY_WORD}(?:\s*(?:,|and|&)\s*(?:the\s+)?{_QUANTITY_WORD})*"
     r"\s+(?:look|looks|are|is|seem|seems|trains?)\s+(?:\w+\s+)?(?:fine|ok|okay|normal|healthy|"
     r"good|stable|well[\s-]behaved)\b|\borders?\s+of\s+magnitude\b",
@@ -742,33 +766,33 @@ _FINE_CLAUSE = re.compile(
 #: Words one of which every _FINE_CLAUSE match holds (a cheap test before the regex).
 _FINE_WORDS = ("fine", "ok", "normal", "healthy", "good", "stable", "behaved", "magnitude")
 #: What an LR range test is for: the loss blowing up at its high end is how it ends.
-_LR_RANGE_TEST = re.compile(
+_LR_RANGE_TEST = _regex.compile(
     r"\b(?:lr|learning[\s_-]*rate)\s+(?:finder|range\s+test|sweep)|\brange\s+test\b|\blr_find\w*",
     re.IGNORECASE,
 )
-_TRAINING_QUANTITY = re.compile(r"\b(?:loss(?:es)?|accuracy|grad\w*|norms?)\b", re.IGNORECASE)
+_TRAINING_QUANTITY = _regex.compile(r"\b(?:loss(?:es)?|accuracy|grad\w*|norms?)\b", re.IGNORECASE)
 #: An optimizer's settings written as a call ("SGD(lr=0.1, momentum=0.9)", "AdamW(lr=3e-4,
 #: wd=0.1)"): the run's configuration stated as context, not a question about the rate.
-_OPTIMIZER_SPEC = re.compile(
+_OPTIMIZER_SPEC = _regex.compile(
     r"\b[a-z_][\w.]*\s*\((?:[^()\n]|\([^()\n]*\)){0,120}?\blr\s*=(?:[^()\n]|\([^()\n]*\)){0,120}\)",
     re.IGNORECASE,
 )
 #: A loss said to climb, blow up or diverge: a training problem, whatever the text blames for it
 #: (a raised learning rate, a deleted warmup), so the text is no learning-rate-only question.
-_LOSS_TROUBLE = re.compile(
+_LOSS_TROUBLE = _regex.compile(
     r"\bloss(?:es)?\b[^.?!\n]{0,80}?\b(?:climb\w*|blew\s+up|blow(?:s|ing)?\s+up|explod\w*|"
     r"diverg\w*|shot\s+up|shoots\s+up|went\s+back\s+up|goes\s+back\s+up|nan)\b",
     re.IGNORECASE,
 )
 #: Lightning clipping for you: ``gradient_clip_val`` set to a positive value (automatic
 #: optimization clips at the right point, after unscaling, once per accumulated step).
-_LIGHTNING_CLIPS = re.compile(
+_LIGHTNING_CLIPS = _regex.compile(
     r"\bgradient_clip_val\b\s*[=:]\s*['\"]?(?!0+(?:\.0*)?(?![\d.eE])|none\b)\d*\.?\d",
     re.IGNORECASE,
 )
 #: Clipping done or wanted by hand, or manual optimization (where Lightning does not clip): the
 #: belief that Lightning needs hand-written clipping may still be what the text holds.
-_HAND_CLIPPING = re.compile(
+_HAND_CLIPPING = _regex.compile(
     r"\bmanual\w*|\bby\s+hand\b|\bmyself\b|\bourselves\b|automatic_optimization|"
     r"clip_grad_(?:norm|value)_?|clip_gradients|on_after_backward|on_before_optimizer_step|"
     r"configure_gradient_clipping",
@@ -1088,6 +1112,10 @@ class Matcher:
         self._packed_postings: dict[str, bytes] = data["postings"]
         self._postings: dict[str, list[tuple[int, float]]] = {}
         self.norms: list[float] = data["norms"]
+        # Where each term stands among the entries' sentences (entry index, sentence index),
+        # built on the first query: the sentence nearest the query is looked for only among
+        # the sentences that share a term with it.
+        self._sentence_postings: dict[str, list[tuple[int, int]]] | None = None
         self.typos = TypoCorrector(data["vocabulary"])
         self._default_idf: float = data["default_idf"]
         self.in_scope_terms = frozenset(data["in_scope"])
@@ -1119,7 +1147,8 @@ class Matcher:
         can still complete a synonym phrase ("almost no graident" → "almost no gradient").
         """
         fixes: dict[str, str] = {}
-        for token in self.analyzer.tokens(text):
+        tokens = self.analyzer.tokens(text)
+        for token in tokens:
             if token.term in self.idf:
                 # A word seen once or twice in the entries may itself be a deliberate typo
                 # there ("gradiants"); read it as the common word it stands for.
@@ -1132,7 +1161,8 @@ class Matcher:
             if fixed is not None:
                 fixes[token.raw] = fixed
         repaired_text = _apply_fixes(text, fixes)
-        repaired = self.analyzer.tokens(repaired_text)
+        # Nothing repaired: the text's tokens are the repaired text's (no second analysis).
+        repaired = tokens if repaired_text is text else self.analyzer.tokens(repaired_text)
         terms = [t.term for t in repaired]
         surface = {t.term: t.raw for t in repaired}
         # Show a rewritten phrase as the user wrote it ("blew up"), not as its canonical token.
@@ -1167,11 +1197,26 @@ class Matcher:
             factor = qw * self.idf[term] * (_K1 + 1.0)
             for index, tf in postings:
                 found.setdefault(index, []).append((factor * tf / (tf + self.norms[index]), term))
+        sentence_postings = self._sentence_postings
+        if sentence_postings is None:
+            # Filled before it is shared: a query in another thread never sees half of it.
+            sentence_postings = {}
+            for index, doc in enumerate(self.docs):
+                for position, (_, sentence_terms, _) in enumerate(doc.sentences):
+                    for term in sentence_terms:
+                        sentence_postings.setdefault(term, []).append((index, position))
+            self._sentence_postings = sentence_postings
+        sharing: dict[int, set[int]] = {}
+        for term in term_set:
+            for index, position in sentence_postings.get(term, ()):
+                sharing.setdefault(index, set()).add(position)
         out: dict[str, _Lexical] = {}
         for index, contributions in found.items():
             doc = self.docs[index]
             best_sim, best_sentence = 0.0, ""
-            for sentence, sentence_terms, sentence_idf in doc.sentences:
+            # In the entry's order: the first of equally near sentences is the one shown.
+            for position in sorted(sharing.get(index, ())):
+                sentence, sentence_terms, sentence_idf = doc.sentences[position]
                 shared = term_set & sentence_terms
                 if not shared:
                     continue
@@ -1282,6 +1327,8 @@ class Matcher:
                     "text: gradients called small while the loss or metrics still improve",
                 )
             )
+        norms = [q.value for q in quantities if q.name == "grad_norm"]
+        finite_grad_norms = bool(norms) and all(math.isfinite(v) for v in norms)
         for q in quantities:
             v, shown = q.value, fmt(q.value)
             if q.name == "loss" and not math.isfinite(v):
@@ -1289,7 +1336,9 @@ class Matcher:
                 # be the premise of a claim, so it counts for less.
                 strength = 1.0 if q.logged else 0.45
                 out.append(CodeHit("loss-nan", strength, f"loss {shown}: the loss is not finite"))
-                if mentions_grads:
+                # Gradients given as finite norms are said to be finite ("grad norm 0.8 every
+                # step but loss: nan"): their mention is no sign that they are NaN.
+                if mentions_grads and not finite_grad_norms:
                     out.append(
                         CodeHit(
                             "nan-gradients",
@@ -2213,6 +2262,8 @@ class Matcher:
         climbs, blows up or diverges (outside an LR range test, where that is how it ends)."""
         if _LOSS_TROUBLE.search(text) and not _LR_RANGE_TEST.search(text):
             return True
+        if _HELD_OUT_WORSENS.search(text):
+            return True
         found = {t for t in terms if t in self.in_scope_terms}
         if not found:
             return False
@@ -2352,6 +2403,19 @@ class Matcher:
                     "amp-diverges",
                     0.9,
                     "text: the run fails only in reduced precision; full precision trains",
+                )
+            )
+
+        if (
+            _HELD_OUT_WORSENS.search(text)
+            and not _TRAIN_LOSS_RISES.search(text)
+            and not any(h.entry_id == "overfitting" for h in evidence)
+        ):
+            evidence.append(
+                CodeHit(
+                    "overfitting",
+                    0.6,
+                    "text: the held-out loss worsens (rises, or was best at an earlier epoch)",
                 )
             )
 
@@ -2781,7 +2845,9 @@ def evidence_beyond(hits: Iterable[CodeHit], notes: frozenset[str]) -> bool:
 
 #: "I walk over the parameters, divide each .grad ...": the clause after the comma goes on
 #: with the same subject, it is not an order to the reader.
-_OWN_STEPS = re.compile(r"(\b(?:i|we)\s+(?:[^.;!?,\n]|\.(?=\w))+),(?=\s*(?:then\s+)?[a-z])", re.I)
+_OWN_STEPS = _regex.compile(
+    r"(\b(?:i|we)\s+(?:[^.;!?,\n]|\.(?=\w))+),(?=\s*(?:then\s+)?[a-z])", re.I
+)
 
 
 def _own_steps(text: str) -> str:
@@ -2934,7 +3000,7 @@ def _effects(kb: KnowledgeBase) -> dict[str, frozenset[str]]:
     return out
 
 
-_ACCURACY = re.compile(
+_ACCURACY = _regex.compile(
     r"\b(?P<split>train\w*|val\w*|valid\w*|test|eval\w*|dev)[\s_/-]*(?:set\s+)?"
     r"(?:acc(?:uracy)?|top-?1)\b\s*(?:is\s+|of\s+|at\s+|[:=]\s*)?~?\s*(?P<value>\d+(?:\.\d+)?)\s*%",
     re.IGNORECASE,

@@ -26,6 +26,7 @@ import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
+from gradient_doctor.knowledge import _regex
 from gradient_doctor.knowledge._code import CodeHit
 from gradient_doctor.knowledge._text import unwrap_prose
 
@@ -40,7 +41,7 @@ _DISPLAY = r"(?:panel|graph|chart|plot|curve|line|tile|widget|trace|sparkline|ba
 _QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "loss_scale",
-        re.compile(
+        _regex.compile(
             r"\b(?:(?:amp\s+|grad(?:ient)?\s+)?loss[\s_-]?scal(?:e|ing)|grad[\s_]?scaler?\b|"
             r"(?:amp\s+)?scaler(?:'s)?(?:\s+(?:value|scale))?|scale\s+factor)\b",
             re.IGNORECASE,
@@ -48,7 +49,7 @@ _QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "clip_rate",
-        re.compile(
+        _regex.compile(
             r"\bclip(?:ping|ped)?[\s_-]*(?:counter|count|rate|fraction|frac|ratio|pct|percent(?:age)?|"
             r"events?|activations?|hits?)\b"
             r"|\b(?:fraction|share|percent(?:age)?|number|count)\s+of\s+(?:the\s+)?(?:steps|updates|"
@@ -60,7 +61,7 @@ _QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "grad_norm",
-        re.compile(
+        _regex.compile(
             r"\b(?:total[\s_-]+)?(?:grad(?:ient)?s?[\s_/-]*(?:l2[\s_-]*)?(?:norms?|size|"
             r"magnitudes?)|g[\s_-]?norms?)\b(?:\s+" + _DISPLAY + r")?"
             r"|\bgrad(?:ient)?s?[\s_/-]+" + _DISPLAY + r"\b"
@@ -75,7 +76,7 @@ _QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "loss",
-        re.compile(
+        _regex.compile(
             r"\b(?:train(?:ing)?[\s_/-]*)?loss(?:es)?\b(?!\s*[\s_-]scal)(?:\s+" + _DISPLAY + r")?",
             re.IGNORECASE,
         ),
@@ -84,7 +85,9 @@ _QUANTITIES: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 #: Held-out losses are not the training loss a trend frame reads ("val loss climbs" is another
 #: story: the words and numbers handle it).
-_HELD_OUT_BEFORE = re.compile(r"\b(?:val(?:idation)?|eval|test|dev|held[-\s]?out)[\s_/-]*$", re.I)
+_HELD_OUT_BEFORE = _regex.compile(
+    r"\b(?:val(?:idation)?|eval|test|dev|held[-\s]?out)[\s_/-]*$", re.I
+)
 
 # -- trends ---------------------------------------------------------------------------------
 
@@ -95,7 +98,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         # One point far above the rest and straight back: needles, weeds, blips.
         "needle",
-        re.compile(
+        _regex.compile(
             # Not a histogram's "needle at zero" (values bunched at 0, not one spike).
             r"\b(?:needles?|weeds?|lone\s+spikes?|isolated\s+spikes?|single\s+spikes?)\b"
             r"(?!\s+(?:at|on|around)\s+(?:zero|0)\b)"
@@ -110,7 +113,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "sawtooth",
-        re.compile(
+        _regex.compile(
             r"\bsaw[\s-]?(?:tooth|teeth|blade)\b|\bteeth\b|\bzig[\s-]?zags?\b",
             re.IGNORECASE,
         ),
@@ -118,7 +121,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         # Off the top: the quantity explodes.
         "vertical",
-        re.compile(
+        _regex.compile(
             r"\bgo(?:es|ing)?\s+vertical\b|\bwent\s+vertical\b|\bthrough\s+the\s+roof\b"
             r"|\b(?:shoots?|shot|rockets?(?:ed)?|skyrocket\w*)\s+(?:straight\s+)?up\b"
             r"|\boff\s+the\s+(?:top\s+of\s+the\s+)?(?:chart|charts|scale|graph)\b"
@@ -130,7 +133,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
         # A size far past any usual one, said in words ("sits in the thousands, sometimes tens
         # of thousands", "the gradients are massive").
         "huge",
-        re.compile(
+        _regex.compile(
             r"(?<!not\s)(?<!n't\s)(?<!never\s)(?<!that\s)"
             r"(?:\bin\s+the\s+(?:(?:tens|hundreds)\s+of\s+)?(?:thousands|millions)\b"
             r"|\b(?:tens|hundreds)\s+of\s+thousands\b"
@@ -141,7 +144,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         # Nothing drawn any more: the value is NaN/Inf (dashboards drop non-finite points).
         "blank",
-        re.compile(
+        _regex.compile(
             r"\b(?:goes|went|turns?|is|became|becomes)\s+(?:completely\s+)?(?:blank|empty)\b"
             r"|\bstops?\s+(?:drawing|plotting|showing)\b|\bstopped\s+(?:drawing|plotting|showing)\b"
             r"|\b(?:the\s+)?line\s+(?:just\s+)?(?:ends|stops|disappears)\b"
@@ -153,7 +156,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         # A flat line at zero.
         "zero",
-        re.compile(
+        _regex.compile(
             r"\bpinned\s+to\s+the\s+x[\s-]?axis\b"
             r"|\b(?:dead[\s-]?)?flat\s+(?:line\s+)?(?:at\s+|on\s+)?(?:0(?:\.0+)?|zero)\b(?!\.\d)"
             r"|\b(?:a\s+)?(?:dead[\s-]?flat|flat)\s+0(?:\.0+)?\b(?!\.\d)"
@@ -166,7 +169,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         # A flat line at one exact non-zero value: something holds it there.
         "pinned",
-        re.compile(
+        _regex.compile(
             r"\b(?:never\s+(?:budges|moves|changes)\s+from|(?:perfectly|ruler[\s-]?straight|"
             r"dead)[\s-]+(?:flat|horizontal)\s+(?:line\s+)?(?:at|on)|(?:flat|horizontal)\s+line\s+"
             r"at\s+exactly|(?:sits?|stuck|pinned)\s+(?:at\s+)?exactly)\s+(?!0(?:\.0+)?(?![\d.]))"
@@ -177,7 +180,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "ramp_up",
-        re.compile(
+        _regex.compile(
             r"\b(?:drifts?|drifting|creeps?|creeping|ramps?|ramping|trends?|trending)\s+"
             r"(?:steadily\s+)?(?:up|upwards?|higher)\b|\bslow\s+ramp\b"
             r"|\b(?:like|as)\s+a\s+(?:slow\s+|steady\s+|gentle\s+)?ramp\b"
@@ -189,7 +192,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "slide_down",
-        re.compile(
+        _regex.compile(
             r"\b(?:slides?|sliding|sinks?|sinking|fades?|fading|dwindl\w+|decays?|decaying)\s+"
             r"(?:steadily\s+|slowly\s+)?(?:towards?|to|down\s+to|into)\s+(?:the\s+)?"
             r"(?:floor|zero|bottom|nothing)\b|\bhugging\s+zero\b",
@@ -198,7 +201,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     (
         "staircase_down",
-        re.compile(
+        _regex.compile(
             r"\b(?:stepping|steps?|stairs?)\s+down\b|\bstair[\s-]?case\b"
             r"|\bkeeps?\s+halving\b|\bhalv(?:es|ing)\s+(?:again\s+)?and\s+again\b",
             re.IGNORECASE,
@@ -207,7 +210,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         # Leaves its level and comes back: a heartbeat, a dip once in a while.
         "occasional_dip",
-        re.compile(
+        _regex.compile(
             r"\bonce\s+in\s+a\s+(?:blue\s+moon|while)\b|\bheart[\s-]?beat\b"
             r"|\b(?:dips?|drops?)\s+(?:to\s+" + _NUMBER + r"\s+)?(?:now\s+and\s+then|occasionally|"
             r"every\s+(?:so\s+often|now\s+and\s+then)|rarely)\b"
@@ -222,7 +225,7 @@ _TRENDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         # Good for a while, then turns and climbs back.
         "turns_up",
-        re.compile(
+        _regex.compile(
             r"\bturns?\s+around\s+and\s+(?:climbs?|goes|heads?|creeps?)\s+(?:back\s+)?up\b"
             r"|\bclimbs?\s+back\s+up\s+to\s+where\s+it\s+started\b",
             re.IGNORECASE,
@@ -289,29 +292,31 @@ class Frame:
 
 
 #: Sentence ends (a point between digits is a decimal point, not an end).
-_SENTENCE_END = re.compile(r"(?<!\d)[.!?](?!\d)|[;\n]")
+_SENTENCE_END = _regex.compile(r"(?<!\d)[.!?](?!\d)|[;\n]")
 
 #: The run goes on improving: frames that would call an alarm are then read as healthy.
-_LOSS_FALLING = re.compile(
+_LOSS_FALLING = _regex.compile(
     r"\bloss(?:es)?\b(?:(?!\bnot\b|n't\b|\bstop)[^.;\n]){0,30}?\b(?:(?:sliding|going|falling|"
     r"coming|trending|goes|keeps?\s+going)\s+down|dropping|decreasing|improving)\b",
     re.IGNORECASE,
 )
 #: A stable start told right before what the loss does next.
-_STABLE_BEFORE = re.compile(
+_STABLE_BEFORE = _regex.compile(
     r"\b(?:fine|perfect\w*|good|great|stable|stably|smooth\w*|normal\w*|healthy|beautiful\w*|"
     r"nicely)\b[^.;\n]{0,60}\b(?:then|until|but|suddenly|abruptly)\b[^.;\n]*$",
     re.IGNORECASE,
 )
 #: The gradient norm sits well under the clipping limit outside the rare clipped steps.
-_UNDER_LIMIT = re.compile(r"\b(?:well\s+)?(?:under|below)\s+the\s+(?:limit|max_norm|threshold)\b")
+_UNDER_LIMIT = _regex.compile(
+    r"\b(?:well\s+)?(?:under|below)\s+the\s+(?:limit|max_norm|threshold)\b"
+)
 #: A measuring hook that runs once the step (and so zero_grad) is done.
-_AFTER_STEP_HOOK = re.compile(
+_AFTER_STEP_HOOK = _regex.compile(
     r"\b(?:callback|hook)\b[^.;\n]{0,40}\b(?:after|once)\b[^.;\n]{0,20}\bstep\b[^.;\n]{0,15}"
     r"\b(?:finish\w*|done|complete\w*|ends?)\b|on_train_batch_end|on_after_optimizer_step",
     re.IGNORECASE,
 )
-_STILL_LEARNING = re.compile(
+_STILL_LEARNING = _regex.compile(
     r"\b(?:acc(?:uracy)?|score|f1|bleu)\b[^.;\n]{0,25}\b(?:climbs?|rises?|goes\s+up|improv\w+|"
     r"keeps?\s+(?:going\s+up|improving))\b|\bobviously\s+(?:trains|learns)\b",
     re.IGNORECASE,
@@ -529,12 +534,12 @@ _STAGES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     (
         "inputs",
         "nonfinite-inputs",
-        re.compile(r"\b(?:inputs?|batch(?:es)?|features?|images?|samples?)\b", re.IGNORECASE),
+        _regex.compile(r"\b(?:inputs?|batch(?:es)?|features?|images?|samples?)\b", re.IGNORECASE),
     ),
     (
         "parameters",
         "nan-parameters",
-        re.compile(
+        _regex.compile(
             # Not the parameter a gradient belongs to ("q_proj.weight grad amax inf", "gradients
             # from `parameters`").
             r"(?<!from\s)(?<!from\s`)\b(?:weights?|params?|parameters?|state_dict|"
@@ -546,7 +551,7 @@ _STAGES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         "outputs",
         "nan-loss-before-backward",
         # Not a backward function's "0th output" (anomaly mode: that output is a gradient).
-        re.compile(
+        _regex.compile(
             r"(?<!\dth\s)(?<!\dst\s)(?<!\dnd\s)(?<!\drd\s)"
             r"\b(?:logits|outputs?|predictions?|activations?)\b",
             re.IGNORECASE,
@@ -555,25 +560,25 @@ _STAGES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     (
         "loss",
         "nan-loss-before-backward",
-        re.compile(r"\b(?:loss|criterion)\b(?!\s*\.\s*backward)(?!\s+scal)", re.IGNORECASE),
+        _regex.compile(r"\b(?:loss|criterion)\b(?!\s*\.\s*backward)(?!\s+scal)", re.IGNORECASE),
     ),
     (
         "gradients",
         "nan-gradients",
-        re.compile(r"\.grad\b|\bgrads?\b|\bgradients?\b", re.IGNORECASE),
+        _regex.compile(r"\.grad\b|\bgrads?\b|\bgradients?\b", re.IGNORECASE),
     ),
 )
 #: A check's verdict after its name: "parameters finite ....... FAIL", "isfinite(x): False".
 _FAILED = r"[\s.:=?()\]]*(?:fail(?:ed|s)?|false|no)\b"
 _PASSED = r"[\s.:=?()\]]*(?:ok|okay|pass(?:ed|es)?|true|yes)\b"
-_NON_FINITE = re.compile(
+_NON_FINITE = _regex.compile(
     r"\b(?:nan|inf|non-?finite)s?\b(?!\s*(?:check|guard))|\bfull\s+of\s+nan"
     r"|\b(?:trips|tripped|fires|fired)\b|\bstops\s+there\b"
     rf"|\b(?:is)?finite\b(?:\([^()\n]*(?:\([^()\n]*\))?[^()\n]*\))?(?:\.all\(\))?{_FAILED}"
     rf"|\bis(?:nan|inf)\b(?:\([^()\n]*(?:\([^()\n]*\))?[^()\n]*\))?(?:\.any\(\))?{_PASSED}",
     re.IGNORECASE,
 )
-_FINITE = re.compile(
+_FINITE = _regex.compile(
     r"\b(?:all\s+|still\s+|perfectly\s+|totally\s+)?(?<!-)(?<!non)(?:finite|normal|clean)\b"
     rf"(?!\s+check)(?!{_FAILED})"
     # "no nan/inf", "0 NaN/Inf", "nan 0 | inf 0", "nothing is non-finite": a count of zero.
@@ -589,28 +594,28 @@ _FINITE = re.compile(
 )
 #: A clause that sets the stage it names against another ("every other layer's grad looks
 #: normal"): its finite state leaves the non-finite one standing.
-_CONTRAST = re.compile(
+_CONTRAST = _regex.compile(
     r"\b(?:every|all|any)\s+other\b|\bthe\s+(?:other|rest)\b|\beverything\s+else\b|\bothers\b",
     re.IGNORECASE,
 )
 #: "no nan" next to an inf: the text tells which non-finite value it is, not that all is finite.
-_NO_NAN = re.compile(r"\bno\s+nans?\b|\bnot\s+(?:a\s+)?nans?\b", re.IGNORECASE)
+_NO_NAN = _regex.compile(r"\bno\s+nans?\b|\bnot\s+(?:a\s+)?nans?\b", re.IGNORECASE)
 #: A NaN the text says is absent ("not nan", "no nan anywhere", "isnan(...) False").
-_NAN_DENIED = re.compile(
+_NAN_DENIED = _regex.compile(
     r"\b(?:not|no|never|zero|without)\s+(?:a\s+|any\s+)?nans?\b"
     r"|\bnans?\s*(?:[:=]\s*)?(?:0|false|none)\b"
     rf"|\bisnan\b(?:\([^()\n]*(?:\([^()\n]*\))?[^()\n]*\))?(?:\.any\(\))?{_FAILED}",
     re.IGNORECASE,
 )
 #: A loss printed as a plain number: finite, a weaker word than "finite" itself.
-_LOSS_NUMBER = re.compile(
+_LOSS_NUMBER = _regex.compile(
     r"\bloss\w*\b(?:[^\S\n]*[:=]?[^\S\n]*|[^\n.;,]{0,20}?)(?<![\w.])\d+\.\d+\b", re.IGNORECASE
 )
 #: A row of a per-parameter table: a dotted parameter name, then its value.
-_PARAM_ROW = re.compile(
+_PARAM_ROW = _regex.compile(
     r"^[^\S\n]*[A-Za-z_][\w.*\[\]-]*\.(?:weight|bias|\*|w\d*|b)\b[^\n]*$", re.MULTILINE
 )
-_GRADIENT_WORD = re.compile(r"\bgrad\w*|\.grad\b", re.IGNORECASE)
+_GRADIENT_WORD = _regex.compile(r"\bgrad\w*|\.grad\b", re.IGNORECASE)
 
 
 def _gradient_tables(text: str) -> list[tuple[int, int]]:
@@ -643,8 +648,8 @@ def _gradient_tables(text: str) -> list[tuple[int, int]]:
 _CHECK_CUES = ("isfinite", "isnan", "isinf", "first non", "first nan", "first inf", "whose")
 #: Words one of which every non-finite state holds (a cheap test before the regexes).
 _STATE_CUES = ("nan", "inf", "finite", "fail", "false", "trip", "fire", "stops there")
-_SENTENCE_STOP = re.compile(r"[.!?](?=\s)|[;\n]")
-_BEFORE_BACKWARD = re.compile(
+_SENTENCE_STOP = _regex.compile(r"[.!?](?=\s)|[;\n]")
+_BEFORE_BACKWARD = _regex.compile(
     r"\bbefore\s+(?:the\s+|calling\s+|any\s+|it\s+\w+\s+|we\s+\w+\s+|i\s+\w+\s+)?"
     r"(?:\w+)?\.?\s*backward\b|\b(?:right\s+|just\s+|directly\s+)?after\s+the\s+forward\b"
     r"|\bskipped\s+(?:the\s+)?backward\b|\bbackward\b[^.\n]{0,30}\bnot\s+reached\b"
@@ -654,8 +659,8 @@ _BEFORE_BACKWARD = re.compile(
 #: A state said after its stage counts as far as one said this much closer before it ("the loss
 #: ... was 3.87, a totally normal number" vs "reports nan inside layer.grad").
 _FOLLOWING_PENALTY = 2.0
-_POINTS_AHEAD = re.compile(r"\s+(?:in|inside|within|anywhere\s+in|at)\b", re.IGNORECASE)
-_INF_ONLY = re.compile(r"\binf(?:s|inity|inite)?\b", re.IGNORECASE)
+_POINTS_AHEAD = _regex.compile(r"\s+(?:in|inside|within|anywhere\s+in|at)\b", re.IGNORECASE)
+_INF_ONLY = _regex.compile(r"\binf(?:s|inity|inite)?\b", re.IGNORECASE)
 
 
 def _stage_states(text: str) -> dict[str, list[str]]:
@@ -749,7 +754,7 @@ def cleared_stages(text: str, states: dict[str, list[str]] | None = None) -> fro
 
 
 #: A check said to have run on the inputs ("torch.isfinite(batch[...]).all(): False").
-_INPUT_CHECK = re.compile(
+_INPUT_CHECK = _regex.compile(
     r"\bis(?:nan|inf|finite)\s*\(\s*(?:\w+\.)?(?:batch|inputs?|input_\w+|x|xb|images?|"
     r"features?|samples?|data)\b|\b\d+\s+(?:of|/)\s+\d+\s+(?:values?|elements?|entries)\s+(?:are\s+)?nan"
     # A check placed before the forward pass is a check on what goes in: "an isnan check on
@@ -761,7 +766,7 @@ _INPUT_CHECK = re.compile(
 
 
 #: The values told are of one step ("the loss for that step was 2.02").
-_SAME_STEP = re.compile(
+_SAME_STEP = _regex.compile(
     r"\b(?:that|the\s+same|this|the\s+failing|the\s+bad|each\s+such)\s+(?:step|iteration|iter|batch)\b",
     re.IGNORECASE,
 )
@@ -815,15 +820,15 @@ _LAYER_WORD = (
     r"\b(?:[a-z_]\w*\.)*(?:stem|conv|stage|block|layers?|fc|linear|embed\w*|head|"
     r"lm_head|encoder|decoder|lstm|gru|mlp|attn|classifier|input|output)\w*(?:\.\w+)*"
 )
-_LAYER_NAME = re.compile(_LAYER_WORD, re.IGNORECASE)
-_LAYER_VALUE = re.compile(
+_LAYER_NAME = _regex.compile(_LAYER_WORD, re.IGNORECASE)
+_LAYER_VALUE = _regex.compile(
     r"(?P<layer>" + _LAYER_WORD + r")"
     r"(?:[^\d\n.;]|\.(?!\s)){0,40}?(?<![\w.])(?P<value>\d+(?:\.\d+)?(?:e[-+]?\d+)?)(?![\w%])(?!\.\d)",
     re.IGNORECASE,
 )
-_LATE_FIRST = re.compile(r"^(?:output|head|lm_head|classifier|fc|decoder)", re.IGNORECASE)
-_PROFILE_STOP = re.compile(r"(?<!\d)[.!?;](?!\d)|\n")
-_WORRY = re.compile(r"vanish|not\s+learning|isn't\s+learning|smallest|tiny|invisible", re.I)
+_LATE_FIRST = _regex.compile(r"^(?:output|head|lm_head|classifier|fc|decoder)", re.IGNORECASE)
+_PROFILE_STOP = _regex.compile(r"(?<!\d)[.!?;](?!\d)|\n")
+_WORRY = _regex.compile(r"vanish|not\s+learning|isn't\s+learning|smallest|tiny|invisible", re.I)
 
 
 def layer_profile_hits(text: str, early_late_ratio: float, improving: bool) -> list[CodeHit]:
@@ -881,13 +886,13 @@ def layer_profile_hits(text: str, early_late_ratio: float, improving: bool) -> l
 
 # -- a GradScaler that backs off at the start and then settles --------------------------------
 
-_SCALER_TOPIC = re.compile(
+_SCALER_TOPIC = _regex.compile(
     r"\b(?:loss[\s_-]?scal(?:e|er|ing)|grad[\s_]?scaler|scaler|get_scale)\b"
     r"|\bskipp\w*\s+(?:the\s+)?(?:optimizer\s+)?steps?\b|\b(?:gradient\s+)?overflow\b",
     re.IGNORECASE,
 )
 #: The opening steps of a run, in the words and numbers people use for them.
-_EARLY = re.compile(
+_EARLY = _regex.compile(
     r"\b(?:first|opening|initial|early|starting)\s+(?:~\s*|few\s+|couple\s+(?:of\s+)?|dozen\s+|"
     r"handful\s+(?:of\s+)?|\d+\s+|\w+\s+){0,3}(?:steps?|iterations?|iters?|updates?|lines|batches|"
     r"hundred\s+steps)\b|\bat\s+the\s+(?:very\s+)?(?:start|beginning)\b|\bearly\s+(?:on|skips?|"
@@ -895,7 +900,7 @@ _EARLY = re.compile(
     re.IGNORECASE,
 )
 #: After the opening back-off the scale holds, grows back, or nothing is skipped any more.
-_SETTLES = re.compile(
+_SETTLES = _regex.compile(
     r"\b(?:then|after\s+that|since\s+then|afterwards|from\s+then\s+on)\b[^.;\n]{0,80}?"
     r"(?:\b(?:sits?|sat|stays?|stayed|holds?|held|stable|stabili[sz]\w*|settles?|settled|flat|"
     r"grows?\s+back|grew\s+back|climbs?\s+back|climbed\s+back|(?:goes|went|comes|came)\s+back\s+up|"
@@ -905,7 +910,7 @@ _SETTLES = re.compile(
     re.IGNORECASE,
 )
 #: Training goes well meanwhile: the loss falls, or results match full precision.
-_GOES_WELL = re.compile(
+_GOES_WELL = _regex.compile(
     r"\bloss(?:es)?\b(?:[^.;\n]|\.(?=\d)){0,40}?(?:->|→|\bgoing\s+down|\bgoes\s+down|\bfall(?:s|ing)?\b|"
     r"\bdecreas\w+|\bdown\s+normally|\bsmooth\w*|\bdrops?\b|\bdropping\b|\bimprov\w+)"
     r"|\b(?:matches|match|tracks|track|same\s+as|like)\s+(?:the\s+|my\s+|our\s+)?(?:fp32|"
@@ -915,7 +920,7 @@ _GOES_WELL = re.compile(
 )
 #: Signs the back-off was not harmless: a non-finite or diverging loss, a scale that keeps
 #: falling, a precision that fails where full precision trains.
-_GOES_BADLY = re.compile(
+_GOES_BADLY = _regex.compile(
     r"(?<!\bno\s)(?<!\bnot\s)(?<!\bwithout\s)\bnan\b|\bdiverg\w*|\bblows?\s+up|\bblew\s+up"
     r"|\bkeeps?\s+(?:halving|dropping|falling|shrinking)\b|\b(?:collapses?|collapsed)\b"
     r"|\bunderflow\w*|\bonly\s+(?:in|with)\s+fp16\b",
@@ -949,35 +954,35 @@ def scaler_settles(text: str) -> CodeHit | None:
 # -- a noisy per-step loss whose average falls ------------------------------------------------
 
 #: The loss said to be noisy from one batch or step to the next.
-_NOISY = re.compile(
+_NOISY = _regex.compile(
     r"\b(?:nois(?:e|y)|jitter\w*|bounc\w+|jumpy|wiggl\w+|fuzzy|all\s+over\s+the\s+place|"
     r"thick\s+(?:noisy\s+)?band|jumps?\s+(?:a\s+lot|around|between)|(?:step|batch)[\s-]to[\s-]"
     r"(?:step|batch)\s+(?:noise|variation|swings?))\b",
     re.IGNORECASE,
 )
 #: What is noisy is the raw, per-step or per-batch loss (not the gradient norm or an average).
-_RAW_LOSS = re.compile(
+_RAW_LOSS = _regex.compile(
     r"\b(?:per[\s-](?:batch|step|iteration)|step[\s-]level|batch[\s-]level|raw|unsmoothed|"
     r"step[\s-]to[\s-]step|batch\s+to\s+batch|between\s+batches|from\s+one\s+(?:batch|step))\b"
     r"|\bloss\s+(?:chart|curve|plot|panel|graph|line)\b|\bloss\b",
     re.IGNORECASE,
 )
 #: A smoothed view of the loss: a running or moving average, epoch means, the trend.
-_AVERAGED = re.compile(
+_AVERAGED = _regex.compile(
     r"\b(?:smooth(?:ed|ing)?|running\s+(?:average|mean)|moving\s+average|ema|rolling\s+(?:average|"
     r"mean|median)|\d+[\s-]*(?:step|batch|iter)\s+(?:mean|average)s?|epoch\s+(?:averages?|means?|"
     r"loss(?:es)?)|averaged?|mean\s+loss|trend(?:\s*line)?|per[\s-]epoch)\b",
     re.IGNORECASE,
 )
-_FALLS = re.compile(
+_FALLS = _regex.compile(
     r"\b(?:goes|going|went|trends?|trending|heads?|heading|comes?|coming)\s+(?:steadily\s+|nicely\s+|"
     r"slowly\s+)?down\b|\bdecreas\w+|\bfall(?:s|ing)?\b|\bdrops?\b|\bdropping\b|\bdeclin\w+"
     r"|\bsteadily\s+(?:lower|down)\b|\bdownwards?\b|\bimprov\w+",
     re.IGNORECASE,
 )
-_DECIMAL = re.compile(r"(?<![\w.@])(\d+\.\d+)(?![\w.])")
+_DECIMAL = _regex.compile(r"(?<![\w.@])(\d+\.\d+)(?![\w.])")
 #: Held-out results or samples that get better: learning goes on whatever the raw curve does.
-_OUTCOME_IMPROVES = re.compile(
+_OUTCOME_IMPROVES = _regex.compile(
     r"\b(?:val(?:idation)?|eval|test|held[\s-]?out|dev)[\s_/-]*(?:acc(?:uracy)?|f1|wer|cer|bleu|"
     r"score|auc|map|metric)\b(?:[^.;\n]|\.(?=\d)){0,40}?\b(?:improv\w+|goes\s+up|went\s+up|better|"
     r"rises?|climbs?|keeps?\s+(?:going\s+up|improving))"
@@ -985,7 +990,7 @@ _OUTCOME_IMPROVES = re.compile(
     r"|\b(?:accuracy|f1|wer|bleu)\s+(?:improves|is\s+improving|keeps\s+improving)",
     re.IGNORECASE,
 )
-_NOISE_BAD = re.compile(
+_NOISE_BAD = _regex.compile(
     r"(?<!\bno\s)(?<!\bnot\s)(?<!\bwithout\s)(?<!\bany\s)\bnan\b|\bdiverg\w*|\bblows?\s+up|"
     r"\bblew\s+up|\bexplod\w*|\b(?:keeps?|kept)\s+(?:climbing|rising|going\s+up)",
     re.IGNORECASE,
@@ -1034,35 +1039,37 @@ def noisy_loss_improving(text: str) -> tuple[CodeHit, frozenset[str]] | None:
 # -- an explicit check on one stage and its verdict --------------------------------------------
 
 #: ``torch.isfinite(p).all()`` / ``isinf(model.emb.weight.grad).any()`` and what follows it.
-_CHECK_CALL = re.compile(
+_CHECK_CALL = _regex.compile(
     r"(?P<neg>\bnot\s+)?(?:torch\.)?(?P<fn>isfinite|isnan|isinf)\s*\(\s*"
     r"(?P<arg>[^()\n]*(?:\([^()\n]*\))?[^()\n]*)\)\s*(?:\.\s*(?:any|all)\s*\(\s*\))?",
     re.IGNORECASE,
 )
-_VERDICT = re.compile(
+_VERDICT = _regex.compile(
     r"\s*[)\]]?\s*(?:(?:returns?|returned|is|was|gives|gave|comes\s+back|evaluates\s+to|==|:|->|→|=)"
     r"\s*)?(?P<v>true|false)\b",
     re.IGNORECASE,
 )
 #: A comprehension that lists what fails the check, then its non-empty output.
-_LISTED = re.compile(r"\s*\]?\s*\n?[^\n]{0,12}\[\s*['\"][\w.]+['\"]")
+_LISTED = _regex.compile(r"\s*\]?\s*\n?[^\n]{0,12}\[\s*['\"][\w.]+['\"]")
 _ARG_STAGES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("gradients", re.compile(r"\.grad\b|\bgrads?\b", re.IGNORECASE)),
-    ("loss", re.compile(r"\bloss\b", re.IGNORECASE)),
-    ("outputs", re.compile(r"\b(?:logits|outputs?|out|preds?|activations?)\b", re.IGNORECASE)),
+    ("gradients", _regex.compile(r"\.grad\b|\bgrads?\b", re.IGNORECASE)),
+    ("loss", _regex.compile(r"\bloss\b", re.IGNORECASE)),
+    ("outputs", _regex.compile(r"\b(?:logits|outputs?|out|preds?|activations?)\b", re.IGNORECASE)),
     (
         "inputs",
-        re.compile(r"\b(?:batch|inputs?|input_\w+|x|xb|images?|features?|samples?|data)\b", re.I),
+        _regex.compile(
+            r"\b(?:batch|inputs?|input_\w+|x|xb|images?|features?|samples?|data)\b", re.I
+        ),
     ),
-    ("parameters", re.compile(r"\b(?:p|param\w*|w|weights?|bias)\b|\.(?:weight|bias)\b", re.I)),
+    ("parameters", _regex.compile(r"\b(?:p|param\w*|w|weights?|bias)\b|\.(?:weight|bias)\b", re.I)),
 )
 #: A gradient hook or scan that names the first parameter whose gradient is non-finite.
-_GRAD_REPORT = re.compile(
+_GRAD_REPORT = _regex.compile(
     r"\bfirst\s+(?:non-?finite|nan|inf)\s+grad\w*"
     r"|\bfirst\s+param\w*\s+whose\s+\.?grad\w*\s+(?:is|was|goes|went|turns?)\s+(?:non-?finite|nan|inf)",
     re.IGNORECASE,
 )
-_LOSS_STILL_FINITE = re.compile(
+_LOSS_STILL_FINITE = _regex.compile(
     r"\bloss\b(?:[^.;\n]|\.(?=\d)){0,40}?\b(?:still\s+(?:finite|a\s+number)|(?<!non-)(?<!non)finite)\b",
     re.IGNORECASE,
 )

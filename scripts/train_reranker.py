@@ -91,6 +91,8 @@ ROUNDS = {
     # fresh36-fresh39 were written in parallel; dev31 was written for their misses.
     **{f"fresh{n}": "fresh36" for n in range(37, 40)},
     "dev31": "fresh36",
+    # fresh40 and fresh41 were written in parallel and retired together.
+    "fresh41": "fresh40",
 }
 
 

@@ -1948,3 +1948,63 @@ def test_how_much_to_hold_out_for_validation_is_a_data_question(text: str) -> No
 def test_held_out_loss_stays_a_training_question() -> None:
     text = "I hold out 10% for validation; the val loss climbs after epoch 3 while train loss drops"
     assert not match(text, top_k=3).out_of_scope
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "my logits are [16, 5] but the labels come out as [16, 1, 5] after collate, why?",
+        "the model adds an extra dim somewhere between the encoder and the head; how to find it?",
+        "how many GPUs would we need to train a 3B model from scratch in a week?",
+    ],
+)
+def test_shapes_told_in_prose_and_hardware_sizing_are_out_of_scope(text: str) -> None:
+    result = match(text, top_k=3)
+    assert result.out_of_scope and _top_ids(result) == ["out-of-scope"], result.matches
+
+
+# -- rerank4 round: families of fresh40/fresh41's misses ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # A held-out loss that worsens is overfitting, whatever the text says of its data set.
+        "tiny image dataset, fine-tuning a vit: train loss 0.02, validation loss climbing since"
+        " epoch 4",
+        "click model, val log-loss best at epoch 3 and worse every epoch after, train logloss"
+        " still falls",
+    ],
+)
+def test_held_out_loss_that_worsens_is_overfitting_in_scope(text: str) -> None:
+    result = match(text)
+    assert not result.out_of_scope
+    assert _top_ids(result) == ["overfitting"], [(m.id, m.reasons[:1]) for m in result.matches]
+
+
+def test_both_losses_rising_is_no_overfitting_evidence() -> None:
+    result = match("train loss and val loss both rising since epoch 3")
+    assert not any(
+        r.startswith("text: the held-out loss worsens") for m in result.matches for r in m.reasons
+    )
+
+
+def test_a_lora_rank_is_no_distributed_rank() -> None:
+    result = match("which learning rate suits a lora rank 64 adapter on a 13B model?")
+    assert result.out_of_scope and result.pointer
+    assert "ranks-diverge" not in _top_ids(result)
+
+
+def test_saturating_stack_built_in_a_loop_over_a_named_depth() -> None:
+    code = (
+        "def build(n_in, hidden=256, n_layers=40):\n"
+        "    mods = [nn.Linear(n_in, hidden), nn.Tanh()]\n"
+        "    for _ in range(n_layers - 2):\n"
+        "        mods += [nn.Linear(hidden, hidden), nn.Tanh()]\n"
+        "    return nn.Sequential(*mods)\n"
+    )
+    result = match("can you check this network before I train it?", code=code)
+    assert _top_ids(result) == ["saturating-deep-net"]
+    shallow = code.replace("n_layers=40", "n_layers=6")
+    reasons = [r for m in match("check this net?", code=shallow).matches for r in m.reasons]
+    assert not any("deep stack" in r for r in reasons), reasons
