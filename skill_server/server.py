@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -690,7 +690,7 @@ def _snippet_for(requested: str, known: Any) -> str:
 def _launch_for(config: ServerConfig, script: Path) -> Any:
     """The server's launch settings, with the project venv search bounded by the script's
     root."""
-    return replace(config.launch, venv_boundary=_root_of(script, config.policy))
+    return config.launch._replace(venv_boundary=_root_of(script, config.policy))
 
 
 async def _queued(
