@@ -148,11 +148,16 @@ def _key_kind(item: str) -> str | None:
     if found is None:
         return None
     key = (found.group(1) if found.group(1) is not None else found.group(2)).lower()
-    if "scaler" in key:
+    return _role_by_name(key)
+
+
+def _role_by_name(name: str) -> str | None:
+    """The role a lower-case name says (``grad_scaler``, ``lr_sched``, ``optim_g``)."""
+    if "scaler" in name:
         return "scaler"
-    if "sched" in key:
+    if "sched" in name:
         return "scheduler"
-    if _OPTIMIZER_NAME.fullmatch(key):
+    if _OPTIMIZER_NAME.fullmatch(name):
         return "optimizer"
     return None
 
@@ -887,12 +892,9 @@ class FileModel:
         if known is not None:
             return known if known != "other" else None
         last = text.rsplit(".", 1)[-1].lower()
-        if "scaler" in last:
-            return "scaler"
-        if "sched" in last:
-            return "scheduler"
-        if _OPTIMIZER_NAME.fullmatch(last):
-            return "optimizer"
+        by_name = _role_by_name(last)
+        if by_name is not None:
+            return by_name
         if "accelerator" in last:
             return "accelerator"
         if "fabric" in last:
