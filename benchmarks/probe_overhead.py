@@ -9,7 +9,8 @@ Prints:
    time spent inside each per step, measured directly in the same run (the probe's plain and
    sampled steps, its channel write included, and the loop);
 3. the monitoring time per step on GPT-2-124M's own gradient tensors (148 tensors, 124 M
-   parameters), probe (plain, sampled and averaged steps) vs loop, without the training step;
+   parameters), probe (plain, sampled and averaged steps) vs loop vs one read of all gradients
+   (``torch._foreach_norm`` and one host sync: the memory-bound floor), without the training step;
 4. per-step measurement cost for 10 → 5,000 gradient tensors (same total size), probe vs loop.
 
 The probe's time is measured from outside, around every hook call (the measurement, the
@@ -92,19 +93,31 @@ def naive_norm_loop(model: nn.Module) -> float:
     return math.sqrt(total)
 
 
+def one_read_norm(model: nn.Module) -> float:
+    """The floor: every gradient read once (one fused norm per tensor group) and one host sync."""
+    grads = [param.grad for param in model.parameters() if param.grad is not None]
+    norms = torch._foreach_norm(grads)
+    return float(torch.linalg.vector_norm(torch.stack(norms)).item())
+
+
 def make_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     data: torch.Tensor,
     monitor: Callable[[nn.Module], float] | None,
+    batch: int = 8,
+    autocast: torch.dtype | None = None,
 ) -> Callable[[], None]:
     vocab = model.wte.num_embeddings  # type: ignore[union-attr]
 
     def step() -> None:
-        index = torch.randint(0, data.shape[0], (8,), device=data.device)
-        batch = data[index]
-        logits = model(batch[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
+        index = torch.randint(0, data.shape[0], (batch,), device=data.device)
+        tokens = data[index]
+        with torch.autocast(
+            data.device.type, dtype=autocast or torch.float32, enabled=autocast is not None
+        ):
+            logits = model(tokens[:, :-1])
+            loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if monitor is not None:
@@ -154,8 +167,10 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
         loop_costs.append(time.perf_counter() - start)
         return total
 
-    plain = make_step(model, optimizer, data, None)
-    naive = make_step(model, optimizer, data, timed_loop)
+    autocast = {"none": None, "bf16": torch.bfloat16}[args.autocast]
+    plain = make_step(model, optimizer, data, None, args.batch, autocast)
+    naive = make_step(model, optimizer, data, timed_loop, args.batch, autocast)
+    read_once = make_step(model, optimizer, data, one_read_norm, args.batch, autocast)
     for _ in range(3):
         plain()  # warm-up: allocator, kernels, optimizer state
     # One collector for the whole run, as in the probe's child (one first step, then sampled
@@ -170,7 +185,12 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
         finally:
             uninstall()
 
-    variants: dict[str, Callable[[], None]] = {"baseline": plain, "probe": probed, "loop": naive}
+    variants: dict[str, Callable[[], None]] = {
+        "baseline": plain,
+        "probe": probed,
+        "loop": naive,
+        "one_read": read_once,
+    }
     samples: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     # Round robin, one step each, rotating the order: load on a shared machine hits every
@@ -200,13 +220,17 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
         statistics.median(sampled_ratios) if sampled_ratios else 1.0
     )
     loop_ratio = statistics.median(q / b for b, _, q in pairs)
+    read_ratio = statistics.median(
+        r / b for b, r in zip(samples["baseline"], samples["one_read"], strict=True)
+    )
     plain_total = statistics.median(plain_cost)
     sampled_total = statistics.median(sampled_cost) if sampled_cost else 0.0
     averaged = (1 - share) * plain_total + share * sampled_total
     loop_step = statistics.median(loop_costs)
     print(
         f"model: GPT-2-style, {args.layers} layers, width {args.width}, {args.heads} heads, "
-        f"vocab {args.vocab}, context {args.context}, batch 8: {n_params / 1e6:.1f} M "
+        f"vocab {args.vocab}, context {args.context}, batch {args.batch}, autocast "
+        f"{args.autocast}: {n_params / 1e6:.1f} M "
         f"parameters in {n_tensors} tensors; device {device}; "
         f"{args.trials * args.steps} interleaved steps per variant"
     )
@@ -215,6 +239,12 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
         f"probe overhead, wall clock (paired medians, sample_every={args.sample_every}): "
         f"{(probe_ratio - 1) * 100:+.2f} %"
     )
+    sampled_median = statistics.median(sampled_ratios) if sampled_ratios else 1.0
+    print(
+        f"  of which plain steps {(statistics.median(plain_ratios) - 1) * 100:+.2f} % and sampled "
+        f"steps {(sampled_median - 1) * 100:+.2f} % "
+        f"(paired medians; {share:.0%} of the steps sampled)"
+    )
     print(
         f"probe overhead, time inside the probe (per-step medians, weighted): "
         f"{averaged / base * 100:.2f} %"
@@ -222,6 +252,10 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
     print(
         "per-parameter .item() norm loop overhead, wall clock (paired median): "
         f"{(loop_ratio - 1) * 100:+.2f} % (median step {loop * 1e3:.1f} ms)"
+    )
+    print(
+        "one read of all gradients (torch._foreach_norm + one host sync) overhead, wall clock "
+        f"(paired median): {(read_ratio - 1) * 100:+.2f} %"
     )
     print(
         f"per-step monitoring time, measured in this run at {n_tensors} tensors: plain-step probe "
@@ -239,7 +273,10 @@ def overhead(args: argparse.Namespace, device: torch.device) -> None:
         f"{loop_sorted[int(0.9 * (len(loop_sorted) - 1))] * 1e3:.2f} ms, max "
         f"{loop_sorted[-1] * 1e3:.2f} ms"
     )
-    print(f"RATIOS probe/baseline={probe_ratio:.4f} loop/baseline={loop_ratio:.4f}")
+    print(
+        f"RATIOS probe/baseline={probe_ratio:.4f} loop/baseline={loop_ratio:.4f} "
+        f"one_read/baseline={read_ratio:.4f}"
+    )
 
 
 def time_every_hook(collector: Collector) -> dict[int, float]:
@@ -289,15 +326,17 @@ def gpt2_gradients(args: argparse.Namespace, device: torch.device) -> None:
     collector = Collector(sink, sample_every=args.sample_every)
     step_costs = time_every_hook(collector)
     loop_costs: list[float] = []
+    read_costs: list[float] = []
     uninstall = hooks.install(collector)
     try:
         for _ in range(args.gpt2_steps):
             optimizer.step()
-            sync(device)
-            start = time.perf_counter()
-            naive_norm_loop(model)
-            sync(device)
-            loop_costs.append(time.perf_counter() - start)
+            for monitor, costs in ((naive_norm_loop, loop_costs), (one_read_norm, read_costs)):
+                sync(device)
+                start = time.perf_counter()
+                monitor(model)
+                sync(device)
+                costs.append(time.perf_counter() - start)
     finally:
         uninstall()
     collector.flush()
@@ -306,13 +345,21 @@ def gpt2_gradients(args: argparse.Namespace, device: torch.device) -> None:
     share = sum(sampled_steps.values()) / len(sampled_steps)
     averaged = (1 - share) * plain + share * sampled
     loop = statistics.median(loop_costs)
+    one_read = statistics.median(read_costs)
     n_params = sum(p.numel() for p in params)
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
     print(
         f"\nGPT-2-124M gradients ({n_params / 1e6:.1f} M parameters in {len(params)} tensors, "
         f"{device}, {args.gpt2_steps} steps, sample_every={args.sample_every}): plain-step probe "
         f"{plain * 1e3:.1f} ms, sampled-step probe {sampled * 1e3:.1f} ms, averaged "
         f"{averaged * 1e3:.1f} ms vs .item() loop {loop * 1e3:.1f} ms "
         f"(loop/probe: plain {loop / plain:.2f}x, averaged {loop / averaged:.2f}x)"
+    )
+    print(
+        f"one read of all gradients (torch._foreach_norm + one host sync, the floor): "
+        f"{one_read * 1e3:.2f} ms = {grad_bytes / one_read / 1e9:.0f} GB/s over "
+        f"{grad_bytes / 1e6:.0f} MB; probe/one-read: plain {plain / one_read:.2f}x, "
+        f"averaged {averaged / one_read:.2f}x; loop/one-read {loop / one_read:.2f}x"
     )
 
 
@@ -366,6 +413,10 @@ def main() -> None:
     parser.add_argument("--scaling-elements", type=int, default=4_000_000)
     parser.add_argument("--scaling-repeats", type=int, default=20)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument(
+        "--autocast", choices=("none", "bf16"), default="none", help="bf16 autocast forward"
+    )
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--gpt2-steps", type=int, default=30)
     parser.add_argument("--skip-gpt2", action="store_true")

@@ -215,3 +215,30 @@ def test_sampled_statistics_match_brute_force_and_the_plain_norms(
         rel = 1e-2 if g.dtype == torch.bfloat16 else 1e-5
         assert got["mean"] == pytest.approx(finite.real.mean().item(), rel=rel, abs=1e-6)
         assert got["param_norm"] == pytest.approx(p.double().norm().item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [7, 1000, 1 << 24])
+def test_segment_statistics_match_brute_force(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    """The accelerator path's sums and counts (prefix sums over chunks of concatenated
+    tensors), with tensors cut across chunks, empty ones, and NaN/Inf that must not spill
+    into the tensors after them."""
+    monkeypatch.setattr(measure, "SEGMENT_CHUNK", chunk)
+    torch.manual_seed(3)
+    tensors = [torch.randn(40, 30), torch.zeros(9), torch.randn(2500), torch.randn(0)]
+    tensors += [torch.randn(17), torch.randn(3, 3, 3)]
+    tensors[0][0, :5] = 0.0
+    tensors[2][100] = math.nan
+    tensors[2][1700] = math.inf
+    tensors[2][2400] = -math.inf
+    tensors[5][1, 1, 1] = math.inf
+    stats = measure.segment_statistics(tensors)
+    assert stats.shape == (4, len(tensors)) and stats.dtype == torch.float32
+    for column, tensor in zip(stats.T.tolist(), tensors, strict=True):
+        flat = tensor.double().flatten()
+        total, nonzero, nans, infs = column
+        if torch.isfinite(flat).all():
+            assert total == pytest.approx(flat.sum().item(), rel=1e-6, abs=1e-6)
+        else:
+            assert math.isnan(total)
+        assert nonzero == int((flat != 0).sum())
+        assert nans == int(flat.isnan().sum()) and infs == int(flat.isinf().sum())

@@ -418,6 +418,101 @@ def sampled_statistics(
     return norms, tensor_details(grads, params, grouping, param_grouping, norms)
 
 
+#: Elements reduced together in one pass of :func:`segment_statistics`; a larger tensor is
+#: cut into pieces of this size. It bounds the pass's temporaries (a float64 copy, three
+#: flags and their int32 prefix sums: about 25 bytes an element, 400 MB at most).
+SEGMENT_CHUNK = 1 << 24
+
+#: Segment boundaries on each device, by piece layout (built once per layout: a host→device
+#: copy synchronises, so it must not happen on every sampled step).
+_BOUNDARIES: dict[
+    tuple[str, tuple[tuple[int, int], ...]],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+] = {}
+
+
+def _pieces(tensors: Sequence[torch.Tensor]) -> list[list[tuple[int, torch.Tensor]]]:
+    """Flat views of the tensors, cut at SEGMENT_CHUNK elements and packed into chunks of at
+    most SEGMENT_CHUNK elements: ``[[(tensor index, flat piece), ...], ...]``."""
+    chunks: list[list[tuple[int, torch.Tensor]]] = [[]]
+    size = 0
+    for index, tensor in enumerate(tensors):
+        flat = tensor.reshape(-1)
+        for start in range(0, max(flat.numel(), 1), SEGMENT_CHUNK):
+            piece = flat[start : start + SEGMENT_CHUNK]
+            if size + piece.numel() > SEGMENT_CHUNK and chunks[-1]:
+                chunks.append([])
+                size = 0
+            chunks[-1].append((index, piece))
+            size += piece.numel()
+    return chunks
+
+
+def segment_statistics(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sum, non-zero, NaN and Inf counts of each tensor: a (4, n) float32 tensor.
+
+    The tensors (real floating point, one device) are concatenated in chunks and reduced by
+    prefix sums read at the segment boundaries: a handful of kernels per chunk of
+    SEGMENT_CHUNK elements, whatever the number of tensors. Per-tensor reductions cost four
+    kernel launches per tensor instead, and on an accelerator the launches were the cost
+    (GPT-2-124M's 148 gradients on an H100: 18.6 ms a sampled step). Sums are accumulated in
+    float64, counts in int32 (exact: a chunk holds fewer than 2**31 elements); the sum of a
+    tensor holding a NaN or an Inf is NaN.
+    """
+    n = len(tensors)
+    if n == 0:
+        return torch.zeros((4, 0), dtype=torch.float32)
+    device = tensors[0].device
+    # Apple's MPS has no float64: sums in float32 there.
+    wide = torch.float32 if device.type == "mps" else torch.float64
+    totals = torch.zeros((4, n), dtype=wide, device=device)
+    for chunk in _pieces(tensors):
+        key = (str(device), tuple((index, piece.numel()) for index, piece in chunk))
+        boundaries = _BOUNDARIES.get(key)
+        if boundaries is None:
+            boundaries = _BOUNDARIES[key] = _boundaries(chunk, device)
+        last, before_first, nonempty, not_first, owners = boundaries
+        values = chunk[0][1] if len(chunk) == 1 else torch.cat([piece for _, piece in chunk])
+        # Inclusive prefix sums, read at each segment's last element and at the element
+        # before its first. Non-finite values are left out of the running sum (one NaN would
+        # spoil every later segment); a tensor that holds any gets a NaN sum below.
+        sums = torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0).cumsum(0, dtype=wide)
+        # The three flag rows are scanned as one flat vector (a cumsum along the rows of a 2-D
+        # tensor takes the per-row scan kernel, which crawls on rows of millions of elements
+        # on CUDA); row r's prefix sums start at r * chunk size, the differences still hold.
+        flags = torch.stack([values != 0, values.isnan(), values.isinf()]).reshape(-1)
+        counts = flags.cumsum(0, dtype=torch.int32)
+        upper = torch.cat([sums[last[0]].unsqueeze(0), counts[last[1:]].to(wide)])
+        lower = torch.cat([sums[before_first[0]].unsqueeze(0), counts[before_first[1:]].to(wide)])
+        piece_stats = upper - torch.where(not_first, lower, 0.0)
+        totals.index_add_(1, owners, torch.where(nonempty, piece_stats, 0.0))
+    nonfinite = (totals[2] + totals[3]) > 0
+    totals[0] = torch.where(nonfinite, totals.new_full((), math.nan), totals[0])
+    return totals.to(torch.float32)
+
+
+def _boundaries(
+    chunk: list[tuple[int, torch.Tensor]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where :func:`segment_statistics` reads a chunk's prefix sums, as (4, pieces) index
+    tensors (row 0: the values, rows 1-3: the flag rows laid end to end): each piece's last
+    element and the element before its first; masks for empty pieces and for pieces that
+    start a row (nothing before them); and the tensor each piece belongs to."""
+    lengths = torch.tensor([piece.numel() for _, piece in chunk])
+    ends = lengths.cumsum(0)
+    starts = ends - lengths
+    size = int(ends[-1])
+    rows = torch.tensor([0, 0, size, 2 * size]).unsqueeze(1)
+    last = (rows + ends - 1).clamp(min=0)
+    before_first = (rows + starts - 1).clamp(min=0)
+    nonempty = (lengths > 0).expand(4, -1)
+    not_first = (rows + starts) > 0
+    owners = torch.tensor([index for index, _ in chunk])
+    return tuple(  # type: ignore[return-value]
+        t.to(device) for t in (last, before_first, nonempty, not_first, owners)
+    )
+
+
 def tensor_details(
     grads: Sequence[torch.Tensor | None],
     params: Sequence[torch.Tensor],
@@ -439,32 +534,39 @@ def tensor_details(
     if home.type == "cpu":
         return _cpu_sweep(local_grads, local_params, param_grouping)[1]
     n = len(local_grads)
-    # foreach kernels: the inf-"norm" is max |g|, the 0-"norm" counts the non-zero elements.
+    # foreach kernel: the inf-"norm" is max |g|.
     max_abs = per_tensor_norms(local_grads, grouping, float("inf"))
-    nonzero = per_tensor_norms(local_grads, grouping, 0.0)
-    sums: list[torch.Tensor] = []
-    nans: list[torch.Tensor] = []
-    infs: list[torch.Tensor] = []
-    zero = torch.zeros((), dtype=torch.float32, device=home)
-    for g in local_grads:
-        if g is None:
-            sums.append(zero)
-            nans.append(zero)
-            infs.append(zero)
+    # Sums and counts: segment reductions per (device, dtype) group of real floating tensors.
+    stats = torch.zeros((4, n), dtype=torch.float32, device=home)
+    for (device, dtype), indices in grouping.groups.items():
+        if not dtype.is_floating_point:
+            # Complex (or any other) gradients: one reduction per tensor, as before.
+            for i in indices:
+                g = local_grads[i]
+                assert g is not None
+                stats[:, i] = torch.stack(
+                    [
+                        _sum(g).to(torch.float32),
+                        (g != 0).sum().to(torch.float32),
+                        torch.isnan(g).sum().to(torch.float32),
+                        torch.isinf(g).sum().to(torch.float32),
+                    ]
+                ).to(home, non_blocking=True)
             continue
-        sums.append(_sum(g).to(home, torch.float32, non_blocking=True))
-        nans.append(torch.isnan(g).sum().to(home, torch.float32, non_blocking=True))
-        infs.append(torch.isinf(g).sum().to(home, torch.float32, non_blocking=True))
+        group = [local_grads[i] for i in indices]
+        found = segment_statistics([g for g in group if g is not None])
+        stats.index_copy_(1, grouping.index_on_home[(device, dtype)], found.to(home))
+    total, nonzero, nans, infs = stats.unbind(0)
     with torch.no_grad():
         param_norm = per_tensor_norms([p.detach() for p in local_params], param_grouping)
     if param_norm.device != home:
         param_norm = param_norm.to(home, non_blocking=True)
     return DetailVectors(
         max_abs=max_abs,
-        total=torch.stack(sums) if n else zero.new_zeros(0),
+        total=total,
         nonzero=nonzero,
-        nans=torch.stack(nans) if n else zero.new_zeros(0),
-        infs=torch.stack(infs) if n else zero.new_zeros(0),
+        nans=nans,
+        infs=infs,
         param_norm=param_norm,
         numel=[0 if g is None else g.numel() for g in local_grads],
     )
