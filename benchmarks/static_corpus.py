@@ -640,6 +640,36 @@ def _leaves_only_a_micro_batch_loop(
     return True
 
 
+def _move_problems(
+    statements: Sequence[Stmt], patched_statements: Sequence[Stmt], old: Stmt, new: Stmt
+) -> list[str]:
+    """Guards that statement ``old`` loses by becoming ``new``, and branches it enters alone."""
+    problems: list[str] = []
+    old_guards = {_guard_key(g) for g in old.guards}
+    new_guards = {_guard_key(g) for g in new.guards}
+    lost = old_guards - new_guards
+    lost_guards = [g for g in old.guards if _guard_key(g) in lost]
+    if _leaves_only_a_micro_batch_loop(statements, old, new, lost_guards):
+        return problems
+    for kind, header, branch in sorted(lost):
+        problems.append(f"`{old.code}` moved out of `{kind} {header}` ({branch} branch)")
+    for guard in new.guards:
+        if _guard_key(guard) in old_guards or not guard.has_alternative:
+            continue
+        siblings = [
+            s
+            for s in patched_statements
+            if s.code == old.code
+            and any(g.node_key == guard.node_key and g.branch != guard.branch for g in s.guards)
+        ]
+        if not siblings and not _accumulation_gate(patched_statements, old.code, guard):
+            problems.append(
+                f"`{old.code}` moved into only the {guard.branch} branch of "
+                f"`{guard.kind} {guard.header}`"
+            )
+    return problems
+
+
 def guard_problems(original: cst.Module, patched: cst.Module, applied: Applied) -> list[str]:
     """Guards or branches the patch drops, and unsafe ``unscale_`` insertions."""
     before = statement_map(original)
@@ -655,31 +685,11 @@ def guard_problems(original: cst.Module, patched: cst.Module, applied: Applied) 
         if added_codes[old.code] == 0:
             continue  # deleted, not moved
         copies = [s for s in added if s.code == old.code]
-        old_guards = {_guard_key(g) for g in old.guards}
-        for new in copies:
-            new_guards = {_guard_key(g) for g in new.guards}
-            lost = old_guards - new_guards
-            lost_guards = [g for g in old.guards if _guard_key(g) in lost]
-            if _leaves_only_a_micro_batch_loop(before.statements, old, new, lost_guards):
-                continue
-            for kind, header, branch in sorted(lost):
-                problems.append(f"`{old.code}` moved out of `{kind} {header}` ({branch} branch)")
-            for guard in new.guards:
-                if _guard_key(guard) in old_guards or not guard.has_alternative:
-                    continue
-                siblings = [
-                    s
-                    for s in after.statements
-                    if s.code == old.code
-                    and any(
-                        g.node_key == guard.node_key and g.branch != guard.branch for g in s.guards
-                    )
-                ]
-                if not siblings and not _accumulation_gate(after.statements, old.code, guard):
-                    problems.append(
-                        f"`{old.code}` moved into only the {guard.branch} branch of "
-                        f"`{guard.kind} {guard.header}`"
-                    )
+        # The same statement moved in several places (one clip per branch, each moved before
+        # its own step): each removed copy is judged against the added copy that fits it
+        # best, not against the copies of the other branches.
+        verdicts = [_move_problems(before.statements, after.statements, old, new) for new in copies]
+        problems.extend(min(verdicts, key=len))
     for new in added:
         match = re.search(r"([\w.\[\]]+)\.unscale_\(", new.code)
         if not match:

@@ -249,6 +249,62 @@ def test_zero_grad_moved_into_one_branch_is_broken() -> None:
     assert any("only the else branch of `if scaler is not None`" in p for p in problems)
 
 
+def test_the_same_clip_moved_before_the_step_in_each_branch_passes() -> None:
+    before = """\
+    import torch
+
+
+    def train(model, batches, optimizer, teacher_forcing):
+        for batch in batches:
+            if teacher_forcing:
+                optimizer.zero_grad()
+                model(batch, teacher=True).backward()
+                optimizer.step()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            else:
+                optimizer.zero_grad()
+                model(batch).backward()
+                optimizer.step()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+    """
+    after = """\
+    import torch
+
+
+    def train(model, batches, optimizer, teacher_forcing):
+        for batch in batches:
+            if teacher_forcing:
+                optimizer.zero_grad()
+                model(batch, teacher=True).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+                optimizer.step()
+            else:
+                optimizer.zero_grad()
+                model(batch).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+                optimizer.step()
+    """
+    assert _problems(before, after) == []
+    # One copy put where the other branch's copy was, the other dropped: still judged.
+    one_branch = """\
+    import torch
+
+
+    def train(model, batches, optimizer, teacher_forcing):
+        for batch in batches:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            if teacher_forcing:
+                optimizer.zero_grad()
+                model(batch, teacher=True).backward()
+                optimizer.step()
+            else:
+                optimizer.zero_grad()
+                model(batch).backward()
+                optimizer.step()
+    """
+    assert any("moved out of `if teacher_forcing`" in p for p in _problems(before, one_branch))
+
+
 def test_zero_grad_moved_into_every_branch_passes() -> None:
     before = """\
     def train(model, batch, optimizer, scaler):
