@@ -112,8 +112,7 @@ def norm_summary(records: Sequence[StepRecord]) -> NormSummary:
         cut_steps=len(cuts),
         cut_median=statistics.median(cuts) if cuts else None,
         cut_max=cuts[-1] if cuts else None,
-        clip_after_step=not shaped
-        and any(r.total_norm_before_clip is not None for r in counted),
+        clip_after_step=not shaped and any(r.total_norm_before_clip is not None for r in counted),
     )
 
 
