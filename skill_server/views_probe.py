@@ -104,6 +104,14 @@ def prepare_markdown() -> None:
     environment().get_template("probe.md.j2")
 
 
+def _mean_loss(losses: list[float | None]) -> float | None:
+    """The step's loss (mean of its backward() losses) when all are finite, else None."""
+    present = [v for v in losses if v is not None]
+    if not present or not all(math.isfinite(v) for v in present):
+        return None
+    return sum(present) / len(present)
+
+
 def probe_markdown(result: ProbeResult) -> str:
     """The Markdown report of ``result``: status, summary numbers, findings, fix code."""
     norms = [n for n in result.total_norm if math.isfinite(n)]
@@ -121,7 +129,7 @@ def probe_markdown(result: ProbeResult) -> str:
         for index in indices:
             own = [r for r in result.records if r.optimizer == index]
             label = optimizer_label(index, result.optimizer_kinds, result.optimizer_names)
-            parts.append(f"{label}: {len(own)} steps, total ‖g‖ {norm_summary(own).text()}")
+            parts.append(f"{label}: total ‖g‖ {norm_summary(own).text()}")
         summary.append(("Optimizers", "; ".join(parts)))
     else:
         if norms:
@@ -135,7 +143,24 @@ def probe_markdown(result: ProbeResult) -> str:
             summary.append(("Optimizer", result.optimizer_kinds[0]))
     if len(norms) != len(result.total_norm):
         summary.append(("Non-finite steps", str(len(result.total_norm) - len(norms))))
-    if losses:
+    if len(indices) > 1:
+        # Each optimizer has its own loss (a GAN's discriminator and generator): the first
+        # loss of one and the last of the other are no trend.
+        per_optimizer = []
+        for index in indices:
+            own_losses = [
+                value
+                for r in result.records
+                if r.optimizer == index
+                for value in [_mean_loss(r.losses)]
+                if value is not None
+            ]
+            if own_losses:
+                label = optimizer_label(index, result.optimizer_kinds, result.optimizer_names)
+                per_optimizer.append(f"{label}: {own_losses[0]:.4g} → {own_losses[-1]:.4g}")
+        if per_optimizer:
+            summary.append(("Loss", "; ".join(per_optimizer)))
+    elif losses:
         summary.append(("Loss", f"{losses[0]:.4g} → {losses[-1]:.4g}"))
     if result.probe_s and result.script_s:
         summary.append(("Time in the probe", f"{result.probe_s:.3f} s of {result.script_s:.2f} s"))

@@ -86,3 +86,27 @@ def test_clip_after_the_step_reports_the_applied_norm_and_no_cut() -> None:
         "median 5, max 5 before clipping (4 steps); the clip (max_norm 1) cut 4 of 4 steps, "
         "by 5× median (5× max)"
     )
+
+
+@pytest.mark.slow
+def test_two_optimizers_get_their_own_norms_and_losses_in_the_report() -> None:
+    markdown = run_cli(
+        "probe", str(fixture("gan_two_optimizers")), "--steps", "10", "--fail-on", "never"
+    ).stdout
+    optimizers = _row(markdown, "Optimizers")
+    assert optimizers.count("total ‖g‖ median") == 2 and "(5 steps)" in optimizers
+    loss = _row(markdown, "Loss")  # one trend per optimizer, not D's first and G's last
+    assert loss.startswith("`optD` (Adam): ") and "; `optG` (Adam): " in loss
+    assert "total gradient norm per optimizer `optD` (Adam) " in markdown
+
+
+@pytest.mark.slow
+def test_a_nan_read_from_the_data_mid_forward_is_not_called_finite_inputs() -> None:
+    done = run_cli(
+        "probe", str(fixture("nan_in_sequence")), "--steps", "4", "--format", "json",
+        "--fail-on", "never",
+    )  # fmt: skip
+    origin = json.loads(done.stdout)["nan_origin"]
+    assert origin["module"] == "cell"
+    assert "from finite inputs" not in origin["detail"]
+    assert "first non-finite output" in origin["detail"]
