@@ -152,11 +152,39 @@ def _command_modules(only: str | None = None) -> list[ModuleType]:
     return found
 
 
+def installed_version() -> str:
+    """The installed distribution's version (``importlib.metadata``), or ``0+unknown`` when
+    the package runs from a checkout that was never installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("gradient-doctor")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print ``gradient-doctor VERSION`` and exit 0. The version is read only
+    when asked for (reading the distribution's metadata costs start-up time of every call)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=kwargs.get("help")
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        sys.stdout.write(f"gradient-doctor {installed_version()}\n")
+        parser.exit(0)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or of the one named ``only`` (see :func:`_command_modules`)."""
     parser = _Parser(
         prog="gradient-doctor",
         description="Find and fix gradient failures in PyTorch training scripts.",
+    )
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print the installed version and exit"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module in _command_modules(only):

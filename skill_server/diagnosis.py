@@ -387,40 +387,29 @@ def _static_row(lint: LintResult | None) -> SummaryRow:
 
 def _norm_value(measurements: dict[str, Any]) -> str | None:
     """A short 'median / max' text of the measured total norms, if the probe recorded them
-    (one per optimizer when the script has several: their norms are separate series)."""
-    records = measurements.get("records")
-    if isinstance(records, list):
-        by_optimizer: dict[int, list[float]] = {}
-        for record in records:
-            if isinstance(record, dict) and isinstance(record.get("total_norm"), int | float):
-                by_optimizer.setdefault(int(record.get("optimizer", 0)), []).append(
-                    float(record["total_norm"])
-                )
-        if len(by_optimizer) > 1:
-            from gradient_doctor.probes.runtime.result import optimizer_label
+    (one per optimizer when the script has several: their norms are separate series).
 
-            kinds = measurements.get("optimizer_kinds") or []
-            names = measurements.get("optimizer_names") or []
-            parts = []
-            for index, values in sorted(by_optimizer.items()):
-                numbers = sorted(v for v in values if v == v)
-                if not numbers:
-                    continue
-                label = optimizer_label(index, kinds, names)
-                parts.append(
-                    f"{label}: median {numbers[len(numbers) // 2]:.3g}, "
-                    f"max {numbers[-1]:.3g} ({len(numbers)} steps)"
-                )
-            if parts:
-                return "; ".join(parts)
-    for key in ("total_norm", "total_norms", "grad_norm", "grad_norms", "norms"):
-        series = measurements.get(key)
-        if isinstance(series, list):
-            numbers = sorted(float(v) for v in series if isinstance(v, int | float) and v == v)
-            if numbers:
-                middle = numbers[len(numbers) // 2]
-                return f"median {middle:.3g}, max {numbers[-1]:.3g} ({len(numbers)} steps)"
-    return None
+    The norms are the raw ones, before the script's clipping (as the plots draw them and the
+    JSON's ``total_norm_before_clip`` holds them): the applied norm of a clipped run sits at
+    ``max_norm`` and hides how large the gradients are. Where the script clips, the text says
+    how often and by how much the clip cut."""
+    from gradient_doctor.probes.runtime.norms import norm_summary, records_from_series
+    from gradient_doctor.probes.runtime.result import optimizer_label
+
+    records = records_from_series(measurements)
+    if not records:
+        return None
+    indices = sorted({r.optimizer for r in records})
+    if len(indices) == 1:
+        return norm_summary(records).text()
+    kinds = measurements.get("optimizer_kinds") or []
+    names = measurements.get("optimizer_names") or []
+    parts = []
+    for index in indices:
+        summary = norm_summary([r for r in records if r.optimizer == index])
+        if summary.median is not None:
+            parts.append(f"{optimizer_label(index, kinds, names)}: {summary.text()}")
+    return "; ".join(parts) or None
 
 
 def _runtime_rows(report: ProbeReport | None, note: str | None) -> list[SummaryRow]:

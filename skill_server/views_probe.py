@@ -7,6 +7,7 @@ import statistics
 from typing import Any
 
 from gradient_doctor.knowledge.findings import Finding
+from gradient_doctor.probes.runtime.norms import norm_summary, records_from_series
 from gradient_doctor.probes.runtime.result import ProbeResult, optimizer_label
 from gradient_doctor.templates import render
 
@@ -103,6 +104,14 @@ def prepare_markdown() -> None:
     environment().get_template("probe.md.j2")
 
 
+def _mean_loss(losses: list[float | None]) -> float | None:
+    """The step's loss (mean of its backward() losses) when all are finite, else None."""
+    present = [v for v in losses if v is not None]
+    if not present or not all(math.isfinite(v) for v in present):
+        return None
+    return sum(present) / len(present)
+
+
 def probe_markdown(result: ProbeResult) -> str:
     """The Markdown report of ``result``: status, summary numbers, findings, fix code."""
     norms = [n for n in result.total_norm if math.isfinite(n)]
@@ -113,33 +122,45 @@ def probe_markdown(result: ProbeResult) -> str:
         ("Threshold profile", result.profile),
         *_where_it_ran(result),
     ]
-    if norms:
-        summary.append(
-            (
-                "Total gradient norm (as applied)",
-                f"median {statistics.median(norms):.4g}, min {min(norms):.4g}, "
-                f"max {max(norms):.4g}",
-            )
-        )
     indices = sorted({r.optimizer for r in result.records})
     if len(indices) > 1:
         # One series per optimizer (a GAN, actor-critic): their norms are not one curve.
         parts = []
         for index in indices:
-            own = [r.total_norm for r in result.records if r.optimizer == index]
-            finite = [n for n in own if math.isfinite(n)]
+            own = [r for r in result.records if r.optimizer == index]
             label = optimizer_label(index, result.optimizer_kinds, result.optimizer_names)
-            median = f", median ‖g‖ {statistics.median(finite):.4g}" if finite else ""
-            parts.append(f"{label}: {len(own)} steps{median}")
+            parts.append(f"{label}: total ‖g‖ {norm_summary(own).text()}")
         summary.append(("Optimizers", "; ".join(parts)))
-    elif result.optimizer_kinds:
-        summary.append(("Optimizer", result.optimizer_kinds[0]))
-    before = [n for n in result.total_norm_before_clip if n is not None]
-    if before:
-        summary.append(("Norm before the script's clipping", f"max {max(before):.4g}"))
+    else:
+        if norms:
+            # Before the script's clipping, as the plots draw it (the applied norm of a
+            # clipped run sits at max_norm), and what the clip did.
+            records = result.records or records_from_series(
+                result.model_dump(mode="json", include={"total_norm", "total_norm_before_clip"})
+            )
+            summary.append(("Total gradient norm", norm_summary(records).text()))
+        if result.optimizer_kinds:
+            summary.append(("Optimizer", result.optimizer_kinds[0]))
     if len(norms) != len(result.total_norm):
         summary.append(("Non-finite steps", str(len(result.total_norm) - len(norms))))
-    if losses:
+    if len(indices) > 1:
+        # Each optimizer has its own loss (a GAN's discriminator and generator): the first
+        # loss of one and the last of the other are no trend.
+        per_optimizer = []
+        for index in indices:
+            own_losses = [
+                value
+                for r in result.records
+                if r.optimizer == index
+                for value in [_mean_loss(r.losses)]
+                if value is not None
+            ]
+            if own_losses:
+                label = optimizer_label(index, result.optimizer_kinds, result.optimizer_names)
+                per_optimizer.append(f"{label}: {own_losses[0]:.4g} → {own_losses[-1]:.4g}")
+        if per_optimizer:
+            summary.append(("Loss", "; ".join(per_optimizer)))
+    elif losses:
         summary.append(("Loss", f"{losses[0]:.4g} → {losses[-1]:.4g}"))
     if result.probe_s and result.script_s:
         summary.append(("Time in the probe", f"{result.probe_s:.3f} s of {result.script_s:.2f} s"))

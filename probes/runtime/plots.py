@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard
 
+from gradient_doctor.probes.runtime.norms import clip_shaped_update, norm_summary, raw_norm
 from gradient_doctor.probes.runtime.result import ProbeResult, StepRecord
 from gradient_doctor.probes.runtime.result import optimizer_label as _optimizer_label
 
@@ -319,23 +320,6 @@ def _thresholds(profile_name: str) -> tuple[float | None, float | None, float]:
     )
 
 
-def clip_shaped_update(record: StepRecord) -> bool:
-    """Whether the script's clip in this step ran between its last ``backward()`` and its
-    ``step()``, so that the update used the clipped gradients. A clip after the step (seen at
-    the start of the next step's calls, before its ``zero_grad``/``backward``) measured and
-    cut gradients that were already applied and then thrown away. Without the call order
-    (older results) a measured clip counts as applied."""
-    if record.total_norm_before_clip is None:
-        return False
-    events = record.events or []
-    if "clip" not in events or "step" not in events:
-        return True
-    step = events.index("step")
-    backwards = [i for i, event in enumerate(events[:step]) if event == "backward"]
-    clips = [i for i, event in enumerate(events[:step]) if event == "clip"]
-    return bool(clips) and (not backwards or clips[-1] > backwards[-1])
-
-
 def _clip_note(records: Sequence[StepRecord]) -> str:
     """What the plotted norm of these steps is with respect to the script's clip."""
     if any(clip_shaped_update(r) for r in records):
@@ -343,14 +327,6 @@ def _clip_note(records: Sequence[StepRecord]) -> str:
     if any(r.total_norm_before_clip is not None for r in records):
         return " (clip after the step: unclipped)"
     return ""
-
-
-def _raw(record: StepRecord) -> float:
-    """The norm the step's own backward produced: before the script's clip when that clip
-    shaped the update; otherwise the applied norm (a clip after the step measured the previous
-    step's gradients, not these)."""
-    before = record.total_norm_before_clip
-    return before if before is not None and clip_shaped_update(record) else record.total_norm
 
 
 #: One colour per optimizer when a script has several (a GAN's discriminator and generator).
@@ -374,7 +350,7 @@ def total_norm_png(result: ProbeResult) -> bytes:
         return _total_norm_per_optimizer_png(result, indices)
     records = result.records
     steps = [r.step for r in records]
-    raw = [_raw(r) for r in records]
+    raw = [raw_norm(r) for r in records]
     applied = [r.total_norm for r in records]
     clipped = any(clip_shaped_update(r) for r in records)
     # The script clips, but only after its steps: the update never saw the clip.
@@ -400,7 +376,7 @@ def total_norm_png(result: ProbeResult) -> bytes:
         else "total ‖g‖",
     )
     if clipped:
-        count = sum(1 for r in records if r.clipped and clip_shaped_update(r))
+        count = norm_summary(records).cut_steps
         plot_line(
             applied,
             color=NORM_APPLIED,
@@ -487,7 +463,7 @@ def _total_norm_per_optimizer_png(result: ProbeResult, indices: list[int]) -> by
         colour = OPTIMIZER_COLOURS[position % len(OPTIMIZER_COLOURS)]
         own = [r for r in result.records if r.optimizer == index]
         steps = [r.step for r in own]
-        raw = [_raw(r) for r in own]
+        raw = [raw_norm(r) for r in own]
         label = optimizer_label(result, index)
         axes.plot(
             steps,

@@ -1,7 +1,8 @@
 """Output formats of ``gradient-doctor lint``: text, json, SARIF 2.1.0 and markdown.
 
 All four render the same :class:`LintReport`; none of them filters findings (``--fail-on``
-only decides the exit code). ``text`` is one line per finding in the style of ruff, ``json`` is
+only decides the exit code). ``text`` is one line per finding in the style of ruff and flake8
+(``path:line:col: id [severity] message``, see :data:`TEXT_LINE`), ``json`` is
 the contract in design.md, ``sarif`` is for GitHub code scanning, ``markdown`` (through
 ``templates/lint.md.j2``) is for people and coding assistants.
 """
@@ -99,9 +100,19 @@ def summary_line(report: LintReport) -> str:
 # --- text -------------------------------------------------------------------------------------
 
 
+#: One finding's line in the text format: location and rule id first, as ruff and flake8 write
+#: them (so tools that read ``path:line:col: CODE`` keep working), then the severity in
+#: brackets (flake8 folds it into the code's letter; our ids carry none), then the message.
+TEXT_LINE = re.compile(
+    r"^(?P<path>.+?):(?P<line>\d+):(?P<col>\d+): (?P<id>[a-z0-9-]+) "
+    r"\[(?P<severity>critical|warning|info)\] (?P<message>.*)$"
+)
+
+
 def format_text(report: LintReport, *, errors_elsewhere: Collection[str] = ()) -> str:
-    """``path:line:col: id message`` per finding, ``path: error: reason`` per file error
-    (except for the files in ``errors_elsewhere``, whose error the caller prints itself)."""
+    """``path:line:col: id [severity] message`` per finding (:data:`TEXT_LINE` reads it back),
+    ``path: error: reason`` per file error (except for the files in ``errors_elsewhere``,
+    whose error the caller prints itself)."""
     lines: list[str] = []
     for file in report.files:
         if file.error and file.path not in errors_elsewhere:
@@ -109,7 +120,8 @@ def format_text(report: LintReport, *, errors_elsewhere: Collection[str] = ()) -
         for finding in _ordered(file.findings):
             message = " ".join(finding.message.split())
             lines.append(
-                f"{file.path}:{finding.line or 1}:{finding.col or 1}: {finding.id} {message}"
+                f"{file.path}:{finding.line or 1}:{finding.col or 1}: "
+                f"{finding.id} [{finding.severity}] {message}"
             )
     lines.append(summary_line(report))
     return "\n".join(lines) + "\n"

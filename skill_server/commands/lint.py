@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=("text", "json", "sarif", "markdown"),
         default="text",
-        help="output format (default: text, one 'path:line:col: id message' line per finding)",
+        help="output format (default: text, one 'path:line:col: id [severity] message' line "
+        "per finding)",
     )
     parser.add_argument(
         "--select", metavar="IDS", help="comma-separated rule ids to run (default: all)"

@@ -66,7 +66,8 @@ def test_the_scripts_own_optimizer_names(tmp_path: Path) -> None:
     assert report["optimizer_names"] == ["opt_d", "optimizerG"]
     text = _probe(tmp_path, GAN)
     row = next(line for line in text.splitlines() if line.startswith("| Optimizers |"))
-    assert "`opt_d` (Adam): 5 steps" in row and "`optimizerG` (SGD): 5 steps" in row
+    assert "`opt_d` (Adam): total ‖g‖ median " in row and "`optimizerG` (SGD): total ‖g‖ " in row
+    assert row.count("(5 steps)") == 2
     assert "optimizer 0" not in text and "optimizer 1" not in text
 
 

@@ -82,7 +82,7 @@ def test_min_severity_leaves_info_out_of_every_format(project: Path) -> None:
     quiet = run_cli("lint", ".", "--min-severity", "warning", cwd=project)
     assert quiet.returncode == 1
     assert "no-grad-monitoring" not in quiet.stdout
-    assert quiet.stdout.startswith("z_train.py:10:5: clip-after-step ")
+    assert quiet.stdout.startswith("z_train.py:10:5: clip-after-step [critical] ")
     assert "note:" not in quiet.stderr
 
     as_json = run_cli("lint", ".", "--min-severity", "critical", "--format", "json", cwd=project)

@@ -20,6 +20,7 @@ from _static_io_support import apply_unified_diff
 from gradient_doctor.knowledge.findings import Finding, Fix
 from gradient_doctor.probes.static import all_rules
 from gradient_doctor.probes.static.formats import (
+    TEXT_LINE,
     diff_replacements,
     format_json,
     format_markdown,
@@ -177,9 +178,11 @@ def validate_sarif(document: dict[str, Any]) -> None:
 
 def test_text_is_one_ruff_style_line_per_finding_then_a_summary() -> None:
     lines = format_text(_report()).splitlines()
-    assert lines[0] == "train.py:8:9: no-grad-monitoring the loop never measures gradient norms"
+    assert lines[0] == (
+        "train.py:8:9: no-grad-monitoring [info] the loop never measures gradient norms"
+    )
     assert lines[1] == (
-        "train.py:10:9: clip-after-step "
+        "train.py:10:9: clip-after-step [critical] "
         "`optimizer.step()` on line 9 runs before `clip_grad_norm_` on line 10"
     )
     assert lines[2] == "broken.py: error: syntax error at line 3:7: invalid syntax"
@@ -188,6 +191,12 @@ def test_text_is_one_ruff_style_line_per_finding_then_a_summary() -> None:
         "(see --format json/markdown); 1 file could not be analysed."
     )
     assert len(lines) == 4
+    parsed = [TEXT_LINE.match(line) for line in lines[:2]]
+    assert [(m["path"], m["line"], m["col"], m["id"], m["severity"]) for m in parsed if m] == [
+        ("train.py", "8", "9", "no-grad-monitoring", "info"),
+        ("train.py", "10", "9", "clip-after-step", "critical"),
+    ]
+    assert not TEXT_LINE.match(lines[2]) and not TEXT_LINE.match(lines[3])
 
 
 def test_text_summary_when_clean() -> None:
@@ -198,7 +207,7 @@ def test_text_summary_when_clean() -> None:
 
 def test_text_keeps_multiline_messages_on_one_line() -> None:
     report = LintReport(files=[FileReport(path="a.py", findings=[_finding(message="one\ntwo")])])
-    assert format_text(report).splitlines()[0].endswith("clip-after-step one two")
+    assert format_text(report).splitlines()[0].endswith("clip-after-step [critical] one two")
 
 
 # --- json ---------------------------------------------------------------------------------------

@@ -1396,11 +1396,17 @@ def _locate_origin(
                 "before it produced a non-finite output: an operation between modules "
                 "made it",
             }
+        # Only the first module's input (the batch given to the model) is checked: a later
+        # module's input may still come from the data (a model that slices its input per
+        # time step), so "from finite inputs" is said only where it was measured.
         return {
             "step": step,
             "phase": "forward",
             "module": name,
-            "detail": f"`{name}` produced a non-finite output from finite inputs",
+            "detail": f"`{name}` produced a non-finite output from finite inputs"
+            if i == 0
+            else f"`{name}` produced the first non-finite output (every module called "
+            "before it gave finite outputs)",
         }
     if any(v is not None and not math.isfinite(v) for v in losses):
         last = calls[-1] if calls else None

@@ -8,6 +8,7 @@ from typing import ClassVar
 from gradient_doctor.knowledge.findings import Finding, evidence_number
 from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries
+from gradient_doctor.probes.runtime.signals.stats import loss_bad
 from gradient_doctor.probes.runtime.signals.windows import events
 
 AMP = ["scale", "backward", "scaler-step", "scaler-update"]
@@ -48,6 +49,16 @@ class AmpOverflowSkips(Signal):
         "The gradients are non-finite at any scale, which the GradScaler cannot fix: find the "
         "operation whose backward gives Inf/NaN (sqrt, log or pow at zero, a division by zero, "
         "inf x 0) with torch.autograd.detect_anomaly() or per-module gradient hooks."
+    )
+    nonfinite_loss_message = (
+        " The loss given to backward() was already non-finite on {bad} of these {skipped} "
+        "skipped steps: the forward overflowed before any gradient existed, so no loss scale "
+        "could help."
+    )
+    nonfinite_loss_advice = (
+        "Fix what made the loss non-finite first (the finding reported with this names it: an "
+        "oversized update, a bad batch, the loss computation); the GradScaler only skips the "
+        "steps that follow from it."
     )
     rank = 43
     healthy: ClassVar[list[Example]] = [
@@ -148,12 +159,21 @@ class AmpOverflowSkips(Signal):
             message = self.leading_message.format(**numbers)
         else:
             message = self.message.format(**numbers)
+        # Skips whose loss was already NaN/Inf: the forward overflowed (weights blown up by
+        # the step size, a bad batch), not the float16 gradients the scaler protects.
+        bad_loss = sum(1 for p in skipped if loss_bad(p))
+        if 2 * bad_loss > len(skipped):
+            message += self.nonfinite_loss_message.format(bad=bad_loss, skipped=len(skipped))
+            advice = self.nonfinite_loss_advice
+        else:
+            message += self.collapsed_message if collapsed else ""
+            advice = self.collapsed_advice if collapsed else self.advice
         yield ctx.finding(
             self.id,
             "warning",
-            message + (self.collapsed_message if collapsed else ""),
+            message,
             step=skipped[0].step,
-            fix=self.collapsed_advice if collapsed else self.advice,
+            fix=advice,
             skipped=len(skipped),
             steps=len(rest),
             leading_skips=leading,
@@ -162,4 +182,5 @@ class AmpOverflowSkips(Signal):
             first_scale=first,
             last_scale=last,
             threshold=limit,
+            nonfinite_loss_skips=bad_loss,
         )

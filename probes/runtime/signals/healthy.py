@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from gradient_doctor.knowledge.findings import Finding, severity_at_least
+from gradient_doctor.probes.runtime.result import optimizer_label
 from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.series import RunSeries
 from gradient_doctor.probes.runtime.signals.stats import finite, raw_norm
@@ -21,6 +22,10 @@ class Healthy(Signal):
     summary = "Nothing at warning or above on a run that was measured as planned."
     reads = frozenset({"grad_norm"})
     optional = frozenset({"grad_norm_before_clip"})
+    multi_message = (
+        "{steps} steps measured: total gradient norm per optimizer {norms}; no NaN/Inf, "
+        "layers balanced, nothing at warning or above."
+    )
     message = (
         "{steps} steps measured: total gradient norm {low:.3g}–{high:.3g} (median "
         "{median:.3g}), no NaN/Inf, layers balanced, nothing at warning or above."
@@ -47,15 +52,30 @@ class Healthy(Signal):
         norms = finite(raw_norm(p) for p in run.steps)
         if not norms:
             return
+        message = self.message.format(
+            steps=len(run.steps),
+            low=min(norms),
+            high=max(norms),
+            median=statistics.median(norms),
+        )
+        indices = run.optimizers()
+        if len(indices) > 1:
+            # A GAN's discriminator and generator norms are separate series: one range over
+            # both would read as one run whose norm swings tenfold.
+            parts = []
+            for index in indices:
+                own = finite(raw_norm(p) for p in run.steps if p.optimizer == index)
+                if own:
+                    label = optimizer_label(index, run.optimizer_kinds, run.optimizer_names)
+                    parts.append(
+                        f"{label} {min(own):.3g}–{max(own):.3g} (median "
+                        f"{statistics.median(own):.3g})"
+                    )
+            message = self.multi_message.format(steps=len(run.steps), norms="; ".join(parts))
         yield ctx.finding(
             self.id,
             "info",
-            self.message.format(
-                steps=len(run.steps),
-                low=min(norms),
-                high=max(norms),
-                median=statistics.median(norms),
-            ),
+            message,
             median_norm=statistics.median(norms),
             min_norm=min(norms),
             max_norm=max(norms),

@@ -13,11 +13,17 @@ import statistics
 from collections.abc import Iterator
 from typing import ClassVar
 
-from gradient_doctor.knowledge.findings import Finding, Severity
+from gradient_doctor.knowledge.findings import Finding, Severity, evidence_number
 from gradient_doctor.probes.runtime.signals.base import UPDATE_INFLATING, Context, Example, Signal
+from gradient_doctor.probes.runtime.signals.nonfinite import origin_text
 from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
-from gradient_doctor.probes.runtime.signals.stats import loss_bad, step_loss
-from gradient_doctor.probes.runtime.signals.step_size import lower_lr_hint, lr_story, sentence
+from gradient_doctor.probes.runtime.signals.stats import is_nonfinite, loss_bad, step_loss
+from gradient_doctor.probes.runtime.signals.step_size import (
+    lower_lr_hint,
+    lr_story,
+    nan_loss_from_step_size,
+    sentence,
+)
 
 #: Fewer finite losses than this say nothing about a trend.
 MIN_STEPS = 6
@@ -43,7 +49,20 @@ class LossDiverging(Signal):
         "above the first loss, while the optimizer keeps stepping."
     )
     reads = frozenset({"loss"})
-    optional = frozenset({"losses", "lr", "skipped", "optimizer_kinds"})
+    optional = frozenset(
+        {
+            "losses",
+            "lr",
+            "skipped",
+            "optimizer_kinds",
+            # the oversized update before a non-finite loss (step_size.blowup_before)
+            "update_ratios",
+            "param_norms",
+            "param_layers",
+            "weight_layers",
+            "nan_origin",
+        }
+    )
     thresholds = ("loss_diverging_warning", "loss_diverging_critical")
     message = (
         "The loss climbed to {recent:.4g} (median of the last {window} steps) from its best "
@@ -59,6 +78,11 @@ class LossDiverging(Signal):
         "Reduce the step size first: a lower peak learning rate{lower} and a warmup of a few "
         "hundred steps; then keep norm clipping as a guard against single spikes (clipping and "
         "architecture changes do not fix a step size that is too large)."
+    )
+    overflow_message = (
+        "The loss given to backward() became {loss} at step {step}{was}. Before that, "
+        "{blowup}: steps far too large for the weights blew them up until the forward "
+        "overflowed, so the loss computation is not the cause. {lr_story}."
     )
     rank = 45
     consults = tuple(UPDATE_INFLATING)
@@ -260,6 +284,22 @@ class LossDiverging(Signal):
             series={"loss": [2.0, 1.5, 1.2, 1.0, 1.0, 1.3, 1.8, 2.2, 2.5, 2.6, 2.5, 2.6]},
         ),
         Example(
+            "one update ~100x the weights, then a NaN loss (float16 overflow, AdamW lr 3)",
+            "critical",
+            series={
+                "loss": [2.08, NAN, NAN, NAN, NAN],
+                "update_ratios": [
+                    {"fc1": 117.0, "fc2": 40.0, "head": 30.0},
+                    None,
+                    None,
+                    None,
+                    None,
+                ],
+                "lr": [3.0] * 5,
+            },
+            check={"step": 2, "blowup_step": 1, "module": "fc1"},
+        ),
+        Example(
             "climbing, then NaN",
             "critical",
             series={"loss": [4.0, 3.5, 3.3, 3.4, 5.0, 9.0, 20.0, NAN], "lr": [1.0] * 8},
@@ -267,6 +307,60 @@ class LossDiverging(Signal):
     ]
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
+        found = list(self._climbed(run, ctx))
+        if found:
+            yield from found
+            return
+        yield from self._overflowed(run, ctx)
+
+    def _overflowed(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
+        """The loss went non-finite within a few steps of an update far larger than the
+        weights (too few finite losses for a trend): one oversized step blew the weights up
+        and the forward overflowed (float16 first). The loss computation is not the cause."""
+        cause = nan_loss_from_step_size(run, ctx)
+        if cause is None:
+            return
+        point, blowup = cause
+        applied = [p for p in run.steps if not p.skipped]
+        finite = [(p.step, loss) for p in run.steps if (loss := step_loss(p)) is not None]
+        before = [(s, v) for s, v in finite if s < point.step]
+        loss = next(v for v in (point.losses or [point.loss]) if is_nonfinite(v))
+        story, numbers = lr_story(applied)
+        was = ""
+        if len(before) > 1:
+            was = (
+                f" (it started at {before[0][1]:.4g}, {before[-1][1]:.4g} at step {before[-1][0]})"
+            )
+        elif before:
+            was = f" (it was {before[0][1]:.4g} at step {before[0][0]})"
+        origin, module = origin_text(run, point.step)
+        yield ctx.finding(
+            self.id,
+            "critical",
+            self.overflow_message.format(
+                step=point.step,
+                loss=evidence_number(loss),
+                was=was,
+                blowup=blowup.text(),
+                lr_story=sentence(story),
+            )
+            + origin,
+            step=point.step,
+            module=blowup.layer,
+            fix=ctx.step_size_advice(self.advice.format(lower=lower_lr_hint(numbers))),
+            nonfinite_step=point.step,
+            last_finite_loss=before[-1][1] if before else None,
+            blowup_step=blowup.step,
+            blowup_kind=blowup.kind,
+            blowup_factor=blowup.factor,
+            blowup_median=blowup.median,
+            layers_above=blowup.above,
+            traced_module=module,
+            learning_rate=numbers,
+        )
+
+    def _climbed(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
+        """The loss climbed far above its best (or blew up and came back)."""
         if len(run.optimizers()) > 1:
             return  # adversarial or multi-objective losses: no single best to diverge from
         applied = [p for p in run.steps if not p.skipped]

@@ -10,6 +10,7 @@ from gradient_doctor.probes.runtime.signals.base import Context, Example, Signal
 from gradient_doctor.probes.runtime.signals.nonfinite import first_bad, origin_text
 from gradient_doctor.probes.runtime.signals.series import RunSeries, StepPoint
 from gradient_doctor.probes.runtime.signals.stats import is_nonfinite, norm_at
+from gradient_doctor.probes.runtime.signals.step_size import nan_loss_from_step_size
 
 NAN = float("nan")
 
@@ -20,7 +21,20 @@ class NanLossBeforeBackward(Signal):
     summary = "The loss given to backward() was already NaN/Inf at the first bad step."
     reads = frozenset({"loss"})
     optional = frozenset(
-        {"losses", "grad_norm", "grad_norm_before_clip", "nan_origin", "nonfinite_params"}
+        {
+            "losses",
+            "grad_norm",
+            "grad_norm_before_clip",
+            "nan_origin",
+            "nonfinite_params",
+            # an oversized update before it hands the finding to loss-diverging
+            "update_ratios",
+            "param_norms",
+            "param_layers",
+            "weight_layers",
+            "lr",
+            "optimizer_kinds",
+        }
     )
     thresholds = ("exploding_critical",)
     message = "The loss given to backward() at step {step} was already {loss}: {cause}."
@@ -31,7 +45,16 @@ class NanLossBeforeBackward(Signal):
     rank = 11
     consults = ("nan-parameters",)
     healthy: ClassVar[list[Example]] = [
-        Example("finite loss", None, series={"loss": [2.0, 1.8, 1.7, 1.6]})
+        Example("finite loss", None, series={"loss": [2.0, 1.8, 1.7, 1.6]}),
+        Example(
+            "a NaN loss after an update ~100x the weights is loss-diverging's (the step size)",
+            None,
+            series={
+                "loss": [2.08, NAN, NAN, NAN],
+                "update_ratios": [{"fc1": 117.0, "fc2": 40.0, "head": 30.0}, None, None, None],
+                "lr": [3.0] * 4,
+            },
+        ),
     ]
     pathological: ClassVar[list[Example]] = [
         Example(
@@ -40,11 +63,25 @@ class NanLossBeforeBackward(Signal):
             series={"loss": [2.0, 1.8, NAN, NAN], "grad_norm": [0.5, 0.5, NAN, NAN]},
             check={"step": 3},
         ),
+        Example(
+            "a NaN loss after one large update in one layer of three (not the step size)",
+            "critical",
+            series={
+                "loss": [2.08, NAN, NAN, NAN],
+                "update_ratios": [{"fc1": 117.0, "fc2": 1e-3, "head": 1e-3}, None, None, None],
+                "lr": [1e-3] * 4,
+            },
+            check={"step": 2},
+        ),
     ]
 
     def check(self, run: RunSeries, ctx: Context) -> Iterator[Finding]:
         found = first_bad(run)
         if found is None or found[0] != "loss":
+            return
+        if nan_loss_from_step_size(run, ctx) is not None:
+            # An update far larger than the weights came first: the loss overflowed because
+            # the weights blew up. loss-diverging reports that, with the step size first.
             return
         point = found[1]
         values = point.losses if point.losses is not None else [point.loss]
