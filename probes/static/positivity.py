@@ -632,10 +632,17 @@ class Positivity:
                 return True
             if name in CLAMPS:
                 minimum = clamp_bound(node, "min")
-                return minimum is not None and (number_value(minimum) or -1) >= 0
+                # `clamp(0, 1)`: a minimum of 0 is non-negative (not falsy).
+                floor = number_value(minimum) if minimum is not None else None
+                return floor is not None and floor >= 0
             subject = _subject(node, self._torch_aliases(func))
-            if subject is not None and name in REDUCTIONS_OF_ELEMENTS:
+            if subject is not None and name in REDUCTIONS_OF_ELEMENTS | {"pow"}:
+                # A power of a non-negative base is non-negative, whatever the exponent
+                # (`leftover.pow(alpha)` with `leftover = (1 - s).clamp(0, 1)`; learned from
+                # static11 DistillKit's renormalised sparse distribution).
                 return self._non_negative(subject, func, depth + 1, seen)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power):
+            return self._non_negative(node.left, func, depth + 1, seen)
         if isinstance(node, cst.BinaryOperation) and isinstance(
             node.operator, cst.Add | cst.Multiply
         ):
