@@ -267,6 +267,10 @@ class Positivity:
         if isinstance(node.operator, cst.Power):
             return self._positive(left, func, depth + 1, seen)
         if isinstance(node.operator, cst.Subtract):
+            if number_value(right, arithmetic=True) == 1:
+                # `exp(x) - 1` has the sign of `x`, like `expm1(x)`.
+                exponent = _exponentiated(left)
+                return exponent is not None and self._positive(exponent, func, depth + 1, seen)
             # `1.0 - p` with `p` kept strictly below 1 (`p = clamp(p, eps, 1 - eps)`).
             ceiling = number_value(left, arithmetic=True)
             return ceiling is not None and self.below(right, ceiling, func, depth + 1)
@@ -337,6 +341,10 @@ class Positivity:
             return given is not None and self._positive(given, func, depth + 1, seen)
         if name in {"ones", "ones_like"}:
             return True
+        if name == "expm1":
+            # `expm1(x)` has the sign of `x`: positive exactly where `x` is.
+            subject = _subject(call, self._torch_aliases(func))
+            return subject is not None and self._positive(subject, func, depth + 1, seen)
         if name in {"full", "full_like"} and len(positional) >= 2:
             return self._positive(positional[1], func, depth + 1, seen)
         if name in {"maximum", "fmax"} or (
@@ -974,6 +982,13 @@ class Positivity:
         ):
             node = node.func.value
         return node
+
+
+def _exponentiated(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``x`` for ``torch.exp(x)`` / ``x.exp()``."""
+    if not isinstance(node, cst.Call) or called_name(node) not in {"exp", "exp_"}:
+        return None
+    return _subject(node)
 
 
 def _positive_bound(bound: cst.BaseExpression | None) -> bool:

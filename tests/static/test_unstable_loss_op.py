@@ -38,6 +38,11 @@ def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
         ("torch.exp(x).float().view(-1)[0]", True),
         ("torch.sigmoid(x)", False),
         ("torch.softmax(x, -1)", False),
+        # `expm1(x)` and `exp(x) - 1` have the sign of `x`.
+        ("torch.expm1(F.softplus(x) + 1e-4)", True),
+        ("torch.exp(x.clamp(min=1e-3)) - 1", True),
+        ("torch.expm1(x)", False),
+        ("torch.exp(x) - 1", False),
         ("x.clamp(min=0)", False),
         ("x.clamp(max=1)", False),
         ("1 - torch.exp(x)", False),

@@ -851,8 +851,73 @@ def make_prototype_loss(temperature=0.1):
 
     return loss
 """,
+        # Bounded logits written with a hyper-parameter temperature or a scale: no probability
+        # underflows; softplus on min(x, -x) = -|x|; a total of configured weights.
+        """
+import torch
+import torch.nn.functional as F
+
+
+class PrototypeLoss(torch.nn.Module):
+    def __init__(self, temperature=0.2):
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, feats, protos, assign):
+        sims = F.normalize(feats, dim=-1) @ F.normalize(protos, dim=-1).t()
+        probs = torch.softmax(sims / self.temperature, dim=-1)
+        return -(assign * torch.log(probs)).sum(-1).mean()
+
+
+def gated_match_loss(a, b, match):
+    gate = torch.sigmoid(10.0 * F.cosine_similarity(a, b, dim=-1))
+    return -(match * torch.log(gate)).mean()
+
+
+def stable_softplus(logits):
+    return torch.clamp(logits, min=0) + torch.log1p(torch.exp(torch.minimum(logits, -logits)))
+
+
+def weighted_terms(terms, cfg):
+    total = sum(w * t for w, t in zip(cfg.loss_weights, terms))
+    return total / sum(cfg.loss_weights)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The same with a temperature of 0.01 and a scale of 100 (logits span 200 and 100),
+        # and softplus on max(x, -x) = |x|.
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+
+
+class PrototypeLoss(torch.nn.Module):
+    def __init__(self, temperature=0.01):
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, feats, protos, assign):
+        sims = F.normalize(feats, dim=-1) @ F.normalize(protos, dim=-1).t()
+        probs = torch.softmax(sims / self.temperature, dim=-1)
+        return -(assign * torch.log(probs)).sum(-1).mean()
+
+
+def gated_match_loss(a, b, match):
+    gate = torch.sigmoid(100.0 * F.cosine_similarity(a, b, dim=-1))
+    return -(match * torch.log(gate)).mean()
+
+
+def stable_softplus(logits):
+    return torch.clamp(logits, min=0) + torch.log1p(torch.exp(torch.maximum(logits, -logits)))
+
+
+def weighted_terms(terms, cfg):
+    total = sum(w * t for w, t in zip(cfg.loss_weights, terms))
+    return total / sum(cfg.loss_weights)
+""",
+            (14, 19, 23),
+        ),
         # Softplus written out on |x| (the branches swapped): exp overflows.
         Invalid(
             """
@@ -3079,6 +3144,12 @@ def _bounded_probability(
         logits = _softmax_input(node)
         span = _logit_bound(model, func, logits, 0) if logits is not None else None
         return span is not None and 2 * span <= UNDERFLOW_GAP
+    if name == "sigmoid":
+        # `sigmoid(x)` underflows to 0 only for x below about -88: a bound of 80 keeps it
+        # positive (its complement `1 - p` rounds to 0 far sooner, and is not read here).
+        logits = _softmax_input(node)
+        bound = _logit_bound(model, func, logits, 0) if logits is not None else None
+        return bound is not None and bound <= UNDERFLOW_GAP
     if name == "mean":
         subject = _reduced(node)
         return subject is not None and _bounded_probability(model, func, subject, depth + 1)
@@ -3171,6 +3242,8 @@ def _setting_number(
     if value is not None or depth > 3:
         return value
     node = _strip(node)
+    if isinstance(node, cst.Attribute):
+        return _hyper_parameter_number(model, func, node, depth)
     if not isinstance(node, cst.Name) or func.assigns.get(node.value):
         return None
     default = _parameter_default(func, node.value)
@@ -3184,6 +3257,29 @@ def _setting_number(
             outer = next((f for f in model.functions if f.node is parent), None)
             return _setting_number(model, outer, default, depth + 1) if outer is not None else None
     return None
+
+
+def _hyper_parameter_number(
+    model: FileModel, func: FuncInfo, node: cst.Attribute, depth: int
+) -> float | None:
+    """The smallest number ``self.temperature`` can hold when it is set only from numbers or
+    from constructor parameters with numeric defaults (``self.temperature = temperature``
+    with ``__init__(self, temperature=0.5)``); None otherwise."""
+    text = dotted_name(node)
+    if text is None or not text.startswith("self."):
+        return None
+    values = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+    numbers: list[float] = []
+    for value in values:
+        number = (
+            number_value(value, arithmetic=True)
+            if isinstance(_strip(value), cst.Attribute)
+            else _setting_number(model, model.function_holding(value), value, depth + 1)
+        )
+        if number is None:
+            return None
+        numbers.append(number)
+    return min(numbers) if numbers else None
 
 
 MAXIMA = frozenset({"max", "amax", "logsumexp"})
@@ -3434,8 +3530,8 @@ def _bounded_above(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool
         name = _called_name(node)
         if name in {"clamp", "clip", "clamp_max"}:
             return clamp_bound(node, "max") is not None
-        if name == "where":
-            return _where_sign(func, node, depth) == "-"
+        if name in {"where", "minimum", "fmin"}:
+            return _sign(func, node, depth) == "-"
         return name in BOUNDING_CALLS
     if isinstance(node, cst.BinaryOperation):
         if isinstance(node.operator, cst.Subtract):
@@ -3656,6 +3752,21 @@ def _sign(func: FuncInfo, node: cst.BaseExpression, depth: int) -> str | None:
             return "+"
         if name == "where":
             return _where_sign(func, node, depth)
+        if name in {"minimum", "fmin", "maximum", "fmax"}:
+            # `torch.minimum(x, zeros)` is at most 0 and `torch.maximum(x, zeros)` at least 0.
+            wanted = "-" if name in {"minimum", "fmin"} else "+"
+            operands = [_strip(a.value) for a in node.args if a.keyword is None][:2]
+            if any(_zero(func, o) or _sign(func, o, depth + 1) == wanted for o in operands):
+                return wanted
+            texts = {
+                code_of(_strip(o.expression))
+                if isinstance(o, cst.UnaryOperation) and isinstance(o.operator, cst.Minus)
+                else "+" + code_of(o)
+                for o in operands
+            }
+            if len(operands) == 2 and len({t.lstrip("+") for t in texts}) == 1 and len(texts) == 2:
+                return wanted  # `minimum(x, -x)` is -|x|, `maximum(x, -x)` is |x|
+            return None
         if name in {"clamp", "clip", "clamp_min"}:
             low = clamp_bound(node, "min")
             low_value = number_value(low) if low is not None else None
@@ -4420,6 +4531,9 @@ def _constant(
     return False
 
 
+SETTINGS_WORDS = ("cfg", "config", "conf", "args", "opt", "hparams", "hp", "setting")
+
+
 def _settings_total(func: FuncInfo, call: cst.Call) -> bool:
     """``sum(weights)`` (Python's ``sum``) of a list whose every element is a number or a
     setting read from an object (``weights.append(cfg.weight)``): a host number the
@@ -4428,6 +4542,21 @@ def _settings_total(func: FuncInfo, call: cst.Call) -> bool:
     if not (isinstance(call.func, cst.Name) and call.func.value == "sum") or len(call.args) != 1:
         return False
     listed = _strip(call.args[0].value)
+    if (
+        isinstance(listed, cst.Call)
+        and isinstance(listed.func, cst.Attribute)
+        and listed.func.attr.value == "values"
+        and not listed.args
+    ):
+        listed = _strip(listed.func.value)  # `sum(cfg.loss_weights.values())`
+    if isinstance(listed, cst.Attribute):
+        # `sum(cfg.loss_weights)`: a list read from a configuration object.
+        root: cst.BaseExpression = listed
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        return isinstance(root, cst.Name) and any(
+            root.value.lower().startswith(word) for word in SETTINGS_WORDS
+        )
     if not isinstance(listed, cst.Name) or not isinstance(func.node, cst.FunctionDef):
         return isinstance(listed, cst.List | cst.Tuple) and all(
             isinstance(e, cst.Element) and _read_setting(e.value) for e in listed.elements
