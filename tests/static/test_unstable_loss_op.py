@@ -715,3 +715,21 @@ def test_positive_plus_a_non_negative_power_or_a_zero_floored_clamp(
 ) -> None:
     positivity, func = _function(f"def f(a, b, g):\n    {code}\n    return v\n", "f")
     assert positivity.positive(cst.Name("v"), func) is positive
+
+
+HAND_COSINE = """\
+import torch
+def cosine_embedding_loss(a, b, same):
+    cos = (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))
+    return ((1 - cos) * same).mean()
+def relative_error_loss(pred, target):
+    return ((pred - target).norm(dim=1) / target.norm(dim=1)).mean()
+"""
+
+
+def test_a_cosine_written_out_is_an_info_and_a_relative_error_stays_a_warning() -> None:
+    # The norms of the numerator's own factors make 0/0 only for an all-zero row (info, like
+    # `x / x.norm()`); a relative error divides a difference by another tensor's norm.
+    report = lint_source(HAND_COSINE, "cosine.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(3, "info"), (6, "warning")]
+    assert "factors' norms" in report.findings[0].message

@@ -103,7 +103,10 @@ class UnstableLossOp(Rule):
         "(`sum(w * exp(x - x.max(d)), d)`, with no mask among the factors). Softplus written "
         "out on an exponent at most 0 (`-abs(x)`, `where(x >= 0, -x, x)`) cannot overflow. "
         "Python's `sum` of configured weights and a time minus a configured step "
-        "(`t - dt`, `dt = 1 / self.T`) are settings, not data."
+        "(`t - dt`, `dt = 1 / self.T`) are settings, not data. A registered buffer (a "
+        "diffusion schedule's `alphas_cumprod`) carries no gradient, and its value is read "
+        "where it is registered. A cosine written out, `(a * b).sum(1) / (a.norm(dim=1) * "
+        "b.norm(dim=1))`, is 0/0 only for an all-zero row: info, like `x / x.norm()`."
     )
     why = (
         "`log(0)` is -inf, the gradient of `sqrt` at 0 is infinite, and dividing by a sum or "
@@ -882,8 +885,60 @@ def weighted_terms(terms, cfg):
     total = sum(w * t for w, t in zip(cfg.loss_weights, terms))
     return total / sum(cfg.loss_weights)
 """,
+        # A schedule kept as a registered buffer carries no gradient, and its values lie in
+        # (0, 1): roots of it and of its complement are safe, and so is the log of the SNR.
+        # `math.pi` is a positive constant.
+        """
+import math
+import torch
+
+
+class NoisePredictor(torch.nn.Module):
+    def __init__(self, net, steps=1000):
+        super().__init__()
+        self.net = net
+        self.steps = steps
+        betas = torch.linspace(1e-4, 0.02, steps)
+        self.register_buffer("alpha_bar", torch.cumprod(1.0 - betas, dim=0))
+
+    def loss(self, x0):
+        t = torch.randint(0, self.steps, (x0.shape[0],))
+        a = self.alpha_bar[t][:, None]
+        noise = torch.randn_like(x0)
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        pred = self.net(xt, t)
+        weight = torch.log(a / (1 - a)).clamp(max=5.0)
+        return (weight * (pred - noise) ** 2).mean()
+
+
+def gaussian_nll(mu, log_sigma, x):
+    sigma = torch.exp(log_sigma)
+    return (0.5 * torch.log(2 * math.pi * sigma**2) + (x - mu) ** 2 / (2 * sigma**2)).mean()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # A schedule learned as a parameter can drift to 0 or 1: its roots are hazards.
+        Invalid(
+            """
+import torch
+
+
+class LearnedSchedule(torch.nn.Module):
+    def __init__(self, net, steps=1000):
+        super().__init__()
+        self.net = net
+        self.steps = steps
+        self.alpha_bar = torch.nn.Parameter(torch.linspace(0.999, 0.01, steps))
+
+    def loss(self, x0):
+        t = torch.randint(0, self.steps, (x0.shape[0],))
+        a = self.alpha_bar[t][:, None]
+        noise = torch.randn_like(x0)
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        return ((self.net(xt, t) - noise) ** 2).mean()
+""",
+            (16, 16),
+        ),
         # The same with a temperature of 0.01 and a scale of 100 (logits span 200 and 100),
         # and softplus on max(x, -x) = |x|.
         Invalid(
@@ -1966,7 +2021,7 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 "remedy": (
                     "`F.normalize(x, dim=..., eps=...)` (or a clamp of the norm to a small "
                     "minimum) keeps that row finite"
-                    if total == "norm"
+                    if total.endswith("norm") or total.endswith("norms")
                     else "Clamping the total to a small positive minimum changes only that case"
                 ),
             },
@@ -2279,6 +2334,8 @@ def _self_normalised(func: FuncInfo, division: Division) -> str | None:
         if len(values) != 1:
             return None
         denominator = _strip(values[0])
+    if _norms_of_numerator(division.left, denominator):
+        return "factors' norms"
     if not isinstance(denominator, cst.Call):
         return None
     name = _called_name(denominator)
@@ -2297,6 +2354,25 @@ def _self_normalised(func: FuncInfo, division: Division) -> str | None:
     if isinstance(total, cst.Call) and _called_name(total) == "abs":
         total = _reduced(total) or total
     return "total" if code_of(_strip(total)) == numerator else None
+
+
+def _norms_of_numerator(numerator: cst.BaseExpression, denominator: cst.BaseExpression) -> bool:
+    """``(a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))``: a cosine written out, divided by
+    the norms of the tensors its numerator multiplies. Like ``x / x.norm()`` it is 0/0 only
+    for an all-zero row, which the data decides."""
+    factors = _factors(denominator)
+    if len(factors) < 2:
+        return False
+    mentioned = {n.value for n in walk(numerator) if isinstance(n, cst.Name)}
+    for factor in factors:
+        factor = _strip(factor)
+        if not isinstance(factor, cst.Call) or _called_name(factor) not in NORM_CALLS:
+            return False
+        subject = _reduced(factor)
+        subject = _strip(subject) if subject is not None else None
+        if not isinstance(subject, cst.Name) or subject.value not in mentioned:
+            return False
+    return True
 
 
 def _reduced(call: cst.Call) -> cst.BaseExpression | None:
