@@ -915,8 +915,52 @@ def gaussian_nll(mu, log_sigma, x):
     sigma = torch.exp(log_sigma)
     return (0.5 * torch.log(2 * math.pi * sigma**2) + (x - mu) ** 2 / (2 * sigma**2)).mean()
 """,
+        # Cosines written with einsum over normalised rows, joined and divided by a temperature
+        # of 0.2: the logits span 10.
+        """
+import torch
+import torch.nn.functional as F
+
+
+class QueueContrast(torch.nn.Module):
+    def __init__(self, tau=0.2):
+        super().__init__()
+        self.tau = tau
+
+    def forward(self, q, k, queue):
+        q = F.normalize(q, dim=1)
+        k = F.normalize(k, dim=1)
+        queue = F.normalize(queue, dim=1)
+        l_pos = torch.einsum("nc,nc->n", [q, k])[:, None]
+        l_neg = torch.einsum("nc,kc->nk", q, queue)
+        p = F.softmax(torch.cat([l_pos, l_neg], dim=1) / self.tau, dim=1)
+        return -torch.log(p[:, 0]).mean()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The same at a temperature of 0.005: the logits span 400 and probabilities underflow.
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+
+
+class QueueContrast(torch.nn.Module):
+    def __init__(self, tau=0.005):
+        super().__init__()
+        self.tau = tau
+
+    def forward(self, q, k, queue):
+        q = F.normalize(q, dim=1)
+        k = F.normalize(k, dim=1)
+        queue = F.normalize(queue, dim=1)
+        l_pos = torch.einsum("nc,nc->n", [q, k])[:, None]
+        l_neg = torch.einsum("nc,kc->nk", q, queue)
+        p = F.softmax(torch.cat([l_pos, l_neg], dim=1) / self.tau, dim=1)
+        return -torch.log(p[:, 0]).mean()
+""",
+            18,
+        ),
         # A schedule learned as a parameter can drift to 0 or 1: its roots are hazards.
         Invalid(
             """
@@ -2273,6 +2317,11 @@ def _unit_cosine(model: FileModel, func: FuncInfo, node: cst.BaseExpression, dep
     if name in {"gather", "diagonal", "diag", "squeeze", "unsqueeze", "view", "reshape"}:
         subject = _reduced(node)
         return subject is not None and _unit_cosine(model, func, subject, depth + 1)
+    if name == "einsum":
+        operands = _einsum_dot_operands(node)
+        return operands is not None and all(
+            _unit_vectors(model, func, operand, depth + 1) for operand in operands
+        )
     if name in PRODUCTS and name != "einsum":
         operands = [a.value for a in node.args if a.keyword is None][-2:]
         if isinstance(node.func, cst.Attribute) and not _library_call(node):
@@ -2281,6 +2330,28 @@ def _unit_cosine(model: FileModel, func: FuncInfo, node: cst.BaseExpression, dep
             _unit_vectors(model, func, operand, depth + 1) for operand in operands
         )
     return False
+
+
+def _einsum_dot_operands(call: cst.Call) -> list[cst.BaseExpression] | None:
+    """The two operands of an ``einsum`` that contracts their last index and nothing else
+    (``einsum("nc,kc->nk", q, k)``, ``einsum("nc,nc->n", [q, k])``): dot products of their
+    rows, a cosine when both are normalised along that last dimension (MoCo-style logits)."""
+    if not call.args or not isinstance(call.args[0].value, cst.SimpleString):
+        return None
+    spec = str(call.args[0].value.evaluated_value).replace(" ", "")
+    if "->" not in spec or "." in spec:
+        return None
+    inputs, output = spec.split("->")
+    terms = inputs.split(",")
+    if len(terms) != 2 or not all(terms):
+        return None
+    contracted = (set(terms[0]) | set(terms[1])) - set(output)
+    if contracted != {terms[0][-1]} or terms[1][-1] != terms[0][-1]:
+        return None
+    rest = [a.value for a in call.args[1:] if a.keyword is None]
+    if len(rest) == 1 and isinstance(rest[0], cst.List | cst.Tuple):
+        rest = [e.value for e in rest[0].elements if isinstance(e, cst.Element)]
+    return rest if len(rest) == 2 else None
 
 
 def _unit_vectors(model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
@@ -3285,6 +3356,16 @@ def _logit_bound(
         return 1.0
     if isinstance(node, cst.Call) and _called_name(node) in UNIT_BOUNDED:
         return 1.0
+    if isinstance(node, cst.Call) and _called_name(node) in {"cat", "concat", "stack"}:
+        # `torch.cat([l_pos, l_neg], dim=1)`: the largest bound of the joined logits.
+        joined = _strip(node.args[0].value) if node.args else None
+        if not isinstance(joined, cst.List | cst.Tuple) or not joined.elements:
+            return None
+        bounds = [
+            _logit_bound(model, func, e.value, depth + 1) if isinstance(e, cst.Element) else None
+            for e in joined.elements
+        ]
+        return None if any(b is None for b in bounds) else max(b for b in bounds if b is not None)
     if isinstance(node, cst.Name):
         value = reaching_value(model, node) or _single_value(func, node)
         return _logit_bound(model, func, value, depth + 1) if value is not None else None
