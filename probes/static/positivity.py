@@ -15,6 +15,9 @@ be exactly 0 (or negative). Whether it can is read from how the value is built:
   passes and whose default is a positive number; a hyper-parameter: an attribute set only
   from a positive number or from a constructor parameter with a positive default
   (``self.scale = scale`` with ``__init__(self, scale=3)``);
+* a registered buffer (``self.register_buffer("alpha_bar", torch.cumprod(1 - betas, 0))``):
+  its registered value decides, and it never carries a gradient; ``linspace`` of positive
+  ends, a running product of values in (0, 1), ``math.pi``;
 * a constant array of positive numbers (``np.array([1 / 2 ** i for i in range(n)])``,
   ``torch.tensor([0.5, 0.3])``) and its sum: writing one element later (``w[-1] = 0``) keeps
   the sum of the others;
@@ -211,6 +214,12 @@ class Positivity:
             return value > 0
         if isinstance(node, cst.Name | cst.Attribute) and offset_name(_last_part(node)):
             return True
+        if (
+            isinstance(node, cst.Attribute)
+            and node.attr.value in {"pi", "e", "tau"}
+            and dotted_name(node.value) in MATH_MODULES | {"torch"}
+        ):
+            return True  # `math.pi`, `np.e`
         if isinstance(node, cst.Name | cst.Attribute):
             reaching = reaching_value(func.model or self.model, node)
             if reaching is not None and self._positive(reaching, func, depth + 1, seen):
@@ -220,7 +229,8 @@ class Positivity:
         if isinstance(node, cst.Attribute):
             return self._attribute_positive(node, func, depth, seen)
         if isinstance(node, cst.Subscript):
-            return self._positive(node.value, func, depth + 1, seen)
+            # The tree bounds indexing (`b[t][:, None]`): only definitions and calls count.
+            return self._positive(node.value, func, depth, seen)
         if isinstance(node, cst.BinaryOperation):
             return self._operation_positive(node, func, depth, seen)
         if isinstance(node, cst.Call):
@@ -267,6 +277,10 @@ class Positivity:
         if isinstance(node.operator, cst.Power):
             return self._positive(left, func, depth + 1, seen)
         if isinstance(node.operator, cst.Subtract):
+            if number_value(right, arithmetic=True) == 1:
+                # `exp(x) - 1` has the sign of `x`, like `expm1(x)`.
+                exponent = _exponentiated(left)
+                return exponent is not None and self._positive(exponent, func, depth + 1, seen)
             # `1.0 - p` with `p` kept strictly below 1 (`p = clamp(p, eps, 1 - eps)`).
             ceiling = number_value(left, arithmetic=True)
             return ceiling is not None and self.below(right, ceiling, func, depth + 1)
@@ -337,6 +351,13 @@ class Positivity:
             return given is not None and self._positive(given, func, depth + 1, seen)
         if name in {"ones", "ones_like"}:
             return True
+        if name == "linspace":
+            ends = positional[:2]
+            return len(ends) == 2 and all(self._positive(e, func, depth + 1, seen) for e in ends)
+        if name == "expm1":
+            # `expm1(x)` has the sign of `x`: positive exactly where `x` is.
+            subject = _subject(call, self._torch_aliases(func))
+            return subject is not None and self._positive(subject, func, depth + 1, seen)
         if name in {"full", "full_like"} and len(positional) >= 2:
             return self._positive(positional[1], func, depth + 1, seen)
         if name in {"maximum", "fmax"} or (
@@ -552,7 +573,9 @@ class Positivity:
         if text is None or text in seen or depth >= MAX_DEPTH:
             return False
         model = func.model or self.model
-        values = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+        values = model.attribute_assigns.get(
+            attribute_key(text, func.class_name), []
+        ) or _buffer_values(model, func.class_name, text)
         if not values:
             return False
         for value in values:
@@ -632,10 +655,17 @@ class Positivity:
                 return True
             if name in CLAMPS:
                 minimum = clamp_bound(node, "min")
-                return minimum is not None and (number_value(minimum) or -1) >= 0
+                # `clamp(0, 1)`: a minimum of 0 is non-negative (not falsy).
+                floor = number_value(minimum) if minimum is not None else None
+                return floor is not None and floor >= 0
             subject = _subject(node, self._torch_aliases(func))
-            if subject is not None and name in REDUCTIONS_OF_ELEMENTS:
+            if subject is not None and name in REDUCTIONS_OF_ELEMENTS | {"pow"}:
+                # A power of a non-negative base is non-negative, whatever the exponent
+                # (`leftover.pow(alpha)` with `leftover = (1 - s).clamp(0, 1)`; learned from
+                # static11 DistillKit's renormalised sparse distribution).
                 return self._non_negative(subject, func, depth + 1, seen)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power):
+            return self._non_negative(node.left, func, depth + 1, seen)
         if isinstance(node, cst.BinaryOperation) and isinstance(
             node.operator, cst.Add | cst.Multiply
         ):
@@ -679,9 +709,19 @@ class Positivity:
                     not _mentions(v, node.value) and self.below(v, ceiling, func, depth + 1)
                     for v in values
                 )
-            return False
+            text = dotted_name(node)
+            model = func.model or self.model
+            held = (
+                model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+                or _buffer_values(model, func.class_name, text)
+                if text is not None and text.startswith("self.")
+                else []
+            )
+            return bool(held) and all(
+                self.below(v, ceiling, model.function_holding(v), depth + 1) for v in held
+            )
         if isinstance(node, cst.Subscript):
-            return self.below(node.value, ceiling, func, depth + 1)
+            return self.below(node.value, ceiling, func, depth)
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract):
             start = number_value(node.left, arithmetic=True)
             return (
@@ -695,7 +735,15 @@ class Positivity:
         if name in CLAMPS | {"clamp_max"}:
             bound = clamp_bound(node, "max")
             return bound is not None and self.below(bound, ceiling, func, depth + 1)
+        if name == "linspace":
+            ends = [a.value for a in node.args if a.keyword is None][:2]
+            return len(ends) == 2 and all(self.below(e, ceiling, func, depth + 1) for e in ends)
         subject = _subject(node, self._torch_aliases(func))
+        if name == "cumprod" and subject is not None:
+            # A running product of values in (0, 1) stays below its first factor.
+            return self._positive(subject, func, depth + 1, frozenset()) and self.below(
+                subject, min(ceiling, 1.0), func, depth + 1
+            )
         if name in {"exp", "exp_"} and ceiling >= 1 and subject is not None:
             negated = self._same_value(subject)
             return (
@@ -848,7 +896,9 @@ class Positivity:
         values = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
         values = values or _unpacked_attribute_values(model, func.class_name, text)
         if not values:
-            return False
+            # A registered buffer: never a parameter, never differentiated (learned from the
+            # schedules DDPM code keeps as buffers: `sqrt(1 - alphas_cumprod[t])`).
+            return bool(_buffer_values(model, func.class_name, text))
         for value in values:
             owner = model.function_holding(value)
             if (
@@ -969,6 +1019,13 @@ class Positivity:
         return node
 
 
+def _exponentiated(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``x`` for ``torch.exp(x)`` / ``x.exp()``."""
+    if not isinstance(node, cst.Call) or called_name(node) not in {"exp", "exp_"}:
+        return None
+    return _subject(node)
+
+
 def _positive_bound(bound: cst.BaseExpression | None) -> bool:
     """A lower bound above 0: a positive literal or an epsilon-named constant."""
     if bound is None:
@@ -1009,6 +1066,29 @@ def _unpacked_attribute_values(
                 for element, value in zip(elements, node.value.elements, strict=True):
                     if dotted_name(element.value) == text and isinstance(value, cst.Element):
                         found.append(value.value)
+    return found
+
+
+def _buffer_values(model: FileModel, class_name: str | None, text: str) -> list[cst.BaseExpression]:
+    """The values ``self.register_buffer("name", value)`` gives ``self.name`` in the methods of
+    ``class_name``: a module's constants (a diffusion schedule's ``alphas_cumprod``), which
+    autograd never differentiates."""
+    if class_name is None or not text.startswith("self.") or text.count(".") != 1:
+        return []
+    attribute = text.split(".", 1)[1]
+    found: list[cst.BaseExpression] = []
+    for func in model.functions:
+        if func.class_name != class_name or not isinstance(func.node, cst.FunctionDef):
+            continue
+        for node in walk(func.node):
+            if (
+                isinstance(node, cst.Call)
+                and called_name(node) == "register_buffer"
+                and len(node.args) >= 2
+                and isinstance(node.args[0].value, cst.SimpleString)
+                and node.args[0].value.evaluated_value == attribute
+            ):
+                found.append(node.args[1].value)
     return found
 
 

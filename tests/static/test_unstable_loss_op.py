@@ -38,6 +38,11 @@ def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
         ("torch.exp(x).float().view(-1)[0]", True),
         ("torch.sigmoid(x)", False),
         ("torch.softmax(x, -1)", False),
+        # `expm1(x)` and `exp(x) - 1` have the sign of `x`.
+        ("torch.expm1(F.softplus(x) + 1e-4)", True),
+        ("torch.exp(x.clamp(min=1e-3)) - 1", True),
+        ("torch.expm1(x)", False),
+        ("torch.exp(x) - 1", False),
         ("x.clamp(min=0)", False),
         ("x.clamp(max=1)", False),
         ("1 - torch.exp(x)", False),
@@ -671,3 +676,60 @@ def test_a_tensor_divided_by_its_own_total_or_norm_is_an_info_with_an_unsafe_cla
             continue
         assert finding.fix is not None and finding.fix.safe is False
         assert ".clamp_min(1e-8)" in (finding.fix.diff or "")
+
+
+HELPER_WEIGHTED_MEAN = """\
+import torch
+def scale_rows(x, w):
+    return x * w[..., None]
+def masked_average(x, keep):
+    x = scale_rows(x, keep)
+    x = x / keep.sum()
+    return x.sum(0)
+def code_usage_loss(probs, keep):
+    return -masked_average(probs, keep).sum()
+"""
+
+
+def test_a_mean_weighted_by_a_helper_one_statement_earlier_is_an_info() -> None:
+    # The numerator was made from the weight by a helper it is handed to: a masked mean,
+    # whose total only the data can make 0.
+    report = lint_source(HELPER_WEIGHTED_MEAN, "helper_mean.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(6, "info")]
+    assert "total weight" in report.findings[0].message
+
+
+@pytest.mark.parametrize(
+    ("code", "positive"),
+    [
+        # A clamp whose minimum is 0, written positionally, is non-negative.
+        ("s = torch.exp(a)\n    r = (1.0 - b).clamp(0, 1)\n    v = s + r", True),
+        # A power of a non-negative base is non-negative whatever the exponent.
+        ("s = torch.exp(a)\n    r = b.clamp(0, 1).pow(g)\n    v = s + r", True),
+        ("s = torch.exp(a)\n    r = b.clamp(0, 1) ** g\n    v = s + r", True),
+        ("s = torch.exp(a)\n    r = b.clamp(-1, 1) ** g\n    v = s + r", False),
+    ],
+)
+def test_positive_plus_a_non_negative_power_or_a_zero_floored_clamp(
+    code: str, positive: bool
+) -> None:
+    positivity, func = _function(f"def f(a, b, g):\n    {code}\n    return v\n", "f")
+    assert positivity.positive(cst.Name("v"), func) is positive
+
+
+HAND_COSINE = """\
+import torch
+def cosine_embedding_loss(a, b, same):
+    cos = (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))
+    return ((1 - cos) * same).mean()
+def relative_error_loss(pred, target):
+    return ((pred - target).norm(dim=1) / target.norm(dim=1)).mean()
+"""
+
+
+def test_a_cosine_written_out_is_an_info_and_a_relative_error_stays_a_warning() -> None:
+    # The norms of the numerator's own factors make 0/0 only for an all-zero row (info, like
+    # `x / x.norm()`); a relative error divides a difference by another tensor's norm.
+    report = lint_source(HAND_COSINE, "cosine.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(3, "info"), (6, "warning")]
+    assert "factors' norms" in report.findings[0].message

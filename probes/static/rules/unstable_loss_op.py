@@ -94,7 +94,19 @@ class UnstableLossOp(Rule):
         "is positive. A root of a value no gradient flows through (a noise schedule of a "
         "sampled time, settings, detached statistics) is left alone, as is code that runs "
         "with autograd off "
-        "(`torch.no_grad()`, `inference_mode()`), or whose value is only logged or measured."
+        "(`torch.no_grad()`, `inference_mode()`), or whose value is only logged or measured. "
+        "A log whose input cannot be 0 is left alone: a reciprocal (`q = 1 / x; q.log()`), a "
+        "power judged by its base (`log(p ** -t)` is `-t * log(p)`), a softmax of logits whose "
+        "span the code bounds (cosines of normalised vectors over a temperature with a default "
+        "of at least 0.025: no probability underflows; also through a mean, an all-reduce or a "
+        "product with a label matrix), and a log-sum-exp written in its stable form "
+        "(`sum(w * exp(x - x.max(d)), d)`, with no mask among the factors). Softplus written "
+        "out on an exponent at most 0 (`-abs(x)`, `where(x >= 0, -x, x)`) cannot overflow. "
+        "Python's `sum` of configured weights and a time minus a configured step "
+        "(`t - dt`, `dt = 1 / self.T`) are settings, not data. A registered buffer (a "
+        "diffusion schedule's `alphas_cumprod`) carries no gradient, and its value is read "
+        "where it is registered. A cosine written out, `(a * b).sum(1) / (a.norm(dim=1) * "
+        "b.norm(dim=1))`, is 0/0 only for an all-zero row: info, like `x / x.norm()`."
     )
     why = (
         "`log(0)` is -inf, the gradient of `sqrt` at 0 is infinite, and dividing by a sum or "
@@ -752,8 +764,325 @@ class FloorMarginHead(torch.nn.Module):
         sine = torch.sqrt((1.0 - cosine * cosine).clamp(1e-6, 1.0))
         return cosine * 0.87 - sine * 0.48
 """,
+        # Softplus written out on the exponent -|x| (`where(x >= 0, -x, x)`): exp of a value at
+        # most 0 cannot overflow.
+        """
+import torch
+
+
+def stable_bce_with_logits(labels, logits):
+    zeros = torch.zeros_like(logits)
+    positive = logits >= zeros
+    relu_part = torch.where(positive, logits, zeros)
+    minus_abs = torch.where(positive, -logits, logits)
+    return (relu_part - logits * labels + torch.log1p(torch.exp(minus_abs))).mean()
+""",
+        # A mean of losses weighted by configured weights: Python's `sum` of settings is fixed
+        # by the configuration, not by the data.
+        """
+def combined_loss(terms, settings):
+    weights = []
+    losses = []
+    for term, setting in zip(terms, settings):
+        losses.append(term())
+        weights.append(setting.weight)
+    total = 0.0
+    for loss, weight in zip(losses, weights):
+        total = total + loss * weight
+    return total / sum(weights)
+""",
+        # The log of a reciprocal is never -inf: 1 / x is not 0 (a zero x is the division's
+        # concern, read where it is written).
+        """
+import torch
+
+
+def score_entropy_loss(log_score, sigma, picked):
+    ratio = 1 / torch.expm1(sigma)
+    negative = ratio * log_score.gather(-1, picked[..., None]).squeeze(-1)
+    positive = log_score.exp().sum(-1)
+    return (positive - negative + ratio * (ratio.log() - 1)).mean()
+""",
+        # A time shifted by a configured step is no box extent.
+        """
+import torch
+
+
+class DiscreteBound(torch.nn.Module):
+    def __init__(self, steps=1000):
+        super().__init__()
+        self.steps = steps
+
+    def forward(self, p_mask, t):
+        dt = 1 / self.steps
+        earlier = torch.log(p_mask.exp() / (t - dt) + 1)
+        return (self.steps * earlier).mean()
+""",
+        # log-sum-exp written in its stable form: the largest shifted term is exp(0) times its
+        # mixture weight.
+        """
+import torch
+
+
+def mixture_nll(z, mean, log_var, weights):
+    scaled = -((z[..., None] - mean) ** 2) / (2 * torch.exp(log_var))
+    peak = scaled.max(dim=-1, keepdim=True)[0]
+    terms = weights * torch.exp(scaled - peak) / torch.exp(0.5 * log_var)
+    log_like = peak.squeeze(-1) + torch.log(torch.sum(terms, dim=-1))
+    return -log_like.mean()
+""",
+        # Softmax of cosines over a temperature of 0.1: logits span 20, no probability underflows;
+        # `log(p ** -t)` is `-t * log(p)`.
+        """
+import torch
+import torch.nn.functional as F
+
+
+def make_prototype_loss(temperature=0.1):
+    def soft_assign(x, protos, proto_labels, temp=temperature):
+        x = F.normalize(x, dim=1)
+        protos = F.normalize(protos, dim=1)
+        return F.softmax(x @ protos.T / temp, dim=1) @ proto_labels
+
+    def loss(anchor, target, protos, proto_labels, assign=soft_assign):
+        probs = assign(anchor, protos, proto_labels)
+        with torch.no_grad():
+            targets = assign(target, protos, proto_labels)
+        ce = torch.mean(torch.sum(torch.log(probs ** (-targets)), dim=1))
+        mean_probs = probs.mean(dim=0)
+        return ce + torch.sum(mean_probs * torch.log(mean_probs))
+
+    return loss
+""",
+        # Bounded logits written with a hyper-parameter temperature or a scale: no probability
+        # underflows; softplus on min(x, -x) = -|x|; a total of configured weights.
+        """
+import torch
+import torch.nn.functional as F
+
+
+class PrototypeLoss(torch.nn.Module):
+    def __init__(self, temperature=0.2):
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, feats, protos, assign):
+        sims = F.normalize(feats, dim=-1) @ F.normalize(protos, dim=-1).t()
+        probs = torch.softmax(sims / self.temperature, dim=-1)
+        return -(assign * torch.log(probs)).sum(-1).mean()
+
+
+def gated_match_loss(a, b, match):
+    gate = torch.sigmoid(10.0 * F.cosine_similarity(a, b, dim=-1))
+    return -(match * torch.log(gate)).mean()
+
+
+def stable_softplus(logits):
+    return torch.clamp(logits, min=0) + torch.log1p(torch.exp(torch.minimum(logits, -logits)))
+
+
+def weighted_terms(terms, cfg):
+    total = sum(w * t for w, t in zip(cfg.loss_weights, terms))
+    return total / sum(cfg.loss_weights)
+""",
+        # A schedule kept as a registered buffer carries no gradient, and its values lie in
+        # (0, 1): roots of it and of its complement are safe, and so is the log of the SNR.
+        # `math.pi` is a positive constant.
+        """
+import math
+import torch
+
+
+class NoisePredictor(torch.nn.Module):
+    def __init__(self, net, steps=1000):
+        super().__init__()
+        self.net = net
+        self.steps = steps
+        betas = torch.linspace(1e-4, 0.02, steps)
+        self.register_buffer("alpha_bar", torch.cumprod(1.0 - betas, dim=0))
+
+    def loss(self, x0):
+        t = torch.randint(0, self.steps, (x0.shape[0],))
+        a = self.alpha_bar[t][:, None]
+        noise = torch.randn_like(x0)
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        pred = self.net(xt, t)
+        weight = torch.log(a / (1 - a)).clamp(max=5.0)
+        return (weight * (pred - noise) ** 2).mean()
+
+
+def gaussian_nll(mu, log_sigma, x):
+    sigma = torch.exp(log_sigma)
+    return (0.5 * torch.log(2 * math.pi * sigma**2) + (x - mu) ** 2 / (2 * sigma**2)).mean()
+""",
+        # Cosines written with einsum over normalised rows, joined and divided by a temperature
+        # of 0.2: the logits span 10.
+        """
+import torch
+import torch.nn.functional as F
+
+
+class QueueContrast(torch.nn.Module):
+    def __init__(self, tau=0.2):
+        super().__init__()
+        self.tau = tau
+
+    def forward(self, q, k, queue):
+        q = F.normalize(q, dim=1)
+        k = F.normalize(k, dim=1)
+        queue = F.normalize(queue, dim=1)
+        l_pos = torch.einsum("nc,nc->n", [q, k])[:, None]
+        l_neg = torch.einsum("nc,kc->nk", q, queue)
+        p = F.softmax(torch.cat([l_pos, l_neg], dim=1) / self.tau, dim=1)
+        return -torch.log(p[:, 0]).mean()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The same at a temperature of 0.005: the logits span 400 and probabilities underflow.
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+
+
+class QueueContrast(torch.nn.Module):
+    def __init__(self, tau=0.005):
+        super().__init__()
+        self.tau = tau
+
+    def forward(self, q, k, queue):
+        q = F.normalize(q, dim=1)
+        k = F.normalize(k, dim=1)
+        queue = F.normalize(queue, dim=1)
+        l_pos = torch.einsum("nc,nc->n", [q, k])[:, None]
+        l_neg = torch.einsum("nc,kc->nk", q, queue)
+        p = F.softmax(torch.cat([l_pos, l_neg], dim=1) / self.tau, dim=1)
+        return -torch.log(p[:, 0]).mean()
+""",
+            18,
+        ),
+        # A schedule learned as a parameter can drift to 0 or 1: its roots are hazards.
+        Invalid(
+            """
+import torch
+
+
+class LearnedSchedule(torch.nn.Module):
+    def __init__(self, net, steps=1000):
+        super().__init__()
+        self.net = net
+        self.steps = steps
+        self.alpha_bar = torch.nn.Parameter(torch.linspace(0.999, 0.01, steps))
+
+    def loss(self, x0):
+        t = torch.randint(0, self.steps, (x0.shape[0],))
+        a = self.alpha_bar[t][:, None]
+        noise = torch.randn_like(x0)
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        return ((self.net(xt, t) - noise) ** 2).mean()
+""",
+            (16, 16),
+        ),
+        # The same with a temperature of 0.01 and a scale of 100 (logits span 200 and 100),
+        # and softplus on max(x, -x) = |x|.
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+
+
+class PrototypeLoss(torch.nn.Module):
+    def __init__(self, temperature=0.01):
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, feats, protos, assign):
+        sims = F.normalize(feats, dim=-1) @ F.normalize(protos, dim=-1).t()
+        probs = torch.softmax(sims / self.temperature, dim=-1)
+        return -(assign * torch.log(probs)).sum(-1).mean()
+
+
+def gated_match_loss(a, b, match):
+    gate = torch.sigmoid(100.0 * F.cosine_similarity(a, b, dim=-1))
+    return -(match * torch.log(gate)).mean()
+
+
+def stable_softplus(logits):
+    return torch.clamp(logits, min=0) + torch.log1p(torch.exp(torch.maximum(logits, -logits)))
+
+
+def weighted_terms(terms, cfg):
+    total = sum(w * t for w, t in zip(cfg.loss_weights, terms))
+    return total / sum(cfg.loss_weights)
+""",
+            (14, 19, 23),
+        ),
+        # Softplus written out on |x| (the branches swapped): exp overflows.
+        Invalid(
+            """
+import torch
+
+
+def bce_with_logits(labels, logits):
+    zeros = torch.zeros_like(logits)
+    positive = logits >= zeros
+    abs_logits = torch.where(positive, logits, -logits)
+    return (torch.log1p(torch.exp(abs_logits)) - logits * labels).mean()
+""",
+            9,
+        ),
+        # Weights computed from tensors each step: their total is data, not a setting.
+        Invalid(
+            """
+def combined_loss(terms, scores):
+    weights = []
+    total = 0.0
+    for term, score in zip(terms, scores):
+        weight = score.detach().abs().mean()
+        weights.append(weight)
+        total = total + term() * weight
+    return total / sum(weights)
+""",
+            9,
+        ),
+        # A mask can remove the largest shifted term: the sum can still underflow to 0.
+        Invalid(
+            """
+import torch
+
+
+def masked_contrast_loss(sim, mask):
+    peak = sim.max(dim=1, keepdim=True)[0]
+    kept = torch.exp(sim - peak) * mask
+    return -torch.log(kept.sum(dim=1)).mean()
+""",
+            8,
+        ),
+        # A temperature of 0.01 lets cosine logits span 200: probabilities underflow to 0.
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+
+
+def make_prototype_loss(temperature=0.01):
+    def soft_assign(x, protos, proto_labels, temp=temperature):
+        x = F.normalize(x, dim=1)
+        protos = F.normalize(protos, dim=1)
+        return F.softmax(x @ protos.T / temp, dim=1) @ proto_labels
+
+    def loss(anchor, target, protos, proto_labels, assign=soft_assign):
+        probs = assign(anchor, protos, proto_labels)
+        with torch.no_grad():
+            targets = assign(target, protos, proto_labels)
+        ce = torch.mean(torch.sum(torch.log(probs ** (-targets)), dim=1))
+        mean_probs = probs.mean(dim=0)
+        return ce + torch.sum(mean_probs * torch.log(mean_probs))
+
+    return loss
+""",
+            (16, 18),
+        ),
         # A loss built up in place is a loss statement.
         Invalid(
             """
@@ -1381,6 +1710,12 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 continue
             if hazard.startswith("log") and _away_from_zero(target, func, positivity):
                 continue
+            if hazard.startswith("log") and _max_shifted_exp_sum(model, func, target):
+                continue
+            if hazard.startswith("log") and _bounded_probability(
+                model, func, _power_base(target), 0
+            ):
+                continue
             if _only_measured(model, func, call):
                 continue
             if hazard.startswith("log") and _additive_log_mask(model, call, target):
@@ -1450,7 +1785,7 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 continue
             if (
                 scope.in_loss(func, stmt)
-                and _weighted_mean(division)
+                and _weighted_mean(division, model)
                 and not _sums_mask(right)  # a mask's count: the selected-count note below
                 and not _safe(model, func, stmt, right)
                 and not positivity.positive(right, func)
@@ -1730,7 +2065,7 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 "remedy": (
                     "`F.normalize(x, dim=..., eps=...)` (or a clamp of the norm to a small "
                     "minimum) keeps that row finite"
-                    if total == "norm"
+                    if total.endswith("norm") or total.endswith("norms")
                     else "Clamping the total to a small positive minimum changes only that case"
                 ),
             },
@@ -1871,13 +2206,30 @@ def _summed(node: cst.BaseExpression) -> cst.BaseExpression | None:
     return None
 
 
-def _weighted_mean(division: Division) -> bool:
+def _weighted_mean(division: Division, model: FileModel | None = None) -> bool:
     """``(x * w).sum() / w.sum()``, ``x.mul(w).sum().div(w.sum())``: the denominator is the
-    total of a weight (or mask) that multiplies the numerator."""
+    total of a weight (or mask) that multiplies the numerator. The numerator may be a name
+    made from the weight one statement earlier, by hand or by a helper it is handed to
+    (``x = mult_along_first_dims(x, m); x = x / m.sum()``: a masked mean, learned from
+    static11 Open-MAGVIT2's ``masked_mean``)."""
     weight = _summed(division.right)
     if weight is None:
         return False
     text = code_of(_strip(weight))
+    numerator = _strip(division.left)
+    if (
+        model is not None
+        and isinstance(numerator, cst.Name)
+        and isinstance(_strip(weight), cst.Name)
+    ):
+        made = reaching_value(model, numerator)
+        if made is not None and any(
+            isinstance(arg.value, cst.Name) and arg.value.value == text
+            for node in walk(made)
+            if isinstance(node, cst.Call)
+            for arg in node.args
+        ):
+            return True
     sides: tuple[cst.BaseExpression, ...]
     for node in walk(division.left):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
@@ -1965,6 +2317,11 @@ def _unit_cosine(model: FileModel, func: FuncInfo, node: cst.BaseExpression, dep
     if name in {"gather", "diagonal", "diag", "squeeze", "unsqueeze", "view", "reshape"}:
         subject = _reduced(node)
         return subject is not None and _unit_cosine(model, func, subject, depth + 1)
+    if name == "einsum":
+        operands = _einsum_dot_operands(node)
+        return operands is not None and all(
+            _unit_vectors(model, func, operand, depth + 1) for operand in operands
+        )
     if name in PRODUCTS and name != "einsum":
         operands = [a.value for a in node.args if a.keyword is None][-2:]
         if isinstance(node.func, cst.Attribute) and not _library_call(node):
@@ -1973,6 +2330,28 @@ def _unit_cosine(model: FileModel, func: FuncInfo, node: cst.BaseExpression, dep
             _unit_vectors(model, func, operand, depth + 1) for operand in operands
         )
     return False
+
+
+def _einsum_dot_operands(call: cst.Call) -> list[cst.BaseExpression] | None:
+    """The two operands of an ``einsum`` that contracts their last index and nothing else
+    (``einsum("nc,kc->nk", q, k)``, ``einsum("nc,nc->n", [q, k])``): dot products of their
+    rows, a cosine when both are normalised along that last dimension (MoCo-style logits)."""
+    if not call.args or not isinstance(call.args[0].value, cst.SimpleString):
+        return None
+    spec = str(call.args[0].value.evaluated_value).replace(" ", "")
+    if "->" not in spec or "." in spec:
+        return None
+    inputs, output = spec.split("->")
+    terms = inputs.split(",")
+    if len(terms) != 2 or not all(terms):
+        return None
+    contracted = (set(terms[0]) | set(terms[1])) - set(output)
+    if contracted != {terms[0][-1]} or terms[1][-1] != terms[0][-1]:
+        return None
+    rest = [a.value for a in call.args[1:] if a.keyword is None]
+    if len(rest) == 1 and isinstance(rest[0], cst.List | cst.Tuple):
+        rest = [e.value for e in rest[0].elements if isinstance(e, cst.Element)]
+    return rest if len(rest) == 2 else None
 
 
 def _unit_vectors(model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool:
@@ -2026,6 +2405,8 @@ def _self_normalised(func: FuncInfo, division: Division) -> str | None:
         if len(values) != 1:
             return None
         denominator = _strip(values[0])
+    if _norms_of_numerator(division.left, denominator):
+        return "factors' norms"
     if not isinstance(denominator, cst.Call):
         return None
     name = _called_name(denominator)
@@ -2044,6 +2425,25 @@ def _self_normalised(func: FuncInfo, division: Division) -> str | None:
     if isinstance(total, cst.Call) and _called_name(total) == "abs":
         total = _reduced(total) or total
     return "total" if code_of(_strip(total)) == numerator else None
+
+
+def _norms_of_numerator(numerator: cst.BaseExpression, denominator: cst.BaseExpression) -> bool:
+    """``(a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))``: a cosine written out, divided by
+    the norms of the tensors its numerator multiplies. Like ``x / x.norm()`` it is 0/0 only
+    for an all-zero row, which the data decides."""
+    factors = _factors(denominator)
+    if len(factors) < 2:
+        return False
+    mentioned = {n.value for n in walk(numerator) if isinstance(n, cst.Name)}
+    for factor in factors:
+        factor = _strip(factor)
+        if not isinstance(factor, cst.Call) or _called_name(factor) not in NORM_CALLS:
+            return False
+        subject = _reduced(factor)
+        subject = _strip(subject) if subject is not None else None
+        if not isinstance(subject, cst.Name) or subject.value not in mentioned:
+            return False
+    return True
 
 
 def _reduced(call: cst.Call) -> cst.BaseExpression | None:
@@ -2288,8 +2688,11 @@ def _extent(func: FuncInfo, node: cst.BaseExpression) -> bool:
     if isinstance(stripped, cst.Name) and _guarded(value):
         return False
     sides = (_strip(value.left), _strip(value.right))
-    if any(_constant(func, side, 0) for side in sides):
-        return False  # `beta - alpha` of two numeric settings
+    if any(_constant(func, side, 0) or _derived_setting(func, side) for side in sides):
+        # `beta - alpha` of two numeric settings; `t - dt` with `dt = 1 / self.T`: a time
+        # shifted by a step the configuration fixes, not the extent of a box (learned from
+        # static11 mdlm's discrete-time bound).
+        return False
     return all(
         isinstance(side, cst.Name | cst.Subscript | cst.Attribute) and not _size_of(side)
         for side in sides
@@ -2298,6 +2701,26 @@ def _extent(func: FuncInfo, node: cst.BaseExpression) -> bool:
         for side in sides
         for n in walk(side)
     )
+
+
+def _derived_setting(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """A local name assigned once from numbers and hyper-parameters by arithmetic alone
+    (``dt = 1 / self.T``, ``step = self.span / 2``)."""
+    value = _single_value(func, node)
+    if value is None or not isinstance(value, cst.BinaryOperation):
+        return False
+    leaves = [value.left, value.right]
+    while leaves:
+        leaf = _strip(leaves.pop())
+        if isinstance(leaf, cst.BinaryOperation):
+            leaves.extend((leaf.left, leaf.right))
+        elif number_value(leaf, arithmetic=True) is None and not (
+            isinstance(leaf, cst.Attribute)
+            and isinstance(leaf.value, cst.Name)
+            and leaf.value.value == "self"
+        ):
+            return False
+    return True
 
 
 def _size_of(node: cst.BaseExpression) -> bool:
@@ -2778,12 +3201,24 @@ def _safe_name(node: cst.BaseExpression, func: FuncInfo, clamped: set[tuple[int,
     return any(_guarded(value) for value in func.assigns.get(node.value, []))
 
 
-def _away_from_zero(node: cst.BaseExpression, func: FuncInfo, positivity: Positivity) -> bool:
+def _away_from_zero(
+    node: cst.BaseExpression, func: FuncInfo, positivity: Positivity, depth: int = 0
+) -> bool:
     """The input of a log can never be 0: ``1 - p`` where ``p`` is clamped below 1
     (``p = p.clamp(1e-4, 1 - 1e-4)``), or a ratio whose numerator is positive by construction
     (``w.clamp(min=1) / anchor_w``: a zero or negative denominator is the division's hazard,
     which is read where it is written, not log(0)). Like ``_safe_name``, a name counts as
-    bounded when one of its assignments bounds it."""
+    bounded when one of its assignments bounds it; so does a name every assignment of which
+    is such a ratio (``q = 1 / torch.expm1(sigma)[masked]``, then ``q.log()``: a reciprocal
+    is never 0; learned from static11 mdlm's score entropy)."""
+    stripped = _strip(node)
+    if isinstance(stripped, cst.Name) and depth < 2:
+        values = func.assigns.get(stripped.value, [])
+        return bool(values) and all(
+            not _mentions(v, stripped.value) and _away_from_zero(v, func, positivity, depth + 1)
+            for v in values
+        )
+    node = stripped
     if not isinstance(node, cst.BinaryOperation):
         return False
     if isinstance(node.operator, cst.Subtract):
@@ -2796,6 +3231,271 @@ def _away_from_zero(node: cst.BaseExpression, func: FuncInfo, positivity: Positi
         return isinstance(numerator, cst.Name) and any(
             positivity.positive(value, func) for value in func.assigns.get(numerator.value, [])
         )
+    return False
+
+
+UNDERFLOW_GAP = 80.0
+"""Softmax probabilities underflow to 0 (float32) only where a logit lies more than about 87
+(103 with subnormals) below the largest: logits that span at most this much cannot."""
+UNIT_BOUNDED = frozenset({"sigmoid", "tanh", "cos", "sin", "cosine_similarity"})
+LABEL_WORDS = ("label", "onehot", "one_hot", "target")
+REDUCE_WORDS = ("reduce", "gather")
+
+
+def _power_base(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``p`` for ``p ** e`` / ``torch.pow(p, e)``: ``log(p ** e)`` is ``e * log(p)``, finite
+    wherever ``log(p)`` is (``log(probs ** (-targets))``, a cross-entropy written with a
+    power), so the base decides."""
+    node = _strip(node)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power):
+        return _strip(node.left)
+    if isinstance(node, cst.Call) and _called_name(node) == "pow":
+        base = _reduced(node)
+        return _strip(base) if base is not None else node
+    return node
+
+
+def _bounded_probability(
+    model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int
+) -> bool:
+    """``node`` is a softmax of logits that span less than :data:`UNDERFLOW_GAP` (a cosine of
+    normalised vectors over a temperature of 0.1 spans 20), so no probability underflows to
+    0: directly, through local names, what a project function returns, a mean over a batch,
+    an all-reduce, or a product with a label matrix (a soft nearest-neighbour classifier's
+    class probabilities: learned from static10 MSN's ``snn``)."""
+    if depth > 8:
+        return False
+    node = _strip(node)
+    while isinstance(node, cst.Subscript):
+        node = _strip(node.value)
+    if isinstance(node, cst.Name):
+        reaching = reaching_value(model, node)
+        if reaching is not None:
+            return _bounded_probability(model, func, reaching, depth + 1)
+        values = func.assigns.get(node.value, [])
+        return bool(values) and all(
+            not _mentions(v, node.value) and _bounded_probability(model, func, v, depth + 1)
+            for v in values
+        )
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+        labels = _strip(node.right)
+        return (
+            isinstance(labels, cst.Name)
+            and any(word in labels.value.lower() for word in LABEL_WORDS)
+            and _bounded_probability(model, func, node.left, depth + 1)
+        )
+    if not isinstance(node, cst.Call):
+        return False
+    name = _called_name(node)
+    if name == "softmax":
+        logits = _softmax_input(node)
+        span = _logit_bound(model, func, logits, 0) if logits is not None else None
+        return span is not None and 2 * span <= UNDERFLOW_GAP
+    if name == "sigmoid":
+        # `sigmoid(x)` underflows to 0 only for x below about -88: a bound of 80 keeps it
+        # positive (its complement `1 - p` rounds to 0 far sooner, and is not read here).
+        logits = _softmax_input(node)
+        bound = _logit_bound(model, func, logits, 0) if logits is not None else None
+        return bound is not None and bound <= UNDERFLOW_GAP
+    if name == "mean":
+        subject = _reduced(node)
+        return subject is not None and _bounded_probability(model, func, subject, depth + 1)
+    if name == "apply" and isinstance(node.func, cst.Attribute):
+        # `AllReduce.apply(p)`: an average over processes of values that are each positive.
+        owner = (dotted_name(node.func.value) or "").lower()
+        positional = [a.value for a in node.args if a.keyword is None]
+        return (
+            any(word in owner for word in REDUCE_WORDS)
+            and len(positional) == 1
+            and _bounded_probability(model, func, positional[0], depth + 1)
+        )
+    callee = resolve_call(model, func, node) or _default_function(model, func, node)
+    if callee is None or callee is func or not callee.returns:
+        return False
+    defining = callee.model or model
+    return all(_bounded_probability(defining, callee, r, depth + 1) for r in callee.returns)
+
+
+def _default_function(model: FileModel, func: FuncInfo, call: cst.Call) -> FuncInfo | None:
+    """The function a parameter's default names, for a call of that parameter
+    (``def loss(x, assign=soft_assign): assign(x)``): the one function of the file with that
+    name."""
+    if not isinstance(call.func, cst.Name) or func.assigns.get(call.func.value):
+        return None
+    default = _parameter_default(func, call.func.value)
+    if not isinstance(default, cst.Name):
+        return None
+    named = [f for f in model.functions if f.name == default.value and f.class_name is None]
+    return named[0] if len(named) == 1 else None
+
+
+SOFTMAX_OWNERS = frozenset({"torch", "th", "F", "nn", "functional", "special"})
+
+
+def _softmax_input(call: cst.Call) -> cst.BaseExpression | None:
+    """The logits of ``F.softmax(x, 1)``, ``torch.softmax(x, 1)``, ``x.softmax(1)`` or of a
+    module called by name (``softmax = nn.Softmax(dim=1)``; ``softmax(x)``)."""
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    if isinstance(call.func, cst.Attribute):
+        owner = dotted_name(call.func.value) or ""
+        if not set(owner.split(".")) & SOFTMAX_OWNERS:
+            return call.func.value
+    return positional[0] if positional else None
+
+
+def _logit_bound(
+    model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int
+) -> float | None:
+    """A bound on ``|node|`` written in the code: 1 for a cosine of normalised vectors or a
+    sigmoid / tanh / cos, divided or multiplied by positive numbers or settings with a
+    numeric default (``sim / temp`` with ``temp=0.1``)."""
+    if depth > 4:
+        return None
+    node = _strip(node)
+    if _unit_cosine(model, func, node, 0):
+        return 1.0
+    if isinstance(node, cst.Call) and _called_name(node) in UNIT_BOUNDED:
+        return 1.0
+    if isinstance(node, cst.Call) and _called_name(node) in {"cat", "concat", "stack"}:
+        # `torch.cat([l_pos, l_neg], dim=1)`: the largest bound of the joined logits.
+        joined = _strip(node.args[0].value) if node.args else None
+        if not isinstance(joined, cst.List | cst.Tuple) or not joined.elements:
+            return None
+        bounds = [
+            _logit_bound(model, func, e.value, depth + 1) if isinstance(e, cst.Element) else None
+            for e in joined.elements
+        ]
+        return None if any(b is None for b in bounds) else max(b for b in bounds if b is not None)
+    if isinstance(node, cst.Name):
+        value = reaching_value(model, node) or _single_value(func, node)
+        return _logit_bound(model, func, value, depth + 1) if value is not None else None
+    if isinstance(node, cst.BinaryOperation) and isinstance(
+        node.operator, cst.Divide | cst.Multiply
+    ):
+        divide = isinstance(node.operator, cst.Divide)
+        pairs = (
+            [(node.left, node.right)]
+            if divide
+            else [
+                (node.left, node.right),
+                (node.right, node.left),
+            ]
+        )
+        for inner, scale in pairs:
+            bound = _logit_bound(model, func, inner, depth + 1)
+            factor = _setting_number(model, func, scale, 0)
+            if bound is not None and factor is not None and factor > 0:
+                return bound / factor if divide else bound * factor
+    return None
+
+
+def _setting_number(
+    model: FileModel, func: FuncInfo, node: cst.BaseExpression, depth: int
+) -> float | None:
+    """The number a setting holds: a literal, or a parameter no assignment changes whose
+    default is one (also a default naming a parameter of an enclosing function:
+    ``def snn(q, s, temp=tau)`` inside ``def init_loss(tau=0.1)``)."""
+    value = number_value(node, arithmetic=True)
+    if value is not None or depth > 3:
+        return value
+    node = _strip(node)
+    if isinstance(node, cst.Attribute):
+        return _hyper_parameter_number(model, func, node, depth)
+    if not isinstance(node, cst.Name) or func.assigns.get(node.value):
+        return None
+    default = _parameter_default(func, node.value)
+    if default is None or not isinstance(func.node, cst.FunctionDef):
+        return None
+    value = number_value(default, arithmetic=True)
+    if value is not None or not isinstance(default, cst.Name):
+        return value
+    for parent in model.ancestors(func.node):
+        if isinstance(parent, cst.FunctionDef):
+            outer = next((f for f in model.functions if f.node is parent), None)
+            return _setting_number(model, outer, default, depth + 1) if outer is not None else None
+    return None
+
+
+def _hyper_parameter_number(
+    model: FileModel, func: FuncInfo, node: cst.Attribute, depth: int
+) -> float | None:
+    """The smallest number ``self.temperature`` can hold when it is set only from numbers or
+    from constructor parameters with numeric defaults (``self.temperature = temperature``
+    with ``__init__(self, temperature=0.5)``); None otherwise."""
+    text = dotted_name(node)
+    if text is None or not text.startswith("self."):
+        return None
+    values = model.attribute_assigns.get(attribute_key(text, func.class_name), [])
+    numbers: list[float] = []
+    for value in values:
+        number = (
+            number_value(value, arithmetic=True)
+            if isinstance(_strip(value), cst.Attribute)
+            else _setting_number(model, model.function_holding(value), value, depth + 1)
+        )
+        if number is None:
+            return None
+        numbers.append(number)
+    return min(numbers) if numbers else None
+
+
+MAXIMA = frozenset({"max", "amax", "logsumexp"})
+
+
+def _maximum_of(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``x.max(dim)``, ``x.max(dim)[0]``, ``x.max(dim).values``, ``torch.amax(x, d)`` (or a
+    local name assigned once to one)."""
+    node = _strip(node)
+    value = _single_value(func, node)
+    if value is not None:
+        node = _strip(value)
+    if isinstance(node, cst.Subscript) or (
+        isinstance(node, cst.Attribute) and node.attr.value == "values"
+    ):
+        node = _strip(node.value)
+    return isinstance(node, cst.Call) and _called_name(node) in MAXIMA
+
+
+def _max_shifted_exp_sum(model: FileModel, func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``log(sum(w * exp(x - x.max(d)), d))``: log-sum-exp written in its stable form (the
+    largest term is ``w * exp(0)``), with weights (mixture probabilities, a Gaussian's
+    normaliser) multiplying or dividing the shifted exponentials. Subtracting the maximum is
+    how its author keeps the sum from underflowing to 0, and a mixture weight of exactly 0 at
+    the most likely component is not what such code is written for (learned from static10
+    Flowtron's Gaussian-mixture likelihood). A mask among the factors can drop the largest
+    term (the self-similarity a contrastive loss masks out): not read as stable."""
+    node = _strip(node)
+    if not isinstance(node, cst.Call) or _called_name(node) not in {"sum", "nansum"}:
+        return False
+    summed = _reduced(node)
+    if summed is None:
+        return False
+    summed = _strip(summed)
+    if isinstance(summed, cst.Name):
+        summed = reaching_value(model, summed) or _single_value(func, summed) or summed
+    terms = [summed]
+    factors: list[cst.BaseExpression] = []
+    while terms:
+        term = _strip(terms.pop())
+        if isinstance(term, cst.BinaryOperation) and isinstance(
+            term.operator, cst.Multiply | cst.Divide
+        ):
+            terms.append(term.left)
+            if isinstance(term.operator, cst.Multiply):
+                terms.append(term.right)
+        else:
+            factors.append(term)
+    if any(_mask_like(factor) for factor in factors):
+        return False  # a mask can remove the largest term (the diagonal of a contrastive loss)
+    for factor in factors:
+        exponent = _exp_argument(factor)
+        if (
+            exponent is not None
+            and isinstance(exponent := _strip(exponent), cst.BinaryOperation)
+            and isinstance(exponent.operator, cst.Subtract)
+            and _maximum_of(func, exponent.right)
+        ):
+            return True
     return False
 
 
@@ -2987,6 +3687,8 @@ def _bounded_above(func: FuncInfo, node: cst.BaseExpression, depth: int) -> bool
         name = _called_name(node)
         if name in {"clamp", "clip", "clamp_max"}:
             return clamp_bound(node, "max") is not None
+        if name in {"where", "minimum", "fmin"}:
+            return _sign(func, node, depth) == "-"
         return name in BOUNDING_CALLS
     if isinstance(node, cst.BinaryOperation):
         if isinstance(node.operator, cst.Subtract):
@@ -3205,6 +3907,23 @@ def _sign(func: FuncInfo, node: cst.BaseExpression, depth: int) -> str | None:
         name = _called_name(node)
         if name in NON_NEGATIVE:
             return "+"
+        if name == "where":
+            return _where_sign(func, node, depth)
+        if name in {"minimum", "fmin", "maximum", "fmax"}:
+            # `torch.minimum(x, zeros)` is at most 0 and `torch.maximum(x, zeros)` at least 0.
+            wanted = "-" if name in {"minimum", "fmin"} else "+"
+            operands = [_strip(a.value) for a in node.args if a.keyword is None][:2]
+            if any(_zero(func, o) or _sign(func, o, depth + 1) == wanted for o in operands):
+                return wanted
+            texts = {
+                code_of(_strip(o.expression))
+                if isinstance(o, cst.UnaryOperation) and isinstance(o.operator, cst.Minus)
+                else "+" + code_of(o)
+                for o in operands
+            }
+            if len(operands) == 2 and len({t.lstrip("+") for t in texts}) == 1 and len(texts) == 2:
+                return wanted  # `minimum(x, -x)` is -|x|, `maximum(x, -x)` is |x|
+            return None
         if name in {"clamp", "clip", "clamp_min"}:
             low = clamp_bound(node, "min")
             low_value = number_value(low) if low is not None else None
@@ -3217,6 +3936,65 @@ def _sign(func: FuncInfo, node: cst.BaseExpression, depth: int) -> str | None:
         signs = {_sign(func, v, depth + 1) for v in values}
         return signs.pop() if len(signs) == 1 else None
     return None
+
+
+ZERO_BUILDERS = frozenset({"zeros", "zeros_like"})
+
+
+def _zero(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """A literal 0, or a local name bound only to ``torch.zeros_like(...)``."""
+    node = _strip(node)
+    if number_value(node, arithmetic=True) == 0:
+        return True
+    value = _single_value(func, node)
+    return isinstance(value, cst.Call) and _called_name(value) in ZERO_BUILDERS
+
+
+def _sign_test(func: FuncInfo, node: cst.BaseExpression) -> tuple[str, str] | None:
+    """(the tested value's code, the sign it has where the test holds) for ``x >= 0``,
+    ``x > zeros``, ``x < 0`` (also through a local name bound to the comparison)."""
+    node = _strip(node)
+    value = _single_value(func, node)
+    if value is not None:
+        node = _strip(value)
+    if not isinstance(node, cst.Comparison) or len(node.comparisons) != 1:
+        return None
+    target = node.comparisons[0]
+    if not _zero(func, target.comparator):
+        return None
+    if isinstance(target.operator, cst.GreaterThan | cst.GreaterThanEqual):
+        return code_of(_strip(node.left)), "+"
+    if isinstance(target.operator, cst.LessThan | cst.LessThanEqual):
+        return code_of(_strip(node.left)), "-"
+    return None
+
+
+def _where_sign(func: FuncInfo, call: cst.Call, depth: int) -> str | None:
+    """The sign of ``torch.where(c, a, b)``: the sign both branches share, where a branch
+    that is the tested value (or its negation) takes the sign the test gives it there:
+    ``where(x >= 0, -x, x)`` is ``-|x|`` (at most 0; the stable softplus's exponent),
+    ``where(x >= 0, x, zeros)`` is ``relu(x)`` (learned from static11 Open-MAGVIT2's
+    sigmoid cross-entropy written out)."""
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    if len(positional) != 3:
+        return None
+    test = _sign_test(func, positional[0])
+    signs: set[str | None] = set()
+    for branch, holds in ((positional[1], True), (positional[2], False)):
+        branch = _strip(branch)
+        negated = isinstance(branch, cst.UnaryOperation) and isinstance(branch.operator, cst.Minus)
+        core = _strip(branch.expression) if isinstance(branch, cst.UnaryOperation) else branch
+        if test is not None and code_of(core) == test[0] and (negated or core is branch):
+            tested = test[1] if holds else ("-" if test[1] == "+" else "+")
+            signs.add(tested if not negated else ("-" if tested == "+" else "+"))
+        elif _zero(func, branch):
+            signs.add("0")
+        else:
+            signs.add(_sign(func, branch, depth + 1))
+    signs.discard("0")  # 0 has either sign
+    if not signs:
+        return "+"
+    return signs.pop() if len(signs) == 1 else None
 
 
 def _manual_logsumexp(call: cst.Call) -> cst.BaseExpression | None:
@@ -3883,6 +4661,8 @@ def _constant(
             isinstance(e, cst.Element) and _constant(func, e.value, depth + 1, seen)
             for e in node.elements
         )
+    if isinstance(node, cst.Call) and _settings_total(func, node):
+        return True
     if isinstance(node, cst.Call) and _called_name(node) in CONSTANT_TENSORS:
         return bool(node.args) and not any(
             isinstance(n, cst.Call) for n in walk(node.args[0].value)
@@ -3906,6 +4686,61 @@ def _constant(
         default = _parameter_default(func, node.value)
         return default is not None and number_value(default) is not None
     return False
+
+
+SETTINGS_WORDS = ("cfg", "config", "conf", "args", "opt", "hparams", "hp", "setting")
+
+
+def _settings_total(func: FuncInfo, call: cst.Call) -> bool:
+    """``sum(weights)`` (Python's ``sum``) of a list whose every element is a number or a
+    setting read from an object (``weights.append(cfg.weight)``): a host number the
+    configuration fixes, not a tensor the data can make 0 (learned from static11
+    DistillKit, which averages its configured losses by their configured weights)."""
+    if not (isinstance(call.func, cst.Name) and call.func.value == "sum") or len(call.args) != 1:
+        return False
+    listed = _strip(call.args[0].value)
+    if (
+        isinstance(listed, cst.Call)
+        and isinstance(listed.func, cst.Attribute)
+        and listed.func.attr.value == "values"
+        and not listed.args
+    ):
+        listed = _strip(listed.func.value)  # `sum(cfg.loss_weights.values())`
+    if isinstance(listed, cst.Attribute):
+        # `sum(cfg.loss_weights)`: a list read from a configuration object.
+        root: cst.BaseExpression = listed
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        return isinstance(root, cst.Name) and any(
+            root.value.lower().startswith(word) for word in SETTINGS_WORDS
+        )
+    if not isinstance(listed, cst.Name) or not isinstance(func.node, cst.FunctionDef):
+        return isinstance(listed, cst.List | cst.Tuple) and all(
+            isinstance(e, cst.Element) and _read_setting(e.value) for e in listed.elements
+        )
+    values = func.assigns.get(listed.value, [])
+    if len(values) != 1 or not isinstance(values[0], cst.List):
+        return False
+    elements = [e.value for e in values[0].elements if isinstance(e, cst.Element)]
+    for node in walk(func.node.body):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            owner = node.func.value
+            if isinstance(owner, cst.Name) and owner.value == listed.value:
+                if node.func.attr.value != "append" or len(node.args) != 1:
+                    return False  # `extend`, `insert`, ...: not read
+                elements.append(node.args[0].value)
+    return bool(elements) and all(_read_setting(e) for e in elements)
+
+
+def _read_setting(node: cst.BaseExpression) -> bool:
+    """A number, or a value read from an object without computing (``cfg.weight``,
+    ``self.weights[i]``)."""
+    node = _strip(node)
+    if number_value(node, arithmetic=True) is not None:
+        return True
+    while isinstance(node, cst.Subscript):
+        node = _strip(node.value)
+    return isinstance(node, cst.Attribute) and dotted_name(node) is not None
 
 
 def _mentions(node: cst.BaseExpression, name: str) -> bool:
