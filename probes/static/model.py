@@ -2311,6 +2311,8 @@ class _EventWalker:
     def __init__(self, model: FileModel, func: FuncInfo) -> None:
         self.model = model
         self.func = func
+        self.scaled_losses: dict[str, cst.BaseExpression] = {}
+        """``with amp.scale_loss(loss, optimizer) as scaled:``: ``scaled`` -> ``loss``."""
 
     def walk(self) -> None:
         node = self.func.node
@@ -2394,6 +2396,10 @@ class _EventWalker:
                         # Which micro-batches it skips is decided inside the helper: the
                         # all-reduce is handled, but its condition is not read here.
                         tag = "sync_helper"
+            for item in stmt.items:
+                scaled = _scale_loss_binding(item)
+                if scaled is not None:
+                    self.scaled_losses[scaled[0]] = scaled[1]
             inner = (*frames, Frame("with", stmt, 0, tag)) if tag else frames
             self._body(stmt.body, stmt, inner)
             return frames
@@ -2773,6 +2779,14 @@ class _EventWalker:
                     )
                 )
                 return
+        scaled = self.scaled_losses.get(recv.value) if isinstance(recv, cst.Name) else None
+        if scaled is not None:
+            # apex `with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backward()`
+            # (and `optimizer.scale_loss(loss)`): the loss times the AMP loss scale, which
+            # apex divides out before the step; what accumulates is `loss` (learned from leads2
+            # uniter-vqa, whose undivided loss went through `amp.scale_loss`).
+            self._add(Event("backward", call, stmt, func, frames, loss=scaled))
+            return
         kind = model.kind_of(recv)
         loss_arg = call_arg(call, 0, "loss")
         if (
@@ -2807,6 +2821,19 @@ class _EventWalker:
                 break
             expr = expr.args[1].value
         return expr
+
+
+def _scale_loss_binding(item: cst.WithItem) -> tuple[str, cst.BaseExpression] | None:
+    """(name, loss) for ``with amp.scale_loss(loss, optimizer) as name`` (apex AMP's loss
+    scaling context, also ``optimizer.scale_loss(loss)``), else None."""
+    target = item.asname.name if item.asname is not None else None
+    context = item.item
+    if not isinstance(target, cst.Name) or not isinstance(context, cst.Call):
+        return None
+    if method_name(context) != "scale_loss":
+        return None
+    loss = call_arg(context, 0, "loss")
+    return None if loss is None else (target.value, loss)
 
 
 _WINDOW_COUNT = re.compile(

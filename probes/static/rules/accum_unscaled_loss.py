@@ -274,6 +274,20 @@ for support_x, support_y, query_x, query_y in episodes:
         query_loss.backward()
     meta_optimizer.step()
 """,
+        # apex AMP: the loss scale of `amp.scale_loss` is divided out before the step; the
+        # accumulation division is on the loss it scales.
+        """
+from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O2")
+for step, batch in enumerate(loader):
+    loss = model(batch).mean() / accum_steps
+    with amp.scale_loss(loss, optimizer, delay_unscale=(step + 1) % accum_steps != 0) as scaled:
+        scaled.backward()
+    if (step + 1) % accum_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -481,6 +495,23 @@ class Learner:
                     it = 0
 """,
             29,
+        ),
+        # apex AMP: `scale_loss` multiplies by the loss scale only; the loss it scales is
+        # never divided by the accumulation count (learned from leads2 uniter-vqa).
+        Invalid(
+            """
+from apex import amp
+
+model, optimizer = amp.initialize(model, optimizer, opt_level="O2")
+for step, batch in enumerate(loader):
+    loss = model(batch).mean() * batch["labels"].size(1)
+    with amp.scale_loss(loss, optimizer, delay_unscale=(step + 1) % accum_steps != 0) as scaled:
+        scaled.backward()
+    if (step + 1) % accum_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+""",
+            8,
         ),
     ]
 
