@@ -202,6 +202,8 @@ class FuncInfo:
     """The file that defines it (helpers may come from other files of the project)."""
     returns: list[cst.BaseExpression] = field(default_factory=list)
     """The values of its ``return`` statements, in source order."""
+    annotations: dict[str, cst.BaseExpression] = field(default_factory=dict)
+    """The declared type of each annotated name or parameter (``task: BaseTask = ...``)."""
 
 
 @dataclass(eq=False)
@@ -725,6 +727,8 @@ class FileModel:
         self.ignore_index_owners: set[str] = set()
         """Objects whose ``.ignore_index`` the script reads (token-level criteria)."""
         self.attribute_assigns: dict[str, list[cst.BaseExpression]] = {}
+        self._resolving: set[int] = set()
+        """Names whose class ``_built_from`` is looking up (a guard against cycles)."""
         """Values assigned to attributes (``self.model = ...``), by dotted target."""
         self.constants: dict[str, cst.BaseExpression] = {}
         """The first value bound to each name (assignments and parameter defaults)."""
@@ -1000,13 +1004,69 @@ class FileModel:
                 name = dotted_name(value.func)
                 if name is None:
                     continue
-                if name in self.class_nodes or (
-                    self.project is not None
-                    and name.split(".", 1)[0] in self.aliases
-                    and name[:1].isupper() | name.rsplit(".", 1)[-1][:1].isupper()
-                ):
+                if self._class_name(name):
                     return name
+        if isinstance(node, cst.Name):
+            # `task: BaseTask = ...`, or a parameter `task: BaseTask`: the declared class.
+            declared = self._declared_class(context.annotations.get(text))
+            if declared is not None:
+                return declared
+        if id(node) in self._resolving:
+            return None  # `x = x.cuda()`: the lookup of `x` leads back to itself
+        self._resolving.add(id(node))
+        try:
+            return self._helper_declared_class(values, context)
+        finally:
+            self._resolving.discard(id(node))
+
+    def _helper_declared_class(
+        self, values: list[cst.BaseExpression], context: FuncInfo
+    ) -> str | None:
+        for value in values:
+            # `task_ref = self.get_task_ref()` with `def get_task_ref(self) -> BaseTask` (or
+            # `task: BaseTask = ...; return task` inside it): the class the helper declares
+            # it returns (learned from leads3 fastdiff and leads1 natspeech, whose trainer
+            # calls the task's clipping hook through `task_ref`).
+            if not isinstance(value, cst.Call):
+                continue
+            helper = self.function_for_call(value, context)
+            if helper is None or helper.model is not self or helper is context:
+                continue
+            declared = self._returned_class(helper)
+            if declared is not None:
+                return declared
         return None
+
+    def _class_name(self, name: str) -> bool:
+        """Whether ``name`` (as written) names a class of this file or, with a project index,
+        an imported one (capitalised)."""
+        return name in self.class_nodes or (
+            self.project is not None
+            and name.split(".", 1)[0] in self.aliases
+            and name[:1].isupper() | name.rsplit(".", 1)[-1][:1].isupper()
+        )
+
+    def _declared_class(self, annotation: cst.BaseExpression | None) -> str | None:
+        """The class an annotation names (``BaseTask``, ``"BaseTask"``, ``tasks.BaseTask``),
+        when it is a class this file defines or imports; None for anything else (``Optional``,
+        unions, builtins)."""
+        if isinstance(annotation, cst.SimpleString):
+            text = annotation.evaluated_value
+            name = text if isinstance(text, str) and text.replace(".", "").isidentifier() else None
+        elif isinstance(annotation, cst.Name | cst.Attribute):
+            name = dotted_name(annotation)
+        else:
+            name = None
+        return name if name is not None and self._class_name(name) else None
+
+    def _returned_class(self, helper: FuncInfo) -> str | None:
+        """The class ``helper`` declares it returns: its return annotation, or the declared
+        type of the one name it returns."""
+        if isinstance(helper.node, cst.FunctionDef) and helper.node.returns is not None:
+            return self._declared_class(helper.node.returns.annotation)
+        if len(helper.returns) != 1 or not isinstance(helper.returns[0], cst.Name):
+            return None
+        return self._declared_class(helper.annotations.get(helper.returns[0].value))
 
     def method_of(
         self, class_name: str, method: str, *, inherited_only: bool = False, depth: int = 0
@@ -1527,6 +1587,32 @@ def consistent_paths(
         yield values, branch_of
 
 
+def exclusive_frames(a: Frame, b: Frame) -> bool:
+    """Two ``if`` branches that never run on one path: the two sides of one ``if``, or of two
+    ``if``s that test the same thing."""
+    if not isinstance(a.node, cst.If) or not isinstance(b.node, cst.If):
+        return False
+    if a.node is b.node:
+        return a.branch != b.branch
+    key_a, positive_a = condition_key(a.node.test)
+    key_b, positive_b = condition_key(b.node.test)
+    if key_a != key_b:
+        return False
+    return ((a.branch == 0) == positive_a) != ((b.branch == 0) == positive_b)
+
+
+def on_exclusive_paths(a: Event, b: Event) -> bool:
+    """Whether no execution path runs both events: one stands in a branch of an ``if`` whose
+    other side (or the opposite side of an ``if`` testing the same thing) holds the other."""
+    return any(
+        exclusive_frames(fa, fb)
+        for fa in a.frames
+        if fa.kind == "if"
+        for fb in b.frames
+        if fb.kind == "if"
+    )
+
+
 def condition_key(test: cst.BaseExpression) -> tuple[str, bool]:
     """(the tested expression, True when the branch runs if it is truthy): ``if not amp`` and
     ``if amp`` test the same thing; so do ``if scaler is None`` and ``if scaler``."""
@@ -2013,6 +2099,8 @@ class _Collector:
         params = node.params
         for param in [*params.posonly_params, *params.params, *params.kwonly_params]:
             info.params.add(param.name.value)
+            if param.annotation is not None:
+                info.annotations[param.name.value] = param.annotation.annotation
             if param.default is not None:
                 self.model.constants.setdefault(param.name.value, param.default)
         for star in (params.star_arg, params.star_kwarg):
@@ -2107,6 +2195,8 @@ class _Collector:
         return True
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
+        if isinstance(node.target, cst.Name):
+            self.func_stack[-1].annotations[node.target.value] = node.annotation.annotation
         if node.value is not None:
             self._assigned(node.target, node.value)
             if isinstance(node.target, cst.Name):
