@@ -728,6 +728,8 @@ class FileModel:
         """Objects whose ``.ignore_index`` the script reads (token-level criteria)."""
         self.attribute_assigns: dict[str, list[cst.BaseExpression]] = {}
         self._resolving: set[int] = set()
+        self.attribute_annotations: dict[str, cst.BaseExpression] = {}
+        """The declared type of ``self.x`` (``self.x: T = ...``, or ``x: T`` in the class body)."""
         """Names whose class ``_built_from`` is looking up (a guard against cycles)."""
         """Values assigned to attributes (``self.model = ...``), by dotted target."""
         self.constants: dict[str, cst.BaseExpression] = {}
@@ -1006,11 +1008,15 @@ class FileModel:
                     continue
                 if self._class_name(name):
                     return name
+        # `task: BaseTask = ...`, a parameter `task: BaseTask`, `self.task: BaseTask`: the
+        # declared class.
         if isinstance(node, cst.Name):
-            # `task: BaseTask = ...`, or a parameter `task: BaseTask`: the declared class.
-            declared = self._declared_class(context.annotations.get(text))
-            if declared is not None:
-                return declared
+            annotation = context.annotations.get(text)
+        else:
+            annotation = self.attribute_annotations.get(attribute_key(text, context.class_name))
+        declared = self._declared_class(annotation)
+        if declared is not None:
+            return declared
         if id(node) in self._resolving:
             return None  # `x = x.cuda()`: the lookup of `x` leads back to itself
         self._resolving.add(id(node))
@@ -1023,6 +1029,12 @@ class FileModel:
         self, values: list[cst.BaseExpression], context: FuncInfo
     ) -> str | None:
         for value in values:
+            if isinstance(value, cst.Name | cst.Attribute):
+                # `task = self.held` with `self.held: Task`: the class of what it copies.
+                copied = self._built_from(value, context)
+                if copied is not None:
+                    return copied
+                continue
             # `task_ref = self.get_task_ref()` with `def get_task_ref(self) -> BaseTask` (or
             # `task: BaseTask = ...; return task` inside it): the class the helper declares
             # it returns (learned from leads3 fastdiff and leads1 natspeech, whose trainer
@@ -2195,8 +2207,20 @@ class _Collector:
         return True
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
-        if isinstance(node.target, cst.Name):
-            self.func_stack[-1].annotations[node.target.value] = node.annotation.annotation
+        annotation = node.annotation.annotation
+        in_class_body = bool(self.containers) and self.containers[-1] == "class"
+        if in_class_body and isinstance(node.target, cst.Name):
+            # `engine: Engine` in a class body (a dataclass field): `self.engine` of it.
+            key = attribute_key(f"self.{node.target.value}", self.class_stack[-1])
+            self.model.attribute_annotations[key] = annotation
+        elif isinstance(node.target, cst.Name):
+            self.func_stack[-1].annotations[node.target.value] = annotation
+        elif isinstance(node.target, cst.Attribute):
+            # `self.engine: Engine = build_engine(cfg)` in a method.
+            text = dotted_name(node.target)
+            if text is not None:
+                key = attribute_key(text, self.func_stack[-1].class_name)
+                self.model.attribute_annotations[key] = annotation
         if node.value is not None:
             self._assigned(node.target, node.value)
             if isinstance(node.target, cst.Name):
