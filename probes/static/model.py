@@ -727,11 +727,12 @@ class FileModel:
         self.ignore_index_owners: set[str] = set()
         """Objects whose ``.ignore_index`` the script reads (token-level criteria)."""
         self.attribute_assigns: dict[str, list[cst.BaseExpression]] = {}
-        self._resolving: set[int] = set()
+        """Values assigned to attributes (``self.model = ...``), by dotted target."""
         self.attribute_annotations: dict[str, cst.BaseExpression] = {}
         """The declared type of ``self.x`` (``self.x: T = ...``, or ``x: T`` in the class body)."""
-        """Names whose class ``_built_from`` is looking up (a guard against cycles)."""
-        """Values assigned to attributes (``self.model = ...``), by dotted target."""
+        self._resolving: set[tuple[int, int]] = set()
+        """(node, function) pairs whose class ``_built_from`` is looking up (against cycles)."""
+        self._built_cache: dict[tuple[int, int], str | None] = {}
         self.constants: dict[str, cst.BaseExpression] = {}
         """The first value bound to each name (assignments and parameter defaults)."""
         self.top_level: dict[int, int] = {}
@@ -994,6 +995,22 @@ class FileModel:
     def _built_from(self, node: cst.BaseExpression, context: FuncInfo) -> str | None:
         """The class (as written) whose constructor built the object ``node`` names, when the
         assignment is visible and the class is local or imported (a project class)."""
+        key = (id(node), id(context))
+        if key in self._built_cache:
+            return self._built_cache[key]
+        if key in self._resolving or len(self._resolving) >= MAX_TYPE_HOPS:
+            # `x = x.cuda()` leads back to itself; a long chain of helpers is not followed.
+            return None
+        self._resolving.add(key)
+        try:
+            found = self._built_from_uncached(node, context)
+        finally:
+            self._resolving.discard(key)
+        # A lookup cut by a cycle is kept as it is: at worst a class is missed (silence).
+        self._built_cache[key] = found
+        return found
+
+    def _built_from_uncached(self, node: cst.BaseExpression, context: FuncInfo) -> str | None:
         text = dotted_name(node)
         if text is None:
             return None
@@ -1017,13 +1034,7 @@ class FileModel:
         declared = self._declared_class(annotation)
         if declared is not None:
             return declared
-        if id(node) in self._resolving:
-            return None  # `x = x.cuda()`: the lookup of `x` leads back to itself
-        self._resolving.add(id(node))
-        try:
-            return self._helper_declared_class(values, context)
-        finally:
-            self._resolving.discard(id(node))
+        return self._helper_declared_class(values, context)
 
     def _helper_declared_class(
         self, values: list[cst.BaseExpression], context: FuncInfo
@@ -1038,15 +1049,32 @@ class FileModel:
             # `task_ref = self.get_task_ref()` with `def get_task_ref(self) -> BaseTask` (or
             # `task: BaseTask = ...; return task` inside it): the class the helper declares
             # it returns (learned from leads3 fastdiff and leads1 natspeech, whose trainer
-            # calls the task's clipping hook through `task_ref`).
-            if not isinstance(value, cst.Call):
-                continue
-            helper = self.function_for_call(value, context)
-            if helper is None or helper.model is not self or helper is context:
+            # calls the task's clipping hook through `task_ref`). Only a function of this
+            # file or a method of the same class: an object's method would need its class.
+            helper = self._own_helper(value, context)
+            if helper is None or helper is context:
                 continue
             declared = self._returned_class(helper)
             if declared is not None:
                 return declared
+        return None
+
+    def _own_helper(self, value: cst.BaseExpression, context: FuncInfo) -> FuncInfo | None:
+        """The function of this file that ``value`` calls: ``helper()`` or ``self.helper()``."""
+        if not isinstance(value, cst.Call):
+            return None
+        func = value.func
+        if isinstance(func, cst.Name):
+            top = [c for c in self.by_name.get(func.value, []) if c.class_name is None]
+            return top[0] if len(top) == 1 else None
+        if (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value in {"self", "cls"}
+            and context.class_name is not None
+        ):
+            found = self.method_of(context.class_name, func.attr.value)
+            return found if found is not None and found.model is self else None
         return None
 
     def _class_name(self, name: str) -> bool:
@@ -2948,6 +2976,10 @@ def _scale_loss_binding(item: cst.WithItem) -> tuple[str, cst.BaseExpression] | 
         return None
     loss = call_arg(context, 0, "loss")
     return None if loss is None else (target.value, loss)
+
+
+MAX_TYPE_HOPS = 6
+"""How many names and helpers deep the class of a receiver is looked for."""
 
 
 _WINDOW_COUNT = re.compile(
