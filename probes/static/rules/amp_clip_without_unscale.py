@@ -148,6 +148,37 @@ class Runner:
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The update lives in a helper: backward chosen by `if/elif/else` on the precision,
+        # clip under its own guard, scaler step under the precision test (learned from static
+        # classyvision; the patch must keep that test around the unscale_).
+        Invalid(
+            """
+import torch
+
+class Task:
+    def update(self):
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+        if self.precision == "amp":
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+
+    def train_step(self, batch):
+        loss = self.model(batch)
+        if self.precision == "apex":
+            with apex.amp.scale_loss(loss, self.optimizer) as scaled:
+                scaled.backward()
+        elif self.precision == "amp":
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        self.update()
+        self.optimizer.zero_grad()
+""",
+            7,
+        ),
         Invalid(
             """
 import torch
@@ -295,7 +326,9 @@ class Runner:
                         "backward_line": backward_at.node,
                         "step_line": step_at.node,
                     },
-                    patch=self._patch(model, clip_at.stmt, step, backward.scaler, optimizer),
+                    patch=self._patch(
+                        model, clip_at.stmt, step_at.stmt, step, backward.scaler, optimizer
+                    ),
                     fix_description=(
                         f"Insert `{backward.scaler}.unscale_({optimizer})` before the clip."
                     ),
@@ -331,18 +364,27 @@ class Runner:
                 "optimizer": optimizer,
                 "step_line": step_at.node,
             },
-            patch=self._patch(model, clip_at.stmt, step, step.scaler, optimizer),
+            patch=self._patch(model, clip_at.stmt, step_at.stmt, step, step.scaler, optimizer),
             fix_description=f"Insert `{step.scaler}.unscale_({optimizer})` before the clip.",
         )
 
     def _patch(
-        self, model: FileModel, clip_stmt: cst.CSTNode, step: Event, scaler: str, optimizer: str
+        self,
+        model: FileModel,
+        clip_stmt: cst.CSTNode,
+        step_stmt: cst.CSTNode,
+        step: Event,
+        scaler: str,
+        optimizer: str,
     ) -> Patch | None:
-        if not movable(clip_stmt) or not model.owns(step.anchor_stmt):
+        """``step_stmt``: the step's statement in the function that holds ``clip_stmt`` (both
+        may sit in a helper the loop calls: the guard is read between them there, learned
+        from static classyvision, whose `run_optimizer` steps under `if amp_type == ...`)."""
+        if not movable(clip_stmt) or not model.owns(step.anchor_stmt) or not model.owns(step_stmt):
             return None
         if _per_optimizer_loop(step, clip_stmt, optimizer):
             return None  # `for o in opts: scaler.step(o)`: one unscale_ per optimizer is needed
-        guard = path_guard(model, step.anchor_stmt, clip_stmt)
+        guard = path_guard(model, step_stmt, clip_stmt)
         if guard is None:
             return None
         code = guarded_code(f"{scaler}.unscale_({optimizer})", guard)

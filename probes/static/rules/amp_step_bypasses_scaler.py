@@ -116,11 +116,7 @@ def train(model, loader, opt):
                 # A scaled backward that can run before this step on one path (the plain
                 # step of `if amp: ... else: ...`'s other side never sees scaled gradients).
                 backward = next(
-                    (
-                        b
-                        for b in scaled
-                        if b.order < step.order and not on_exclusive_paths(b, step)
-                    ),
+                    (b for b in scaled if b.order < step.order and not on_exclusive_paths(b, step)),
                     None,
                 )
                 if backward is None or not isinstance(step.call, cst.Call):
