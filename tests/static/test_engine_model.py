@@ -588,3 +588,66 @@ def test_assigning_a_zero_tensor_to_grad_is_a_reset(assignment: str, zeroes: boo
     )
     unit = FileModel(cst.parse_module(source)).units[0]
     assert bool(unit.of_kind("zero_grad")) is zeroes
+
+
+_TYPED_HOOK = """
+import torch
+
+class Task(torch.nn.Module):
+    def before_update(self):
+        torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
+
+class Runner:
+{members}
+    def train(self, batch, opt, scaler):
+        task = {task}
+        scaler.scale(task(batch)).backward()
+        task.before_update()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+"""
+
+
+def _hook_line(source: str) -> int:
+    return source.splitlines().index("        task.before_update()") + 1
+
+
+@pytest.mark.parametrize(
+    ("members", "task"),
+    [
+        # A helper that declares the class it returns.
+        ("    def current(self) -> Task:\n        return self.inner\n", "self.current()"),
+        ("    def current(self) -> 'Task':\n        return self.inner\n", "self.current()"),
+        # A helper returning a name declared with the class.
+        (
+            "    def current(self):\n        found: Task = self.inner\n        return found\n",
+            "self.current()",
+        ),
+        # An attribute declared in `__init__`, or in the class body.
+        ("    def __init__(self, t):\n        self.held: Task = t\n", "self.held"),
+        ("    held: Task\n", "self.held"),
+    ],
+)
+def test_a_declared_class_leads_to_its_methods(members: str, task: str) -> None:
+    source = _TYPED_HOOK.format(members=members, task=task)
+    assert ("amp-clip-without-unscale", _hook_line(source)) in _serious(source)
+
+
+def test_a_declared_parameter_leads_to_its_methods() -> None:
+    source = _TYPED_HOOK.format(members="    pass\n", task="t").replace(
+        "def train(self, batch, opt, scaler):", "def train(self, batch, opt, scaler, t: Task):"
+    )
+    assert ("amp-clip-without-unscale", _hook_line(source)) in _serious(source)
+
+
+def test_an_undeclared_or_self_referring_receiver_is_not_followed() -> None:
+    # `Optional[Task]` is no class name: the hook is not followed, nothing is claimed.
+    members = "    def current(self) -> Optional[Task]:\n        return self.inner\n"
+    source = _TYPED_HOOK.format(members=members, task="self.current()")
+    assert "amp-clip-without-unscale" not in {i for i, _ in _serious(source)}
+    # `task = task.cuda()` refers to itself: the lookup ends instead of looping.
+    looping = _TYPED_HOOK.format(members="    pass\n", task="self.current()").replace(
+        "        task.before_update()", "        task = task.cuda()\n        task.before_update()"
+    )
+    assert lint_source(looping, "train.py").error is None

@@ -136,7 +136,7 @@ def train_epoch(model, optimizers, loader, target):
                 continue
             if not loop.iter.args:
                 continue
-            loader = loop.iter.args[0].value
+            loader = _unwrapped(loop.iter.args[0].value)
             if isinstance(loader, cst.Call) and code_of(loader.func) == "range":
                 continue
             events = model.expanded(unit.root)
@@ -159,3 +159,20 @@ def train_epoch(model, optimizers, loader, target):
                     "divisor": acc.divisor_text,
                 },
             )
+
+
+PROGRESS_WRAPPERS = frozenset({"tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "iter"})
+
+
+def _unwrapped(loader: cst.BaseExpression) -> cst.BaseExpression:
+    """The data a progress bar wraps: ``tqdm(loader, desc=...)`` has as many batches as
+    ``loader``, and the message names ``len(loader)`` (learned from static11 TinyBERT)."""
+    while (
+        isinstance(loader, cst.Call)
+        and code_of(loader.func) in PROGRESS_WRAPPERS
+        and loader.args
+        and loader.args[0].keyword is None
+        and not loader.args[0].star
+    ):
+        loader = loader.args[0].value
+    return loader

@@ -20,8 +20,8 @@ from gradient_doctor.probes.static.model import (
     FuncInfo,
     Unit,
     branch_groups,
-    condition_key,
     consistent_paths,
+    exclusive_frames,
     modulo_divisor,
 )
 from gradient_doctor.probes.static.names import code_of, method_name
@@ -998,20 +998,6 @@ def _branch_patch(
     if step.frames and step.frames[-1].same(branch):
         return Patch().insert_after(step.stmt, code)
     return None
-
-
-def exclusive_frames(a: Frame, b: Frame) -> bool:
-    """Two ``if`` branches that never run on one path: the two sides of one ``if``, or of two
-    ``if``s that test the same thing."""
-    if not isinstance(a.node, cst.If) or not isinstance(b.node, cst.If):
-        return False
-    if a.node is b.node:
-        return a.branch != b.branch
-    key_a, positive_a = condition_key(a.node.test)
-    key_b, positive_b = condition_key(b.node.test)
-    if key_a != key_b:
-        return False
-    return ((a.branch == 0) == positive_a) != ((b.branch == 0) == positive_b)
 
 
 def _other_optimizer(

@@ -184,6 +184,26 @@ for step in range(steps):
             optimizer.step()
             optimizer.zero_grad()
 """,
+        # Accelerate, two optimizers: each prepared optimizer zeroes right after its own
+        # step, so the generator's zeroing before the discriminator's backward starts the
+        # generator's next window clean (learned from static11 1d-tokenizer).
+        """
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=4)
+gen, disc, gen_opt, disc_opt, loader = accelerator.prepare(gen, disc, gen_opt, disc_opt, loader)
+for images in loader:
+    with accelerator.accumulate([gen, disc]):
+        fakes = gen(images)
+        accelerator.backward(-disc(fakes).mean())
+        if accelerator.sync_gradients:
+            accelerator.clip_grad_norm_(gen.parameters(), 1.0)
+        gen_opt.step()
+        gen_opt.zero_grad(set_to_none=True)
+        accelerator.backward(disc(fakes.detach()).mean() - disc(images).mean())
+        disc_opt.step()
+        disc_opt.zero_grad(set_to_none=True)
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         # Lightning manual optimisation: the step flag is `% N` when accumulating and True
@@ -343,6 +363,26 @@ for step in range(steps):
 """,
             4,
         ),
+        # Accelerate, two optimizers: the discriminator is zeroed after the generator's
+        # step but before its own backward, so on the sync step it wipes its window.
+        Invalid(
+            """
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=4)
+gen, disc, gen_opt, disc_opt, loader = accelerator.prepare(gen, disc, gen_opt, disc_opt, loader)
+for images in loader:
+    with accelerator.accumulate([gen, disc]):
+        fakes = gen(images)
+        accelerator.backward(-disc(fakes).mean())
+        gen_opt.step()
+        gen_opt.zero_grad()
+        disc_opt.zero_grad()
+        accelerator.backward(disc(fakes.detach()).mean() - disc(images).mean())
+        disc_opt.step()
+""",
+            12,
+        ),
         # Two optimizers accumulate together; one of them is zeroed on every micro-batch.
         Invalid(
             """
@@ -406,9 +446,13 @@ class Trainer:
                         # Accelerate gates the prepared optimizer's zero_grad, not a model's:
                         # this one runs on every micro-batch, wherever it stands.
                         message = ACCELERATE_MODEL_MESSAGE
-                    elif following(unit, zero, {"backward"}) is None:
+                    elif not _wipes_before_own_step(unit, zero, steps):
                         # A prepared optimizer zeroes only on the sync step: harmful only when
-                        # that happens before the backward of the last micro-batch.
+                        # that happens before a backward whose gradients its own step then
+                        # applies (after its step it starts the next window clean, even with a
+                        # second optimizer's backward still to come: learned from static11
+                        # 1d-tokenizer, a GAN zeroing the generator before the discriminator's
+                        # backward).
                         continue
                     else:
                         message = ACCELERATE_MESSAGE
@@ -520,6 +564,22 @@ def _zeroed_on_the_update_before_backward(unit: Unit, steps: list[Event]) -> Ite
                 "Zero the gradients after the step (or on the window's first micro-batch)."
             ),
         )
+
+
+def _wipes_before_own_step(unit: Unit, zero: Event, steps: list[Event]) -> bool:
+    """Whether a backward can run after ``zero`` and before a step of the optimizer it
+    zeroes, in the same pass: then the zeroing wipes the window just before its update. A
+    zeroing after its own optimizer's step (and before no later step of it) is the usual
+    end-of-update zeroing, whatever other backward follows."""
+    backward = following(unit, zero, {"backward"})
+    if backward is None:
+        return False
+    own = [s for s in steps if _same_optimizer(zero, s)] or steps
+    if not own:
+        return True
+    return any(
+        step.order > backward.order and not exclusive(step, backward) for step in own
+    ) or not any(step.order < zero.order for step in own)
 
 
 def _same_optimizer(zero: Event, step: Event) -> bool:

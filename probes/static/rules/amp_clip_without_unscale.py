@@ -10,7 +10,14 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import after_backward_clips, lightning_fp16_mixed
-from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
+from gradient_doctor.probes.static.model import (
+    Event,
+    FileModel,
+    FuncInfo,
+    Unit,
+    exclusive,
+    on_exclusive_paths,
+)
 from gradient_doctor.probes.static.names import code_of, dotted_name, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
@@ -99,8 +106,79 @@ for batch in loader:
     optimizer.step()
     optimizer.zero_grad()
 """,
+        # The runner unscales on the AMP path before the task's clipping hook, reached
+        # through a helper that declares the task's class.
+        """
+import torch
+from torch.cuda.amp import GradScaler
+
+
+class Task(torch.nn.Module):
+    def before_update(self):
+        torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
+
+
+class Runner:
+    def __init__(self, task, use_amp):
+        self.task = task
+        self.use_amp = use_amp
+        self.scaler = GradScaler()
+
+    def current_task(self):
+        task: Task = self.task.module if hasattr(self.task, "module") else self.task
+        return task
+
+    def train_batch(self, batch, optimizer):
+        task = self.current_task()
+        loss = task(batch)
+        if self.use_amp:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        if self.use_amp:
+            self.scaler.unscale_(optimizer)
+        task.before_update()
+        if self.use_amp:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad()
+
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
+        # The update lives in a helper: backward chosen by `if/elif/else` on the precision,
+        # clip under its own guard, scaler step under the precision test (learned from static
+        # classyvision; the patch must keep that test around the unscale_).
+        Invalid(
+            """
+import torch
+
+class Task:
+    def update(self):
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+        if self.precision == "amp":
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+
+    def train_step(self, batch):
+        loss = self.model(batch)
+        if self.precision == "apex":
+            with apex.amp.scale_loss(loss, self.optimizer) as scaled:
+                scaled.backward()
+        elif self.precision == "amp":
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        self.update()
+        self.optimizer.zero_grad()
+""",
+            7,
+        ),
         Invalid(
             """
 import torch
@@ -154,6 +232,48 @@ for x, y in loader:
 """,
             5,
         ),
+        # `if amp: scaled backward else: plain backward`, then the task's clipping hook,
+        # reached through `task: Task = ...; return task` in a helper: on the AMP path it
+        # clips scaled gradients (learned from leads3 fastdiff and leads1 natspeech).
+        Invalid(
+            """
+import torch
+from torch.cuda.amp import GradScaler
+
+
+class Task(torch.nn.Module):
+    def before_update(self):
+        torch.nn.utils.clip_grad_norm_(self.parameters(), 1.0)
+
+
+class Runner:
+    def __init__(self, task, use_amp):
+        self.task = task
+        self.use_amp = use_amp
+        self.scaler = GradScaler()
+
+    def current_task(self):
+        task: Task = self.task.module if hasattr(self.task, "module") else self.task
+        return task
+
+    def train_batch(self, batch, optimizer):
+        task = self.current_task()
+        loss = task(batch)
+        if self.use_amp:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        task.before_update()
+        if self.use_amp:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad()
+
+""",
+            28,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -175,6 +295,10 @@ for x, y in loader:
                         yield finding
                     continue
                 backward = previous(unit, clip, {"backward"})
+                if backward is not None and not backward.scaler:
+                    # `if amp: scaler.scale(loss).backward() else: loss.backward()`: judged on
+                    # the scaled path too (learned from leads3 fastdiff and leads1 natspeech).
+                    backward = _scaled_alternative(unit, backward, clip) or backward
                 if backward is None or not backward.scaler:
                     continue
                 step = following(unit, clip, {"step", "scaler_step"})
@@ -202,7 +326,9 @@ for x, y in loader:
                         "backward_line": backward_at.node,
                         "step_line": step_at.node,
                     },
-                    patch=self._patch(model, clip_at.stmt, step, backward.scaler, optimizer),
+                    patch=self._patch(
+                        model, clip_at.stmt, step_at.stmt, step, backward.scaler, optimizer
+                    ),
                     fix_description=(
                         f"Insert `{backward.scaler}.unscale_({optimizer})` before the clip."
                     ),
@@ -238,22 +364,43 @@ for x, y in loader:
                 "optimizer": optimizer,
                 "step_line": step_at.node,
             },
-            patch=self._patch(model, clip_at.stmt, step, step.scaler, optimizer),
+            patch=self._patch(model, clip_at.stmt, step_at.stmt, step, step.scaler, optimizer),
             fix_description=f"Insert `{step.scaler}.unscale_({optimizer})` before the clip.",
         )
 
     def _patch(
-        self, model: FileModel, clip_stmt: cst.CSTNode, step: Event, scaler: str, optimizer: str
+        self,
+        model: FileModel,
+        clip_stmt: cst.CSTNode,
+        step_stmt: cst.CSTNode,
+        step: Event,
+        scaler: str,
+        optimizer: str,
     ) -> Patch | None:
-        if not movable(clip_stmt) or not model.owns(step.anchor_stmt):
+        """``step_stmt``: the step's statement in the function that holds ``clip_stmt`` (both
+        may sit in a helper the loop calls: the guard is read between them there, learned
+        from static classyvision, whose `run_optimizer` steps under `if amp_type == ...`)."""
+        if not movable(clip_stmt) or not model.owns(step.anchor_stmt) or not model.owns(step_stmt):
             return None
         if _per_optimizer_loop(step, clip_stmt, optimizer):
             return None  # `for o in opts: scaler.step(o)`: one unscale_ per optimizer is needed
-        guard = path_guard(model, step.anchor_stmt, clip_stmt)
+        guard = path_guard(model, step_stmt, clip_stmt)
         if guard is None:
             return None
         code = guarded_code(f"{scaler}.unscale_({optimizer})", guard)
         return Patch().insert_before(clip_stmt, code)
+
+
+def _scaled_alternative(unit: Unit, backward: Event, clip: Event) -> Event | None:
+    """A scaled backward on another branch of the same choice as the plain ``backward`` that
+    precedes ``clip`` (the AMP path of ``if amp: ... else: ...``), with no other backward
+    between it and the clip on its own path."""
+    for other in reversed(unit.backwards):
+        if other.order >= backward.order or not other.scaler:
+            continue
+        if exclusive(other, backward) and not on_exclusive_paths(other, clip):
+            return other
+    return None
 
 
 def _per_optimizer_loop(step: Event, clip_stmt: cst.CSTNode, optimizer: str) -> bool:

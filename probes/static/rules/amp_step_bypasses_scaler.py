@@ -8,7 +8,7 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.model import FileModel
+from gradient_doctor.probes.static.model import FileModel, on_exclusive_paths
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import label, placements
 
@@ -35,6 +35,25 @@ class AmpStepBypassesScaler(Rule):
     )
     snippet_id = "amp-clip"
     valid: ClassVar[list[str]] = [
+        # The auxiliary optimizer steps only on the full-precision side of `if use_amp:`,
+        # where no gradient is scaled.
+        """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+def train(model, head, loader, main_opt, aux_opt, use_amp):
+    for x, y in loader:
+        loss = model(x, y)
+        if use_amp:
+            scaler.scale(loss).backward()
+            scaler.step(main_opt)
+            scaler.update()
+        else:
+            (loss + head(x).pow(2).mean()).backward()
+            main_opt.step()
+            aux_opt.step()
+        main_opt.zero_grad()
+        aux_opt.zero_grad()
+""",
         """
 import torch
 scaler = torch.amp.GradScaler("cuda")
@@ -94,7 +113,12 @@ def train(model, loader, opt):
             for step in unit.of_kind("step"):
                 if step.framework is not None or step.optimizer in stepped:
                     continue
-                backward = next((b for b in scaled if b.order < step.order), None)
+                # A scaled backward that can run before this step on one path (the plain
+                # step of `if amp: ... else: ...`'s other side never sees scaled gradients).
+                backward = next(
+                    (b for b in scaled if b.order < step.order and not on_exclusive_paths(b, step)),
+                    None,
+                )
                 if backward is None or not isinstance(step.call, cst.Call):
                     continue
                 scaler = backward.scaler
