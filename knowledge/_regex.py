@@ -228,6 +228,8 @@ class Gated:
         self.twin: re.Pattern[str] | None = None
         self._calls = 0
         self._prepared = False
+        # (A plain bool: int & re.IGNORECASE runs the flag enum's Python code.)
+        self._folded = bool(regex.flags & re.IGNORECASE)
         self._may_match: Callable[[str], bool] = self._learn
 
     def prepare(self) -> None:
@@ -275,13 +277,32 @@ class Gated:
     def _first(self, text: str) -> int:
         """Where the first match in ``text`` starts, as the twin finds it; 0 when there is
         no twin to ask or the text is not ASCII, -1 when there is no match."""
-        if not self._may_match(text):
-            return -1
-        twin = self.twin
-        if twin is None or not text.isascii():
+        # (The literal test written out here rather than calling _may_match: this runs ~200
+        # times a query.)
+        if not self._prepared:
+            self._learn(text)
             return 0
-        found = twin.search(_Lowered.lowered if text is _Lowered.text else _lower(text))
-        return -1 if found is None else found.start()
+        literals = self.literals
+        if self._folded:
+            lowered = _Lowered.lowered if text is _Lowered.text else _lower(text)
+            if literals is not None and (lowered or not text):
+                for literal in literals:
+                    if literal in lowered:
+                        break
+                else:
+                    return -1
+            twin = self.twin
+            if twin is None or not text.isascii():
+                return 0
+            found = twin.search(lowered)
+            return -1 if found is None else found.start()
+        if literals is not None:
+            for literal in literals:
+                if literal in text:
+                    break
+            else:
+                return -1
+        return 0
 
     # With a twin, each scan starts where the twin found the first match: the pattern itself
     # searching from there (lookbehinds and anchors still see the whole text) finds it again,

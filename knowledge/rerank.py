@@ -528,6 +528,7 @@ def _evidence_weight(model: Model, name: str, kind: str, first: bool) -> float:
     return found
 
 
+_DICT_GET = dict.get
 #: dict.get as map() calls it on each word's table: (table, target, default).
 _TABLE_GET = cast(Callable[[dict[int, float], int, float], float], dict.get)
 
@@ -548,7 +549,12 @@ def scores(
     # is then one pass of dict.get over them (in C), shared by the candidates of one kind.
     crossed = model.crossed
     grams = text_grams(query_text(text, code))
-    tables = [cast(dict[int, float], crossed.get(gram)) for gram in grams if gram in crossed]
+    tables: list[dict[int, float]] = []
+    for gram in grams:
+        # dict's own get (in C): the table's get, in Python, only for a list not yet read.
+        table = _DICT_GET(crossed, gram)
+        if table is not None:
+            tables.append(crossed.get(gram) if table.__class__ is list else table)
     zeros = [0.0] * len(tables)
     word_sums: dict[int, float] = {}
     get = model.dense.get
