@@ -463,6 +463,10 @@ _WHETHER_TO_USE = {"is-clipping-needed": "clip"}
 _OTHER_TECHNIQUE_PRIOR = 0.6
 #: A belief whose subject the text measured and found (a check's result, not a guess).
 _MEASURED_BELIEF_PRIOR = 0.5
+#: The entries about gradients too small, and too large: a measured norm of the other size
+#: rules them out.
+_SMALL_GRADIENT_ENTRIES = frozenset({"grad-norm-decaying", "zero-gradients", "vanishing-gradients"})
+_LARGE_GRADIENT_ENTRIES = frozenset({"exploding-gradients", "grad-norm-rising", "inf-gradients"})
 #: An entry whose trend words a frame gave to another quantity, or that a healthy frame contradicts.
 _FRAME_DISCOUNT = 0.6
 #: "the loss curve looks textbook": the run is said to go well.
@@ -1565,6 +1569,15 @@ class Matcher:
         dropped = [w for w in entry_id.split("-") if w.isalpha() and not self.analyzer.terms(w)]
         return all(re.search(rf"\b{word}\b", lowered) for word in dropped)
 
+    def _opposite_size(self, quantities: Sequence[Quantity]) -> frozenset[str]:
+        """The entries that the gradient norms the text gives rule out by their size."""
+        norms = [q.value for q in quantities if q.name == "grad_norm"]
+        if norms and min(norms) > self.profile.exploding_warning.value:
+            return _SMALL_GRADIENT_ENTRIES
+        if norms and max(norms) < self.profile.vanishing_warning.value:
+            return _LARGE_GRADIENT_ENTRIES
+        return frozenset()
+
     def _contradicted(self, quantities: Sequence[Quantity]) -> set[str]:
         """Signals whose defining number the text gives, and gives inside its normal band.
 
@@ -2617,6 +2630,12 @@ class Matcher:
             # clips for it, so the belief that it must clip by hand is not in the text.
             scores[lightning] *= _LIGHTNING_CLIPS_KEEP
         contradicted = (self._contradicted(quantities) | frames.ruled_out) & scores.keys()
+        # A measured gradient norm that every reading puts beyond the exploding (or below the
+        # vanishing) level: the entries of the opposite size, shared words and no evidence of
+        # their own ("grad norm 3.4e+04" is no norm decaying towards zero).
+        contradicted |= (
+            self._opposite_size(quantities) - {h.entry_id for h in evidence}
+        ) & scores.keys()
         if "zero-gradients" in scores and _ZERO_DENIED.search(text):
             # "tiny, but none of them is exactly zero": the words of the zero-gradient entry,
             # said to be absent.

@@ -1263,6 +1263,32 @@ def test_cli_json_contract() -> None:
     assert data["out_of_scope"] is False
 
 
+@pytest.mark.parametrize(
+    ("text", "first", "ruled_out"),
+    [
+        # A bare norm far above the exploding level reads as explosion, and the entries of
+        # small gradients it shares words with stay out of the list (ux review).
+        (
+            "grad norm 3.4e+04",
+            "exploding-gradients",
+            {"grad-norm-decaying", "zero-gradients", "vanishing-gradients"},
+        ),
+        # And a norm far below the vanishing level the other way round.
+        (
+            "grad_norm=0.0000002",
+            "vanishing-gradients",
+            {"exploding-gradients", "grad-norm-rising", "inf-gradients"},
+        ),
+    ],
+)
+def test_cli_a_bare_norm_reads_by_its_size(text: str, first: str, ruled_out: set[str]) -> None:
+    done = run_cli("match", text, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    ids = [m["id"] for m in json.loads(done.stdout)["matches"]]
+    assert ids[0] == first, ids
+    assert not ruled_out & set(ids), ids
+
+
 @pytest.mark.slow
 def test_cli_markdown_and_code_file(tmp_path: Path) -> None:
     loop = tmp_path / "loop.py"
