@@ -529,6 +529,7 @@ def _evidence_weight(model: Model, name: str, kind: str, first: bool) -> float:
 
 
 _DICT_GET = dict.get
+_ZEROS = itertools.repeat(0.0)
 #: dict.get as map() calls it on each word's table: (table, target, default).
 _TABLE_GET = cast(Callable[[dict[int, float], int, float], float], dict.get)
 
@@ -555,7 +556,6 @@ def scores(
         table = _DICT_GET(crossed, gram)
         if table is not None:
             tables.append(crossed.get(gram) if table.__class__ is list else table)
-    zeros = [0.0] * len(tables)
     word_sums: dict[int, float] = {}
     get = model.dense.get
     shape_weights = [get(index, 0.0) for index in (_REL, _GAP, _ABOVE, _BELOW, _LOG)]
@@ -573,7 +573,7 @@ def scores(
                 at = model.targets.get(target)
                 found = 0.0
                 if at is not None and tables:
-                    found = sum(map(_TABLE_GET, tables, [at] * len(tables), zeros))
+                    found = sum(map(_TABLE_GET, tables, itertools.repeat(at), _ZEROS))
                 word_sums[target] = found
             value += found
         value += _fixed_sum(model, rank, kind, cand.id, facts)
