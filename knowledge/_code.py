@@ -930,6 +930,14 @@ def _reindent(lines: list[str]) -> list[str]:
     return out
 
 
+def _whole_parses(code: str) -> bool:
+    try:
+        _ast_parse(code)
+    except _UNPARSEABLE:
+        return False
+    return True
+
+
 def fragment_source(code: str) -> str | None:
     """A pasted fragment made into parseable Python, or None when nothing parseable is left.
 
@@ -942,6 +950,10 @@ def fragment_source(code: str) -> str | None:
     code = _ELIDED_ARGS.sub("", code.replace("…", "...").replace("\t", "    ")[:FRAGMENT_CHARS])
     if ">>> " in code:
         code = re.sub(r"^(\s*)(?:>>>|\.\.\.) ", r"\1", code, flags=re.MULTILINE)
+    if code.strip() and _whole_parses(code):
+        # Already Python, as pasted: the line-by-line repair would only break what it cannot
+        # see whole (a call continued over several lines, "nn.LSTM(a, b,\n  batch_first=True)").
+        return code if code.endswith("\n") else code + "\n"
     lines: list[str] = []
     for raw in code.splitlines():
         if not raw.strip() or raw.lstrip().startswith("#") or len(raw) > _MAX_LINE_CHARS:
