@@ -463,6 +463,13 @@ _WHETHER_TO_USE = {"is-clipping-needed": "clip"}
 _OTHER_TECHNIQUE_PRIOR = 0.6
 #: A belief whose subject the text measured and found (a check's result, not a guess).
 _MEASURED_BELIEF_PRIOR = 0.5
+#: A stable start told before the run itself falls apart, no quantity named.
+_STABLE_THEN_FELL_APART = _regex.compile(
+    r"\b(?:stable|stably|fine|perfect\w*|smooth\w*|great|healthy|beautiful\w*|nicely)\b"
+    r"[^.;\n]{0,80}\b(?:then|until|but|suddenly|abruptly)\b[^.;\n]{0,60}\b(?:f[ae]ll(?:s|ing)?\s+"
+    r"apart|diverg\w*|blew\s+up|blows?\s+up|exploded|went\s+off\s+the\s+rails)",
+    re.IGNORECASE,
+)
 #: The entries about gradients too small, and too large: a measured norm of the other size
 #: rules them out.
 _SMALL_GRADIENT_ENTRIES = frozenset({"grad-norm-decaying", "zero-gradients", "vanishing-gradients"})
@@ -821,7 +828,7 @@ _INCIDENTAL_SCOPE: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
 IN_SCOPE_WORDS = (
     "nan inf exploding vanishing gradient grad clipping accumulation amp ddp norm spike diverge "
     "unstable oom backward zero_grad unscale dead checkpointing stuck plateau overfitting "
-    "underfitting"
+    "underfitting residual"
 )
 
 
@@ -2453,6 +2460,19 @@ class Matcher:
                     "overfitting",
                     0.6,
                     "text: the held-out loss worsens (rises, or was best at an earlier epoch)",
+                )
+            )
+
+        if _STABLE_THEN_FELL_APART.search(text) and not any(
+            h.entry_id == "diverges-after-stable-start" for h in evidence
+        ):
+            # "trained perfectly stable for two days ... then overnight it just fell apart":
+            # the run itself diverged after a stable start, no loss named (fresh43).
+            evidence.append(
+                CodeHit(
+                    "diverges-after-stable-start",
+                    0.6,
+                    "text: a run said to go well, then to fall apart or diverge",
                 )
             )
 

@@ -1264,6 +1264,28 @@ def test_cli_json_contract() -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A run told to go well and then to fall apart, no loss named (fresh43's family).
+        (
+            "The VAE trained smoothly for a week, but then on Sunday it fell apart for good.",
+            "diverges-after-stable-start",
+        ),
+        # Skip connections are residual connections: a belief about them is in scope (fresh42).
+        (
+            "A reviewer says shortcut connections are a hack from vision and our 80-layer "
+            "model should learn without them.",
+            "residuals-are-a-trick",
+        ),
+    ],
+)
+def test_new_authors_words(text: str, expected: str) -> None:
+    result = match(text)
+    assert not result.out_of_scope
+    assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches]
+
+
+@pytest.mark.parametrize(
     ("text", "first", "ruled_out"),
     [
         # A bare norm far above the exploding level reads as explosion, and the entries of
