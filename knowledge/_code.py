@@ -930,6 +930,14 @@ def _reindent(lines: list[str]) -> list[str]:
     return out
 
 
+def _whole_parses(code: str) -> bool:
+    try:
+        _ast_parse(code)
+    except _UNPARSEABLE:
+        return False
+    return True
+
+
 def fragment_source(code: str) -> str | None:
     """A pasted fragment made into parseable Python, or None when nothing parseable is left.
 
@@ -942,6 +950,10 @@ def fragment_source(code: str) -> str | None:
     code = _ELIDED_ARGS.sub("", code.replace("…", "...").replace("\t", "    ")[:FRAGMENT_CHARS])
     if ">>> " in code:
         code = re.sub(r"^(\s*)(?:>>>|\.\.\.) ", r"\1", code, flags=re.MULTILINE)
+    if code.strip() and _whole_parses(code):
+        # Already Python, as pasted: the line-by-line repair would only break what it cannot
+        # see whole (a call continued over several lines, "nn.LSTM(a, b,\n  batch_first=True)").
+        return code if code.endswith("\n") else code + "\n"
     lines: list[str] = []
     for raw in code.splitlines():
         if not raw.strip() or raw.lstrip().startswith("#") or len(raw) > _MAX_LINE_CHARS:
@@ -1916,12 +1928,18 @@ def prose_hits(text: str) -> list[CodeHit]:
     if leftover is not None:
         hits.append(leftover)
     lowered = text.lower()
+    # (A set and plain loops: this runs over every prose rule for every query.)
+    hit_ids = {h.entry_id for h in hits}
     for index, (_, entry_id, strength, reason) in enumerate(_PROSE_RULES):
-        if any(h.entry_id == entry_id for h in hits):
+        if entry_id in hit_ids:
             continue
         triggers = _PROSE_TRIGGERS.get(entry_id)
-        if triggers is not None and not any(t in lowered for t in triggers):
-            continue
+        if triggers is not None:
+            for trigger in triggers:
+                if trigger in lowered:
+                    break
+            else:
+                continue
         pattern = _prose_rule(index)
         needs = _PROSE_REQUIRES.get(entry_id)
         for piece in pieces:
@@ -1937,6 +1955,7 @@ def prose_hits(text: str) -> list[CodeHit]:
             # A check's result is a measurement, never advice to blame the data.
             advice = None if reason in MEASURED_CHECKS else ADVICE_FOR.get(entry_id)
             hits.append(CodeHit(entry_id, strength, reason, advice))
+            hit_ids.add(entry_id)
             break
     found = {h.entry_id for h in hits}
     return [h for h in hits if not (SUPERSEDED_BY.get(h.entry_id, set()) & found)]

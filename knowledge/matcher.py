@@ -463,6 +463,17 @@ _WHETHER_TO_USE = {"is-clipping-needed": "clip"}
 _OTHER_TECHNIQUE_PRIOR = 0.6
 #: A belief whose subject the text measured and found (a check's result, not a guess).
 _MEASURED_BELIEF_PRIOR = 0.5
+#: A stable start told before the run itself falls apart, no quantity named.
+_STABLE_THEN_FELL_APART = _regex.compile(
+    r"\b(?:stable|stably|fine|perfect\w*|smooth\w*|great|healthy|beautiful\w*|nicely)\b"
+    r"[^.;\n]{0,80}\b(?:then|until|but|suddenly|abruptly)\b[^.;\n]{0,60}\b(?:f[ae]ll(?:s|ing)?\s+"
+    r"apart|diverg\w*|blew\s+up|blows?\s+up|exploded|went\s+off\s+the\s+rails)",
+    re.IGNORECASE,
+)
+#: The entries about gradients too small, and too large: a measured norm of the other size
+#: rules them out.
+_SMALL_GRADIENT_ENTRIES = frozenset({"grad-norm-decaying", "zero-gradients", "vanishing-gradients"})
+_LARGE_GRADIENT_ENTRIES = frozenset({"exploding-gradients", "grad-norm-rising", "inf-gradients"})
 #: An entry whose trend words a frame gave to another quantity, or that a healthy frame contradicts.
 _FRAME_DISCOUNT = 0.6
 #: "the loss curve looks textbook": the run is said to go well.
@@ -817,7 +828,7 @@ _INCIDENTAL_SCOPE: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
 IN_SCOPE_WORDS = (
     "nan inf exploding vanishing gradient grad clipping accumulation amp ddp norm spike diverge "
     "unstable oom backward zero_grad unscale dead checkpointing stuck plateau overfitting "
-    "underfitting"
+    "underfitting residual"
 )
 
 
@@ -1110,7 +1121,7 @@ class Matcher:
         # Each term's postings stay packed (doubles: entry index, weighted term frequency)
         # until a query uses the term: unpacking all of them is most of a snapshot's load time.
         self._packed_postings: dict[str, bytes] = data["postings"]
-        self._postings: dict[str, list[tuple[int, float]]] = {}
+        self._postings: dict[str, list[tuple[int, float, float]]] = {}
         self.norms: list[float] = data["norms"]
         # Where each term stands among the entries' sentences (entry index, sentence index),
         # built on the first query: the sentence nearest the query is looked for only among
@@ -1188,15 +1199,23 @@ class Matcher:
     def _lexical(self, weights: dict[str, float], terms: Sequence[str]) -> dict[str, _Lexical]:
         """BM25F score, nearest-sentence and naming bonuses of every entry sharing a term."""
         term_set = frozenset(terms)
-        query_idf = sum(self.idf.get(t, self._default_idf) for t in term_set)
+        idf = self.idf
+        default_idf = self._default_idf
+        query_idf = sum([idf.get(t, default_idf) for t in term_set])
+        # (Plain loops, dict.get and precomputed denominators: this runs over ~80 entries and
+        # ~230 postings a query, the matcher's largest share of time.)
         found: dict[int, list[tuple[float, str]]] = {}
         for term, qw in weights.items():
             postings = self._postings_of(term)
             if not postings:
                 continue
-            factor = qw * self.idf[term] * (_K1 + 1.0)
-            for index, tf in postings:
-                found.setdefault(index, []).append((factor * tf / (tf + self.norms[index]), term))
+            factor = qw * idf[term] * (_K1 + 1.0)
+            for index, tf, denominator in postings:
+                contributions = found.get(index)
+                if contributions is None:
+                    found[index] = [(factor * tf / denominator, term)]
+                else:
+                    contributions.append((factor * tf / denominator, term))
         sentence_postings = self._sentence_postings
         if sentence_postings is None:
             # Filled before it is shared: a query in another thread never sees half of it.
@@ -1209,24 +1228,34 @@ class Matcher:
         sharing: dict[int, set[int]] = {}
         for term in term_set:
             for index, position in sentence_postings.get(term, ()):
-                sharing.setdefault(index, set()).add(position)
+                positions = sharing.get(index)
+                if positions is None:
+                    sharing[index] = {position}
+                else:
+                    positions.add(position)
         out: dict[str, _Lexical] = {}
+        docs = self.docs
+        idf_of = idf.__getitem__
         for index, contributions in found.items():
-            doc = self.docs[index]
+            doc = docs[index]
             best_sim, best_sentence = 0.0, ""
-            # In the entry's order: the first of equally near sentences is the one shown.
-            for position in sorted(sharing.get(index, ())):
-                sentence, sentence_terms, sentence_idf = doc.sentences[position]
-                shared = term_set & sentence_terms
-                if not shared:
-                    continue
-                shared_idf = sum(self.idf[t] for t in shared)
-                sim = shared_idf / (query_idf + sentence_idf - shared_idf or 1.0)
-                if sim > best_sim:
-                    best_sim, best_sentence = sim, sentence
+            shared_positions = sharing.get(index)
+            if shared_positions:
+                sentences = doc.sentences
+                # In the entry's order: the first of equally near sentences is the one shown.
+                for position in sorted(shared_positions):
+                    sentence, sentence_terms, sentence_idf = sentences[position]
+                    shared = term_set & sentence_terms
+                    if not shared:
+                        continue
+                    shared_idf = sum(map(idf_of, shared))
+                    sim = shared_idf / (query_idf + sentence_idf - shared_idf or 1.0)
+                    if sim > best_sim:
+                        best_sim, best_sentence = sim, sentence
             named = len(doc.id_terms) >= 2 and doc.id_terms <= term_set and _names(doc, terms)
-            score = sum(part for part, _ in contributions) + _SENTENCE_BONUS * best_sim
-            score += _NAMED_BONUS if named else 0.0
+            score = sum([part for part, _ in contributions]) + _SENTENCE_BONUS * best_sim
+            if named:
+                score += _NAMED_BONUS
             if score > 0.0:
                 out[doc.entry_id] = _Lexical(score, contributions, named, best_sim, best_sentence)
         return out
@@ -1243,14 +1272,20 @@ class Matcher:
             if any(part in only_code for part in term.split(" ")):
                 weights[term] *= _CODE_TERM_WEIGHT
 
-    def _postings_of(self, term: str) -> list[tuple[int, float]] | None:
+    def _postings_of(self, term: str) -> list[tuple[int, float, float]] | None:
+        """The entries holding ``term``: (entry index, term frequency, BM25 denominator
+        tf + the entry's length norm), unpacked on the term's first use."""
         found = self._postings.get(term)
         if found is None:
             packed = self._packed_postings.get(term)
             if packed is None:
                 return None
             flat = array("d", packed)
-            found = [(int(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+            norms = self.norms
+            found = []
+            for i in range(0, len(flat), 2):
+                index, tf = int(flat[i]), flat[i + 1]
+                found.append((index, tf, tf + norms[index]))
             self._postings[term] = found
         return found
 
@@ -1540,6 +1575,15 @@ class Matcher:
         """
         dropped = [w for w in entry_id.split("-") if w.isalpha() and not self.analyzer.terms(w)]
         return all(re.search(rf"\b{word}\b", lowered) for word in dropped)
+
+    def _opposite_size(self, quantities: Sequence[Quantity]) -> frozenset[str]:
+        """The entries that the gradient norms the text gives rule out by their size."""
+        norms = [q.value for q in quantities if q.name == "grad_norm"]
+        if norms and min(norms) > self.profile.exploding_warning.value:
+            return _SMALL_GRADIENT_ENTRIES
+        if norms and max(norms) < self.profile.vanishing_warning.value:
+            return _LARGE_GRADIENT_ENTRIES
+        return frozenset()
 
     def _contradicted(self, quantities: Sequence[Quantity]) -> set[str]:
         """Signals whose defining number the text gives, and gives inside its normal band.
@@ -2419,6 +2463,19 @@ class Matcher:
                 )
             )
 
+        if _STABLE_THEN_FELL_APART.search(text) and not any(
+            h.entry_id == "diverges-after-stable-start" for h in evidence
+        ):
+            # "trained perfectly stable for two days ... then overnight it just fell apart":
+            # the run itself diverged after a stable start, no loss named (fresh43).
+            evidence.append(
+                CodeHit(
+                    "diverges-after-stable-start",
+                    0.6,
+                    "text: a run said to go well, then to fall apart or diverge",
+                )
+            )
+
         # A question is someone asking about their own case, never a claim being made.
         asking = text.rstrip().endswith("?")
         reporting = bool(_REPORT.search(text)) or asking
@@ -2593,6 +2650,12 @@ class Matcher:
             # clips for it, so the belief that it must clip by hand is not in the text.
             scores[lightning] *= _LIGHTNING_CLIPS_KEEP
         contradicted = (self._contradicted(quantities) | frames.ruled_out) & scores.keys()
+        # A measured gradient norm that every reading puts beyond the exploding (or below the
+        # vanishing) level: the entries of the opposite size, shared words and no evidence of
+        # their own ("grad norm 3.4e+04" is no norm decaying towards zero).
+        contradicted |= (
+            self._opposite_size(quantities) - {h.entry_id for h in evidence}
+        ) & scores.keys()
         if "zero-gradients" in scores and _ZERO_DENIED.search(text):
             # "tiny, but none of them is exactly zero": the words of the zero-gradient entry,
             # said to be absent.

@@ -528,6 +528,8 @@ def _evidence_weight(model: Model, name: str, kind: str, first: bool) -> float:
     return found
 
 
+_DICT_GET = dict.get
+_ZEROS = itertools.repeat(0.0)
 #: dict.get as map() calls it on each word's table: (table, target, default).
 _TABLE_GET = cast(Callable[[dict[int, float], int, float], float], dict.get)
 
@@ -548,8 +550,12 @@ def scores(
     # is then one pass of dict.get over them (in C), shared by the candidates of one kind.
     crossed = model.crossed
     grams = text_grams(query_text(text, code))
-    tables = [cast(dict[int, float], crossed.get(gram)) for gram in grams if gram in crossed]
-    zeros = [0.0] * len(tables)
+    tables: list[dict[int, float]] = []
+    for gram in grams:
+        # dict's own get (in C): the table's get, in Python, only for a list not yet read.
+        table = _DICT_GET(crossed, gram)
+        if table is not None:
+            tables.append(crossed.get(gram) if table.__class__ is list else table)
     word_sums: dict[int, float] = {}
     get = model.dense.get
     shape_weights = [get(index, 0.0) for index in (_REL, _GAP, _ABOVE, _BELOW, _LOG)]
@@ -567,7 +573,7 @@ def scores(
                 at = model.targets.get(target)
                 found = 0.0
                 if at is not None and tables:
-                    found = sum(map(_TABLE_GET, tables, [at] * len(tables), zeros))
+                    found = sum(map(_TABLE_GET, tables, itertools.repeat(at), _ZEROS))
                 word_sums[target] = found
             value += found
         value += _fixed_sum(model, rank, kind, cand.id, facts)

@@ -1,13 +1,22 @@
-"""Read the identifier tables of ``../shared/catalog.md`` (§1–§4) for the knowledge tests."""
+"""Read the identifier tables of ``../shared/catalog.md`` (§1–§4) for the knowledge tests.
+
+``../shared`` exists only in the team's workspace, not in a clone of the repository, so the
+rows are also checked in as ``catalog_ids.json`` (:func:`catalogue`): the tests compare the
+knowledge base with it everywhere, and ``test_catalog_snapshot_matches_catalog_md`` keeps it
+equal to catalog.md wherever catalog.md is present (rewrite it with
+``python tests/knowledge/catalog_tables.py`` after the catalogue changes).
+"""
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO.parent / "shared" / "catalog.md"
+SNAPSHOT = Path(__file__).with_name("catalog_ids.json")
 
 _KIND_BY_SECTION = {"1": "red-flag", "2": "signal", "3": "rationalization", "4": "symptom"}
 
@@ -63,3 +72,24 @@ def catalog_rows(path: Path = CATALOG) -> list[CatalogRow]:
             )
         )
     return rows
+
+
+def snapshot_rows(path: Path = SNAPSHOT) -> list[CatalogRow]:
+    """The rows as checked in (``catalog_ids.json``)."""
+    return [CatalogRow(**row) for row in json.loads(path.read_text(encoding="utf-8"))]
+
+
+def catalogue() -> list[CatalogRow]:
+    """The catalogue's rows: from catalog.md where it exists, else the checked-in snapshot."""
+    return catalog_rows() if CATALOG.is_file() else snapshot_rows()
+
+
+def write_snapshot() -> None:
+    """Rewrite ``catalog_ids.json`` from catalog.md."""
+    rows = [asdict(row) for row in catalog_rows()]
+    text = "[\n" + ",\n".join(json.dumps(row) for row in rows) + "\n]\n"
+    SNAPSHOT.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    write_snapshot()

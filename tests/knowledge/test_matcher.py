@@ -1263,6 +1263,54 @@ def test_cli_json_contract() -> None:
     assert data["out_of_scope"] is False
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A run told to go well and then to fall apart, no loss named (fresh43's family).
+        (
+            "The VAE trained smoothly for a week, but then on Sunday it fell apart for good.",
+            "diverges-after-stable-start",
+        ),
+        # Skip connections are residual connections: a belief about them is in scope (fresh42).
+        (
+            "A reviewer says shortcut connections are a hack from vision and our 80-layer "
+            "model should learn without them.",
+            "residuals-are-a-trick",
+        ),
+    ],
+)
+def test_new_authors_words(text: str, expected: str) -> None:
+    result = match(text)
+    assert not result.out_of_scope
+    assert _top_ids(result) == [expected], [(m.id, m.score) for m in result.matches]
+
+
+@pytest.mark.parametrize(
+    ("text", "first", "ruled_out"),
+    [
+        # A bare norm far above the exploding level reads as explosion, and the entries of
+        # small gradients it shares words with stay out of the list (ux review).
+        (
+            "grad norm 3.4e+04",
+            "exploding-gradients",
+            {"grad-norm-decaying", "zero-gradients", "vanishing-gradients"},
+        ),
+        # And a norm far below the vanishing level the other way round.
+        (
+            "grad_norm=0.0000002",
+            "vanishing-gradients",
+            {"exploding-gradients", "grad-norm-rising", "inf-gradients"},
+        ),
+    ],
+)
+def test_cli_a_bare_norm_reads_by_its_size(text: str, first: str, ruled_out: set[str]) -> None:
+    done = run_cli("match", text, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    ids = [m["id"] for m in json.loads(done.stdout)["matches"]]
+    assert ids[0] == first, ids
+    assert not ruled_out & set(ids), ids
+
+
 @pytest.mark.slow
 def test_cli_markdown_and_code_file(tmp_path: Path) -> None:
     loop = tmp_path / "loop.py"
