@@ -124,6 +124,9 @@ class _Window:
         self.losses: list[torch.Tensor | None] = []
         self.loss_ops: list[str] = []
         self.clip_norm: torch.Tensor | None = None
+        #: The clip ran on GradScaler-scaled gradients (after a scaled backward, before any
+        #: unscale_): the norm it returned is scale× the real one.
+        self.clip_scaled = False
         self.clip_max_norm: float | None = None
         self.clip_value: float | None = None
         self.scaled: dict[int, tuple[torch.Tensor, str]] = {}
@@ -674,6 +677,12 @@ class Collector:
             self.window.clip_max_norm = float(limit)
             if isinstance(total, torch.Tensor):
                 self.window.clip_norm = total.detach()
+                window = self.window
+                self.window.clip_scaled = (
+                    window.scaler is not None
+                    and "backward" in window.events
+                    and "unscale" not in window.events
+                )
         else:
             self._event("clip-value")
             self.window.clip_value = float(limit)
@@ -1032,6 +1041,11 @@ class Collector:
             scaler_scale = getattr(window.scaler, "_scale", None)
             if isinstance(scaler_scale, torch.Tensor):
                 parts.append(scaler_scale.reshape(1).to(home, torch.float32))
+            grad_scale, found_inf = self._gradient_scale(opt, scaler_scale)
+            if grad_scale is not None:
+                parts.append(grad_scale.reshape(1).to(home, torch.float32))
+            if found_inf is not None:
+                parts.append(found_inf.reshape(1).to(home, torch.float32))
             if details is not None:
                 parts.append(details.pack().to(home))
             # Forward order (the first dead layer is the one to name). A unit is dead when it
@@ -1096,6 +1110,9 @@ class Collector:
             "loss_ops": list(window.loss_ops),
             "has_clip": window.clip_norm is not None,
             "has_scale": isinstance(scaler_scale, torch.Tensor),
+            "clip_scaled": window.clip_scaled and isinstance(scaler_scale, torch.Tensor),
+            "has_grad_scale": grad_scale is not None,
+            "has_found_inf": found_inf is not None,
             "clip_max_norm": window.clip_max_norm,
             "clip_value": window.clip_value,
             "events": list(window.events),
@@ -1131,6 +1148,33 @@ class Collector:
                 before = _snapshot_update_samples(state.params)
         self._submit_pending()  # a previous step whose update never returned
         self._pending = _Pending(meta, [vector], list(state.params), before)
+
+    def _gradient_scale(
+        self, opt: torch.optim.Optimizer, scaler_scale: Any
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The factor the gradients carry as ``opt.step()`` starts (None: they are unscaled),
+        and the GradScaler's overflow flag when the step decides the skip itself.
+
+        A GradScaler unscales the gradients before a plain optimizer's step. A fused optimizer
+        (``fused=True``, as nanoGPT builds AdamW on a GPU) receives the scale as
+        ``opt.grad_scale`` instead and divides inside its kernel, skipping the update itself
+        when ``opt.found_inf`` is set: its gradients are still scaled here, and its step runs
+        even when the scaler's check found an overflow. A step that bypasses ``scaler.step``
+        with no ``unscale_`` applies the scaled gradients. Reading the attributes costs no
+        host sync: the tensors travel in the step's vector."""
+        if self.window.scaler is None:
+            return None, None
+        if self._in_scaler_step:
+            grad_scale = getattr(opt, "grad_scale", None)
+            found_inf = getattr(opt, "found_inf", None)
+            if not isinstance(grad_scale, torch.Tensor):
+                grad_scale = None
+            if not isinstance(found_inf, torch.Tensor):
+                found_inf = None
+            return grad_scale, found_inf
+        if self.window.unscales[id(opt)] or not isinstance(scaler_scale, torch.Tensor):
+            return None, None
+        return scaler_scale, None
 
     def _submit_pending(self) -> None:
         """Send the measured step, with ‖Δw‖ estimates when its weights were sampled before
@@ -1234,6 +1278,22 @@ class Collector:
         if meta["has_scale"]:
             scale = values[pos]
             pos += 1
+        # Every norm leaves the child unscaled: divided by the GradScaler's scale the gradients
+        # carried when measured (the clip's reading by the scale in force when it ran).
+        grad_scale = None
+        if meta["has_grad_scale"]:
+            grad_scale = values[pos]
+            pos += 1
+        skipped = meta["skipped"]
+        if meta["has_found_inf"]:
+            skipped = skipped or values[pos] > 0
+            pos += 1
+        clip_seen = before
+        if before is not None and meta["clip_scaled"] and scale:
+            before = before / scale
+        if grad_scale and math.isfinite(grad_scale) and grad_scale != 1.0:
+            norms = [None if v is None else v / grad_scale for v in norms]
+            total /= grad_scale
         record: dict[str, Any] = {
             "step": meta["step"],
             "optimizer": meta["optimizer"],
@@ -1242,22 +1302,27 @@ class Collector:
             "total_norm_before_clip": before,
             "clip_max_norm": meta["clip_max_norm"],
             "clip_value": meta["clip_value"],
-            "clipped": (before > meta["clip_max_norm"])
-            if before is not None and meta["clip_max_norm"] is not None
+            "clipped": (clip_seen > meta["clip_max_norm"])
+            if clip_seen is not None and meta["clip_max_norm"] is not None
             else None,
             "losses": losses,
             "loss_ops": meta["loss_ops"],
             "events": meta["events"],
             "lr": meta["lr"],
             "scale": scale,
-            "skipped": meta["skipped"],
+            "skipped": skipped,
             "grad_reused": meta["grad_reused"],
             "sampled": meta["sampled"],
         }
         if meta["numel"] is not None:
             width = 6 * len(index)
+            packed = values[pos : pos + width]
+            if grad_scale and math.isfinite(grad_scale) and grad_scale != 1.0:
+                # The first two rows (largest |g|, sum of g) scale with the gradients.
+                scaled_rows = 2 * len(index)
+                packed = [v / grad_scale for v in packed[:scaled_rows]] + packed[scaled_rows:]
             details = measure.unpack_details(
-                values[pos : pos + width],
+                packed,
                 meta["numel"],
                 [measure.MISSING if v is None else v for v in (norms[i] for i in index)],
             )
