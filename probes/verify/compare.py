@@ -178,7 +178,15 @@ def _same_start(before: SeedingInfo | None, after: SeedingInfo | None) -> bool |
     if len(first) != len(second):
         return False
     pairs = zip(first, second, strict=True)
-    return all(math.isclose(a, b, rel_tol=FINGERPRINT_RTOL, abs_tol=1e-9) for a, b in pairs)
+    return all(_same_sum(a, b) for a, b in pairs)
+
+
+def _same_sum(a: float, b: float) -> bool:
+    """Two fingerprint sums agree: close, or both NaN (a first batch that holds a NaN sums to
+    NaN in both runs alike; NaN never equals itself), or the same infinity."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b or math.isclose(a, b, rel_tol=FINGERPRINT_RTOL, abs_tol=1e-9)
 
 
 def seeding_notes(before: RunSide, after: RunSide | None, deterministic: bool | None) -> list[str]:

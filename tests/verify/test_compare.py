@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -132,6 +133,17 @@ def test_runs_that_start_apart_do_not_count_runtime_noise() -> None:
     assert result.status == "fixed" and result.new == ["grad-param-ratio"]
     assert "not deterministic" in result.verdict
     assert any("did not start from the same weights" in note for note in result.notes)
+
+
+def test_a_first_batch_holding_a_nan_starts_alike_in_both_runs() -> None:
+    # The fingerprint sums the first batch: NaN in both runs (NaN never equals itself).
+    start = [-0.82, 150.3, 1233.0, math.nan, math.nan, 1280.0]
+    after = side({}, start=list(start))
+    result = compare(patch=PATCH, targets=TARGETS, before=side(BUG, start=start), after=after)
+    assert result.deterministic is True and result.status == "fixed"
+    apart = side({}, start=[-0.82, 150.3, 1233.0, math.nan, 7.0, 1280.0])
+    result = compare(patch=PATCH, targets=TARGETS, before=side(BUG, start=start), after=apart)
+    assert result.deterministic is False
 
 
 def test_the_scripts_own_seeding_is_reported() -> None:
