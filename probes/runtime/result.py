@@ -75,11 +75,16 @@ class StepRecord(_Series):
     optimizer: int = Field(default=0, description="Index of the optimizer that stepped.")
     grad_norms: list[float | None] = Field(
         description="Per-parameter L2 gradient norm as applied by the step (after any "
-        "clipping), aligned with ProbeResult.parameters; None where the gradient is None."
+        "clipping), aligned with ProbeResult.parameters; None where the gradient is None. "
+        "Unscaled: divided by the GradScaler scale the gradients still carried, if any."
     )
-    total_norm: float = Field(description="Total L2 norm of the gradients the step applied.")
+    total_norm: float = Field(
+        description="Total L2 norm of the gradients the step applied (unscaled)."
+    )
     total_norm_before_clip: float | None = Field(
-        default=None, description="Total norm returned by the script's clip_grad_norm_ call."
+        default=None,
+        description="Total norm returned by the script's clip_grad_norm_ call, unscaled "
+        "(a clip before scaler.unscale_ saw scale× this).",
     )
     clip_max_norm: float | None = None
     clip_value: float | None = None

@@ -44,6 +44,7 @@ import math
 from collections.abc import Sequence
 
 from gradient_doctor.knowledge.findings import SEVERITY_RANK, Finding, Severity
+from gradient_doctor.probes.runtime.norms import norm_summary
 from gradient_doctor.probes.runtime.result import SUCCESS_STATUSES, ProbeResult, SeedingInfo
 from gradient_doctor.probes.verify.model import FoundId, RunSide, Verification, VerificationStatus
 
@@ -102,9 +103,11 @@ def run_side(
     steps: list[int] = []
     losses: list[float | None] = []
     norms: list[float | None] = []
+    records = []
     for index, record in enumerate(run.records):
         if several and record.optimizer != 0:
             continue
+        records.append(record)
         steps.append(record.step)
         losses.append(run.loss[index] if index < len(run.loss) else None)
         norms.append(record.total_norm)
@@ -113,7 +116,10 @@ def run_side(
         for event in set(record.events):
             operations[event] = operations.get(event, 0) + 1
     finite_losses = _finite(losses)
-    finite_norms = sorted(_finite(norms))
+    # The median and largest norm are the raw ones (before the script's clip, when the clip
+    # shaped the update): the applied norm sits at max_norm whenever the clip cuts, so a
+    # patch that moves a clip into place would read as if it had shrunk the gradients.
+    raw = norm_summary(records)
     return RunSide(
         status=run.status,
         steps=run.steps,
@@ -126,8 +132,8 @@ def run_side(
         total_norm=norms,
         loss_first=finite_losses[0] if finite_losses else None,
         loss_last=finite_losses[-1] if finite_losses else None,
-        norm_median=finite_norms[len(finite_norms) // 2] if finite_norms else None,
-        norm_max=finite_norms[-1] if finite_norms else None,
+        norm_median=raw.median,
+        norm_max=raw.maximum,
         operations=dict(sorted(operations.items())),
         wall_s=run.wall_s,
         seeding=run.seeding,
@@ -172,7 +178,15 @@ def _same_start(before: SeedingInfo | None, after: SeedingInfo | None) -> bool |
     if len(first) != len(second):
         return False
     pairs = zip(first, second, strict=True)
-    return all(math.isclose(a, b, rel_tol=FINGERPRINT_RTOL, abs_tol=1e-9) for a, b in pairs)
+    return all(_same_sum(a, b) for a, b in pairs)
+
+
+def _same_sum(a: float, b: float) -> bool:
+    """Two fingerprint sums agree: close, or both NaN (a first batch that holds a NaN sums to
+    NaN in both runs alike; NaN never equals itself), or the same infinity."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b or math.isclose(a, b, rel_tol=FINGERPRINT_RTOL, abs_tol=1e-9)
 
 
 def seeding_notes(before: RunSide, after: RunSide | None, deterministic: bool | None) -> list[str]:

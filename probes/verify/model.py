@@ -55,8 +55,14 @@ class RunSide(_Model):
     )
     loss_first: float | None = None
     loss_last: float | None = None
-    norm_median: float | None = None
-    norm_max: float | None = None
+    norm_median: float | None = Field(
+        default=None,
+        description="Median total gradient norm as the backward produced it (before the "
+        "script's clip when that clip shaped the update; GradScaler-skipped steps left out).",
+    )
+    norm_max: float | None = Field(
+        default=None, description="Largest such norm (raw, as norm_median)."
+    )
     operations: dict[str, int] = Field(
         default_factory=dict,
         description="Steps in which each gradient operation ran (the probe's event names: "

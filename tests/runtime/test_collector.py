@@ -193,3 +193,72 @@ def test_sampled_windows_hook_forwards_only_when_there_are_units_to_count(
     # Dead units are still counted where there are ReLU units; norms and details everywhere.
     assert all(("dead_units" in r) == expect_hooks for r in sampled)
     assert all(r["detail"] is not None for r in sampled)
+
+
+def _episode(model: nn.Module, optimizer: Any, states: list[torch.Tensor]) -> None:
+    """An RL-shaped step: one small forward per environment state, one update."""
+    outputs = [model(state) for state in states]
+    optimizer.zero_grad()
+    torch.stack(outputs).sum().backward()
+    optimizer.step()
+
+
+def test_many_small_inputs_per_step_are_checked_together(probe: Any) -> None:
+    collector, records = probe(sample_every=100)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(3):
+        states = [torch.randn(1, 6) for _ in range(50)]
+        if step == 1:
+            states[17][0, 3] = math.nan  # one environment state of the second step
+        _episode(model, optimizer, states)
+        # Held until the step, then checked and let go.
+        assert not collector.window.held_inputs
+    assert [r["inputs_finite"] for r in records] == [True, False, True]
+
+
+def test_held_small_inputs_are_bounded_and_large_ones_checked_at_once(
+    probe: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gradient_doctor.probes.runtime.child import collector as collector_module
+
+    monkeypatch.setattr(collector_module, "HELD_INPUT_LIMIT", 6 * 10)
+    collector, records = probe(sample_every=100)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    held: list[int] = []
+    outputs = []
+    for index in range(25):
+        state = torch.randn(1, 6)
+        if index == 3:
+            state[0, 0] = math.inf  # checked in an early batch of held inputs
+        outputs.append(model(state))
+        held.append(len(collector.window.held_inputs))
+    assert max(held) <= 11
+    big = torch.randn(collector_module.SMALL_INPUT // 6 + 1, 6)
+    outputs.append(model(big).sum(0, keepdim=True))
+    assert len(collector.window.held_inputs) == held[-1]  # the large batch was not held
+    optimizer.zero_grad()
+    torch.stack(outputs).sum().backward()
+    optimizer.step()
+    assert records[-1]["inputs_finite"] is False
+
+
+def test_a_buffer_refilled_in_place_for_each_forward_is_checked_at_once(probe: Any) -> None:
+    collector, records = probe(sample_every=100)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    buffer = torch.zeros(1, 6)
+    with torch.no_grad():  # a rollout: the refilled buffer is not saved for backward
+        for index in range(5):
+            buffer.copy_(torch.randn(1, 6))
+            if index == 3:
+                buffer[0, 2] = math.nan
+            model(buffer)
+            buffer.fill_(0.0)  # the next state overwrites it
+    assert not collector.window.held_inputs
+    loss = model(torch.randn(4, 6)).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    assert records[-1]["inputs_finite"] is False

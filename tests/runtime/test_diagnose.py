@@ -186,7 +186,8 @@ def test_amp_checks(profile: ThresholdProfile) -> None:
             s,
             [0.5, 0.1, 0.4, 0.1],
             events=["zero-grad", "scale", "backward", "clip", "scaler-step", "step"],
-            total_norm_before_clip=3e4,
+            # The clip saw 3e4 at scale 65536; the child records every norm unscaled.
+            total_norm_before_clip=3e4 / 65536.0,
             clip_max_norm=1.0,
             clipped=True,
             scale=65536.0,
@@ -197,6 +198,9 @@ def test_amp_checks(profile: ThresholdProfile) -> None:
     assert "amp-clip-without-unscale" in found
     assert "amp-step-bypasses-scaler" not in found
     assert "exploding-gradients" not in found  # the scaled norm is not an explosion
+    findings = diagnose(no_unscale, summary(), profile)
+    clip = next(f for f in findings if f.id == "amp-clip-without-unscale")
+    assert clip.evidence["clip_saw_norm"] == pytest.approx(3e4)
     bypass = [
         record(s, [0.5, 0.1, 0.4, 0.1], events=["zero-grad", "scale", "backward", "step"])
         for s in range(1, 4)

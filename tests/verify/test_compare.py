@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 
-from gradient_doctor.probes.runtime.result import SeedCall, SeedingInfo
-from gradient_doctor.probes.verify.compare import compare
+from gradient_doctor.probes.runtime.result import ProbeResult, SeedCall, SeedingInfo, StepRecord
+from gradient_doctor.probes.verify.compare import compare, run_side
 from gradient_doctor.probes.verify.model import FoundId, RunSide
 
 PATCH = "--- a/t.py\n+++ b/t.py\n@@ -1 +1 @@\n-a\n+b\n"
@@ -134,6 +135,17 @@ def test_runs_that_start_apart_do_not_count_runtime_noise() -> None:
     assert any("did not start from the same weights" in note for note in result.notes)
 
 
+def test_a_first_batch_holding_a_nan_starts_alike_in_both_runs() -> None:
+    # The fingerprint sums the first batch: NaN in both runs (NaN never equals itself).
+    start = [-0.82, 150.3, 1233.0, math.nan, math.nan, 1280.0]
+    after = side({}, start=list(start))
+    result = compare(patch=PATCH, targets=TARGETS, before=side(BUG, start=start), after=after)
+    assert result.deterministic is True and result.status == "fixed"
+    apart = side({}, start=[-0.82, 150.3, 1233.0, math.nan, 7.0, 1280.0])
+    result = compare(patch=PATCH, targets=TARGETS, before=side(BUG, start=start), after=apart)
+    assert result.deterministic is False
+
+
 def test_the_scripts_own_seeding_is_reported() -> None:
     seeding = SeedingInfo(
         seed=0,
@@ -195,3 +207,54 @@ def test_a_loss_divided_by_the_patch_is_noted_so_values_are_not_compared() -> No
     for after in (run(1.38), run(0.5), run(0.345, start=[9.0] * 6)):
         result = compare(patch=PATCH, targets=TARGETS, before=run(1.38), after=after)
         assert not any("of the original's" in note for note in result.notes)
+
+
+def _probed(records: list[dict[str, Any]]) -> ProbeResult:
+    parsed = [StepRecord.model_validate(r) for r in records]
+    return ProbeResult(
+        status="stopped",
+        script="t.py",
+        steps=len(parsed),
+        steps_requested=len(parsed),
+        sample_every=10,
+        profile="default",
+        records=parsed,
+        total_norm=[r.total_norm for r in parsed],
+        loss=[1.0] * len(parsed),
+    )
+
+
+def test_a_sides_norm_median_and_max_are_the_raw_norms_not_the_clipped_ones() -> None:
+    # A clip between backward and step cut 4-8 to max_norm 1: the applied norm is 1.0 on
+    # every step, the gradients the backward produced were not.
+    clipped = [
+        {
+            "step": step,
+            "grad_norms": [1.0],
+            "total_norm": 1.0,
+            "total_norm_before_clip": raw,
+            "clip_max_norm": 1.0,
+            "clipped": True,
+            "events": ["zero-grad", "backward", "clip", "step"],
+        }
+        for step, raw in enumerate([4.0, 5.0, 8.0], start=1)
+    ]
+    facts = run_side([], _probed(clipped), steps_requested=3)
+    assert facts.norm_median == 5.0 and facts.norm_max == 8.0
+    assert facts.total_norm == [1.0, 1.0, 1.0]  # the series stays the applied one
+    # A clip after the step measured gradients the update had already used: the applied norm
+    # is this step's own; a GradScaler-skipped step (its overflow is no norm) is left out.
+    late = [
+        {
+            "step": step,
+            "grad_norms": [norm],
+            "total_norm": norm,
+            "total_norm_before_clip": 9.0,
+            "clip_max_norm": 1.0,
+            "events": ["clip", "zero-grad", "backward", "step"],
+            "skipped": norm > 100,
+        }
+        for step, norm in enumerate([2.0, 3.0, 1e9, 7.0], start=1)
+    ]
+    facts = run_side([], _probed(late), steps_requested=4)
+    assert facts.norm_median == 3.0 and facts.norm_max == 7.0

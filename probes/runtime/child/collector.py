@@ -50,6 +50,14 @@ ACTIVATIONS: dict[Any, str] = {
 }
 #: Elements sampled per parameter tensor to estimate ‖Δw‖ on sampled steps.
 UPDATE_SAMPLE = 4096
+#: Fresh floating-point inputs up to this many elements are held until the optimizer step
+#: and checked for NaN/Inf together, in one concatenation and one reduction per device and
+#: dtype; larger ones are checked as they enter (a held batch would stay alive). A loop with
+#: many small forwards per step (RL: the policy called once per environment step) then pays
+#: a list append per forward instead of two kernels.
+SMALL_INPUT = 1 << 14
+#: Elements held in all after which the held inputs are checked at once (bounded memory).
+HELD_INPUT_LIMIT = 1 << 20
 #: In-place tensor methods that write a parameter when a script updates weights by hand.
 _INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__"})
 #: autograd nodes that mean "the loss was divided or multiplied before backward()".
@@ -124,6 +132,9 @@ class _Window:
         self.losses: list[torch.Tensor | None] = []
         self.loss_ops: list[str] = []
         self.clip_norm: torch.Tensor | None = None
+        #: The clip ran on GradScaler-scaled gradients (after a scaled backward, before any
+        #: unscale_): the norm it returned is scale× the real one.
+        self.clip_scaled = False
         self.clip_max_norm: float | None = None
         self.clip_value: float | None = None
         self.scaled: dict[int, tuple[torch.Tensor, str]] = {}
@@ -138,6 +149,10 @@ class _Window:
         self.batches = 0
         #: Finite flags of the fresh floating-point inputs given to the model's forward.
         self.input_flags: list[torch.Tensor] = []
+        #: Small fresh inputs not checked yet (see SMALL_INPUT), their storages, their size.
+        self.held_inputs: list[torch.Tensor] = []
+        self.held_storages: set[int] = set()
+        self.held_numel = 0
         #: Optimizer id → "its gradients were non-zero when this window's first backward began".
         self.carried: dict[int, torch.Tensor] = {}
         self.backward_seen = False
@@ -389,6 +404,10 @@ class Collector:
         self._root_handles: dict[int, list[Any]] = {}
         #: data_ptr → step of tensors a root module returned (recently): not fresh data.
         self._recent_outputs: dict[int, int] = {}
+        #: Small inputs are held until the step unless the script refills one buffer in place.
+        self._hold_inputs = True
+        #: Root module id → whether it is a DDP wrapper (has require_backward_grad_sync).
+        self._ddp_roots: dict[int, bool] = {}
         self._module_stack: list[tuple[str, bool]] = []
         self._last_leaf: str | None = None
         self._activation_mode: _ActivationMode | None = None
@@ -674,6 +693,12 @@ class Collector:
             self.window.clip_max_norm = float(limit)
             if isinstance(total, torch.Tensor):
                 self.window.clip_norm = total.detach()
+                window = self.window
+                self.window.clip_scaled = (
+                    window.scaler is not None
+                    and "backward" in window.events
+                    and "unscale" not in window.events
+                )
         else:
             self._event("clip-value")
             self.window.clip_value = float(limit)
@@ -872,16 +897,24 @@ class Collector:
             self._root_post(output)
 
     def _enter_root(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        # Called for every forward of the model (an RL policy: once per environment step):
+        # one pair of clock reads, and no call where nothing is pending.
         start = time.perf_counter()
-        self._settle_manual("forward")
-        self.probe_s += time.perf_counter() - start
-        self._check_stop()  # before the depth moves: a stop leaves the counters as they were
+        if self._watch is not None or self._manual_pending:
+            self._settle_manual("forward")
+        if self.stop_pending:
+            self.probe_s += time.perf_counter() - start
+            self._check_stop()  # before the depth moves: a stop leaves the counters as they were
         self._root_depth = 1
-        start = time.perf_counter()
         if self._quiet:
             self.probe_s += time.perf_counter() - start
             return
-        if hasattr(module, "require_backward_grad_sync"):
+        ddp = self._ddp_roots.get(id(module))
+        if ddp is None:
+            # Cached: a module without the attribute answers hasattr by raising inside
+            # nn.Module.__getattr__, some microseconds a forward.
+            ddp = self._ddp_roots[id(module)] = hasattr(module, "require_backward_grad_sync")
+        if ddp:
             self.ddp = True
             sync = bool(module.require_backward_grad_sync)
             self._event("forward-ddp-sync" if sync else "forward-ddp-no-sync")
@@ -905,19 +938,52 @@ class Collector:
         its fresh floating-point tensors. Fresh: not a tensor a model returned in this or the
         previous step (a generator's sample, an RNN's carried hidden state), and not one
         computed in the autograd graph."""
-        values = (*args, *(kwargs or {}).values())
+        values = (*args, *kwargs.values()) if kwargs else args
         fed = False
+        window = self.window
         for tensor in _tensors(values):
-            if (
-                tensor.grad_fn is None
-                and tensor.numel() > 0
-                and tensor.data_ptr() not in self._recent_outputs
-            ):
-                fed = True
-                if tensor.is_floating_point():
-                    self.window.input_flags.append(measure.finite_flag(tensor))
+            if tensor.grad_fn is not None:
+                continue
+            numel = tensor.numel()
+            storage = tensor.data_ptr()
+            if numel == 0 or storage in self._recent_outputs:
+                continue
+            fed = True
+            if not tensor.is_floating_point():
+                continue
+            if numel > SMALL_INPUT or not self._hold_inputs:
+                window.input_flags.append(measure.finite_flag(tensor))
+                continue
+            if storage in window.held_storages:
+                # One buffer refilled in place for each forward: a held reference would only
+                # show its last content. Check it now, and from now on every input at once.
+                self._hold_inputs = False
+                self._check_held_inputs()
+                window.input_flags.append(measure.finite_flag(tensor))
+                continue
+            window.held_inputs.append(tensor)
+            window.held_storages.add(storage)
+            window.held_numel += numel
+            if window.held_numel > HELD_INPUT_LIMIT:
+                self._check_held_inputs()
         if fed:
-            self.window.feeds[id(module)] += 1
+            window.feeds[id(module)] += 1
+
+    def _check_held_inputs(self) -> None:
+        """Turn the window's held small inputs into finite flags: per device and dtype, one
+        concatenation and one reduction (no host sync), then let them go."""
+        window = self.window
+        held = window.held_inputs
+        if not held:
+            return
+        window.held_inputs, window.held_storages, window.held_numel = [], set(), 0
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for tensor in held:
+            groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+        with torch.no_grad():
+            for group in groups.values():
+                flat = torch.cat([t.detach().reshape(-1) for t in group])
+                window.input_flags.append(measure.finite_flag(flat))
 
     def _wants_activation_mode(self) -> bool:
         """Sampled windows count activations: always on the first, later only when the first
@@ -1032,6 +1098,11 @@ class Collector:
             scaler_scale = getattr(window.scaler, "_scale", None)
             if isinstance(scaler_scale, torch.Tensor):
                 parts.append(scaler_scale.reshape(1).to(home, torch.float32))
+            grad_scale, found_inf = self._gradient_scale(opt, scaler_scale)
+            if grad_scale is not None:
+                parts.append(grad_scale.reshape(1).to(home, torch.float32))
+            if found_inf is not None:
+                parts.append(found_inf.reshape(1).to(home, torch.float32))
             if details is not None:
                 parts.append(details.pack().to(home))
             # Forward order (the first dead layer is the one to name). A unit is dead when it
@@ -1053,6 +1124,7 @@ class Collector:
             carried = window.carried.get(id(opt))
             if carried is not None:
                 parts.append(carried.reshape(1).to(home, torch.float32))
+            self._check_held_inputs()
             if window.input_flags:
                 parts.append(
                     torch.stack(window.input_flags).all().reshape(1).to(home, torch.float32)
@@ -1096,6 +1168,9 @@ class Collector:
             "loss_ops": list(window.loss_ops),
             "has_clip": window.clip_norm is not None,
             "has_scale": isinstance(scaler_scale, torch.Tensor),
+            "clip_scaled": window.clip_scaled and isinstance(scaler_scale, torch.Tensor),
+            "has_grad_scale": grad_scale is not None,
+            "has_found_inf": found_inf is not None,
             "clip_max_norm": window.clip_max_norm,
             "clip_value": window.clip_value,
             "events": list(window.events),
@@ -1131,6 +1206,33 @@ class Collector:
                 before = _snapshot_update_samples(state.params)
         self._submit_pending()  # a previous step whose update never returned
         self._pending = _Pending(meta, [vector], list(state.params), before)
+
+    def _gradient_scale(
+        self, opt: torch.optim.Optimizer, scaler_scale: Any
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The factor the gradients carry as ``opt.step()`` starts (None: they are unscaled),
+        and the GradScaler's overflow flag when the step decides the skip itself.
+
+        A GradScaler unscales the gradients before a plain optimizer's step. A fused optimizer
+        (``fused=True``, as nanoGPT builds AdamW on a GPU) receives the scale as
+        ``opt.grad_scale`` instead and divides inside its kernel, skipping the update itself
+        when ``opt.found_inf`` is set: its gradients are still scaled here, and its step runs
+        even when the scaler's check found an overflow. A step that bypasses ``scaler.step``
+        with no ``unscale_`` applies the scaled gradients. Reading the attributes costs no
+        host sync: the tensors travel in the step's vector."""
+        if self.window.scaler is None:
+            return None, None
+        if self._in_scaler_step:
+            grad_scale = getattr(opt, "grad_scale", None)
+            found_inf = getattr(opt, "found_inf", None)
+            if not isinstance(grad_scale, torch.Tensor):
+                grad_scale = None
+            if not isinstance(found_inf, torch.Tensor):
+                found_inf = None
+            return grad_scale, found_inf
+        if self.window.unscales[id(opt)] or not isinstance(scaler_scale, torch.Tensor):
+            return None, None
+        return scaler_scale, None
 
     def _submit_pending(self) -> None:
         """Send the measured step, with ‖Δw‖ estimates when its weights were sampled before
@@ -1234,6 +1336,22 @@ class Collector:
         if meta["has_scale"]:
             scale = values[pos]
             pos += 1
+        # Every norm leaves the child unscaled: divided by the GradScaler's scale the gradients
+        # carried when measured (the clip's reading by the scale in force when it ran).
+        grad_scale = None
+        if meta["has_grad_scale"]:
+            grad_scale = values[pos]
+            pos += 1
+        skipped = meta["skipped"]
+        if meta["has_found_inf"]:
+            skipped = skipped or values[pos] > 0
+            pos += 1
+        clip_seen = before
+        if before is not None and meta["clip_scaled"] and scale:
+            before = before / scale
+        if grad_scale and math.isfinite(grad_scale) and grad_scale != 1.0:
+            norms = [None if v is None else v / grad_scale for v in norms]
+            total /= grad_scale
         record: dict[str, Any] = {
             "step": meta["step"],
             "optimizer": meta["optimizer"],
@@ -1242,22 +1360,27 @@ class Collector:
             "total_norm_before_clip": before,
             "clip_max_norm": meta["clip_max_norm"],
             "clip_value": meta["clip_value"],
-            "clipped": (before > meta["clip_max_norm"])
-            if before is not None and meta["clip_max_norm"] is not None
+            "clipped": (clip_seen > meta["clip_max_norm"])
+            if clip_seen is not None and meta["clip_max_norm"] is not None
             else None,
             "losses": losses,
             "loss_ops": meta["loss_ops"],
             "events": meta["events"],
             "lr": meta["lr"],
             "scale": scale,
-            "skipped": meta["skipped"],
+            "skipped": skipped,
             "grad_reused": meta["grad_reused"],
             "sampled": meta["sampled"],
         }
         if meta["numel"] is not None:
             width = 6 * len(index)
+            packed = values[pos : pos + width]
+            if grad_scale and math.isfinite(grad_scale) and grad_scale != 1.0:
+                # The first two rows (largest |g|, sum of g) scale with the gradients.
+                scaled_rows = 2 * len(index)
+                packed = [v / grad_scale for v in packed[:scaled_rows]] + packed[scaled_rows:]
             details = measure.unpack_details(
-                values[pos : pos + width],
+                packed,
                 meta["numel"],
                 [measure.MISSING if v is None else v for v in (norms[i] for i in index)],
             )

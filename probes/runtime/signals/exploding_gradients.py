@@ -50,11 +50,11 @@ class ExplodingGradients(Signal):
             },
         ),
         Example(
-            "a clip on scaled gradients saw 3e4 at scale 65536: 0.46 unscaled",
+            "a clip on scaled gradients saw 3e4 at scale 65536: recorded unscaled, 0.46",
             None,
             each={
                 "events": ["scale", "backward", "clip", "scaler-step", "step"],
-                "grad_norm_before_clip": 3e4,
+                "grad_norm_before_clip": 0.46,
                 "scale": 65536.0,
                 "clipped": True,
                 "clip_max_norm": 1.0,

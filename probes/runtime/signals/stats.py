@@ -41,22 +41,14 @@ def raw_norm(point: StepPoint) -> float | None:
     """The norm the script's own backward produced (before its clipping, if any), in
     unscaled units; None for a step the GradScaler skipped (its overflow is not a norm).
 
-    Under a GradScaler, a clip that ran before ``unscale_`` saw scaled gradients, and an
-    ``optimizer.step()`` that bypassed ``scaler.step`` applied them: both norms are divided by
-    the scale so that they say what the gradients are.
+    The probe's child divides every norm by the GradScaler scale the gradients carried when
+    measured (a clip before ``unscale_``, a fused optimizer's step, a step that bypassed
+    ``scaler.step``), so the recorded values already say what the gradients are.
     """
     if point.skipped:
         return None
     before = point.grad_norm_before_clip
-    norm = before if before is not None else point.grad_norm
-    calls = point.events or []
-    if norm is None or point.scale is None or not point.scale or "scale" not in calls:
-        return norm
-    if before is not None and "clip" in calls and "unscale" not in calls[: calls.index("clip")]:
-        return norm / point.scale
-    if before is None and "step" in calls and "scaler-step" not in calls:
-        return norm / point.scale
-    return norm
+    return before if before is not None else point.grad_norm
 
 
 def step_loss(point: StepPoint) -> float | None:
