@@ -828,8 +828,11 @@ _INCIDENTAL_SCOPE: tuple[tuple[re.Pattern[str], frozenset[str]], ...] = (
 IN_SCOPE_WORDS = (
     "nan inf exploding vanishing gradient grad clipping accumulation amp ddp norm spike diverge "
     "unstable oom backward zero_grad unscale dead checkpointing stuck plateau overfitting "
-    "underfitting residual"
+    "underfitting"
 )
+#: Skip (residual) connections are how gradients reach early layers: a question about them is
+#: ours ("a residual network" alone, in a learning-rate question, is not).
+_CONNECTIONS = _regex.compile(r"\b(?:skip|residual|shortcut)\s+connections?\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -2306,7 +2309,7 @@ class Matcher:
         climbs, blows up or diverges (outside an LR range test, where that is how it ends)."""
         if _LOSS_TROUBLE.search(text) and not _LR_RANGE_TEST.search(text):
             return True
-        if _HELD_OUT_WORSENS.search(text):
+        if _HELD_OUT_WORSENS.search(text) or _CONNECTIONS.search(text):
             return True
         found = {t for t in terms if t in self.in_scope_terms}
         if not found:

@@ -45,6 +45,10 @@ the first-look lists, a matcher meeting authors it was never tuned on), top-1 / 
   88.5% alone; ``rerank-3`` 82.8% / 91.8%; ``rerank-4`` 83.1% / 91.9% (+6 top-1, +3 top-3; no
   group loses top-1 or top-3). On today's matcher's lists of the held-out groups: 97.3% / 99.1%
   alone, 97.9% / 99.4% re-ranked;
+* 50 folds after fresh42/43 were retired (rerank5, 2,085 first-look lists): 77.6% / 89.1%
+  alone, 84.1% / 92.2% re-ranked; on today's matcher's lists of the held-out groups 96.5% /
+  98.9% alone, 97.8% / 99.3% re-ranked (96.3% / 98.7% and 97.6% / 99.1% before the round's
+  matcher changes);
 * the eval set itself (in sample, 2,179 items): top-1 97.6% -> 99.6%;
 * cost: about 0.19 ms more per match at the median (``benchmarks/rerank_cost.py``, the same
   as ``rerank-2`` on main although ``rerank-3``/``-4`` read more features: per-word tables
