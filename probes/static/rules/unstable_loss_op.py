@@ -37,6 +37,7 @@ from gradient_doctor.probes.static.positivity import (
 )
 from gradient_doctor.probes.static.ruletools import shorten
 from gradient_doctor.probes.static.traverse import walk
+from gradient_doctor.probes.static.zero_evidence import Evidence, ZeroEvidence
 
 EPSILON = "1e-8"
 GUARDS = frozenset({"clamp", "clamp_min", "clip", "clamp_", "maximum", "max", "log1p", "softplus"})
@@ -54,8 +55,8 @@ class UnstableLossOp(Rule):
     id = "unstable-loss-op"
     severity = "warning"
     message = (
-        "`{expression}` on line {line} {where} can hit {hazard}: the {result} becomes inf/NaN "
-        "and clipping cannot repair it; {remedy}"
+        "`{expression}` on line {line} {where} can hit {hazard}{because}: the {result} becomes "
+        "inf/NaN and clipping cannot repair it; {remedy}"
     )
     what = (
         "Finds `log`, `sqrt` (or a root written as a power, `x ** 0.5`) or a division by a "
@@ -1031,20 +1032,6 @@ def bce_with_logits(labels, logits):
 """,
             9,
         ),
-        # Weights computed from tensors each step: their total is data, not a setting.
-        Invalid(
-            """
-def combined_loss(terms, scores):
-    weights = []
-    total = 0.0
-    for term, score in zip(terms, scores):
-        weight = score.detach().abs().mean()
-        weights.append(weight)
-        total = total + term() * weight
-    return total / sum(weights)
-""",
-            9,
-        ),
         # A mask can remove the largest shifted term: the sum can still underflow to 0.
         Invalid(
             """
@@ -1347,18 +1334,6 @@ class MarginHead(torch.nn.Module):
         Invalid(
             """
 import torch
-class SpectralDistortionLoss(torch.nn.Module):
-    def frame_norms(self, bands):
-        energy = torch.sum(torch.pow(bands * self.band_width, 2.0), dim=-1)
-        return torch.sqrt(energy)
-    def forward(self, est, ref):
-        return (self.frame_norms(est) - self.frame_norms(ref)).abs().mean()
-""",
-            6,
-        ),
-        Invalid(
-            """
-import torch
 def focal_modulator(logits, targets, gamma=2.0):
     neg_logits = -logits
     return torch.exp(-gamma * targets * logits - gamma * torch.log1p(torch.exp(neg_logits)))
@@ -1466,9 +1441,10 @@ class PitchTrainer:
     def evaluate_batch(self, frames, lengths):
         with torch.enable_grad():
             predicted = self.net(frames)
-            length_loss = torch.nn.functional.l1_loss(predicted, torch.log(lengths))
+            length_loss = torch.nn.functional.l1_loss(predicted, torch.log((frames > 0).sum(-1)))
             length_loss.backward()
 """,
+            # A count of voiced frames is 0 for a silent clip.
             8,
         ),
         Invalid(
@@ -1514,17 +1490,6 @@ def binary_focal_loss(p, y, gamma=2.0):
         Invalid(
             """
 import torch
-class BandLoss(torch.nn.Module):
-    def forward(self, spec, target_spec):
-        energy = torch.matmul(self.bands, spec.abs() ** 2) ** 0.5
-        target_energy = torch.matmul(self.bands, target_spec.abs() ** 2).pow(0.5)
-        return (energy - target_energy).abs().mean()
-""",
-            (5, 6),
-        ),
-        Invalid(
-            """
-import torch
 def box_gap_loss(corners, eps=1e-8):
     dx = corners[..., 1, 0] - corners[..., 0, 0]
     dy = corners[..., 1, 1] - corners[..., 0, 1]
@@ -1543,14 +1508,6 @@ def soft_iou(pred, target):
     return 1 - iou
 """,
             6,
-        ),
-        Invalid(
-            """
-import torch
-def mixture_nll_loss(component_log_prob, mixture_weights):
-    return -torch.logsumexp(component_log_prob + mixture_weights.log(), dim=-1).mean()
-""",
-            4,
         ),
         Invalid(
             """
@@ -1650,6 +1607,7 @@ def diffusion_loss(net, schedule_logits, x0, t):
         clamped = _clamped_names(model)
         sampled = _sampled_actions(model)
         positivity = Positivity(model)
+        zero = ZeroEvidence(positivity)
         reported_exps: set[int] = set()
         for call, stmt, func in model.all_calls:
             if only is not None and id(func) not in only:
@@ -1722,6 +1680,7 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 continue
             if _without_gradient(model, call):
                 continue
+            because = ""
             if outside is not None:
                 remedy = (
                     f"the epsilon is added after it (`{shorten(code_of(outside))}`), where it "
@@ -1731,12 +1690,23 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 remedy = "clamp the input to a small positive minimum, not to 0"
             elif cosine is not None:
                 remedy = _cosine_remedy(cosine)
-            elif hazard.startswith("log") and _sigmoid_valued(func, target, 0):
-                # `log(sigmoid(x))` underflows to -inf for x below about -88 (float32).
-                remedy = "use `F.logsigmoid` of the logits (or clamp the input)"
             else:
-                remedy = "clamp the input (or use log_softmax)"
-            yield self._finding(call, target, _clamped, hazard, remedy, forward_pass=not in_loss)
+                # The author's own guard (an epsilon after the root, a clamp at 0, a cosine
+                # of unit vectors) is evidence enough above; here the value's making decides.
+                evidence = zero.of(target, func)
+                if not evidence.shown:
+                    if evidence.opaque:
+                        yield self._unknown_finding(call, target, evidence, _clamped)
+                    continue
+                because = evidence.reason
+                if hazard.startswith("log") and _sigmoid_valued(func, target, 0):
+                    # `log(sigmoid(x))` underflows to -inf for x below about -88 (float32).
+                    remedy = "use `F.logsigmoid` of the logits (or clamp the input)"
+                else:
+                    remedy = "clamp the input (or use log_softmax)"
+            yield self._finding(
+                call, target, _clamped, hazard, remedy, forward_pass=not in_loss, because=because
+            )
         for power, stmt, func in _fractional_powers(model, scope):
             if only is not None and id(func) not in only:
                 continue
@@ -1751,6 +1721,14 @@ def diffusion_loss(net, schedule_logits, x0, t):
             if _without_gradient(model, power) or positivity.gradient_free(base, func):
                 continue
             cosine = _cosine_complement(model, func, base)
+            because = ""
+            if cosine is None:
+                evidence = zero.of(base, func)
+                if not evidence.shown:
+                    if evidence.opaque and scope.in_loss(func, stmt):
+                        yield self._unknown_finding(power, base, evidence, _clamped)
+                    continue
+                because = evidence.reason
             yield self._finding(
                 power,
                 base,
@@ -1758,6 +1736,7 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 "an infinite gradient at 0",
                 "clamp the input" if cosine is None else _cosine_remedy(cosine),
                 forward_pass=not scope.in_loss(func, stmt),
+                because=because,
             )
         for division, stmt, func in _divisions(model):
             if only is not None and id(func) not in only:
@@ -1855,12 +1834,18 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 if denominator is right and _sums_mask(right):
                     yield self._selected_count_finding(division.node, right)
                 continue
+            evidence = zero.of(right, func)
+            if not evidence.shown:
+                if evidence.opaque and not positivity.gradient_free(right, func):
+                    yield self._unknown_finding(division.node, right, evidence, _plus_epsilon)
+                continue
             yield self._finding(
                 division.node,
                 right,
                 _plus_epsilon,
                 "a division by zero",
                 "add an epsilon to the denominator",
+                because=evidence.reason,
             )
 
     def _logsumexp_finding(
@@ -2094,6 +2079,42 @@ def diffusion_loss(net, schedule_logits, x0, t):
             },
         )
 
+    def _unknown_finding(
+        self,
+        node: cst.CSTNode,
+        target: cst.BaseExpression,
+        evidence: Evidence,
+        fix: Callable[[cst.CSTNode], cst.CSTNode],
+    ) -> RawFinding:
+        """An info: the value comes from something the analyser cannot read (a parameter no
+        caller in the file fills, a model's output, an attribute), so whether it can reach 0
+        is not known. Real losses take the log of likelihoods a model keeps above a floor and
+        divide by settings: a warning there would be a guess."""
+        return RawFinding(
+            node=node,
+            message=(
+                "`{expression}` on line {line}: cannot tell whether `{value}` can reach 0: "
+                "{reason}; if it can, {remedy}"
+            ),
+            evidence={
+                "expression": shorten(code_of(node)),
+                "line": node,
+                "value": shorten(code_of(target)),
+                "reason": evidence.reason,
+                "unknown": evidence.leaf,
+                "remedy": (
+                    "add an epsilon to the denominator"
+                    if fix is _plus_epsilon
+                    else "clamp the input to a small positive minimum (or add an epsilon)"
+                ),
+            },
+            patch=Patch().replace_node(target, fix),
+            fix_description="Clamp the input / add an epsilon to the denominator.",
+            # Whether the value is ever that small is unknown: not marked safe.
+            fix_safe=False,
+            severity="info",
+        )
+
     def _finding(
         self,
         node: cst.CSTNode,
@@ -2103,7 +2124,10 @@ def diffusion_loss(net, schedule_logits, x0, t):
         remedy: str,
         *,
         forward_pass: bool = False,
+        because: str = "",
     ) -> RawFinding:
+        """A warning: the code shows how the value reaches 0 (``because`` says how, when the
+        value's making shows it rather than the author's own guard)."""
         return RawFinding(
             node=node,
             message=self.message,
@@ -2114,6 +2138,8 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 "result": "gradient" if forward_pass else "loss",
                 "hazard": hazard,
                 "remedy": remedy,
+                "because": f" ({because})" if because else "",
+                "reason": because,
             },
             patch=Patch().replace_node(target, fix),
             fix_description="Clamp the input / add an epsilon to the denominator.",
