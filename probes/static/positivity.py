@@ -91,9 +91,12 @@ SAME_VALUE_METHODS = frozenset(
         "repeat",
         "cuda",
         "cpu",
+        "flip",
+        "roll",
     }
 )
-"""Methods that keep every element's value (casts, reshapes, copies, device moves)."""
+"""Methods that keep every element's value (casts, reshapes, copies, device moves, and
+reorderings: ``flip`` and ``roll`` move values without changing any)."""
 REDUCTIONS_OF_ELEMENTS = frozenset({"sum", "mean", "prod", "amax", "amin", "max", "min"})
 """Reductions whose result is positive when every element is."""
 SELECTIONS = frozenset(
@@ -947,7 +950,7 @@ class Positivity:
                 return all(
                     self._gradient_free(a, func, depth, seen, free_params) for a in arguments
                 )
-        callee = self._callee(call, func)
+        callee = self._callee(call, func) or self._only_method(call, func)
         if (
             callee is None
             or callee is func
@@ -968,6 +971,18 @@ class Positivity:
         return all(
             self._gradient_free(r, callee, depth + 1, frozenset(), free) for r in callee.returns
         )
+
+    def _only_method(self, call: cst.Call, func: FuncInfo) -> FuncInfo | None:
+        """``model.schedule.variance(t)`` on an object whose class the analyser cannot see:
+        the one method of that name in the file, when exactly one class defines it (a noise
+        schedule's ``snr``). Read only to ask whether the call computes from its arguments
+        alone, which a wrong match could only make less certain, never a gradient appear."""
+        if not isinstance(call.func, cst.Attribute):
+            return None
+        name = call.func.attr.value
+        model = func.model or self.model
+        found = [info for (_, method), info in model.methods.items() if method == name]
+        return found[0] if len(found) == 1 else None
 
     # -- gradients ------------------------------------------------------------------------------
     def _autograd_gradient(

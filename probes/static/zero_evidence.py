@@ -27,6 +27,8 @@ from gradient_doctor.probes.static.model import FuncInfo, attribute_key, bind_ar
 from gradient_doctor.probes.static.names import code_of, dotted_name, number_value
 from gradient_doctor.probes.static.positivity import (
     JOINS,
+    LIBRARY_HEADS,
+    POSITIVE_CALLS,
     MAX_DEPTH,
     NORMS,
     SELECTIONS,
@@ -36,6 +38,7 @@ from gradient_doctor.probes.static.positivity import (
     reaching_value,
 )
 from gradient_doctor.probes.static.ruletools import shorten
+from gradient_doctor.probes.static.traverse import walk
 
 PROBABILITY_CALLS = frozenset({"softmax", "sigmoid", "softmin", "gumbel_softmax"})
 """Calls that make probabilities: float32 rounds a small one to exactly 0."""
@@ -203,6 +206,11 @@ class ZeroEvidence:
         constants = module.assigns.get(name, []) if module is not func else []
         if len(constants) == 1:
             return self._of(constants[0], module, depth + 1, seen | {name})
+        source = _loop_source(func, name)
+        if source is not None:
+            return Evidence(
+                False, f"it is taken from `{shorten(code_of(source))}`", name, "name"
+            )
         return _unknown(node, "`{text}` is a loop variable or a global", "name")
 
     def _parameter(self, name: str, func: FuncInfo, depth: int) -> Evidence:
@@ -333,7 +341,24 @@ class ZeroEvidence:
                 if found.shown:
                     return found
             return _unknown(call, "nothing `{text}` returns shows a way to 0")
+        head = (dotted_name(call.func) or "").split(".", 1)[0]
+        if name in POSITIVE_CALLS or head in LIBRARY_HEADS:
+            # A library op whose inputs showed nothing above: no way to 0 is written, and
+            # no code is out of sight.
+            return _unknown(call, "nothing shows how `{text}` reaches 0")
         return _unknown(call, "it comes from `{text}`", "call")
+
+
+def _loop_source(func: FuncInfo, name: str) -> cst.BaseExpression | None:
+    """What a loop (or a comprehension) in ``func`` takes ``name`` from."""
+    for inner in walk(func.node):
+        if (
+            isinstance(inner, cst.For | cst.CompFor)
+            and isinstance(inner.target, cst.Name)
+            and inner.target.value == name
+        ):
+            return inner.iter
+    return None
 
 
 def _empty_container(node: cst.BaseExpression) -> bool:

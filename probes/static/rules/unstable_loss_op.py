@@ -1799,6 +1799,9 @@ def diffusion_loss(net, schedule_logits, x0, t):
                     and not _safe(model, func, stmt, right)
                     and not positivity.positive(right, func)
                     and not _without_gradient(model, division.node)
+                    # A span of settings (`self.end_warm - self.start_warm`) is fixed when
+                    # the object is made, not a value training can move to 0.
+                    and not positivity.gradient_free(right, func)
                 ):
                     yield self._finding(
                         division.node,
@@ -1834,9 +1837,11 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 if denominator is right and _sums_mask(right):
                     yield self._selected_count_finding(division.node, right)
                 continue
+            if positivity.gradient_free(right, func):
+                continue  # settings, a schedule, a buffer: fixed, not moved to 0 by training
             evidence = zero.of(right, func)
             if not evidence.shown:
-                if evidence.opaque and not positivity.gradient_free(right, func):
+                if evidence.opaque:
                     yield self._unknown_finding(division.node, right, evidence, _plus_epsilon)
                 continue
             yield self._finding(
