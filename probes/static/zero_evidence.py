@@ -28,9 +28,9 @@ from gradient_doctor.probes.static.names import code_of, dotted_name, number_val
 from gradient_doctor.probes.static.positivity import (
     JOINS,
     LIBRARY_HEADS,
-    POSITIVE_CALLS,
     MAX_DEPTH,
     NORMS,
+    POSITIVE_CALLS,
     SELECTIONS,
     Positivity,
     called_name,
@@ -117,6 +117,7 @@ class ZeroEvidence:
         self.model = positivity.model
         self._caller_table: dict[int, list[tuple[cst.Call, FuncInfo]]] | None = None
         self._caller_model: object = None
+        self._order: dict[int, dict[int, int]] = {}
 
     def of(self, node: cst.BaseExpression, func: FuncInfo) -> Evidence:
         """The evidence for ``node`` read in ``func``."""
@@ -182,9 +183,7 @@ class ZeroEvidence:
                 opaque = found
         return opaque or _unknown(whole, "cannot tell whether a part of `{text}` can be 0")
 
-    def _name(
-        self, node: cst.Name, func: FuncInfo, depth: int, seen: frozenset[str]
-    ) -> Evidence:
+    def _name(self, node: cst.Name, func: FuncInfo, depth: int, seen: frozenset[str]) -> Evidence:
         name = node.value
         values = [
             v
@@ -193,6 +192,7 @@ class ZeroEvidence:
         ]
         if name in seen:
             values = []
+        values = self._before(node, values, func)
         found = self._any(values, func, depth, seen | {name}, node) if values else None
         if found is not None and found.shown:
             return found
@@ -208,10 +208,22 @@ class ZeroEvidence:
             return self._of(constants[0], module, depth + 1, seen | {name})
         source = _loop_source(func, name)
         if source is not None:
-            return Evidence(
-                False, f"it is taken from `{shorten(code_of(source))}`", name, "name"
-            )
+            return Evidence(False, f"it is taken from `{shorten(code_of(source))}`", name, "name")
         return _unknown(node, "`{text}` is a loop variable or a global", "name")
+
+    def _before(
+        self, read: cst.Name, values: list[cst.BaseExpression], func: FuncInfo
+    ) -> list[cst.BaseExpression]:
+        """The definitions written before ``read`` in ``func``: a later one
+        (``y = y[:, None] - y[None, :]`` after ``norms = (y ** 2).sum(1) ** 0.5``) cannot
+        reach it outside a loop, and a loop's earlier read the analyser does not chase."""
+        order = self._order.get(id(func))
+        if order is None:
+            order = self._order[id(func)] = {id(n): i for i, n in enumerate(walk(func.node))}
+        at = order.get(id(read))
+        if at is None:
+            return values
+        return [v for v in values if order.get(id(v), -1) < at]
 
     def _parameter(self, name: str, func: FuncInfo, depth: int) -> Evidence:
         """A parameter shows a way to 0 when a caller in its file passes one that does."""
@@ -306,9 +318,7 @@ class ZeroEvidence:
         if name in SPECTRA:
             return Evidence(True, f"`{text}` is a spectrum, 0 in every bin of a silent input")
         if name == "Parameter":
-            return Evidence(
-                True, f"`{text}` is trained, and nothing keeps it above 0", signed=True
-            )
+            return Evidence(True, f"`{text}` is trained, and nothing keeps it above 0", signed=True)
         if name in PRODUCTS:
             factors = [a.value for a in call.args if a.keyword is None]
             subject = _subject(call)

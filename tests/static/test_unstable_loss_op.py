@@ -872,6 +872,21 @@ class CoSentObjective(nn.Module):
         return torch.logsumexp(torch.cat((torch.zeros(1), gaps.view(-1))), dim=0)
 """
 
+REASSIGNED_EMBEDDINGS = """\
+import torch
+class PairTrainer:
+    def pair_loss(self, y_true, y_pred):
+        y_true = y_true[::2]
+        norms = (y_pred ** 2).sum(axis=1, keepdims=True) ** 0.5
+        y_pred = y_pred / norms
+        y_pred = torch.sum(y_pred[::2] * y_pred[1::2], dim=1) * 20
+        y_pred = y_pred[:, None] - y_pred[None, :]
+        y_true = (y_true[:, None] < y_true[None, :]).float()
+        y_pred = y_pred - (1 - y_true) * 1e12
+        y_pred = torch.cat((torch.zeros(1).to(y_pred.device), y_pred.view(-1)), dim=0)
+        return torch.logsumexp(y_pred, dim=0)
+"""
+
 CONFIG_DIVISIONS = """\
 import torch
 import torch.nn.functional as F
@@ -945,6 +960,9 @@ class MixLearner:
         pytest.param(BOUNDED_LIKELIHOODS, [16, 26], id="bounded-likelihoods"),
         # A root of a sum of squares of embeddings: an info, not a warning.
         pytest.param(EMBEDDING_NORMS, [], id="embedding-norms"),
+        # The same root before the name is rebound to a difference: the later definition
+        # does not reach it.
+        pytest.param(REASSIGNED_EMBEDDINGS, None, id="reassigned-embeddings"),
         # Divisions by settings read from a configuration: fixed, not moved by training.
         pytest.param(CONFIG_DIVISIONS, [], id="config-divisions"),
         # A mean over active agents: the data decides whether every agent can be inactive.
