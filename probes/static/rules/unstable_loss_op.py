@@ -1456,11 +1456,12 @@ class PitchTrainer:
     @torch.no_grad()
     def evaluate_batch(self, frames, lengths):
         with torch.enable_grad():
-            predicted = self.net(frames)
-            length_loss = torch.nn.functional.l1_loss(predicted, torch.log((frames > 0).sum(-1)))
+            voiced = torch.sigmoid(self.net(frames))
+            length_loss = -(lengths * torch.log(voiced)).mean()
             length_loss.backward()
 """,
-            # A count of voiced frames is 0 for a silent clip.
+            # Autograd is back on inside the block: the log of a probability is on the
+            # gradient's path, and a probability can round to 0.
             8,
         ),
         Invalid(
@@ -1678,8 +1679,10 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 or (outside is None and _safe(model, func, stmt, target))
             ):
                 continue
-            if not hazard.startswith("log") and positivity.gradient_free(target, func):
-                continue  # a root's slope matters only where a gradient flows
+            if positivity.gradient_free(target, func):
+                # A root's slope matters only where a gradient flows; a log of settings, a
+                # schedule or a buffer is fixed before training moves anything to 0.
+                continue
             if hazard.startswith("log") and _sampled_action_probability(func, target, sampled):
                 continue
             if hazard.startswith("log") and _away_from_zero(target, func, positivity):
