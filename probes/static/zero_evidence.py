@@ -57,8 +57,8 @@ FOLLOWED_CALLS = frozenset(
     | NORMS
 )
 """Calls whose value can be 0 when their input can (a reduction, a selection, a power)."""
-MASK_WORDS = ("mask",)
-"""Name parts that say a value is a 0/1 mask (``mask``, ``pos_mask``, ``masks``)."""
+MASK_WORDS = frozenset({"mask", "masks"})
+"""Name parts that say a value is a 0/1 mask (``mask``, ``pos_mask``; not ``masked_x``)."""
 PROBABILITY_WORDS = frozenset(
     {"p", "pt", "prob", "probs", "proba", "probas", "probability", "probabilities", "pi"}
 )
@@ -75,12 +75,13 @@ class Evidence(NamedTuple):
     reason: str
     source: str = ""
     leaf: str = ""
+    """For unknown evidence, what the analyser could not look into: ``parameter``, ``call``
+    (an unresolved call: a model's output), ``attribute`` or ``name`` (a loop variable, a
+    list filled in a loop); empty when it looked and found nothing that reaches 0 (worth no
+    message at all)."""
     signed: bool = False
     """For shown evidence, whether the value can also be negative (a difference): added to a
     positive offset it can still cancel it."""
-    """For unknown evidence, what the analyser could not look into: ``parameter``, ``call``
-    (an unresolved call: a model's output, a library function) or ``attribute``; empty when
-    it looked and found nothing that reaches 0 (worth no message at all)."""
 
     @property
     def opaque(self) -> bool:
@@ -104,7 +105,7 @@ def named_evidence(name: str) -> Evidence | None:
     (this is the author's own word, read only where the value's making is out of sight)."""
     if probability_name(name):
         return Evidence(True, f"`{name}` is named as a probability, and one can be 0")
-    if any(word in name.lower() for word in MASK_WORDS):
+    if any(part in MASK_WORDS for part in name.lower().split("_")):
         return Evidence(True, f"`{name}` is named as a mask, 0 where it drops an element")
     return None
 
@@ -294,7 +295,13 @@ class ZeroEvidence:
             )
         if isinstance(node.operator, cst.Multiply | cst.MatrixMultiply):
             return self._any([left, right], func, depth, seen, node)
-        if isinstance(node.operator, cst.Divide | cst.FloorDivide | cst.Power):
+        if isinstance(node.operator, cst.Power):
+            exponent = number_value(right, arithmetic=True)
+            if exponent is not None and exponent <= 0:
+                # `x ** -1` is never 0 (it is infinite where `x` is, a division's case).
+                return _unknown(node, "`{text}` is a negative power")
+            return self._of(left, func, depth + 1, seen)
+        if isinstance(node.operator, cst.Divide | cst.FloorDivide):
             return self._of(left, func, depth + 1, seen)
         if isinstance(node.operator, cst.Add):
             first = self._of(left, func, depth + 1, seen)

@@ -14,6 +14,7 @@ import pytest
 from gradient_doctor.probes.static import lint_source
 from gradient_doctor.probes.static.model import FileModel, FuncInfo
 from gradient_doctor.probes.static.positivity import Positivity, exponent_of
+from gradient_doctor.probes.static.zero_evidence import ZeroEvidence
 
 
 def _function(code: str, name: str) -> tuple[Positivity, FuncInfo]:
@@ -1071,3 +1072,42 @@ def test_evidence_of_a_way_to_zero_is_a_warning_that_says_which(code: str, reaso
     report = lint_source(f"import torch\n{code}", "shown.py", select=["unstable-loss-op"])
     assert [f.severity for f in report.findings] == ["warning"]
     assert reason in report.findings[0].message
+
+
+@pytest.mark.parametrize(
+    ("expression", "shown", "leaf"),
+    [
+        # Ways to 0 written in the code.
+        ("torch.softmax(x, -1)", True, ""),
+        ("torch.sigmoid(x).gather(1, a)", True, ""),
+        ("1 - torch.sigmoid(x)", True, ""),
+        ("a - b", True, ""),
+        ("((a - b) ** 2).sum(-1)", True, ""),
+        ("torch.norm(a - b, dim=1)", True, ""),
+        ("F.relu(x).sum()", True, ""),
+        ("x.clamp(min=0)", True, ""),
+        ("(x > 0).float().sum()", True, ""),
+        ("torch.cdist(a, b)", True, ""),
+        ("torch.stft(x, 512, return_complex=True).abs()", True, ""),
+        ("torch.where(mask > 0, torch.softmax(x, -1), a)", True, ""),
+        ("torch.cat([a, torch.sigmoid(x)])", True, ""),
+        ("torch.exp(x) * mask", True, ""),
+        ("probs", True, ""),
+        ("0.1 + (1 - 0.1 * b) * torch.softmax(x, -1)", True, ""),
+        # Nothing shown, and something out of sight: an info names it.
+        ("x", False, "parameter"),
+        ("(x ** 2).sum(-1)", False, "parameter"),
+        ("self.net(x)", False, "call"),
+        ("self.scale", False, "attribute"),
+        ("torch.exp(x) + a", False, "parameter"),
+        # Nothing shown, nothing out of sight: silent.
+        ("torch.exp(x).sum()", False, ""),
+        ("a ** -1", False, ""),
+        ("torch.softmax(x, -1) + 0.5", False, ""),
+    ],
+)
+def test_evidence_of_a_way_to_zero(expression: str, shown: bool, leaf: str) -> None:
+    checker, func = _function(f"def f(x, a, b, mask, probs):\n    y = {expression}\n", "f")
+    (value,) = func.assigns["y"]
+    evidence = ZeroEvidence(checker).of(value, func)
+    assert (evidence.shown, evidence.leaf) == (shown, leaf), evidence.reason
