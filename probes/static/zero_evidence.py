@@ -369,12 +369,10 @@ class ZeroEvidence:
 def _loop_source(func: FuncInfo, name: str) -> cst.BaseExpression | None:
     """What a loop (or a comprehension) in ``func`` takes ``name`` from."""
     for inner in walk(func.node):
-        if (
-            isinstance(inner, cst.For | cst.CompFor)
-            and isinstance(inner.target, cst.Name)
-            and inner.target.value == name
+        if isinstance(inner, cst.For | cst.CompFor) and any(
+            isinstance(part, cst.Name) and part.value == name for part in walk(inner.target)
         ):
-            return inner.iter
+            return inner.iter  # `for lh in ...`, `for name, lh in d.items()`
     return None
 
 
