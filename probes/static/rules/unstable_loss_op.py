@@ -1,7 +1,10 @@
 """unstable-loss-op: ``log`` / ``sqrt`` / division of values that can reach 0 in a custom loss.
 
-Whether a value can reach 0 is read from its provenance
-(:mod:`gradient_doctor.probes.static.positivity`)."""
+A value positive by construction is never reported
+(:mod:`gradient_doctor.probes.static.positivity`). Otherwise a warning needs evidence that
+the value can reach 0 (:mod:`gradient_doctor.probes.static.zero_evidence`) and that a
+gradient flows through it; a value whose making the analyser cannot read is an info that
+says what is not known."""
 
 from __future__ import annotations
 
