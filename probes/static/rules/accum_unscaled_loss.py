@@ -10,6 +10,7 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed, accelerator_divides
+from gradient_doctor.probes.static.hf_trainer import trainer_mean_losses
 from gradient_doctor.probes.static.model import (
     Accumulation,
     Event,
@@ -516,6 +517,9 @@ for step, batch in enumerate(loader):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        # A Hugging Face Trainer subclass whose `compute_loss` returns a micro-batch mean: the
+        # Trainer's own division depends on the release (see `hf_trainer`).
+        yield from trainer_mean_losses(model)
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
             if unit.of_kind("grad_div"):
                 continue  # the gradients are divided by hand (accum-manual-grad-scaling)
