@@ -2,7 +2,7 @@
 per-micro-batch mean and ignores ``num_items_in_batch``.
 
 What ``Trainer.training_step`` does with the loss ``compute_loss`` returns, read in each
-release's ``transformers/trainer.py`` (``training_step`` and ``create_accelerator_and_postprocess``):
+release's ``transformers/trainer.py`` (``training_step``, ``create_accelerator_and_postprocess``):
 
 * up to 4.45: the Accelerator is built with ``num_steps=gradient_accumulation_steps`` and its
   ``backward`` divides by it; ``compute_loss`` gets no ``num_items_in_batch``: a mean is right;
@@ -180,9 +180,12 @@ def _sets(model: FileModel, attribute: str) -> bool:
             text = dotted_name(inner.target) or ""
             if text.rsplit(".", 1)[-1] == attribute:
                 return True
-        elif isinstance(inner, cst.Arg) and inner.keyword is not None:
-            if inner.keyword.value == attribute:
-                return True
+        elif (
+            isinstance(inner, cst.Arg)
+            and inner.keyword is not None
+            and inner.keyword.value == attribute
+        ):
+            return True
     return False
 
 

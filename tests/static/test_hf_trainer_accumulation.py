@@ -17,7 +17,7 @@ from gradient_doctor.probes.static import lint_paths, lint_source
 
 RULE = "accum-unscaled-loss"
 
-DISTILL = '''
+DISTILL = """
 import torch.nn.functional as F
 from trl import SFTTrainer
 
@@ -38,10 +38,10 @@ class KDTrainer(SFTTrainer):
         log_p = F.log_softmax(student_logits / self.tau, dim=-1)
         q = F.softmax(teacher_logits / self.tau, dim=-1)
         return F.kl_div(log_p, q, reduction="batchmean") * self.tau**2
-'''
+"""
 DISTILL_LINE = 15
 
-PLAIN_CAUSAL = '''
+PLAIN_CAUSAL = """
 from transformers import AutoModelForCausalLM, Trainer
 
 
@@ -49,11 +49,12 @@ class WeightedTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         weights = inputs.pop("weights")
         outputs = model(**inputs)
-        return (outputs.loss * weights.mean(), outputs) if return_outputs else outputs.loss * weights.mean()
+        weighted = outputs.loss * weights.mean()
+        return (weighted, outputs) if return_outputs else weighted
 
 
 model = AutoModelForCausalLM.from_pretrained("some/checkpoint")
-'''
+"""
 PLAIN_CAUSAL_LINE = 9
 
 
@@ -91,7 +92,7 @@ VALID = {
         "            kd = kd * inputs['attention_mask'].sum() / num_items_in_batch\n",
     ),
     # The model normalises its own loss by the count it is handed.
-    "count_passed_to_the_model": '''
+    "count_passed_to_the_model": """
 from transformers import AutoModelForCausalLM, Trainer
 
 
@@ -99,7 +100,7 @@ class PassThrough(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(**inputs, num_items_in_batch=num_items_in_batch)
         return (outputs.loss, outputs) if return_outputs else outputs.loss
-''',
+""",
     # The fix of the reported bug: divide while training.
     "divided_by_hand": DISTILL.replace(
         "        return (kd, student) if return_outputs else kd\n",
@@ -110,7 +111,8 @@ class PassThrough(Trainer):
     # 4.48+: the Trainer divides when the model is said not to take loss kwargs.
     "kwargs_turned_off": DISTILL.replace(
         "        super().__init__(*args, **kwargs)\n",
-        "        super().__init__(*args, **kwargs)\n        self.model_accepts_loss_kwargs = False\n",
+        "        super().__init__(*args, **kwargs)\n"
+        "        self.model_accepts_loss_kwargs = False\n",
     ),
     # 5.19+: the subclass declares a per-micro-batch mean; the Trainer divides.
     "declared_unscaled": DISTILL.replace(
@@ -123,12 +125,12 @@ class PassThrough(Trainer):
     "old_signature": DISTILL.replace(", num_items_in_batch=None", ""),
     # The subclass runs the backward itself.
     "own_training_step": DISTILL
-    + '''
+    + """
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = self.compute_loss(model, inputs)
         self.accelerator.backward(loss)
         return loss.detach()
-''',
+""",
 }
 
 

@@ -19,6 +19,7 @@ What each framework divides, read in its source (see :mod:`probes.static.framewo
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -68,7 +69,11 @@ class AccumDoubleScaling(Rule):
         "that divides it by the same count: DeepSpeed's `engine.backward`, Accelerate's "
         "`accelerator.backward` with `gradient_accumulation_steps`, Lightning's automatic "
         "optimisation with `accumulate_grad_batches` (and, as info, a Hugging Face `Trainer` "
-        "subclass whose `compute_loss` divides)."
+        "subclass whose `compute_loss` divides). For Lightning it reads the count under any "
+        "name (`self.trainer.accumulate_grad_batches`, a copy kept on the module, the value "
+        "handed to `Trainer(accumulate_grad_batches=...)`); in a module that can also run with "
+        "manual optimisation it reports only a division on the automatic branch, since "
+        "`manual_backward` does not divide."
     )
     why = (
         "Dividing twice makes every gradient N times smaller than intended: the effective "
@@ -91,7 +96,9 @@ class AccumDoubleScaling(Rule):
     )
     fix_safety = (
         "No automatic fix: whether to drop the manual division or configure the framework not "
-        "to divide is the user's choice, and the logged loss value changes with it."
+        "to divide is the user's choice, and the logged loss value changes with it. In a "
+        "Lightning module with both modes, drop the division on the automatic branch only: "
+        "the manual branch needs it."
     )
     snippet_id = "accumulation"
     valid: ClassVar[list[str]] = [
@@ -644,7 +651,7 @@ def _optimisation_side(
     nothing around it tests either."""
     chain = [division, *model.ancestors(division)]
     side: str | None = None
-    for inner, node in zip(chain, chain[1:], strict=False):
+    for inner, node in itertools.pairwise(chain):
         if not isinstance(node, cst.If | cst.IfExp) or inner is node.test:
             continue
         test = node.test
@@ -701,11 +708,15 @@ def _may_optimise_manually(model: FileModel, class_name: str) -> bool:
     if node is None:
         return False
     for inner in walk(node):
-        if isinstance(inner, cst.Assign) and any(
-            (dotted_name(t.target) or "").endswith("automatic_optimization") for t in inner.targets
+        if (
+            isinstance(inner, cst.Assign)
+            and any(
+                (dotted_name(t.target) or "").endswith("automatic_optimization")
+                for t in inner.targets
+            )
+            and not (isinstance(inner.value, cst.Name) and inner.value.value == "True")
         ):
-            if not (isinstance(inner.value, cst.Name) and inner.value.value == "True"):
-                return True
+            return True
         if (
             isinstance(inner, cst.Call)
             and isinstance(inner.func, cst.Attribute)
