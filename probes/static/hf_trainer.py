@@ -98,8 +98,8 @@ def _check_class(model: FileModel, class_name: str) -> RawFinding | None:
     func = model.methods.get((class_name, "compute_loss"))
     if func is None or "num_items_in_batch" not in func.params:
         return None  # before 4.46 the Trainer passes no window count and divides itself
-    if model.methods.get((class_name, "training_step")) is not None:
-        return None  # the subclass runs the backward itself
+    if model.method_of(class_name, "training_step") is not None:
+        return None  # the subclass (or a parent of ours) runs the backward itself
     if _mentions(func.node, "num_items_in_batch", skip_params=True):
         return None  # the count is used (normalised by it, or handed to the model)
     node = model.class_nodes[class_name]
@@ -191,8 +191,8 @@ def _sets(model: FileModel, attribute: str) -> bool:
 
 def _returned_loss(func: FuncInfo) -> tuple[cst.BaseExpression | None, cst.CSTNode | None]:
     """The loss ``compute_loss`` returns (the first of ``(loss, outputs)``) and where it is
-    made: its one assignment in the function, else the return itself. None when the returns
-    disagree on the name."""
+    made: its one assignment in the function, else (assigned on several paths, or not a
+    name) the last return. None when the returns disagree on the name."""
     losses: list[cst.BaseExpression] = []
     for value in func.returns:
         if isinstance(value, cst.IfExp):
@@ -207,9 +207,7 @@ def _returned_loss(func: FuncInfo) -> tuple[cst.BaseExpression | None, cst.CSTNo
         sites = func.assign_sites.get(loss.value, [])
         if len(sites) == 1 and isinstance(sites[0], cst.Assign):
             return loss, sites[0]
-        if sites:
-            return None, None  # reassigned: which value is returned is a question
-    return loss, loss
+    return loss, losses[-1]
 
 
 def _first(value: cst.BaseExpression) -> cst.BaseExpression:

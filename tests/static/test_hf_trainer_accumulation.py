@@ -185,3 +185,23 @@ def test_pyproject_dependency_is_read(tmp_path: Path) -> None:
     )
     found = _project_findings(tmp_path)
     assert [(line, severity) for line, severity, _ in found] == [(DISTILL_LINE, "warning")]
+
+
+def test_a_loss_made_on_several_paths_is_reported_at_the_last_return() -> None:
+    code = '''
+import torch.nn.functional as F
+from trl import SFTTrainer
+
+
+class Fp32Trainer(SFTTrainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        logits = outputs.logits.float()[:, :-1]
+        if logits.numel() == 0:
+            loss = logits.sum() * 0.0
+            return (loss, outputs) if return_outputs else loss
+        loss = F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        return (loss, outputs) if return_outputs else loss
+'''
+    assert _rule_findings(code) == [(15, "warning")]
