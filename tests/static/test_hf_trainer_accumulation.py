@@ -188,7 +188,7 @@ def test_pyproject_dependency_is_read(tmp_path: Path) -> None:
 
 
 def test_a_loss_made_on_several_paths_is_reported_at_the_last_return() -> None:
-    code = '''
+    code = """
 import torch.nn.functional as F
 from trl import SFTTrainer
 
@@ -203,5 +203,5 @@ class Fp32Trainer(SFTTrainer):
             return (loss, outputs) if return_outputs else loss
         loss = F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
         return (loss, outputs) if return_outputs else loss
-'''
+"""
     assert _rule_findings(code) == [(15, "warning")]
