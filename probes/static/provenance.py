@@ -1142,16 +1142,19 @@ def _target_names(target: cst.BaseExpression) -> set[str]:
 
 
 def _number_cast(node: cst.BaseExpression) -> cst.BaseExpression | None:
-    """``x`` of ``float(x)`` / ``int(x)`` (a cast of a count keeps its meaning)."""
-    if (
-        isinstance(node, cst.Call)
-        and isinstance(node.func, cst.Name)
-        and node.func.value in {"float", "int"}
-        and len(node.args) == 1
-        and not node.args[0].keyword
-        and not node.args[0].star
-    ):
+    """``x`` of ``float(x)`` / ``int(x)`` (a cast of a count keeps its meaning), and of
+    ``max(1, x)`` / ``max(x, 1)`` (a floor that only guards against zero)."""
+    if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
+        return None
+    if any(arg.keyword or arg.star for arg in node.args):
+        return None
+    if node.func.value in {"float", "int"} and len(node.args) == 1:
         return node.args[0].value
+    if node.func.value == "max" and len(node.args) == 2:
+        values = [arg.value for arg in node.args]
+        floors = [v for v in values if number_value(v) is not None]
+        if len(floors) == 1:
+            return next(v for v in values if number_value(v) is None)
     return None
 
 

@@ -19,6 +19,7 @@ What each framework divides, read in its source (see :mod:`probes.static.framewo
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -36,7 +37,7 @@ from gradient_doctor.probes.static.frameworks import (
     lightning_modules,
 )
 from gradient_doctor.probes.static.model import Event, FileModel, FuncInfo, Unit
-from gradient_doctor.probes.static.names import call_arg, code_of
+from gradient_doctor.probes.static.names import call_arg, code_of, dotted_name
 from gradient_doctor.probes.static.provenance import Scaling, loss_scaling, value_scaling
 from gradient_doctor.probes.static.ruletools import label, shorten
 from gradient_doctor.probes.static.traverse import walk
@@ -68,7 +69,11 @@ class AccumDoubleScaling(Rule):
         "that divides it by the same count: DeepSpeed's `engine.backward`, Accelerate's "
         "`accelerator.backward` with `gradient_accumulation_steps`, Lightning's automatic "
         "optimisation with `accumulate_grad_batches` (and, as info, a Hugging Face `Trainer` "
-        "subclass whose `compute_loss` divides)."
+        "subclass whose `compute_loss` divides). For Lightning it reads the count under any "
+        "name (`self.trainer.accumulate_grad_batches`, a copy kept on the module, the value "
+        "handed to `Trainer(accumulate_grad_batches=...)`); in a module that can also run with "
+        "manual optimisation it reports only a division on the automatic branch, since "
+        "`manual_backward` does not divide."
     )
     why = (
         "Dividing twice makes every gradient N times smaller than intended: the effective "
@@ -91,7 +96,9 @@ class AccumDoubleScaling(Rule):
     )
     fix_safety = (
         "No automatic fix: whether to drop the manual division or configure the framework not "
-        "to divide is the user's choice, and the logged loss value changes with it."
+        "to divide is the user's choice, and the logged loss value changes with it. In a "
+        "Lightning module with both modes, drop the division on the automatic branch only: "
+        "the manual branch needs it."
     )
     snippet_id = "accumulation"
     valid: ClassVar[list[str]] = [
@@ -191,6 +198,60 @@ def pretrain(cfg, net, opt, data):
             accelerator.backward(net(**batch).loss)
             opt.step()
             opt.zero_grad()
+""",
+        # Manual optimisation: `manual_backward` does not divide, so the division by the
+        # Trainer's count is the only one.
+        """
+import lightning as L
+class Distiller(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        window = self.trainer.accumulate_grad_batches
+        loss = self.student(batch).loss / window
+        self.manual_backward(loss)
+        if (batch_idx + 1) % window == 0:
+            opt.step()
+            opt.zero_grad()
+        return loss
+""",
+        # A module with both modes divides only on its manual branch; the automatic branch
+        # returns the plain loss for Lightning to divide.
+        """
+import pytorch_lightning as pl
+class Segmenter(pl.LightningModule):
+    def __init__(self, by_hand):
+        super().__init__()
+        self.by_hand = by_hand
+        self.automatic_optimization = not by_hand
+
+    def training_step(self, batch, batch_idx):
+        loss = self.criterion(self.net(batch["image"]), batch["mask"])
+        if not self.automatic_optimization:
+            self.manual_backward(loss / self.trainer.accumulate_grad_batches)
+            if (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0:
+                self.optimizers().step()
+                self.optimizers().zero_grad()
+            return loss.detach()
+        return loss
+""",
+        # The mode is switched at run time and the division sits on no branch of it: which
+        # mode runs is not visible, so nothing is said.
+        """
+import lightning as L
+class Mixed(L.LightningModule):
+    def __init__(self, cfg):
+        super().__init__()
+        self.automatic_optimization = cfg.auto
+
+    def training_step(self, batch, batch_idx):
+        loss = self.head(batch) / self.trainer.accumulate_grad_batches
+        if not self.automatic_optimization:
+            self.manual_backward(loss)
+        return loss
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
@@ -321,6 +382,60 @@ def main(args, net, ds_config, loader):
 """,
             9,
         ),
+        # Both modes in one module; the automatic branch of the conditional expression
+        # divides by a local copy of the Trainer's count (learned from leads5 rf-detr).
+        Invalid(
+            """
+import pytorch_lightning as pl
+class Detector(pl.LightningModule):
+    def __init__(self, keypoints):
+        super().__init__()
+        self.by_hand = keypoints
+        self.automatic_optimization = not self.by_hand
+
+    def training_step(self, batch, batch_idx):
+        total = sum(v for v in self.criterion(self.net(batch)).values())
+        steps = max(1, int(self.trainer.accumulate_grad_batches))
+        out = total if self.by_hand else total / steps
+        if self.by_hand:
+            self.manual_backward(out)
+        return {"loss": out.detach() if self.by_hand else out}
+""",
+            12,
+        ),
+        # The count kept on the module by a hook, under a name of its own.
+        Invalid(
+            """
+import lightning as L
+class Tagger(L.LightningModule):
+    def on_train_start(self):
+        self.window = self.trainer.accumulate_grad_batches
+
+    def training_step(self, batch, batch_idx):
+        loss = self.crf(self.encoder(batch.tokens), batch.tags)
+        return {"loss": loss / self.window, "log": {"nll": loss.detach()}}
+""",
+            9,
+        ),
+        # The count the Trainer is given, read back from the module's hyper-parameters.
+        Invalid(
+            """
+import lightning as L
+
+class Regressor(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = (self.net(x) - y).pow(2).mean()
+        if self.hparams.chunks > 1:
+            loss = loss / self.hparams.chunks
+        return loss
+
+def main(cfg):
+    trainer = L.Trainer(max_epochs=cfg.epochs, accumulate_grad_batches=cfg.chunks)
+    trainer.fit(Regressor(**vars(cfg)), datamodule=make_data(cfg))
+""",
+            9,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -446,12 +561,17 @@ def main(args, net, ds_config, loader):
             func = model.methods.get((class_name, "training_step"))
             if func is None:
                 continue
+            # The count under every name it goes by: the Trainer's argument, and copies of
+            # `self.trainer.accumulate_grad_batches` the module keeps (`self.n_acc = ...`).
+            divisors = [configured, *_stored_accumulation(model, class_name)]
+            manual_too = _may_optimise_manually(model, class_name)
+            flags = _mode_flags(model, class_name)
+            seen: set[int] = set()
             for value in _returned_losses(func):
-                scaling = value_scaling(model, func, value, configured)
-                if scaling.verdict != "accumulation" or scaling.node is None:
+                scaling = _lightning_scaling(model, func, value, divisors, manual_too, flags)
+                if scaling is None or scaling.node is None or id(scaling.node) in seen:
                     continue
-                if scaling.divisor == "num_items_in_batch":
-                    continue
+                seen.add(id(scaling.node))
                 yield RawFinding(
                     node=scaling.node,
                     message=LIGHTNING_MESSAGE,
@@ -483,6 +603,143 @@ def main(args, net, ds_config, loader):
                     },
                     severity="info",
                 )
+
+
+def _lightning_scaling(
+    model: FileModel,
+    func: FuncInfo,
+    value: cst.BaseExpression,
+    divisors: list[str | None],
+    manual_too: bool,
+    flags: dict[str, bool],
+) -> Scaling | None:
+    """The division by the accumulation count of a loss ``training_step`` returns, when it
+    runs under automatic optimisation; None otherwise.
+
+    A module that switches between the two modes (``self.automatic_optimization = not
+    self._manual``) divides correctly on its manual path (``manual_backward`` does not divide)
+    and twice on its automatic path: the division counts only on a branch that is visibly
+    the automatic one, or, in a module that never optimises by hand, on any path free of
+    framework flags (learned from leads5 rf-detr, issue #1503)."""
+    for divisor in dict.fromkeys(divisors):
+        scaling = value_scaling(model, func, value, divisor)
+        if scaling.verdict == "unknown" and scaling.divided_path is not None:
+            scaling = scaling.divided_path
+        if scaling.verdict != "accumulation" or scaling.node is None:
+            continue
+        if scaling.divisor == "num_items_in_batch":
+            continue
+        side = _optimisation_side(model, scaling.node, flags)
+        if side == "manual" or (side is None and manual_too):
+            continue
+        return scaling
+    return None
+
+
+MANUAL_WORDS = ("manual", "automatic")
+
+
+def _optimisation_side(
+    model: FileModel, division: cst.CSTNode, flags: dict[str, bool]
+) -> str | None:
+    """``automatic`` / ``manual`` when an ``if`` (or conditional expression) around the
+    division tests the optimisation mode (``if self._use_manual_optimization:``, ``x if
+    self.automatic_optimization else y``, or a flag in ``flags``: the names the module sets
+    ``automatic_optimization`` from, True when the name means manual) and puts it on that
+    side; ``manual`` too when a
+    test it cannot read guards it (a framework flag, a compound test on the mode); None when
+    nothing around it tests either."""
+    chain = [division, *model.ancestors(division)]
+    side: str | None = None
+    for inner, node in itertools.pairwise(chain):
+        if not isinstance(node, cst.If | cst.IfExp) or inner is node.test:
+            continue
+        test = node.test
+        negated = False
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            negated = not negated
+            test = test.expression
+        flag = flags.get(code_of(test))
+        text = code_of(test).lower()
+        if flag is None and not any(word in text for word in MANUAL_WORDS):
+            if any(word in text for word in FRAMEWORK_FLAG_WORDS):
+                return "manual"  # a framework flag decides: not this rule's path
+            continue
+        if not isinstance(test, cst.Name | cst.Attribute):
+            return "manual"  # `if self.manual and n > 1`: cannot tell the side
+        means_manual = flag if flag is not None else "manual" in text
+        body_manual = means_manual != negated
+        in_body = inner is node.body
+        manual = body_manual if in_body else not body_manual
+        if manual:
+            return "manual"
+        side = "automatic"
+    return side
+
+
+def _mode_flags(model: FileModel, class_name: str) -> dict[str, bool]:
+    """The flags the module sets ``automatic_optimization`` from: ``self.automatic_optimization
+    = not self.by_hand`` makes ``self.by_hand`` mean manual (True), ``= self.auto`` makes
+    ``self.auto`` mean automatic (False)."""
+    node = model.class_nodes.get(class_name)
+    out: dict[str, bool] = {}
+    if node is None:
+        return out
+    for inner in walk(node):
+        if not isinstance(inner, cst.Assign) or not any(
+            (dotted_name(t.target) or "").endswith("automatic_optimization") for t in inner.targets
+        ):
+            continue
+        value = inner.value
+        negated = False
+        while isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Not):
+            negated = not negated
+            value = value.expression
+        if isinstance(value, cst.Name | cst.Attribute) and code_of(value) not in {"True", "False"}:
+            out[code_of(value)] = negated
+    return out
+
+
+def _may_optimise_manually(model: FileModel, class_name: str) -> bool:
+    """The module may run with automatic optimisation off: it sets
+    ``automatic_optimization`` to something other than a literal, or calls
+    ``self.manual_backward`` (a literal ``False`` is handled before this)."""
+    node = model.class_nodes.get(class_name)
+    if node is None:
+        return False
+    for inner in walk(node):
+        if (
+            isinstance(inner, cst.Assign)
+            and any(
+                (dotted_name(t.target) or "").endswith("automatic_optimization")
+                for t in inner.targets
+            )
+            and not (isinstance(inner.value, cst.Name) and inner.value.value == "True")
+        ):
+            return True
+        if (
+            isinstance(inner, cst.Call)
+            and isinstance(inner.func, cst.Attribute)
+            and inner.func.attr.value == "manual_backward"
+        ):
+            return True
+    return False
+
+
+def _stored_accumulation(model: FileModel, class_name: str) -> list[str]:
+    """``self.X`` attributes of the module set from the Trainer's count
+    (``self.grad_batches = self.trainer.accumulate_grad_batches`` in a hook)."""
+    node = model.class_nodes.get(class_name)
+    out: list[str] = []
+    if node is None:
+        return out
+    for inner in walk(node):
+        if isinstance(inner, cst.Assign) and "accumulate_grad_batches" in code_of(inner.value):
+            for target in inner.targets:
+                text = dotted_name(target.target)
+                if text is not None and text.startswith("self."):
+                    out.append(text)
+    return out
 
 
 def _from_deepspeed_config(model: FileModel, divisor: str) -> bool:

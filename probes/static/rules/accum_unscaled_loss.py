@@ -10,6 +10,7 @@ import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
 from gradient_doctor.probes.static.frameworks import accelerate_runs_deepspeed, accelerator_divides
+from gradient_doctor.probes.static.hf_trainer import trainer_mean_losses
 from gradient_doctor.probes.static.model import (
     Accumulation,
     Event,
@@ -67,12 +68,20 @@ class AccumUnscaledLoss(Rule):
     )
     what = (
         "Finds gradient accumulation (the step runs every N backward calls) where the loss "
-        "that is backpropagated is not divided by N."
+        "that is backpropagated is not divided by N. Also a Hugging Face `Trainer` / "
+        "`SFTTrainer` subclass whose `compute_loss` returns a per-micro-batch mean and never "
+        "uses `num_items_in_batch` (a warning naming the transformers version when it is "
+        "pinned next to the code; info when the model may not accept loss kwargs)."
     )
     why = (
         "Gradients add up over the N backward calls. Without dividing the loss by N the "
         "accumulated gradient is the sum, N times the average a single large batch would give: "
-        "it acts like a learning rate N times too high and training is unstable."
+        "it acts like a learning rate N times too high and training is unstable. From "
+        "transformers 4.46 the Trainer expects `compute_loss` to normalise by "
+        "`num_items_in_batch` and skips its own division by `gradient_accumulation_steps` "
+        "when the model accepts loss kwargs (every causal LM); 4.46.0 to 4.47.x divide for no "
+        "model. Read in transformers 4.45.2, 4.46.0, 4.46.3, 4.47.1, 4.48.0, 4.49.0, 4.57.1, "
+        "5.0.0 and 5.24.0 `trainer.py` (`training_step`, `create_accelerator_and_postprocess`)."
     )
     example = (
         "for i, (x, y) in enumerate(loader):\n"
@@ -93,7 +102,12 @@ class AccumUnscaledLoss(Rule):
     fix_safety = (
         "Safe: only the tensor passed to backward is divided (`(loss / N).backward()`); the "
         "value you log stays the same. The effective learning rate becomes what a batch N "
-        "times larger would give, which is what accumulation is meant to do."
+        "times larger would give, which is what accumulation is meant to do. For a Trainer "
+        "subclass no patch is offered: dividing in `compute_loss` (by "
+        "`self.args.gradient_accumulation_steps` while training) is right from transformers "
+        "4.46 on, but divides twice before 4.46 or where the model takes no loss kwargs, and "
+        "setting `model_accepts_loss_kwargs = False` (4.48+) or `loss_is_scaled_for_ga = "
+        "False` (5.19+) depends on the release."
     )
     snippet_id = "accumulation"
     valid: ClassVar[list[str]] = [
@@ -516,6 +530,9 @@ for step, batch in enumerate(loader):
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
+        # A Hugging Face Trainer subclass whose `compute_loss` returns a micro-batch mean: the
+        # Trainer's own division depends on the release (see `hf_trainer`).
+        yield from trainer_mean_losses(model)
         for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
             if unit.of_kind("grad_div"):
                 continue  # the gradients are divided by hand (accum-manual-grad-scaling)
