@@ -107,6 +107,10 @@ LEGACY_WITHHELD = (
     "the file uses `async`/`await` as names (Python 3.6 or older); it is analysed, but no "
     "patch is made for it"
 )
+NOTEBOOK_WITHHELD = (
+    "the file is a notebook exported as a script, with IPython `!`/`%` lines; it is analysed "
+    "with those lines skipped, but no patch is made for it"
+)
 
 
 def _parse(source: str, *, checked: bool = False) -> Parsed | str:
@@ -313,7 +317,9 @@ def _lint(
         positions = spans_of(
             module, nodes, top_level=model.top_level, tree=tree, first_lines=first_lines
         )
-        withhold = LEGACY_WITHHELD if parsed.legacy else None
+        withhold = (
+            LEGACY_WITHHELD if parsed.legacy else NOTEBOOK_WITHHELD if parsed.notebook else None
+        )
         return _report(source, module, path, local, rules, positions, model, withhold)
     except RecursionError:
         return FileReport(path=path, error="the file is too deeply nested to analyse")

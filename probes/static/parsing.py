@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import io
 import keyword
+import re
 import tokenize
 import warnings
 from dataclasses import dataclass
@@ -44,6 +45,11 @@ class Parsed:
     """The file uses ``async`` / ``await`` as names (Python 3.6 and older): it was read with
     them renamed in place (same length, so every line and column holds), and no patch is made
     against that text."""
+    notebook: bool = False
+    """The file is a notebook exported as a script (Colab's "Download .py", Jupyter's
+    ``--to script``) with IPython shell and magic lines (``!pip install ...``,
+    ``%matplotlib inline``) left in: it was read with each such line as ``pass`` (line numbers
+    hold), and no patch is made against that text."""
 
 
 def _cpython_error(exc: SyntaxError) -> str:
@@ -88,12 +94,39 @@ def parse_source(source: str, *, checked: bool = False) -> Parsed | str:
             return f"{tree} ({guard})" if "nest" not in tree else tree
         module = _libcst(source)
         if isinstance(module, str):
-            return _legacy(source) or tree
+            return _legacy(source) or _notebook_export(source) or tree
         return Parsed(module, None)
     module = _libcst(source)
     if isinstance(module, str):
         return module
     return Parsed(module, tree)
+
+
+_IPYTHON_LINE = re.compile(r"^([ \t]*)[!%][^\r\n]*", re.MULTILINE)
+"""A line that IPython runs as a shell command (``!nvidia-smi``) or a magic (``%cd data``,
+``%%time``): the first character of the line's text is ``!`` or ``%``, which no Python
+statement starts with."""
+
+
+def _notebook_export(source: str) -> Parsed | None:
+    """``source`` read as a notebook exported to a script, when its IPython shell and magic
+    lines are all that keeps Python from reading it; None otherwise.
+
+    Each such line becomes ``pass`` at its own indentation, so every line keeps its number
+    and a command inside a block leaves the block valid. A ``%`` that continues an expression
+    inside brackets or after a backslash would become a ``pass`` where no statement may stand,
+    and the reread fails: such text is never mistaken for a magic.
+    """
+    if "!" not in source and "%" not in source:
+        return None
+    replaced, count = _IPYTHON_LINE.subn(r"\1pass", source)
+    if count == 0:
+        return None
+    tree = _cpython(replaced)
+    module = _libcst(replaced)
+    if isinstance(module, str):
+        return None
+    return Parsed(module, tree if not isinstance(tree, str) else None, notebook=True)
 
 
 LEGACY_NAMES = {"async": "asyn_", "await": "awai_"}

@@ -180,3 +180,62 @@ def test_modern_async_code_and_real_errors_are_not_read_as_legacy() -> None:
     assert not isinstance(modern, str) and not modern.legacy
     broken = lint_source("x.cuda(async=True\n", "bad.py")
     assert broken.error is not None and broken.error.startswith("syntax error")
+
+
+NOTEBOOK_EXPORT = """\
+# -*- coding: utf-8 -*-
+\"\"\"Fine-tuning notebook, downloaded as a .py file.\"\"\"
+
+!nvidia-smi
+!pip install -q transformers
+%matplotlib inline
+
+import torch
+
+
+def train(model, loader, optimizer, scaler):
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        if False:
+            !ls checkpoints
+"""
+
+
+def test_a_notebook_exported_with_shell_lines_is_analysed_without_a_patch(tmp_path: Path) -> None:
+    # Colab's "Download .py" keeps `!pip install` and `%magic` lines, which no Python parses.
+    # The file is read with those lines skipped, findings keep the user's line numbers, and no
+    # patch is offered against text the analyser had to change to read.
+    report = lint_source(NOTEBOOK_EXPORT, "notebook.py")
+    assert report.error is None
+    clip = [f for f in report.findings if f.id == "amp-clip-without-unscale"]
+    assert [f.line for f in clip] == [16]
+    assert clip[0].fix is None
+    assert "notebook" in clip[0].evidence["fix_withheld"]
+    (tmp_path / "notebook.py").write_text(NOTEBOOK_EXPORT, encoding="utf-8")
+    (files,) = [r for r in lint_paths([str(tmp_path)]).files if r.path.endswith("notebook.py")]
+    assert files.error is None
+    assert [f.line for f in files.findings if f.id == "amp-clip-without-unscale"] == [16]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "x = (1\n% 2)\ny = (\n",  # a continued `%` is an operator, and the file is still broken
+        "x = 1 +\n!ls\n",
+        "def f(:\n    pass\n!ls\n",  # a real error elsewhere is not hidden by skipping `!ls`
+    ],
+)
+def test_shell_lines_do_not_hide_a_real_syntax_error(source: str) -> None:
+    parsed = parse_source(source)
+    assert isinstance(parsed, str) and parsed.startswith("syntax error")
+
+
+def test_percent_continuation_lines_of_valid_code_are_untouched() -> None:
+    parsed = parse_source("x = (10\n     % 3)\n")
+    assert not isinstance(parsed, str) and not parsed.notebook
