@@ -48,7 +48,7 @@ from gradient_doctor.probes.static.base import RawFinding
 from gradient_doctor.probes.static.model import FileModel, FuncInfo
 from gradient_doctor.probes.static.names import code_of, dotted_name
 from gradient_doctor.probes.static.provenance import ACCUMULATION_WORDS, value_scaling
-from gradient_doctor.probes.static.traverse import children, walk
+from gradient_doctor.probes.static.traverse import walk
 
 __all__ = ["TRAINER_MEAN_MESSAGE", "trainer_mean_losses"]
 
@@ -310,9 +310,7 @@ def _check_class(model: FileModel, classes: _ClassIndex, found: _Class) -> RawFi
         evidence.update(loss=names[0], line=anchor)
     else:
         message = TRAINER_MEANS_MESSAGE
-        evidence.update(
-            loss=", ".join(f"`{name}`" for name in names), count=len(func.returns)
-        )
+        evidence.update(loss=", ".join(f"`{name}`" for name in names), count=len(func.returns))
     if severity == "info":
         evidence["uncertain"] = (
             "whether the model's forward accepts loss kwargs (then the Trainer skips its "

@@ -259,7 +259,8 @@ class KDRun:
 NESTED_DEF_LINE = 22
 
 NESTED_ONE_RETURN = NESTED.replace(
-    "                if plain_ce:\n                    return (ce, out) if return_outputs else ce\n",
+    "                if plain_ce:\n"
+    "                    return (ce, out) if return_outputs else ce\n",
     "",
 )
 NESTED_ASSIGN_LINE = 41
@@ -302,13 +303,12 @@ NESTED_VALID = {
         "                mixed = 0.5 * ce + 0.5 * kl\n",
         "                mixed = 0.5 * ce + 0.5 * kl\n"
         "                if num_items_in_batch is not None:\n"
-        "                    mixed = mixed * inputs['labels'].ne(-100).sum() / num_items_in_batch\n",
+        "                    tokens = inputs['labels'].ne(-100).sum()\n"
+        "                    mixed = mixed * tokens / num_items_in_batch\n",
     ),
     # The project's own `Trainer`, imported in the enclosing method; transformers' Trainer is
     # imported in another method of the file (and the causal LM is there too).
-    "own_trainer_in_the_enclosing_scope": NESTED.replace(
-        "            Trainer,\n", ""
-    ).replace(
+    "own_trainer_in_the_enclosing_scope": NESTED.replace("            Trainer,\n", "").replace(
         "        import torch\n",
         "        import torch\n        from kdlib.engine import Trainer\n",
     )
