@@ -1287,3 +1287,72 @@ def test_a_division_by_the_targets_energy_is_an_info() -> None:
     predicted = TARGET_ENERGY.replace("/ (ref ** 2).sum()", "/ (out ** 2).sum()")
     report = lint_source(predicted, "spectral.py", select=["unstable-loss-op"])
     assert [(f.line, f.severity) for f in report.findings] == [(5, "info"), (9, "warning")]
+
+
+STAYS_FIXED = """\
+import torch
+import torch.nn.functional as F
+
+
+def categorical_projection_loss(log_q, support, next_support, width):
+    share = (1 - (next_support - support.view(1, -1, 1)).abs() / width).clamp(0, 1)
+    share = share.sum(-1)
+    return (share * share.add(1e-6).log() - share * log_q).sum(-1).mean()
+
+
+class ViewContrastLoss(torch.nn.Module):
+    def __init__(self, temperature=0.07):
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, feats, same):
+        feats = F.normalize(feats, dim=1)
+        sim = torch.div(feats @ feats.T, self.temperature)
+        top, _ = torch.max(sim, dim=1, keepdim=True)
+        logits = sim - top.detach()
+        n = feats.shape[0]
+        off_diag = torch.scatter(torch.ones_like(same), 1, torch.arange(n).view(-1, 1), 0)
+        exp_logits = torch.exp(logits) * off_diag
+        log_prob = logits - torch.log(exp_logits.sum(1, keepdim=True))
+        return -((same * off_diag * log_prob).sum(1) / (same * off_diag).sum(1).clamp(min=1)).mean()
+
+
+def assignment_cost(cls_out, obj_out, gt_onehot):
+    with torch.no_grad():
+        joint = (cls_out.sigmoid() * obj_out.sigmoid()).sqrt()
+        return F.binary_cross_entropy_with_logits(
+            torch.log(joint / (1 - joint)), gt_onehot, reduction="none"
+        ).sum(-1)
+
+
+def pair_weight_loss(log_q_pairs, batch, size, share):
+    weights = torch.Tensor(batch, batch).fill_(1 / (batch - 1))
+    weights.view(-1)[::batch] = 1 / size
+    weights[batch - 2, 0] = share
+    return -(log_q_pairs + weights.log()).logsumexp(1).mean()
+"""
+
+
+def test_correct_shapes_of_static13_give_no_warning() -> None:
+    # An epsilon added by a method (`add(1e-6)`), a contrastive log-sum-exp shifted by the
+    # row maximum with a scattered self-mask, a logit of sigmoids in a matching cost under
+    # `no_grad`, and the log of constant importance weights (an info at most: the last one
+    # is written element by element).
+    report = lint_source(STAYS_FIXED, "fixed.py", select=["unstable-loss-op"])
+    assert [f for f in report.findings if f.severity != "info"] == []
+    assert [f.line for f in report.findings] == [40]
+
+
+@pytest.mark.parametrize(
+    ("expression", "positive"),
+    [
+        ("x.clamp(0, 1).add(1e-6)", True),
+        ("torch.add(x.abs(), 1e-6)", True),
+        ("x.add(1e-6)", False),  # `x` may be negative
+        ("x.abs().add(1e-6, alpha=-1)", False),
+    ],
+)
+def test_an_epsilon_added_by_a_method(expression: str, positive: bool) -> None:
+    checker, func = _function(f"def f(x):\n    y = {expression}\n", "f")
+    (value,) = func.assigns["y"]
+    assert checker.positive(value, func) is positive
