@@ -15,6 +15,12 @@ and says why or what it does not know:
 * unknown: everything else, with the name of what was not known (``it comes from
   `self.entropy_bottleneck(...)```).
 
+``1 - x`` shows a way to 0 only where ``x`` is shown reaching 1 (:meth:`ZeroEvidence._reaches_one`).
+A way to 0 is half the evidence: :meth:`ZeroEvidence.gradient` asks whether the code shows a
+gradient flowing through the value (a model's output, a trained parameter, a loss's
+prediction), and :meth:`ZeroEvidence.target_only` whether a denominator is made from the
+target alone (only the data decides whether a target is all 0).
+
 ``unstable-loss-op`` warns on shown evidence only; unknown provenance is an info at most."""
 
 from __future__ import annotations
