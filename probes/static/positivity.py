@@ -349,6 +349,17 @@ class Positivity:
                 and all(isinstance(element, cst.Element) for element in joined.elements)
             )
         positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+        operands = _added(call, positional, self._torch_aliases(func))
+        if operands is not None:
+            # `p.add(1e-5)`, `torch.add(p, eps)`: an epsilon added by a method, as by `+`.
+            first, second = operands
+            return (
+                self._positive(first, func, depth + 1, seen)
+                and self._non_negative(second, func, depth + 1, seen)
+            ) or (
+                self._positive(second, func, depth + 1, seen)
+                and self._non_negative(first, func, depth + 1, seen)
+            )
         if name in ARRAY_BUILDERS:
             given = call.args[0].value if call.args and call.args[0].keyword is None else None
             return given is not None and self._positive(given, func, depth + 1, seen)
@@ -1039,6 +1050,21 @@ def _exponentiated(node: cst.BaseExpression) -> cst.BaseExpression | None:
     if not isinstance(node, cst.Call) or called_name(node) not in {"exp", "exp_"}:
         return None
     return _subject(node)
+
+
+def _added(
+    call: cst.Call, positional: list[cst.BaseExpression], aliases: frozenset[str]
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """The two terms of ``a.add(b)`` / ``torch.add(a, b)`` (None for anything else, and
+    for an ``alpha`` that scales the second term)."""
+    if called_name(call) not in {"add", "add_"} or any(arg.keyword for arg in call.args):
+        return None
+    if not isinstance(call.func, cst.Attribute):
+        return None
+    head = dotted_name(call.func.value)
+    if head in LIBRARY_HEADS or head in aliases:
+        return (positional[0], positional[1]) if len(positional) == 2 else None
+    return (call.func.value, positional[0]) if len(positional) == 1 else None
 
 
 def _positive_bound(bound: cst.BaseExpression | None) -> bool:

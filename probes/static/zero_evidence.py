@@ -15,6 +15,12 @@ and says why or what it does not know:
 * unknown: everything else, with the name of what was not known (``it comes from
   `self.entropy_bottleneck(...)```).
 
+``1 - x`` shows a way to 0 only where ``x`` is shown reaching 1 (:meth:`ZeroEvidence._reaches_one`).
+A way to 0 is half the evidence: :meth:`ZeroEvidence.gradient` asks whether the code shows a
+gradient flowing through the value (a model's output, a trained parameter, a loss's
+prediction), and :meth:`ZeroEvidence.target_only` whether a denominator is made from the
+target alone (only the data decides whether a target is all 0).
+
 ``unstable-loss-op`` warns on shown evidence only; unknown provenance is an info at most."""
 
 from __future__ import annotations
@@ -26,11 +32,14 @@ import libcst as cst
 from gradient_doctor.probes.static.model import FuncInfo, attribute_key, bind_arguments
 from gradient_doctor.probes.static.names import code_of, dotted_name, number_value
 from gradient_doctor.probes.static.positivity import (
+    DETACHED_ATTRIBUTES,
+    DETACHING_CALLS,
     JOINS,
     LIBRARY_HEADS,
     MAX_DEPTH,
     NORMS,
     POSITIVE_CALLS,
+    SAMPLED_OR_CONSTANT,
     SELECTIONS,
     Positivity,
     called_name,
@@ -63,6 +72,47 @@ PROBABILITY_WORDS = frozenset(
     {"p", "pt", "prob", "probs", "proba", "probas", "probability", "probabilities", "pi"}
 )
 """Name parts that say a value is a probability (``probs``, ``p_t``, ``pred_prob``)."""
+
+
+BELOW_ONE = "<below one>"
+"""``Evidence.source`` of a value the code keeps below 1 (a clamp's maximum)."""
+REACHING_ONE = frozenset({"tanh", "cos", "cosine_similarity", "softsign", "hardtanh"})
+"""Calls whose value reaches 1 (``tanh`` rounds to exactly 1 in float32 past ~9)."""
+PREDICTION_WORDS = frozenset(
+    {"pred", "preds", "prediction", "predictions", "predicted", "logit", "logits", "output"}
+    | {"outputs", "out", "score", "scores", "hat", "recon", "reconstruction", "estimate"}
+    | {"fake", "generated", "student", "energy", "energies", "sim", "similarity", "dist"}
+    | {"distance", "distances", "emb", "embedding", "embeddings", "feat", "feats", "features"}
+    | {"z", "mu", "mean", "std", "sigma", "var", "logvar", "log_var", "weights", "weight"}
+    | PROBABILITY_WORDS
+)
+"""Name parts that say an argument of a loss holds the network's prediction (or a value
+the network makes: an embedding, a distribution's parameters)."""
+TRAINED_ATTRIBUTES = frozenset({"weight", "bias"})
+"""A module's attributes that are trained parameters."""
+BUILTINS = frozenset({"sum", "min", "max", "abs", "list", "tuple", "zip", "enumerate", "map"})
+MODEL_WORDS = frozenset(
+    {"model", "net", "network", "module", "encoder", "decoder", "policy", "actor", "critic"}
+    | {"generator", "discriminator", "head", "backbone", "vae", "unet"}
+)
+
+
+def prediction_name(name: str) -> bool:
+    """``pred``, ``cls_logits``, ``x_hat``, ``probs``: an argument of a loss named as the
+    network's prediction (or a value the network makes)."""
+    parts = [part for part in name.lower().split("_") if part]
+    return any(part in PREDICTION_WORDS for part in parts)
+
+
+def _model_name(name: str) -> bool:
+    parts = [part for part in name.lower().split("_") if part]
+    return any(part in MODEL_WORDS for part in parts)
+
+
+def _named_probability(name: str) -> Evidence | None:
+    if probability_name(name):
+        return Evidence(True, f"`{name}` is named as a probability, which can be 1")
+    return None
 
 
 class Evidence(NamedTuple):
@@ -281,12 +331,24 @@ class ZeroEvidence:
         if isinstance(node.operator, cst.Subtract):
             ceiling = number_value(left, arithmetic=True)
             if ceiling is not None:
-                below = self._of(right, func, depth + 1, seen)
-                if below.shown or _probability_call(right):
+                # `1 - x` is 0 only where `x` reaches 1: a probability the code shows (a
+                # sigmoid, a softmax, a name that says so), not any value of unseen making.
+                reaches = self._reaches_one(right, func, depth + 1, seen) if ceiling == 1 else None
+                if reaches is not None and reaches.shown:
                     return Evidence(
                         True,
-                        f"`{shorten(code_of(node))}` is 0 where `{shorten(code_of(right))}` is 1",
+                        f"`{shorten(code_of(node))}` is 0 where `{shorten(code_of(right))}` is 1"
+                        f" ({reaches.reason})",
                         signed=True,
+                    )
+                if reaches is not None and (reaches.opaque or reaches.source == BELOW_ONE):
+                    # Made out of sight (a `pred` argument): info; clamped below 1: silent.
+                    return Evidence(
+                        False,
+                        f"`{shorten(code_of(node))}` is 0 only where `{shorten(code_of(right))}`"
+                        f" is 1, and {reaches.reason}",
+                        reaches.source,
+                        reaches.leaf,
                     )
             return Evidence(
                 True,
@@ -365,6 +427,420 @@ class ZeroEvidence:
             return _unknown(call, "nothing shows how `{text}` reaches 0")
         return _unknown(call, "it comes from `{text}`", "call")
 
+    # -- reaching 1 ------------------------------------------------------------------------------
+    def _reaches_one(
+        self, node: cst.BaseExpression, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> Evidence:
+        """Whether the code shows ``node`` reaching 1 (what makes ``1 - node`` 0): a
+        probability (``sigmoid``, ``softmax``: they round to exactly 1 as well as 0), a
+        ``tanh`` or a cosine, a name that says probability, and these through selections,
+        reshapes, reductions and powers; a clamp whose maximum is below 1 never does."""
+        node = Positivity._same_value(node)
+        if depth > MAX_DEPTH:
+            return _unknown(node, "cannot follow `{text}` further")
+        value = number_value(node, arithmetic=True)
+        if value is not None:
+            return Evidence(True, "it is 1") if value == 1 else _unknown(node, "`{text}` is not 1")
+        if isinstance(node, cst.Name | cst.Attribute):
+            reaching = reaching_value(func.model or self.model, node)
+            if reaching is not None and not _empty_container(reaching):
+                found = self._reaches_one(reaching, func, depth + 1, seen | {code_of(node)})
+                if isinstance(node, cst.Name) and found.opaque and found.leaf == "call":
+                    return _named_probability(node.value) or found
+                return found
+        if isinstance(node, cst.Name):
+            return self._name_reaches_one(node, func, depth, seen)
+        if isinstance(node, cst.Attribute):
+            text = dotted_name(node)
+            model = func.model or self.model
+            if text is not None and text not in seen:
+                for assigned in model.attribute_assigns.get(
+                    attribute_key(text, func.class_name), []
+                ):
+                    owner = model.function_holding(assigned)
+                    found = self._reaches_one(assigned, owner, depth + 1, seen | {text})
+                    if found.shown:
+                        return found
+            return _named_probability(node.attr.value) or _unknown(
+                node, "it is the attribute `{text}`", "attribute"
+            )
+        if isinstance(node, cst.Subscript):
+            return self._reaches_one(node.value, func, depth + 1, seen)
+        if isinstance(node, cst.BinaryOperation):
+            exponent = number_value(node.right, arithmetic=True)
+            if isinstance(node.operator, cst.Power) and exponent is not None and exponent > 0:
+                return self._reaches_one(node.left, func, depth + 1, seen)
+            parts = [
+                self._reaches_one(part, func, depth + 1, seen) for part in (node.left, node.right)
+            ]
+            if isinstance(node.operator, cst.Multiply) and all(f.shown for f in parts):
+                # `p * mask`: 1 where both factors are.
+                return Evidence(True, f"every factor of `{shorten(code_of(node))}` reaches 1")
+            opaque = [f for f in parts if f.opaque]
+            return opaque[0] if opaque else _unknown(node, "nothing shows `{text}` reaching 1")
+        if isinstance(node, cst.Call):
+            return self._call_reaches_one(node, func, depth, seen)
+        return _unknown(node, "nothing shows `{text}` reaching 1")
+
+    def _name_reaches_one(
+        self, node: cst.Name, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> Evidence:
+        name = node.value
+        values = [
+            v
+            for v in func.assigns.get(name, [])
+            if not (isinstance(own := Positivity._same_value(v), cst.Name) and own.value == name)
+        ]
+        values = [] if name in seen else self._before(node, values, func)
+        opaque: Evidence | None = None
+        for inner in values:
+            found = self._reaches_one(inner, func, depth + 1, seen | {name})
+            if found.shown:
+                return found
+            if opaque is None and found.opaque:
+                opaque = found
+        if values and opaque is None:
+            return _unknown(node, "nothing `{text}` is assigned reaches 1")
+        if name in func.params and not values:
+            named = _named_probability(name)
+            if named is not None:
+                return named
+            if setting_parameter(func, name):
+                return _unknown(node, "`{text}` is a setting")
+            node_def = func.node
+            if isinstance(node_def, cst.FunctionDef) and depth < MAX_DEPTH:
+                for call, caller in self._callers(func):
+                    argument = dict(bind_arguments(call, node_def)).get(name)
+                    if argument is None:
+                        continue
+                    found = self._reaches_one(argument, caller, depth + 1, frozenset())
+                    if found.shown:
+                        return Evidence(
+                            True,
+                            f"a caller passes `{shorten(code_of(argument))}` as `{name}`: "
+                            f"{found.reason}",
+                        )
+            return Evidence(
+                False,
+                f"it is the parameter `{name}`, and nothing in this file shows it holding "
+                "a probability",
+                name,
+                "parameter",
+            )
+        if opaque is not None:
+            return _named_probability(name) or opaque
+        module = (func.model or self.model).module_info
+        constants = module.assigns.get(name, []) if module is not func else []
+        if len(constants) == 1:
+            return self._reaches_one(constants[0], module, depth + 1, seen | {name})
+        return _named_probability(name) or _unknown(
+            node, "`{text}` is a loop variable or a global", "name"
+        )
+
+    def _call_reaches_one(
+        self, call: cst.Call, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> Evidence:
+        name = called_name(call)
+        text = shorten(code_of(call))
+        if name in PROBABILITY_CALLS:
+            return Evidence(True, f"`{text}` is a probability, which rounds to 1")
+        if name in REACHING_ONE:
+            return Evidence(True, f"`{text}` reaches 1")
+        if name == "Parameter":
+            return Evidence(True, f"`{text}` is trained, and nothing keeps it below 1")
+        if name in {"clamp", "clip", "clamp_max", "clamp_"}:
+            bound = clamp_bound(call, "max")
+            if bound is not None:
+                ceiling = self._number(bound, func)
+                if ceiling is not None and ceiling < 1:
+                    return Evidence(False, f"`{text}` is clamped below 1", BELOW_ONE)
+        if name in FOLLOWED_CALLS or name in {"clamp", "clip", "clamp_max", "clamp_", "min"}:
+            subject = _subject(call)
+            if subject is not None:
+                return self._reaches_one(subject, func, depth + 1, seen)
+        callee = self.positivity._callee(call, func)
+        if callee is not None and callee is not func and callee.returns:
+            for returned in callee.returns:
+                if isinstance(returned, cst.Tuple):
+                    continue
+                found = self._reaches_one(returned, callee, depth + 1, frozenset())
+                if found.shown:
+                    return found
+            return _unknown(call, "nothing `{text}` returns reaches 1")
+        head = (dotted_name(call.func) or "").split(".", 1)[0]
+        if head in LIBRARY_HEADS:
+            return _unknown(call, "nothing shows `{text}` reaching 1")
+        return _unknown(call, "it comes from `{text}`", "call")
+
+    def _number(self, node: cst.BaseExpression, func: FuncInfo) -> float | None:
+        """A number written in place or bound once to a module constant (``max_eps``)."""
+        value = number_value(node, arithmetic=True)
+        if value is not None or not isinstance(node, cst.Name):
+            return value
+        module = (func.model or self.model).module_info
+        local = func.assigns.get(node.value, []) if module is not func else []
+        constants = module.assigns.get(node.value, [])
+        if not local and len(constants) == 1:
+            return number_value(constants[0], arithmetic=True)
+        return None
+
+    # -- gradient -----------------------------------------------------------------------------
+    def gradient(self, node: cst.BaseExpression, func: FuncInfo) -> Evidence:
+        """Whether the code shows a gradient flowing through ``node``: it is made from a
+        model's output (a call of a module, a callable argument, a method of ``self`` the
+        analyser cannot read), a trained ``nn.Parameter`` (a module's ``weight``), or a
+        loss function's prediction (a parameter named as one, or one whose callers pass
+        such values). ``shown`` False says what is not known (``leaf``: ``parameter`` for an
+        argument of unseen provenance) or, with no leaf, that nothing carries a gradient."""
+        return self._gradient(node, func, 0, frozenset())
+
+    def _gradient(
+        self, node: cst.BaseExpression, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> Evidence:
+        # Only definitions, callers and callees count depth: the tree bounds the rest.
+        if depth > 2 * MAX_DEPTH:
+            return _unknown(node, "cannot follow `{text}` further")
+        if number_value(node, arithmetic=True) is not None or isinstance(
+            node, cst.Comparison | cst.SimpleString | cst.ConcatenatedString
+        ):
+            return _unknown(node, "`{text}` is a constant")
+        if isinstance(node, cst.Name | cst.Attribute):
+            reaching = reaching_value(func.model or self.model, node)
+            if reaching is not None and not _empty_container(reaching):
+                return self._gradient(reaching, func, depth + 1, seen | {code_of(node)})
+        if isinstance(node, cst.Name):
+            return self._name_gradient(node, func, depth, seen)
+        if isinstance(node, cst.Attribute):
+            return self._attribute_gradient(node, func, depth, seen)
+        if isinstance(node, cst.Subscript):
+            return self._gradient(node.value, func, depth, seen)
+        if isinstance(node, cst.UnaryOperation):
+            return self._gradient(node.expression, func, depth, seen)
+        if isinstance(node, cst.BinaryOperation):
+            return self._gradient_any([node.left, node.right], func, depth, seen, node)
+        if isinstance(node, cst.IfExp):
+            return self._gradient_any([node.body, node.orelse], func, depth, seen, node)
+        if isinstance(node, cst.List | cst.Tuple):
+            elements = [e.value for e in node.elements if isinstance(e, cst.Element)]
+            return self._gradient_any(elements, func, depth, seen, node)
+        if isinstance(node, cst.Call):
+            return self._call_gradient(node, func, depth, seen)
+        return _unknown(node, "cannot tell how `{text}` is made", "name")
+
+    def _gradient_any(
+        self,
+        nodes: list[cst.BaseExpression],
+        func: FuncInfo,
+        depth: int,
+        seen: frozenset[str],
+        whole: cst.BaseExpression,
+    ) -> Evidence:
+        opaque: Evidence | None = None
+        for inner in nodes:
+            found = self._gradient(inner, func, depth, seen)
+            if found.shown:
+                return found
+            if opaque is None and found.opaque:
+                opaque = found
+        return opaque or _unknown(whole, "nothing in `{text}` carries a gradient")
+
+    def _name_gradient(
+        self, node: cst.Name, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> Evidence:
+        name = node.value
+        values = [
+            v
+            for v in func.assigns.get(name, [])
+            if not (isinstance(own := Positivity._same_value(v), cst.Name) and own.value == name)
+        ]
+        values = [] if name in seen else self._before(node, values, func)
+        if values:
+            return self._gradient_any(values, func, depth + 1, seen | {name}, node)
+        if name in func.params:
+            return self._parameter_gradient(name, func, depth)
+        module = (func.model or self.model).module_info
+        constants = module.assigns.get(name, []) if module is not func else []
+        if len(constants) == 1:
+            return self._gradient(constants[0], module, depth + 1, seen | {name})
+        source = _loop_source(func, name)
+        if source is not None:
+            return self._gradient(source, func, depth + 1, seen | {name})
+        return _unknown(node, "`{text}` is a global", "name")
+
+    def _parameter_gradient(self, name: str, func: FuncInfo, depth: int) -> Evidence:
+        """An argument carries a gradient when a caller in the file passes one that does;
+        with no caller in the file, when its name says it is a prediction (``pred``,
+        ``logits``, ``probs``, ``output``) or a callable argument builds it."""
+        node = func.node
+        passed = False
+        if isinstance(node, cst.FunctionDef) and depth < MAX_DEPTH:
+            for call, caller in self._callers(func):
+                argument = dict(bind_arguments(call, node)).get(name)
+                if argument is None:
+                    continue
+                passed = True
+                found = self._gradient(argument, caller, depth + 1, frozenset())
+                if found.shown:
+                    return Evidence(
+                        True,
+                        f"a caller passes `{shorten(code_of(argument))}` as `{name}`: "
+                        f"{found.reason}",
+                    )
+        if not passed and prediction_name(name):
+            return Evidence(True, f"`{name}` is named as a prediction")
+        if not passed and isinstance(node, cst.FunctionDef) and _first_argument(node) == name:
+            # What a loss (or a function it calls) is given first is, by convention, what
+            # the network predicted: `forward(self, q, k)`, `loss(a, b)`.
+            return Evidence(True, f"`{name}` is the first argument, the prediction")
+        return Evidence(
+            False,
+            f"it is made from the argument `{name}`, and nothing in this file shows a "
+            "gradient flowing through it",
+            name,
+            "parameter",
+        )
+
+    def _attribute_gradient(
+        self, node: cst.Attribute, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> Evidence:
+        attribute = node.attr.value
+        if attribute in DETACHED_ATTRIBUTES:
+            return _unknown(node, "`{text}` is detached")
+        if attribute in TRAINED_ATTRIBUTES:
+            return Evidence(True, f"`{shorten(code_of(node))}` is trained")
+        text = dotted_name(node)
+        model = func.model or self.model
+        if text is not None and text.startswith("self.") and text not in seen:
+            opaque: Evidence | None = None
+            for value in model.attribute_assigns.get(attribute_key(text, func.class_name), []):
+                owner = model.function_holding(value)
+                found = self._gradient(value, owner, depth + 1, seen | {text})
+                if found.shown:
+                    return found
+                if opaque is None and found.opaque:
+                    opaque = found
+            if opaque is not None:
+                return opaque
+            return _unknown(node, "it is the attribute `{text}`", "attribute")
+        if text is None or not text.startswith("self."):
+            return self._gradient(node.value, func, depth, seen)
+        return _unknown(node, "it is the attribute `{text}`", "attribute")
+
+    def _call_gradient(
+        self, call: cst.Call, func: FuncInfo, depth: int, seen: frozenset[str]
+    ) -> Evidence:
+        name = called_name(call)
+        text = shorten(code_of(call))
+        if name == "Parameter":
+            return Evidence(True, f"`{text}` is trained")
+        if name in DETACHING_CALLS or name in SAMPLED_OR_CONSTANT:
+            return _unknown(call, "`{text}` carries no gradient")
+        callee = self.positivity._callee(call, func)
+        if callee is not None and callee is not func and callee.returns:
+            node = callee.node
+            bound = dict(bind_arguments(call, node)) if isinstance(node, cst.FunctionDef) else {}
+            opaque: Evidence | None = None
+            for returned in callee.returns:
+                found = self._gradient(returned, callee, depth + 1, frozenset())
+                if found.shown:
+                    return found
+                if found.leaf == "parameter" and found.source in bound:
+                    # The callee computes from an argument: what this call passes decides.
+                    found = self._gradient(bound[found.source], func, depth + 1, seen)
+                    if found.shown:
+                        return found
+                if opaque is None and found.opaque:
+                    opaque = found
+            return opaque or _unknown(call, "nothing `{text}` returns carries a gradient")
+        target = call.func
+        dotted = dotted_name(target) or ""
+        head = dotted.split(".", 1)[0]
+        arguments = [a.value for a in call.args]
+        if head in LIBRARY_HEADS or head in BUILTINS:
+            return self._gradient_any(arguments, func, depth, seen, call)
+        if isinstance(target, cst.Name):
+            if target.value in func.params or _model_name(target.value):
+                return Evidence(True, f"`{text}` is a model's output")
+            found = self._gradient_any(arguments, func, depth, seen, call)
+            return found if found.shown else _unknown(call, "it comes from `{text}`", "call")
+        if isinstance(target, cst.Attribute):
+            if dotted.startswith("self.") or _model_name(head):
+                return Evidence(True, f"`{text}` is a model's output")
+            # A tensor's method (`x.sum(1)`, `b.cumprod(0)`): its tensor and arguments decide.
+            return self._gradient_any([target.value, *arguments], func, depth, seen, call)
+        return Evidence(True, f"`{text}` is a model's output")
+
+    # -- the target ---------------------------------------------------------------------------
+    def target_only(self, node: cst.BaseExpression, func: FuncInfo) -> str | None:
+        """The target argument ``node`` is built from alone (with settings and numbers):
+        ``y_mag`` for ``torch.norm(y_mag, p=1)`` in ``forward(self, x_mag, y_mag)``, ``target``
+        for a spectrum of ``target``. Whether a target is ever all 0 (a silent clip, an empty
+        label map) only the data decides. None when anything else goes in."""
+        found: set[str] = set()
+        if self._target_only(node, func, 0, frozenset(), found) and found:
+            return sorted(found)[0]
+        return None
+
+    def _target_only(
+        self,
+        node: cst.BaseExpression,
+        func: FuncInfo,
+        depth: int,
+        seen: frozenset[str],
+        found: set[str],
+    ) -> bool:
+        if depth > MAX_DEPTH:
+            return False
+        if number_value(node, arithmetic=True) is not None or isinstance(
+            node, cst.SimpleString | cst.ConcatenatedString
+        ):
+            return True
+
+        def only(inner: cst.BaseExpression) -> bool:
+            return self._target_only(inner, func, depth + 1, seen, found)
+
+        if isinstance(node, cst.Name):
+            name = node.value
+            if name in seen:
+                return True
+            values = [
+                v
+                for v in self._before(node, func.assigns.get(name, []), func)
+                if not (
+                    isinstance(own := Positivity._same_value(v), cst.Name) and own.value == name
+                )
+            ]
+            if values:
+                return all(
+                    self._target_only(v, func, depth + 1, seen | {name}, found) for v in values
+                )
+            if name in func.params and _target_parameter(name, func):
+                found.add(name)
+                return True
+            return name in {"True", "False", "None"}
+        if isinstance(node, cst.Attribute):
+            # `self.fb`, `target.shape`: settings and properties (a target's own method is
+            # a call, read below).
+            return (dotted_name(node) or "").startswith("self.") or only(node.value)
+        if isinstance(node, cst.Subscript):
+            return only(node.value)
+        if isinstance(node, cst.UnaryOperation):
+            return only(node.expression)
+        if isinstance(node, cst.BinaryOperation):
+            return only(node.left) and only(node.right)
+        if isinstance(node, cst.List | cst.Tuple):
+            return all(isinstance(e, cst.Element) and only(e.value) for e in node.elements)
+        if isinstance(node, cst.Call):
+            parts = [a.value for a in call_args(node)]
+            if isinstance(node.func, cst.Attribute) and not (
+                dotted_name(node.func.value) or ""
+            ).startswith("self"):
+                head = (dotted_name(node.func) or "").split(".", 1)[0]
+                if head not in LIBRARY_HEADS:
+                    parts.insert(0, node.func.value)
+            return all(only(part) for part in parts)
+        return False
+
 
 def _loop_source(func: FuncInfo, name: str) -> cst.BaseExpression | None:
     """What a loop (or a comprehension) in ``func`` takes ``name`` from."""
@@ -397,3 +873,48 @@ def _subject(call: cst.Call) -> cst.BaseExpression | None:
     if call.args and call.args[0].keyword is None and not call.args[0].star:
         return call.args[0].value
     return None
+
+
+TARGET_WORDS = frozenset(
+    {"target", "targets", "tgt", "gt", "label", "labels", "truth", "groundtruth", "ref"}
+    | {"reference", "clean"}
+)
+"""Name parts that say an argument holds the target (the data a prediction is scored on)."""
+
+
+def _target_parameter(name: str, func: FuncInfo) -> bool:
+    """``target``, ``gt_boxes``, ``ref_mag``; also ``y_mag`` beside ``x_mag`` (and ``y``
+    beside ``x``): the input/target pair of a loss's ``forward(x, y)``."""
+    parts = [part for part in name.lower().split("_") if part]
+    if any(part in PREDICTION_WORDS for part in parts):
+        return False
+    if any(part in TARGET_WORDS for part in parts):
+        return True
+    if parts and parts[0] == "y":
+        return "_".join(["x", *parts[1:]]) in func.params
+    return False
+
+
+def call_args(call: cst.Call) -> list[cst.Arg]:
+    """The arguments of ``call`` (keyword ones included)."""
+    return list(call.args)
+
+
+def _first_argument(node: cst.FunctionDef) -> str | None:
+    """The first positional parameter after ``self`` / ``cls``."""
+    params = [*node.params.posonly_params, *node.params.params]
+    names = [p.name.value for p in params]
+    if names and names[0] in {"self", "cls"}:
+        names = names[1:]
+    return names[0] if names else None
+
+
+def setting_parameter(func: FuncInfo, name: str) -> bool:
+    """``name`` is a parameter with a number for its default (``min_bin=1e-3``): a setting."""
+    node = func.node
+    if not isinstance(node, cst.FunctionDef):
+        return False
+    for param in [*node.params.posonly_params, *node.params.params, *node.params.kwonly_params]:
+        if param.name.value == name and param.default is not None:
+            return number_value(param.default, arithmetic=True) is not None
+    return False

@@ -737,7 +737,7 @@ def test_a_cosine_written_out_and_a_relative_error_are_infos() -> None:
     # tensor (a parameter no caller fills) can be all 0 the code does not say: info too.
     report = lint_source(HAND_COSINE, "cosine.py", select=["unstable-loss-op"])
     assert [(f.line, f.severity) for f in report.findings] == [(3, "info"), (6, "info")]
-    assert "it is the parameter `target`" in report.findings[1].message
+    assert "it is built only from the target `target`" in report.findings[1].message
     assert "factors' norms" in report.findings[0].message
 
 
@@ -1093,7 +1093,14 @@ def test_evidence_of_a_way_to_zero_is_a_warning_that_says_which(code: str, reaso
         ("torch.cat([a, torch.sigmoid(x)])", True, ""),
         ("torch.exp(x) * mask", True, ""),
         ("probs", True, ""),
-        ("0.1 + (1 - 0.1 * b) * torch.softmax(x, -1)", True, ""),
+        ("1 - torch.tanh(x) ** 2", True, ""),
+        ("torch.nn.Parameter(x)", True, ""),
+        # `1 - v` is 0 only where `v` reaches 1: an argument of unseen making does not show it
+        # (info), a clamp below 1 keeps it away (silent); nor does it show that a positive
+        # offset can be cancelled.
+        ("1 - x", False, "parameter"),
+        ("0.1 + (1 - 0.1 * b) * torch.softmax(x, -1)", False, ""),
+        ("1 - torch.clamp(torch.sigmoid(x), 0.0, 0.9)", False, ""),
         # Nothing shown, and something out of sight: an info names it.
         ("x", False, "parameter"),
         ("(x ** 2).sum(-1)", False, "parameter"),
@@ -1111,3 +1118,241 @@ def test_evidence_of_a_way_to_zero(expression: str, shown: bool, leaf: str) -> N
     (value,) = func.assigns["y"]
     evidence = ZeroEvidence(checker).of(value, func)
     assert (evidence.shown, evidence.leaf) == (shown, leaf), evidence.reason
+
+
+@pytest.mark.parametrize(
+    ("expression", "shown", "leaf"),
+    [
+        # A gradient the code shows: a model's output, a trained parameter, a prediction.
+        ("net(x) - a", True, ""),
+        ("self.head(x).sigmoid()", True, ""),
+        ("torch.nn.Parameter(a)", True, ""),
+        ("self.proj.weight", True, ""),
+        ("pred_logits.softmax(-1)", True, ""),
+        ("x.sum(-1)", True, ""),  # the first argument: what the loss is given to score
+        # An argument of unseen making that is neither: not enough for a warning.
+        ("(1 - betas).cumprod(0)", False, "parameter"),
+        ("(knots[1:] - knots[:-1]).sum()", False, "parameter"),
+        # Nothing that carries a gradient: silent.
+        ("torch.arange(10).float() - 1", False, ""),
+        ("net(x).detach() - a", False, "parameter"),
+    ],
+)
+def test_evidence_of_a_gradient(expression: str, shown: bool, leaf: str) -> None:
+    checker, func = _function(
+        f"def f(x, net, betas, knots, pred_logits, a):\n    y = {expression}\n", "f"
+    )
+    (value,) = func.assigns["y"]
+    evidence = ZeroEvidence(checker).gradient(value, func)
+    assert (evidence.shown, evidence.leaf) == (shown, leaf), evidence.reason
+
+
+# static22: shapes of correct code that warned (learned from static13), each with the
+# counterpart that keeps warning.
+SCHEDULE_ARGUMENT = """\
+import torch
+def denoise_loss(net, x0, t, noise, betas):
+    keep = (1 - betas).cumprod(dim=0).index_select(0, t).view(-1, 1)
+    xt = x0 * keep.sqrt() + noise * (1.0 - keep).sqrt()
+    return ((net(xt, t) - noise) ** 2).mean()
+"""
+KNOTS_ARGUMENT = """\
+import torch
+def warp_loss(net, x, knots):
+    scale = (knots[1:] - knots[:-1]).cumsum(0)
+    return ((net(x * scale.sqrt()) - x) ** 2).mean()
+"""
+MODEL_GAP = """\
+import torch
+def embed_gap_loss(net, x0, anchor):
+    gap = net(x0) - anchor
+    return torch.sqrt((gap ** 2).sum(-1)).mean()
+"""
+
+
+def test_a_way_to_zero_without_a_shown_gradient_is_an_info() -> None:
+    # A schedule or a set of knots handed in by the caller: `1 - betas` and a difference of
+    # knots can be 0, but nothing in the file shows a gradient flowing through them.
+    report = lint_source(SCHEDULE_ARGUMENT, "schedule.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(4, "info"), (4, "info")]
+    report = lint_source(KNOTS_ARGUMENT, "knots.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(4, "info")]
+    assert "nothing shows a gradient flowing through it" in report.findings[0].message
+    assert "the argument `knots`" in report.findings[0].message
+    # A difference of a model's output: both shown.
+    report = lint_source(MODEL_GAP, "gap.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(4, "warning")]
+
+
+CLAMPED_BELOW_ONE = """\
+import torch
+LOW = 1e-6
+HIGH = 1.0 - 1e-6
+def bernoulli_nll_loss(obs, mean):
+    p = torch.clamp(mean, min=LOW, max=HIGH)
+    return -(obs * torch.log(p) + (1.0 - obs) * torch.log(1.0 - p)).sum(-1)
+"""
+
+
+def test_a_clamp_below_one_keeps_its_complement_positive() -> None:
+    report = lint_source(CLAMPED_BELOW_ONE, "bernoulli.py", select=["unstable-loss-op"])
+    assert report.findings == []
+    # With only a minimum, `1 - p` is 0 where `mean` is 1, which the argument does not show.
+    only_min = CLAMPED_BELOW_ONE.replace(", max=HIGH", "")
+    report = lint_source(only_min, "bernoulli.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(6, "info")]
+
+
+HEATMAP_ARGUMENT = """\
+import torch
+def heatmap_focal_loss(heat, gt):
+    pos = gt.eq(1).float()
+    neg = gt.lt(1).float()
+    pos_term = torch.log(heat) * (1 - heat) ** 2 * pos
+    neg_term = torch.log(1 - heat) * heat ** 2 * (1 - gt) ** 4 * neg
+    flipped = heat * neg + (1 - heat) * pos
+    both = torch.log(1 - flipped) * flipped ** 2
+    return -(pos_term.sum() + neg_term.sum() + both.sum()) / pos.sum().clamp(min=1)
+"""
+HEATMAP_SIGMOID = """\
+import torch
+def heatmap_focal_loss(logits, gt):
+    heat = torch.sigmoid(logits)
+    neg = gt.lt(1).float()
+    return -(torch.log(1 - heat) * heat ** 2 * (1 - gt) ** 4 * neg).sum()
+"""
+
+
+def test_one_minus_a_value_needs_the_value_to_reach_one() -> None:
+    # `heat` is an argument: whether it reaches 1 (an unclamped sigmoid) is not shown.
+    report = lint_source(HEATMAP_ARGUMENT, "heat.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [
+        (5, "info"),
+        (6, "info"),
+        (8, "info"),
+    ]
+    assert "is 0 only where `heat` is 1" in report.findings[1].message
+    # A sigmoid of the logits rounds to exactly 1: a warning.
+    report = lint_source(HEATMAP_SIGMOID, "heat.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(5, "warning")]
+    assert "rounds to 1" in report.findings[0].message
+
+
+MAX_UNPACKED = """\
+import torch
+def log_sum_exp(v, dim):
+    top, _ = torch.max(v, dim=dim, keepdim=True)
+    shifted = v - top
+    top = top.squeeze(dim)
+    return top + torch.log(torch.sum(torch.exp(shifted), dim=dim))
+def log_sum_exp_values(v, dim):
+    top = v.max(dim, keepdim=True).values
+    shifted = v - top
+    return top.squeeze(dim) + torch.log(torch.sum(torch.exp(shifted), dim=dim))
+def log_sum_exp_amax(v, dim):
+    shifted = v - torch.amax(v, dim=dim, keepdim=True)
+    return torch.log(torch.sum(torch.exp(shifted), dim=dim))
+"""
+
+
+def test_a_log_sum_exp_shifted_by_its_maximum_across_statements_is_stable() -> None:
+    report = lint_source(MAX_UNPACKED, "lse.py", select=["unstable-loss-op"])
+    assert report.findings == []
+    # The second element `torch.max` unpacks is the indices: no shift by the maximum.
+    indices = MAX_UNPACKED.replace("top, _ = torch.max", "_, top = torch.max")
+    report = lint_source(indices, "lse.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(6, "warning")]
+
+
+TARGET_ENERGY = """\
+import torch
+from torch import nn
+class SpectralGapLoss(nn.Module):
+    def forward(self, x_spec, y_spec):
+        return torch.norm(y_spec - x_spec, p="fro") / torch.norm(y_spec, p="fro")
+def band_energy_loss(est, target):
+    ref = torch.stft(target, 256, return_complex=True).abs()
+    out = torch.stft(est, 256, return_complex=True).abs()
+    return ((out - ref) ** 2).sum() / (ref ** 2).sum()
+"""
+
+
+def test_a_division_by_the_targets_energy_is_an_info() -> None:
+    # A silent target clip makes these 0; only the data decides whether one occurs.
+    report = lint_source(TARGET_ENERGY, "spectral.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(5, "info"), (9, "info")]
+    assert "built only from the target `y_spec`" in report.findings[0].message
+    assert "built only from the target `target`" in report.findings[1].message
+    # Divided by the prediction's own energy instead: a spectrum of the first argument.
+    predicted = TARGET_ENERGY.replace("/ (ref ** 2).sum()", "/ (out ** 2).sum()")
+    report = lint_source(predicted, "spectral.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(5, "info"), (9, "warning")]
+
+
+STAYS_FIXED = """\
+import torch
+import torch.nn.functional as F
+
+
+def categorical_projection_loss(log_q, support, next_support, width):
+    share = (1 - (next_support - support.view(1, -1, 1)).abs() / width).clamp(0, 1)
+    share = share.sum(-1)
+    return (share * share.add(1e-6).log() - share * log_q).sum(-1).mean()
+
+
+class ViewContrastLoss(torch.nn.Module):
+    def __init__(self, temperature=0.07):
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, feats, same):
+        feats = F.normalize(feats, dim=1)
+        sim = torch.div(feats @ feats.T, self.temperature)
+        top, _ = torch.max(sim, dim=1, keepdim=True)
+        logits = sim - top.detach()
+        n = feats.shape[0]
+        off_diag = torch.scatter(torch.ones_like(same), 1, torch.arange(n).view(-1, 1), 0)
+        exp_logits = torch.exp(logits) * off_diag
+        log_prob = logits - torch.log(exp_logits.sum(1, keepdim=True))
+        return -((same * off_diag * log_prob).sum(1) / (same * off_diag).sum(1).clamp(min=1)).mean()
+
+
+def assignment_cost(cls_out, obj_out, gt_onehot):
+    with torch.no_grad():
+        joint = (cls_out.sigmoid() * obj_out.sigmoid()).sqrt()
+        return F.binary_cross_entropy_with_logits(
+            torch.log(joint / (1 - joint)), gt_onehot, reduction="none"
+        ).sum(-1)
+
+
+def pair_weight_loss(log_q_pairs, batch, size, share):
+    weights = torch.Tensor(batch, batch).fill_(1 / (batch - 1))
+    weights.view(-1)[::batch] = 1 / size
+    weights[batch - 2, 0] = share
+    return -(log_q_pairs + weights.log()).logsumexp(1).mean()
+"""
+
+
+def test_correct_shapes_of_static13_give_no_warning() -> None:
+    # An epsilon added by a method (`add(1e-6)`), a contrastive log-sum-exp shifted by the
+    # row maximum with a scattered self-mask, a logit of sigmoids in a matching cost under
+    # `no_grad`, and the log of constant importance weights (an info at most: the last one
+    # is written element by element).
+    report = lint_source(STAYS_FIXED, "fixed.py", select=["unstable-loss-op"])
+    assert [f for f in report.findings if f.severity != "info"] == []
+    assert [f.line for f in report.findings] == [40]
+
+
+@pytest.mark.parametrize(
+    ("expression", "positive"),
+    [
+        ("x.clamp(0, 1).add(1e-6)", True),
+        ("torch.add(x.abs(), 1e-6)", True),
+        ("x.add(1e-6)", False),  # `x` may be negative
+        ("x.abs().add(1e-6, alpha=-1)", False),
+    ],
+)
+def test_an_epsilon_added_by_a_method(expression: str, positive: bool) -> None:
+    checker, func = _function(f"def f(x):\n    y = {expression}\n", "f")
+    (value,) = func.assigns["y"]
+    assert checker.positive(value, func) is positive

@@ -33,6 +33,7 @@ from gradient_doctor.probes.static.names import (
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.positivity import (
     Positivity,
+    _unpacked_index,
     clamp_bound,
     exponent_of,
     offset_name,
@@ -68,12 +69,20 @@ class UnstableLossOp(Rule):
         "that the value can reach 0 and that a gradient flows through it. A way to 0 is read "
         "from how the value is made, through its definitions, the functions that return it "
         "and the callers that pass it (`zero_evidence`): a probability (`softmax`, "
-        "`sigmoid`: they round to exactly 0), `1 - p` or any other difference, a clamp or "
+        "`sigmoid`: they round to exactly 0), `1 - p` where `p` is shown reaching 1 (a "
+        "sigmoid, a softmax, a `tanh`, a trained parameter, a name that says probability; "
+        "an argument of unseen making is an info, a clamp whose maximum is below 1 makes it "
+        "positive), any other difference, a clamp or "
         "`relu` at 0, a distance between rows (`cdist`, the norm of a difference), a "
         "spectrum (`stft`: 0 for silence), a count or a mask, a trained `nn.Parameter` "
         "nothing keeps positive, and sums, selections, products and joins of these; also "
         "the author's own word where the making is out of sight: a value named as a "
-        "probability (`probs`, `p_t`, `pi`) or a mask. A value the analyser cannot read (a "
+        "probability (`probs`, `p_t`, `pi`) or a mask. A gradient is shown by a model's "
+        "output (a module, or a callable argument, called), an `nn.Parameter` or a module's "
+        "`weight`, or a loss's prediction (an argument named as one, `pred`, `logits`, "
+        "`probs`, the first argument, or one a caller fills with such a value); a way to 0 "
+        "through an argument that is none of these (a beta schedule handed in) is an info. "
+        "A value the analyser cannot read (a "
         "parameter no caller in the file fills, a model's output from an unresolved call, an "
         "attribute, a list filled in a loop) gives an info that says what is not known "
         '("cannot tell whether `likelihoods` can reach 0: it comes from '
@@ -96,7 +105,9 @@ class UnstableLossOp(Rule):
         "beyond +-1), and `acos` / `asin` of a value that can reach -1 or 1 "
         "(a cosine) for its infinite gradient there. A function that returns a negated log "
         "alone (a negative log-likelihood) is loss code whatever its name. "
-        "Infos, where only the data decides: a division by a count the data decides "
+        "Infos, where only the data decides: a division by a denominator built only from "
+        "the target (the norm or energy of a target spectrum `y_mag` beside `x_mag`, of "
+        "`target`, `gt`: 0 only for a silent or empty target), by a count the data decides "
         "(a mask's count, `num_pos`, per-sample lengths, a parameter to which every caller "
         "passes `len(...)` or a count), by the total weight of a weighted "
         "mean, or by the numerator's own total or norm (`w / w.sum()`, `x / x.norm(dim=1)`, "
@@ -114,7 +125,8 @@ class UnstableLossOp(Rule):
         "span the code bounds (cosines of normalised vectors over a temperature with a default "
         "of at least 0.025: no probability underflows; also through a mean, an all-reduce or a "
         "product with a label matrix), and a log-sum-exp written in its stable form "
-        "(`sum(w * exp(x - x.max(d)), d)`, with no mask among the factors). Softplus written "
+        "(`sum(w * exp(x - x.max(d)), d)`, with no mask among the factors; also the shift "
+        "written across statements, `m, _ = torch.max(x, dim=d); x0 = x - m`). Softplus written "
         "out on an exponent at most 0 (`-abs(x)`, `where(x >= 0, -x, x)`) cannot overflow. "
         "Python's `sum` of configured weights and a time minus a configured step "
         "(`t - dt`, `dt = 1 / self.T`) are settings, not data."
@@ -1715,7 +1727,7 @@ def diffusion_loss(net, schedule_logits, x0, t):
             else:
                 # The author's own guard (an epsilon after the root, a clamp at 0, a cosine
                 # of unit vectors) is evidence enough above; here the value's making decides.
-                evidence = zero.of(target, func)
+                evidence = _with_gradient(zero, target, func)
                 if not evidence.shown:
                     if evidence.opaque:
                         yield self._unknown_finding(call, target, evidence, _clamped)
@@ -1745,7 +1757,7 @@ def diffusion_loss(net, schedule_logits, x0, t):
             cosine = _cosine_complement(model, func, base)
             because = ""
             if cosine is None:
-                evidence = zero.of(base, func)
+                evidence = _with_gradient(zero, base, func)
                 if not evidence.shown:
                     if evidence.opaque and scope.in_loss(func, stmt):
                         yield self._unknown_finding(power, base, evidence, _clamped)
@@ -1861,7 +1873,20 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 continue
             if positivity.gradient_free(right, func):
                 continue  # settings, a schedule, a buffer: fixed, not moved to 0 by training
-            evidence = zero.of(right, func)
+            target_name = zero.target_only(right, func)
+            if target_name is not None:
+                # A spectrum's energy or a norm of the target alone: 0 only for a silent or
+                # empty target, which the data decides, like a weighted mean's total.
+                evidence = Evidence(
+                    False,
+                    f"it is built only from the target `{target_name}`, and whether a target "
+                    "can be all 0 (a silent clip, an empty map) only the data decides",
+                    target_name,
+                    "target",
+                )
+                yield self._unknown_finding(division.node, right, evidence, _plus_epsilon)
+                continue
+            evidence = _with_gradient(zero, right, func)
             if not evidence.shown:
                 if evidence.opaque:
                     yield self._unknown_finding(division.node, right, evidence, _plus_epsilon)
@@ -2171,6 +2196,24 @@ def diffusion_loss(net, schedule_logits, x0, t):
             patch=Patch().replace_node(target, fix),
             fix_description="Clamp the input / add an epsilon to the denominator.",
         )
+
+
+def _with_gradient(zero: ZeroEvidence, node: cst.BaseExpression, func: FuncInfo) -> Evidence:
+    """The evidence for a warning: ``node`` can reach 0 and a gradient flows through it.
+    Shown only when the code shows both; when it shows the way to 0 but not the gradient,
+    an unknown that names what is not known (an argument no caller fills: info)."""
+    evidence = zero.of(node, func)
+    if not evidence.shown:
+        return evidence
+    gradient = zero.gradient(node, func)
+    if gradient.shown:
+        return evidence
+    return Evidence(
+        False,
+        f"{evidence.reason}, but nothing shows a gradient flowing through it: {gradient.reason}",
+        gradient.source,
+        gradient.leaf,
+    )
 
 
 class Division(NamedTuple):
@@ -3497,8 +3540,11 @@ MAXIMA = frozenset({"max", "amax", "logsumexp"})
 
 def _maximum_of(func: FuncInfo, node: cst.BaseExpression) -> bool:
     """``x.max(dim)``, ``x.max(dim)[0]``, ``x.max(dim).values``, ``torch.amax(x, d)`` (or a
-    local name assigned once to one)."""
+    local name assigned once to one, or only to maxima: ``m, _ = torch.max(x, dim=d)``
+    unpacks the values first, and ``m = m.squeeze(d)`` keeps them)."""
     node = _strip(node)
+    if isinstance(node, cst.Name) and func.assigns.get(node.value):
+        return _maximum_name(func, node.value)
     value = _single_value(func, node)
     if value is not None:
         node = _strip(value)
@@ -3507,6 +3553,46 @@ def _maximum_of(func: FuncInfo, node: cst.BaseExpression) -> bool:
     ):
         node = _strip(node.value)
     return isinstance(node, cst.Call) and _called_name(node) in MAXIMA
+
+
+def _maximum_name(func: FuncInfo, name: str) -> bool:
+    """Every definition of the local ``name`` is a maximum: the first element unpacked from
+    ``torch.max(x, dim=d)`` / ``x.max(d)`` (values, then indices), a maximum written in place,
+    or a reshape of ``name`` itself."""
+    values = func.assigns.get(name, [])
+    sites = func.assign_sites.get(name, [])
+    if not values:
+        return False
+    for value in values:
+        stripped = _strip(value)
+        same = Positivity._same_value(value)
+        if isinstance(same, cst.Name) and same.value == name:
+            continue  # `m = m.squeeze(dim)`
+        index = _unpacked_index(name, value, sites)
+        if index is not None:
+            if index != 0 or not (
+                isinstance(stripped, cst.Call) and _called_name(stripped) in {"max"}
+            ):
+                return False
+            continue
+        if isinstance(stripped, cst.Name) or not _maximum_of(func, stripped):
+            return False
+    return True
+
+
+def _shifted_by_maximum(func: FuncInfo, node: cst.BaseExpression) -> bool:
+    """``node`` is a local name bound only to ``x - m`` with ``m`` a maximum of ``x``
+    (``value0 = value - m``): the stable log-sum-exp written across statements."""
+    node = _strip(node)
+    if not isinstance(node, cst.Name):
+        return False
+    values = func.assigns.get(node.value, [])
+    return bool(values) and all(
+        isinstance(v := _strip(value), cst.BinaryOperation)
+        and isinstance(v.operator, cst.Subtract)
+        and _maximum_of(func, v.right)
+        for value in values
+    )
 
 
 def _max_shifted_exp_sum(model: FileModel, func: FuncInfo, node: cst.BaseExpression) -> bool:
@@ -3642,7 +3728,7 @@ def _hand_written_log_of_exp(
     with logits not bounded above."""
     if _called_name(call) == "log":
         logits = _manual_logsumexp(call)
-        if logits is not None:
+        if logits is not None and not _shifted_by_maximum(func, logits):
             return logits, f"torch.logsumexp({shorten(code_of(logits))}, dim=...)"
     operand = _sole_operand(call, _called_name(call))
     if operand is None:
