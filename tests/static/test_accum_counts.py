@@ -1,0 +1,65 @@
+"""Accumulation counts in less common spellings and helpers too deep to follow (own fixtures,
+written from the shapes of real bugs; the corpus item each one was learned from is named)."""
+
+from __future__ import annotations
+
+from gradient_doctor.probes.static import lint_source
+
+
+def _found(source: str, rule_id: str) -> list[tuple[int | None, str]]:
+    report = lint_source(source, "train.py")
+    assert report.error is None
+    return [(f.line, f.severity) for f in report.findings if f.id == rule_id]
+
+
+# leads7 PyTorch-YOLOv3: the count is an item of a dict kept on the model, and the loss comes
+# from a box-geometry helper the provenance cannot follow to its end.
+DETECTION = """
+import torch
+
+def box_overlap(pred, true):
+    px1, px2 = pred[:, 0] - pred[:, 2] / 2, pred[:, 0] + pred[:, 2] / 2
+    tx1, tx2 = true[:, 0] - true[:, 2] / 2, true[:, 0] + true[:, 2] / 2
+    inter = (torch.min(px2, tx2) - torch.max(px1, tx1)).clamp(0)
+    spread = ((px1 + px2 - tx1 - tx2) ** 2) / 4
+    return inter / (px2 - px1 + tx2 - tx1 - inter + 1e-9) - spread
+
+def detection_loss(pred, true, net):
+    total = torch.zeros(1)
+    total += (1.0 - box_overlap(pred, true)).mean()
+    total *= 0.05
+    return total, total.detach()
+
+def fit(net, loader, opt, epochs):
+    for epoch in range(1, epochs + 1):
+        for i, (x, y) in enumerate(loader):
+            done = len(loader) * epoch + i
+            loss, parts = detection_loss(net(x), y, net)
+            loss.backward()
+            if done % net.settings["pieces"] == 0:
+                opt.step()
+                opt.zero_grad()
+"""
+
+
+def test_an_undivided_loss_from_a_deep_helper_is_reported() -> None:
+    assert _found(DETECTION, "accum-unscaled-loss") == [(22, "critical")]
+
+
+def test_a_deep_helper_that_names_the_count_keeps_the_rule_silent() -> None:
+    # The unfollowed geometry reads the count itself: what it does with it is not known.
+    source = DETECTION.replace(
+        "def box_overlap(pred, true):", "def box_overlap(pred, true, pieces):"
+    ).replace(" ** 2) / 4", " ** 2) / 4 / pieces").replace(
+        "box_overlap(pred, true)", 'box_overlap(pred, true, net.settings["pieces"])'
+    )
+    assert _found(source, "accum-unscaled-loss") == []
+
+
+def test_a_deep_helper_handed_an_accumulation_word_keeps_the_rule_silent() -> None:
+    source = DETECTION.replace(
+        "def detection_loss(pred, true, net):", "def detection_loss(pred, true, net, accum=1):"
+    ).replace(
+        "    total *= 0.05\n", "    total *= 0.05\n    total = total / accum ** 1\n"
+    )
+    assert _found(source, "accum-unscaled-loss") == []
