@@ -63,3 +63,44 @@ def test_a_deep_helper_handed_an_accumulation_word_keeps_the_rule_silent() -> No
         "    total *= 0.05\n", "    total *= 0.05\n    total = total / accum ** 1\n"
     )
     assert _found(source, "accum-unscaled-loss") == []
+
+
+# leads7 unilm (detectron2 trainer): the whole micro-step, forward, backward and the gated
+# step, is a method the per-iteration hook calls; no_sync belongs around its backward.
+WINDOW_METHOD = """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+class Runner:
+    def __init__(self, net, opt, accum):
+        self.model = DDP(net)
+        self.opt = opt
+        self.accum = accum
+        self.iter = 0
+
+    def one_iteration(self, batch):
+        if self.accum == 1:
+            self.plain_step(batch)
+        else:
+            self.window_step(batch)
+
+    def window_step(self, batch):
+        loss = self.model(batch).mean() / self.accum
+        loss.backward()
+        if (self.iter + 1) % self.accum == 0:
+            self.opt.step()
+            self.opt.zero_grad()
+"""
+
+
+def test_no_sync_is_reported_at_the_backward_of_a_method_that_also_steps() -> None:
+    assert _found(WINDOW_METHOD, "ddp-accum-without-no-sync") == [(20, "warning")]
+
+
+def test_no_sync_is_reported_at_the_helper_call_when_only_the_backward_is_inside() -> None:
+    # The helper holds the backward only: the call in the stepping function is what no_sync
+    # must surround, as before.
+    source = WINDOW_METHOD.replace(
+        "        loss.backward()\n", "        self.push(loss)\n"
+    ) + "\n    def push(self, loss):\n        loss.backward()\n"
+    assert _found(source, "ddp-accum-without-no-sync") == [(20, "warning")]
