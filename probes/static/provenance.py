@@ -453,9 +453,9 @@ class _Reader:
     @staticmethod
     def _call_knows_accumulation(call: cst.Call, keywords: set[str]) -> bool:
         """``call`` is handed the accumulation count or the window's token count."""
+        texts = [code_of(a.value) for a in call.args]
         return any(
-            ACCUMULATION_WORDS.search(code_of(a.value)) or WINDOW_TOKEN_WORDS.search(code_of(a.value))
-            for a in call.args
+            ACCUMULATION_WORDS.search(t) or WINDOW_TOKEN_WORDS.search(t) for t in texts
         ) or any(WINDOW_TOKEN_WORDS.search(k) for k in keywords)
 
     def _reaches_accumulation(self, target: FuncInfo) -> bool:

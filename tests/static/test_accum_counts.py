@@ -48,10 +48,10 @@ def test_an_undivided_loss_from_a_deep_helper_is_reported() -> None:
 
 def test_a_deep_helper_that_names_the_count_keeps_the_rule_silent() -> None:
     # The unfollowed geometry reads the count itself: what it does with it is not known.
-    source = DETECTION.replace(
-        "def box_overlap(pred, true):", "def box_overlap(pred, true, pieces):"
-    ).replace(" ** 2) / 4", " ** 2) / 4 / pieces").replace(
-        "box_overlap(pred, true)", 'box_overlap(pred, true, net.settings["pieces"])'
+    source = (
+        DETECTION.replace("def box_overlap(pred, true):", "def box_overlap(pred, true, pieces):")
+        .replace(" ** 2) / 4", " ** 2) / 4 / pieces")
+        .replace("box_overlap(pred, true)", 'box_overlap(pred, true, net.settings["pieces"])')
     )
     assert _found(source, "accum-unscaled-loss") == []
 
@@ -59,9 +59,7 @@ def test_a_deep_helper_that_names_the_count_keeps_the_rule_silent() -> None:
 def test_a_deep_helper_handed_an_accumulation_word_keeps_the_rule_silent() -> None:
     source = DETECTION.replace(
         "def detection_loss(pred, true, net):", "def detection_loss(pred, true, net, accum=1):"
-    ).replace(
-        "    total *= 0.05\n", "    total *= 0.05\n    total = total / accum ** 1\n"
-    )
+    ).replace("    total *= 0.05\n", "    total *= 0.05\n    total = total / accum ** 1\n")
     assert _found(source, "accum-unscaled-loss") == []
 
 
@@ -100,7 +98,8 @@ def test_no_sync_is_reported_at_the_backward_of_a_method_that_also_steps() -> No
 def test_no_sync_is_reported_at_the_helper_call_when_only_the_backward_is_inside() -> None:
     # The helper holds the backward only: the call in the stepping function is what no_sync
     # must surround, as before.
-    source = WINDOW_METHOD.replace(
-        "        loss.backward()\n", "        self.push(loss)\n"
-    ) + "\n    def push(self, loss):\n        loss.backward()\n"
+    source = (
+        WINDOW_METHOD.replace("        loss.backward()\n", "        self.push(loss)\n")
+        + "\n    def push(self, loss):\n        loss.backward()\n"
+    )
     assert _found(source, "ddp-accum-without-no-sync") == [(20, "warning")]
