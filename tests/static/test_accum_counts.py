@@ -3,7 +3,9 @@ written from the shapes of real bugs; the corpus item each one was learned from 
 
 from __future__ import annotations
 
-from gradient_doctor.probes.static import lint_source
+from pathlib import Path
+
+from gradient_doctor.probes.static import lint_paths, lint_source
 
 
 def _found(source: str, rule_id: str) -> list[tuple[int | None, str]]:
@@ -103,3 +105,80 @@ def test_no_sync_is_reported_at_the_helper_call_when_only_the_backward_is_inside
         + "\n    def push(self, loss):\n        loss.backward()\n"
     )
     assert _found(source, "ddp-accum-without-no-sync") == [(20, "warning")]
+
+
+# leads7 refiners: gradient clipping lives in a callback class whose method the trainer runs
+# by name (`getattr(callback, event)(self)`) right after every micro-batch's backward.
+CALLBACKS = """
+import torch
+
+
+class ClipHook:
+    def __init__(self, limit):
+        self.limit = limit
+
+    def after_backward(self, trainer):
+        torch.nn.utils.clip_grad_norm_(trainer.params, self.limit)
+
+
+class Runner:
+    def __init__(self, cfg):
+        self.hooks = {"clip": ClipHook(cfg.limit)}
+        self.params = cfg.params
+        self.optimizer = torch.optim.SGD(cfg.params, lr=0.1)
+        self.micro_per_step = cfg.micro_per_step
+        self.seen = 0
+
+    def fire(self, event):
+        for hook in self.hooks.values():
+            getattr(hook, event)(self)
+
+    def backward(self, loss):
+        (loss / self.micro_per_step).backward()
+        self.fire("after_backward")
+        self.seen += 1
+        if self.seen % self.micro_per_step == 0:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+"""
+
+
+def test_a_clip_in_a_callback_dispatched_on_every_micro_batch_is_reported() -> None:
+    assert _found(CALLBACKS, "accum-clip-every-microstep") == [(27, "warning")]
+
+
+def test_a_callback_dispatched_inside_the_update_is_silent() -> None:
+    gated = CALLBACKS.replace('        self.fire("after_backward")\n', "").replace(
+        "            self.optimizer.step()",
+        '            self.fire("after_backward")\n            self.optimizer.step()',
+    )
+    assert _found(gated, "accum-clip-every-microstep") == []
+
+
+def test_an_event_name_not_written_out_is_not_followed() -> None:
+    dynamic = CALLBACKS.replace('self.fire("after_backward")', "self.fire(self.event_name)")
+    assert _found(dynamic, "accum-clip-every-microstep") == []
+
+
+def test_a_callback_class_the_file_never_builds_is_not_followed() -> None:
+    unbuilt = CALLBACKS.replace('{"clip": ClipHook(cfg.limit)}', "dict(cfg.hooks)")
+    assert _found(unbuilt, "accum-clip-every-microstep") == []
+
+
+def test_a_callback_class_from_another_module_is_followed(tmp_path: Path) -> None:
+    package = tmp_path / "kit"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    hook, runner = CALLBACKS.split("class Runner:")
+    (package / "hooks.py").write_text(hook)
+    (package / "runner.py").write_text(
+        "import torch\nfrom kit.hooks import ClipHook\n\n\nclass Runner:" + runner
+    )
+    report = lint_paths([tmp_path])
+    found = [
+        (Path(file.path).name, f.line)
+        for file in report.files
+        for f in file.findings
+        if f.id == "accum-clip-every-microstep"
+    ]
+    assert found == [("runner.py", 19)]
