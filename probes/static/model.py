@@ -3010,6 +3010,8 @@ def _dispatched_callbacks(call: cst.Call, target: FuncInfo) -> list[FuncInfo]:
     a trainer's ``@register_callback`` methods returning ``GradientClipping(config)``), each
     with a method of that name; none when there are more than ``MAX_CALLBACKS`` (learned from
     leads7 refiners, whose gradient clipping runs in an ``on_backward_end`` callback)."""
+    if not any(isinstance(a.value, cst.SimpleString) for a in call.args):
+        return []  # no event name written out: the common helper call costs nothing here
     node = target.node
     owner = target.model
     if owner is None or not isinstance(node, cst.FunctionDef):
