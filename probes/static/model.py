@@ -2873,6 +2873,13 @@ class _EventWalker:
             return
         target = model.function_for_call(call, func)
         if target is not None and target is not func:
+            callbacks = _dispatched_callbacks(call, target)
+            if callbacks:
+                # `self.fire("on_backward_end")` whose body runs `getattr(cb, event)(self)`
+                # over the callbacks: what runs is each callback class's method of that name.
+                for callback in callbacks:
+                    func.items.append(HelperCall(call, stmt, callback, frames))
+                return
             named_clipper = _injected_clipper(last)
             func.items.append(HelperCall(call, stmt, target, frames, named_clipper))
             return
@@ -2989,6 +2996,69 @@ _WINDOW_COUNT = re.compile(
 )
 """Names of a gradient-accumulation count (a narrower list than the loss-provenance one:
 here the name alone makes a flag an accumulation gate)."""
+
+
+MAX_CALLBACKS = 8
+"""Callback methods followed for one dispatched event; more says the set is open-ended."""
+
+
+def _dispatched_callbacks(call: cst.Call, target: FuncInfo) -> list[FuncInfo]:
+    """The callback methods that ``call`` runs when ``target`` dispatches an event by name:
+    its body calls ``getattr(callback, event)(...)`` with ``event`` one of its parameters,
+    and ``call`` passes that parameter as a string literal. The candidates are the classes
+    whose constructor the dispatcher's own file calls (the callbacks it registers, such as
+    a trainer's ``@register_callback`` methods returning ``GradientClipping(config)``), each
+    with a method of that name; none when there are more than ``MAX_CALLBACKS`` (learned from
+    leads7 refiners, whose gradient clipping runs in an ``on_backward_end`` callback)."""
+    if not any(isinstance(a.value, cst.SimpleString) for a in call.args):
+        return []  # no event name written out: the common helper call costs nothing here
+    node = target.node
+    owner = target.model
+    if owner is None or not isinstance(node, cst.FunctionDef):
+        return []
+    params = set(target.params)
+    dispatched: str | None = None
+    for inner in walk(node.body, prune=lambda n: isinstance(n, cst.FunctionDef)):
+        if not (isinstance(inner, cst.Call) and isinstance(inner.func, cst.Call)):
+            continue
+        getter = inner.func
+        if (
+            isinstance(getter.func, cst.Name)
+            and getter.func.value == "getattr"
+            and len(getter.args) == 2
+            and isinstance(getter.args[1].value, cst.Name)
+            and getter.args[1].value.value in params
+        ):
+            dispatched = getter.args[1].value.value
+            break
+    if dispatched is None:
+        return []
+    event = next((v for p, v in bind_arguments(call, node) if p == dispatched), None)
+    if not isinstance(event, cst.SimpleString):
+        return []
+    name = event.evaluated_value
+    if not isinstance(name, str) or not name.isidentifier():
+        return []
+    found: dict[int, FuncInfo] = {}
+    classes = {
+        written
+        for calls in owner.calls_by_stmt.values()
+        for built in calls
+        for written in [dotted_name(built.func)]
+        if written is not None and owner._class_name(written)
+    }
+    for written in sorted(classes):
+        if written in owner.class_nodes:
+            method = owner.method_of(written, name)
+        elif owner.project is not None:
+            method = owner.project.class_method(owner.qualify_text(written), name, owner)
+        else:
+            method = None
+        if method is not None and isinstance(method.node, cst.FunctionDef):
+            found[id(method.node)] = method
+    if len(found) > MAX_CALLBACKS:
+        return []
+    return list(found.values())
 
 
 def _window_divisor(func: FuncInfo) -> cst.BaseExpression | None:

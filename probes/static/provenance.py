@@ -427,17 +427,67 @@ class _Reader:
                 # weigh each micro-step as it should, however deep it is followed (learned
                 # from static7 Chinese-CLIP).
                 return Scaling("unknown", reason=f"`{_short(call)}` is given the accumulation")
+            if (
+                result.verdict == "unknown"
+                and not result.summed
+                and result.token_mean is None
+                and not self._call_knows_accumulation(call, keywords)
+                and not self._reaches_accumulation(target)
+            ):
+                # A project helper too deep or too unusual to follow to the end (box IoU
+                # geometry, `** 2`, tuple unpacking) that is not handed the accumulation count
+                # and whose code, with the helpers it calls, never names it: like a call the
+                # analyser does not see into, it computes a fresh loss (learned from leads7
+                # PyTorch-YOLOv3, whose `compute_loss` hid the undivided loss).
+                return Scaling("none")
             return result
         # A call the analyser does not see into (a model, a criterion, F.cross_entropy): it
         # computes a fresh loss and knows nothing of the accumulation count.
         if any(ACCUMULATION_WORDS.search(code_of(a.value)) for a in call.args):
             return Scaling("unknown", reason=f"`{_short(call)}` is given the accumulation count")
-        if any(WINDOW_TOKEN_WORDS.search(code_of(a.value)) for a in call.args) or any(
-            WINDOW_TOKEN_WORDS.search(k) for k in keywords
-        ):
+        if self._call_knows_accumulation(call, keywords):
             # `loss_fn(..., num_global_valid_tokens=n)`: it may divide by the window's tokens.
             return Scaling("unknown", reason=f"`{_short(call)}` is given the window's token count")
         return Scaling("none")
+
+    @staticmethod
+    def _call_knows_accumulation(call: cst.Call, keywords: set[str]) -> bool:
+        """``call`` is handed the accumulation count or the window's token count."""
+        texts = [code_of(a.value) for a in call.args]
+        return any(
+            ACCUMULATION_WORDS.search(t) or WINDOW_TOKEN_WORDS.search(t) for t in texts
+        ) or any(WINDOW_TOKEN_WORDS.search(k) for k in keywords)
+
+    def _reaches_accumulation(self, target: FuncInfo) -> bool:
+        """``target``, or a project function it calls (a few levels down), names the
+        accumulation count: an accumulation word, a window token count, or the last name of
+        the loop's divisor (``subdivisions`` of ``cfg['subdivisions']``)."""
+        tail = None
+        if self.divisor_text is not None:
+            words = re.findall(r"[A-Za-z_]\w*", self.divisor_text)
+            tail = words[-1] if words else None
+        divisor = re.compile(rf"\b{re.escape(tail)}\b") if tail and len(tail) > 1 else None
+        seen: set[int] = set()
+        todo = [(target, 0)]
+        while todo:
+            func, level = todo.pop()
+            if id(func.node) in seen:
+                continue
+            seen.add(id(func.node))
+            text = code_of(func.node)
+            if ACCUMULATION_WORDS.search(text) or WINDOW_TOKEN_WORDS.search(text):
+                return True
+            if divisor is not None and divisor.search(text):
+                return True
+            if level >= 3:
+                continue
+            owner = func.model or self.model
+            for node in walk(func.node):
+                if isinstance(node, cst.Call):
+                    inner = owner.function_for_call(node, func)
+                    if inner is not None:
+                        todo.append((inner, level + 1))
+        return False
 
     def _returned(
         self, value: cst.BaseExpression, context: _Context, depth: int, element: int | None

@@ -191,7 +191,7 @@ class StepRunner:
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
-        for unit, acc, _ in accumulating_units(model, skip_deepspeed=True):
+        for unit, acc, steps in accumulating_units(model, skip_deepspeed=True):
             # `accelerator.backward(loss)` is meant for a model the accelerator prepared (in
             # another file, often): on several processes that model is DDP-wrapped, exactly
             # as when `prepare()` is seen here (learned from static6 trlx).
@@ -229,8 +229,12 @@ class StepRunner:
                     continue
                 # A backward inside a helper (`backwards(loss, opt)` wrapping amp's scaled
                 # backward) is reported at the helper's call in this loop: the helper may
-                # serve several loops, and the call is what no_sync must surround.
-                node = backward.anchor
+                # serve several loops, and the call is what no_sync must surround. A helper
+                # that holds the step as well (the whole micro-step, `run_step_grad_acc()`
+                # called once per iteration) is where no_sync goes: the backward is reported
+                # in the function that holds both, as the step line of other rules is
+                # (learned from leads7 unilm ditod).
+                node = backward.relative_to(steps[0])[0] if steps else backward.anchor
                 # Only `accelerator.prepare()` says DDP: it wraps the model on several
                 # processes only, so the cost may not exist in this run.
                 implied = not (model.explicit_ddp or model.uses_fsdp) and wrapper_seen is None
