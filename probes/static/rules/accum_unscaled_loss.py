@@ -768,16 +768,16 @@ def _read_names(stmt: cst.CSTNode) -> set[str]:
 def _detaches(stmt: cst.CSTNode, name: str | None = None) -> bool:
     """``stmt`` calls ``.detach()`` (on something that reads ``name``, when given)."""
     for node in walk(stmt):
-        if (
+        if not (
             isinstance(node, cst.Call)
             and isinstance(node.func, cst.Attribute)
             and node.func.attr.value in {"detach", "detach_"}
         ):
-            if name is None or any(
-                isinstance(part, cst.Name) and part.value == name
-                for part in walk(node.func.value)
-            ):
-                return True
+            continue
+        if name is None or any(
+            isinstance(part, cst.Name) and part.value == name for part in walk(node.func.value)
+        ):
+            return True
     return False
 
 

@@ -183,6 +183,32 @@ for state in states:
 """,
             12,
         ),
+        # The return is bound by a zip over the episode: `G` reads `discounted`.
+        Invalid(
+            """
+import torch
+from torch.distributions import Categorical
+net = torch.nn.Linear(4, 2)
+opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+for episode in range(500):
+    trace, discounted = run_episode(net, Categorical)
+    terms = []
+    for step_logp, G in zip(trace, discounted_returns(discounted)):
+        terms.append(-step_logp * G)
+    opt.zero_grad()
+    torch.stack(terms).sum().backward()
+    opt.step()
+
+def run_episode(net, family):
+    picked = []
+    for obs in rollout():
+        dist = family(logits=net(obs))
+        action = dist.sample()
+        picked.append(dist.log_prob(action))
+    return picked, rewards_of(picked)
+""",
+            13,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -249,9 +275,7 @@ ATTENTION = frozenset(
 TRANSFORMER_CLASS = re.compile(r"Transformer|GPT|SelfAttention|CausalAttention|Llama|BERT", re.I)
 LOG_PROB = re.compile(r"log_?probs?|logp|(?:^|_)ratios?(?:_|$)", re.I)
 """An identifier holding log-probabilities (or the PPO probability ratio built from them)."""
-ADVANTAGE = re.compile(
-    r"advantage|(?:^|_)advs?(?:_|$)|returns?|reward|(?:^|_)rtgs?(?:_|$)", re.I
-)
+ADVANTAGE = re.compile(r"advantage|(?:^|_)advs?(?:_|$)|returns?|reward|(?:^|_)rtgs?(?:_|$)", re.I)
 """An identifier holding what a policy gradient weighs log-probabilities by."""
 ACTION = re.compile(r"action|(?:^|_)(?:acts?|a)(?:_|$)", re.I)
 """An identifier that names actions."""
@@ -310,18 +334,60 @@ def _score_function(model: FileModel, log_probs: list[cst.Call]) -> cst.BinaryOp
     a policy gradient (learned from static12, a normalizing-flow repository)."""
     if any(method_name(call) == "rsample" for call, _, _ in model.all_calls):
         return None
-    sampled = _sampled_names(model)
+    products: list[cst.BinaryOperation] = []
+    bound: dict[str, set[str]] = {}
+    sampled: set[str] = set()
+    for node in walk(model.module):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            products.append(node)
+        elif isinstance(node, cst.Assign):
+            names = {n for target in node.targets for n in _target_names(target.target)}
+            if _samples(node.value):
+                sampled |= names
+            if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+                bound.setdefault(node.targets[0].target.value, set()).update(
+                    _identifiers(node.value)
+                )
+        elif isinstance(node, cst.For):
+            _bind_zip(node, bound)
     if not any(_reads_actions(call, sampled) for call in log_probs):
         return None
-    for node in walk(model.module):
-        if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)):
-            continue
-        left, right = _identifiers(node.left), _identifiers(node.right)
+    for product in products:
+        left = _expanded(_identifiers(product.left), bound)
+        right = _expanded(_identifiers(product.right), bound)
         if (_any(LOG_PROB, left) and _any(ADVANTAGE, right)) or (
             _any(ADVANTAGE, left) and _any(LOG_PROB, right)
         ):
-            return node
+            return product
     return None
+
+
+def _bind_zip(loop: cst.For, bound: dict[str, set[str]]) -> None:
+    """``for log_prob, R in zip(saved_log_probs, returns):``: ``R`` reads ``returns``."""
+    target, it = loop.target, loop.iter
+    if not (
+        isinstance(target, cst.Tuple)
+        and isinstance(it, cst.Call)
+        and isinstance(it.func, cst.Name)
+        and it.func.value == "zip"
+        and len(it.args) == len(target.elements)
+    ):
+        return
+    for element, arg in zip(target.elements, it.args, strict=True):
+        if isinstance(element.value, cst.Name):
+            bound.setdefault(element.value.value, set()).update(_identifiers(arg.value))
+
+
+def _expanded(names: set[str], bound: dict[str, set[str]]) -> set[str]:
+    """``names`` and, one level deep, what the names among them were bound from."""
+    out = set(names)
+    for name in names:
+        out |= bound.get(name, set())
+    return out
+
+
+def _target_names(target: cst.BaseExpression) -> list[str]:
+    return [child.value for child in walk(target) if isinstance(child, cst.Name)]
 
 
 def _any(pattern: re.Pattern[str], names: set[str]) -> bool:
@@ -330,31 +396,23 @@ def _any(pattern: re.Pattern[str], names: set[str]) -> bool:
 
 def _identifiers(node: cst.CSTNode) -> set[str]:
     """Names, attribute names and string keys under ``node`` (``batch["adv"]`` reads
-    ``adv``); keywords such as ``return`` are no identifiers."""
+    ``adv``). Keywords such as ``return`` are no identifiers, nor are argument keywords
+    (``return_dict=True`` names no return)."""
     out: set[str] = set()
+    skipped: set[int] = set()
     for child in walk(node):
-        if isinstance(child, cst.Name):
+        if isinstance(child, cst.Arg) and child.keyword is not None:
+            skipped.add(id(child.keyword))
+        elif isinstance(child, cst.Name) and id(child) not in skipped:
             out.add(child.value)
         elif isinstance(child, cst.SimpleString):
             out.add(child.value.strip("\"'"))
     return out
 
 
-def _sampled_names(model: FileModel) -> set[str]:
-    """Names bound from a distribution's ``.sample(...)`` (``action = dist.sample()``); a
-    ``random.sample`` draws from a list."""
-    out: set[str] = set()
-    for node in walk(model.module):
-        if not isinstance(node, cst.Assign) or not _samples(node.value):
-            continue
-        for target in node.targets:
-            out.update(
-                child.value for child in walk(target.target) if isinstance(child, cst.Name)
-            )
-    return out
-
-
 def _samples(expr: cst.BaseExpression) -> bool:
+    """``expr`` draws from a distribution: ``dist.sample()`` (a ``random.sample`` draws from
+    a list)."""
     for node in walk(expr):
         if isinstance(node, cst.Call) and method_name(node) == "sample":
             owner = receiver(node)
