@@ -302,6 +302,27 @@ for step, batch in enumerate(loader):
         optimizer.step()
         optimizer.zero_grad()
 """,
+        # Truncated backpropagation through time over the windows of one rollout: each
+        # window starts from the previous window's detached state and last frame, and the
+        # window losses add up to the loss over the whole horizon (learned from static12
+        # PhyCRNet).
+        """
+import torch
+for epoch in range(epochs):
+    optimizer.zero_grad()
+    for window in range(windows_per_rollout):
+        if window == 0:
+            carry, frame = start_state, first_frame
+        else:
+            carry = kept_state
+            frame = frames[-1:].detach()
+        frames, last_state = cell_stack(carry, frame)
+        residual_loss(frames).backward(retain_graph=True)
+        kept_state = []
+        for h, c in last_state:
+            kept_state.append((h.detach(), c.detach()))
+    optimizer.step()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -329,6 +350,22 @@ for it in range(max_iters):
     optimizer.zero_grad(set_to_none=True)
 """,
             8,
+        ),
+        # A prefetch carries the next batch from one micro-step to the next; a detached value
+        # that only feeds a log is no state: this is accumulation of independent batches.
+        Invalid(
+            """
+for it in range(max_iters):
+    for micro in range(accum_steps):
+        loss = model(inputs, targets).mean()
+        inputs, targets = next_batch()
+        running = loss.detach()
+        loss.backward()
+        print(running)
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+            7,
         ),
         Invalid(
             """
@@ -563,6 +600,18 @@ for step, batch in enumerate(loader):
                     # per-task loss is the meta-objective itself, not micro-batch accumulation
                     # of a configured count (learned from static9 higher, MAML).
                     continue
+                if (
+                    acc.style == "nested"
+                    and unit.micro is not None
+                    and _carries_detached_state(unit.micro.node)
+                ):
+                    # `for window in range(num_windows)` whose each pass starts from the
+                    # previous pass's detached output or hidden state: the windows are
+                    # consecutive pieces of one sequence (truncated backpropagation through
+                    # time), and the summed window losses are the loss over the whole
+                    # horizon, not micro-batches of independent samples (learned from
+                    # static12 PhyCRNet, a physics-informed conv-LSTM rolled over time).
+                    continue
                 if any(SAMPLE_SUM.search(other) for other in scaling.others):
                     # `loss *= world_size` / `loss * batch_size`: the loss is a sum over
                     # samples (DDP's average undone), so summing micro-batches without a
@@ -673,6 +722,80 @@ def _tensor_dimension(func: FuncInfo, divisor: cst.BaseExpression | None) -> boo
         return False
     values = func.assigns.get(divisor.value, [])
     return bool(values) and all(_DIMENSION.search(code_of(v)) for v in values)
+
+
+def _carries_detached_state(loop: cst.CSTNode) -> bool:
+    """A pass of ``loop`` reads a name that a later statement of the body assigns (so its
+    value comes from the previous pass), and that value goes through ``.detach()``: the
+    hidden state or last output of one window seeds the next. A prefetch (``x, y =
+    get_batch()`` at the end of nanoGPT's micro-step) carries a new batch, not state, and is
+    not detached."""
+    if not isinstance(loop, cst.For | cst.While):
+        return False
+    statements = [
+        node
+        for node in walk(loop.body)
+        if isinstance(node, cst.Assign | cst.AnnAssign | cst.AugAssign | cst.Expr)
+    ]
+    first_assigned: dict[str, int] = {}
+    for index, stmt in enumerate(statements):
+        for name in _assigned_names(stmt):
+            first_assigned.setdefault(name, index)
+    detached: set[str] = set()
+    for stmt in statements:
+        if not _detaches(stmt):
+            continue
+        detached.update(_assigned_names(stmt))
+        if isinstance(stmt, cst.Expr) and isinstance(stmt.value, cst.Call):
+            # `state.append(h.detach())` fills `state` with detached tensors.
+            owner = stmt.value.func
+            if isinstance(owner, cst.Attribute) and isinstance(owner.value, cst.Name):
+                detached.add(owner.value.value)
+    for index, stmt in enumerate(statements):
+        read = _read_names(stmt)
+        for name in read:
+            later = first_assigned.get(name)
+            if later is None or later <= index:
+                continue
+            if name in detached or _detaches(stmt, name):
+                return True
+    return False
+
+
+def _assigned_names(stmt: cst.CSTNode) -> set[str]:
+    targets: list[cst.CSTNode] = []
+    if isinstance(stmt, cst.Assign):
+        targets = [target.target for target in stmt.targets]
+    elif isinstance(stmt, cst.AnnAssign) and stmt.value is not None:
+        targets = [stmt.target]
+    return {node.value for target in targets for node in walk(target) if isinstance(node, cst.Name)}
+
+
+def _read_names(stmt: cst.CSTNode) -> set[str]:
+    value: cst.CSTNode | None
+    if isinstance(stmt, cst.Assign | cst.AnnAssign | cst.Expr):
+        value = stmt.value
+    else:
+        return set()  # `total += x` reads its own running value on purpose
+    if value is None:
+        return set()
+    return {node.value for node in walk(value) if isinstance(node, cst.Name)}
+
+
+def _detaches(stmt: cst.CSTNode, name: str | None = None) -> bool:
+    """``stmt`` calls ``.detach()`` (on something that reads ``name``, when given)."""
+    for node in walk(stmt):
+        if not (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in {"detach", "detach_"}
+        ):
+            continue
+        if name is None or any(
+            isinstance(part, cst.Name) and part.value == name for part in walk(node.func.value)
+        ):
+            return True
+    return False
 
 
 def _counts_micro_batches(unit: Unit, acc: Accumulation) -> bool:

@@ -497,7 +497,8 @@ ACCELERATE_MODEL_MESSAGE = (
 ACCELERATE_MESSAGE = (
     "`{zero_grad}` on line {zero_line} runs inside `accelerator.accumulate()` before the "
     "backward: on the micro-batch where Accelerate steps (line {step_line}) it wipes the "
-    "gradients the previous `{divisor}` micro-batches accumulated, so only the last one is used"
+    "gradients the window's earlier micro-batches accumulated (`{divisor}` per window), so only "
+    "the last one is used"
 )
 
 

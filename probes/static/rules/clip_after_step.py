@@ -226,6 +226,26 @@ def main(net, opt, loader, sched, epochs):
 """,
             12,
         ),
+        # One optimizer per sub-network, updated in an inner loop; the clip after that loop
+        # comes too late for all of them (learned from leads4 HPPNet).
+        Invalid(
+            """
+import torch
+from torch.nn.utils import clip_grad_norm_
+optimizers = {part: torch.optim.Adam(net.heads[part].parameters()) for part in HEADS}
+for batch in loader:
+    losses = net.head_losses(batch)
+    for part in HEADS:
+        optimizers[part].zero_grad()
+        losses[part].backward()
+        optimizers[part].step()
+        schedulers[part].step()
+    if clip_norm:
+        clip_grad_norm_(net.parameters(), clip_norm)
+    log(losses)
+""",
+            13,
+        ),
         # The clipped parameters are those of the optimizer that already stepped.
         Invalid(
             """
@@ -251,6 +271,23 @@ for real in loader:
         for finding in self._in_units(model):
             reported.add(id(finding.node))
             yield finding
+        for clip, step in _after_an_inner_loop(model):
+            if id(clip.call) in reported:
+                continue
+            reported.add(id(clip.call))
+            yield RawFinding(
+                node=clip.call,
+                message=LOOP_MESSAGE,
+                evidence={
+                    "clip": label(clip.call),
+                    "clip_line": clip.call,
+                    "step": label(step.call),
+                    "step_line": step.call,
+                },
+                fix_description=(
+                    "Clip inside the loop that steps, between the backward and the step."
+                ),
+            )
         for clip, step in _after_a_stepping_call(model):
             if id(clip.call) in reported:
                 continue
@@ -330,6 +367,50 @@ CALL_MESSAGE = (
     "loop: the optimizer already stepped (`{step}`), so the clipping changes gradients no step "
     "uses"
 )
+
+
+LOOP_MESSAGE = (
+    "`{clip}` on line {clip_line} runs after the loop that steps with `{step}` (line "
+    "{step_line}) has finished: every step of that loop already used unclipped gradients, so "
+    "the clipping changes gradients no step uses"
+)
+
+
+def _after_an_inner_loop(model: FileModel) -> Iterator[tuple[Event, Event]]:
+    """Clipping written in a training loop after an inner loop that runs backward and step on
+    each of its passes (one optimizer per sub-network, ``for name in parts: ...
+    optimizers[name].step()``), with no backward between and no step after it: the inner loop
+    has consumed its gradients, so the clip changes nothing a step uses (learned from leads4
+    HPPNet, a clip after the per-sub-network update loop)."""
+    for func in [model.module_info, *model.functions]:
+        events = model.expanded(func)
+        for index, clip in enumerate(events):
+            if clip.kind != "clip" or clip.chain or clip.measures_only:
+                continue
+            earlier = events[:index]
+            step = next((e for e in reversed(earlier) if e.kind in STEP_KINDS), None)
+            if step is None or step.chain or exclusive(step, clip):
+                continue
+            clip_frames = {id(frame.node) for frame in clip.frames}
+            inner = [
+                frame
+                for frame in step.frames
+                if frame.kind == "loop" and id(frame.node) not in clip_frames
+            ]
+            if not inner:
+                continue  # the step and the clip share their loop: the unit rule's case
+            if not any(frame.kind == "loop" for frame in clip.frames):
+                continue  # a clip once training is over trains nothing either way
+            if not any(
+                e.kind == "backward" and e.order < step.order and not exclusive(e, step)
+                for e in earlier
+            ):
+                continue
+            if any(e.kind == "backward" and e.order > step.order for e in earlier):
+                continue
+            if any(e.kind in STEP_KINDS for e in events[index + 1 :]):
+                continue  # a later step (another optimizer's, a helper's) may use the clip
+            yield clip, step
 
 
 def _after_a_stepping_call(model: FileModel) -> Iterator[tuple[Event, Event]]:
