@@ -37,7 +37,10 @@ after it up to a clause boundary (``_text.negated_spans``: "it is NOT exploding"
 anywhere", "never above 3"); a candidate whose shared words (or the entry it names) fall under
 one carries ``denied-failure`` (a failure word: exploding, NaN, spikes ...) or ``denied-word``
 evidence, crossed with its kind and its id (a denied NaN is the evidence of ``healthy`` and
-counts against the entries about NaNs), and the query carries the fact ``denies``. Tried in the
+counts against the entries about NaNs), and the query carries the fact ``denies``. A failure
+word said only under a negation is left out of the query's words (its pair with the negation,
+"not exploding", "no nan", stays): the words learned for "exploding" no longer lift exploding
+gradients over the healthy reading the text asks for. Tried in the
 same round and dropped, because the held-out lists did not gain (5-fold group cv, top-1 within
 a list or two of the ``rerank-4`` features): a named cause ("because", "turned out"), an
 assertive voice ("you should always", "is pointless"), the shape of each number series (rises,
@@ -230,17 +233,49 @@ def _pair_hash(pair: tuple[str, str]) -> int:
 
 
 def text_grams(text: str) -> list[int]:
-    """Hashes of the query's content words and adjacent word pairs (deduplicated, in order)."""
+    """Hashes of the query's content words and adjacent word pairs (deduplicated, in order).
+
+    A failure word said only under a negation ("it is NOT exploding") is no word of the query:
+    its pair with the negation ("not exploding", "no nan") still is."""
     if len(_GRAM_CACHE) > _GRAM_CACHE_SIZE:
         _GRAM_CACHE.clear()
-    tokens = ["#" if _NUMBER.match(t) else t for t in _TOKEN.findall(text.lower())]
+    lowered = text.lower()
+    tokens = ["#" if _NUMBER.match(t) else t for t in _TOKEN.findall(lowered)]
+    # (Every negation but "zero" has an "n" in it: most texts skip the scan.)
+    skip = _denied_only(text) if "n" in lowered or "zero" in lowered else _NOTHING
     grams = dict.fromkeys(
         _word_hash(token)
         for token in tokens
-        if token not in _STOP and token != "#" and len(token) > 1
+        if token not in _STOP and token != "#" and len(token) > 1 and token not in skip
     )
     grams.update(dict.fromkeys(map(_pair_hash, itertools.pairwise(tokens))))
     return list(grams)
+
+
+_NOTHING: frozenset[str] = frozenset()
+
+
+def _denied_only(text: str, *, whole: bool = False) -> frozenset[str]:
+    """The failure words of ``text`` (lower-cased) that occur only under a negation; with
+    ``whole``, none unless every failure word of the text is under one (the text reports no
+    failure, it only denies some)."""
+    spans = negated_spans(text)
+    if not spans:
+        return _NOTHING
+    inside: set[str] = set()
+    outside: list[str] = []
+    last = 0
+    for start, end in spans:
+        inside.update(w for w in _TOKEN.findall(text[start:end].lower()) if FAILURE_WORD.match(w))
+        outside.append(text[last:start])
+        last = end
+    if not inside:
+        return _NOTHING
+    outside.append(text[last:])
+    said = _TOKEN.findall(" ".join(outside).lower())
+    if whole and any(FAILURE_WORD.match(word) for word in said):
+        return _NOTHING
+    return frozenset(inside.difference(said))
 
 
 def _matched_words(reasons: Sequence[str]) -> set[str]:
@@ -695,7 +730,9 @@ def order(
 
     The out-of-scope entry keeps its place: only the matcher's out-of-scope verdict may put it
     first (the caller does not re-rank such a result at all). Candidates below ``floor`` times
-    the first one's score keep theirs too (see :data:`FLOOR`).
+    the first one's score keep theirs too (see :data:`FLOOR`). One whose id names a failure
+    the text mentions only to deny it ("not exploding": exploding-gradients) goes below the
+    other movable ones.
     """
     if model is None:
         model = _shipped()
@@ -709,7 +746,12 @@ def order(
     # scores, never their model scores).
     found = scores(model, text, code, candidates, code_detected, movable)
     values = dict(zip(movable, found, strict=True))
-    ranked = sorted(movable, key=lambda i: (-values[i], i))
+    denied = _denied_only(text, whole=True)
+    # "My gradients are not exploding", and no failure reported: an entry the text denies by
+    # name goes below the others the re-ranker may move, whatever words of the rest of the
+    # text the model ties to it ("no NaN, but the loss is inf" reports one: no such rule).
+    last = {i for i in movable if denied and not denied.isdisjoint(candidates[i].id.split("-"))}
+    ranked = sorted(movable, key=lambda i: (i in last, -values[i], i))
     result = list(range(len(candidates)))
     for slot, position in zip(movable, ranked, strict=True):
         result[slot] = position

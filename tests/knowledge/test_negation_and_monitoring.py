@@ -187,3 +187,37 @@ def test_the_scorer_sums_the_denial_features_the_training_reads() -> None:
             expected, abs=1e-9
         )
     assert script.ranks(rows, model).count(0) == len(rows)
+
+
+def test_a_denied_failure_word_is_no_word_of_the_query() -> None:
+    denied = rerank.text_grams("it is NOT exploding, norms are flat at 0.8")
+    assert rerank._word_hash("exploding") not in denied
+    assert rerank._pair_hash(("not", "exploding")) in denied  # the negation and its word
+    assert rerank._word_hash("norms") in denied
+    said = rerank.text_grams("no NaN in the inputs, but the loss is NaN")
+    assert rerank._word_hash("nan") in said  # said outside the negation too
+
+
+def test_the_negated_cause_stays_out_of_the_re_ranked_top_three() -> None:
+    text = "My gradients are not exploding, grad norm is flat around 0.8 the whole run. Normal?"
+    ids = [m.id for m in match(text, top_k=3).matches]
+    assert ids[0] == "healthy"
+    assert "exploding-gradients" not in ids
+
+
+def test_an_entry_denied_by_name_goes_below_the_others() -> None:
+    """Only when the text reports no failure at all: "no NaN, but the loss is inf" does."""
+    candidates = [
+        Candidate("healthy", "signal", 10.0, ["words: norm, flat"]),
+        Candidate("exploding-gradients", "symptom", 9.0, ["words: grad, norm"]),
+        Candidate("grad-norm-decaying", "symptom", 8.0, ["words: flat, grad, norm"]),
+    ]
+    model = rerank.Model({rerank._feature("id=exploding-gradients"): 50.0}, {}, {})
+    denied = "my grads are not exploding, the grad norm is flat at 0.8"
+    assert [candidates[i].id for i in rerank.order(denied, None, candidates, False, model)] == [
+        "healthy",
+        "grad-norm-decaying",
+        "exploding-gradients",
+    ]
+    reported = "not exploding yet, but the loss spikes every 2k steps"
+    assert rerank.order(reported, None, candidates, False, model)[0] == 1
