@@ -64,7 +64,13 @@ the first-look lists, a matcher meeting authors it was never tuned on), top-1 / 
   alone, 84.1% / 92.2% re-ranked; on today's matcher's lists of the held-out groups 96.5% /
   98.9% alone, 97.8% / 99.3% re-ranked (96.3% / 98.7% and 97.6% / 99.1% before the round's
   matcher changes);
-* the eval set itself (in sample, 2,179 items): top-1 97.6% -> 99.6%;
+* ``rerank-5`` (rerank6 round, 2,085 first-look lists): 5-fold group cv (each fold holds out
+  ten fresh*/dev* groups; the same folds for both) 83.4% / 92.1% with the ``rerank-4``
+  features, 83.5% / 92.1% with ``rerank-5``; cv by group (LOGO) on the 13 groups measured with
+  both: 257 -> 258 of 344 top-1, 288 -> 288 top-3; LOGO over 34 of the 50 groups with
+  ``rerank-5``: 84.0% / 91.8% re-ranked (77.2% matcher alone);
+* the eval set itself (in sample, 2,179 items): top-1 97.6% -> 99.6%; 2,379 items with
+  ``rerank-5``: 96.7% -> 99.6%;
 * cost: about 0.19 ms more per match at the median (``benchmarks/rerank_cost.py``, the same
   as ``rerank-2`` on main although ``rerank-3``/``-4`` read more features: per-word tables
   summed per target once per query, memoised dense sums, cached word hashes, and the matcher
