@@ -36,10 +36,17 @@ _EVENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("zero_grad", _regex.compile(r"zero_grad\s*\(|\.grad\s*=\s*None|\.grad\.zero_\s*\(")),
     (
         "norm_read",
-        # A computation of the norm (not a later use of a variable that holds it).
+        # A computation of the norm (not a later use of a variable that holds it). A loop
+        # written by hand measures it too: ``total += p.grad.norm() ** 2``,
+        # ``p.grad.detach().pow(2).sum()``, ``torch.norm(p.grad)``, ``sum(g.norm() ** 2 for
+        # ...)`` over the parameters' gradients.
         _regex.compile(
             r"\.grad\w*(?:\.data)?\s*\.\s*norm\s*\(|\b\w*(?:grad|total)_?norms?\w*\s*\("
             r"|\b\w*norm\w*\s*=\s*[^=\n]*\.grad\b"
+            r"|\.grad\b(?:\s*\.\s*(?:data|detach\s*\(\s*\)|float\s*\(\s*\)|double\s*\(\s*\)"
+            r"|clone\s*\(\s*\)|cpu\s*\(\s*\)|to\s*\([^()\n]*\)))*\s*(?:\.\s*(?:norm|pow|square|abs)"
+            r"\s*\(|\)?\s*\*\*\s*2\b)"
+            r"|\b(?:torch\s*\.\s*)?(?:linalg\s*\.\s*)?(?:vector_)?norm\s*\(\s*[\w.\[\]]*\.grad\b"
         ),
     ),
     (
@@ -1031,6 +1038,20 @@ _ABSENCE_FINDINGS = frozenset(
 #: How sure such a finding is when the calls were only named in sentences ("`scheduler.step()`
 #: sits after `loss.backward()`, outside the `if` where `optimizer.step()` is").
 _TOLD_ABSENCE_STRENGTH = 0.3
+
+
+_NORM_READ = dict(_EVENTS)["norm_read"]
+_CLIP_NORM = dict(_EVENTS)["clip_norm"]
+
+
+def measures_grad_norm(code: str) -> bool:
+    """Whether the code computes the gradient norm itself: a norm read by hand (``total +=
+    p.grad.norm() ** 2`` over the parameters, ``torch.norm(p.grad)``) or the total norm that
+    ``clip_grad_norm_`` returns. Such code monitors the gradients, whatever else it lacks."""
+    return any(
+        _NORM_READ.search(line) or _CLIP_NORM.search(line)
+        for line in (raw.split("#", 1)[0] for raw in code.splitlines())
+    )
 
 
 def code_hits(code: str, prose: str = "", *, told: bool = False) -> list[CodeHit]:

@@ -23,6 +23,40 @@ _SPLIT_PARTS = _regex.compile(r"[a-z0-9]+")
 _NUMERIC = _regex.compile(r"^\d+e?$")
 
 
+#: A negation and the few words it governs, up to a clause boundary ("NOT exploding", "no
+#: upward drift", "never above 3", "isn't vanishing"); "not only" and "no longer" are left out
+#: (the first adds, the second reports a change).
+NEGATION = _regex.compile(
+    r"(?:\b(?:not(?!\s+only\b)|no(?!\s+longer\b)|never|without|none|nor|zero)\b|n't\b)"
+    r"(?P<scope>(?:\s+(?!(?:but|yet|though|although|however|except)\b)[\w'./-]+){1,3})",
+    re.IGNORECASE,
+)
+#: Failure words: a failure named under a negation is denied, not reported ("it is NOT
+#: exploding", "no NaN anywhere", "no upward drift").
+FAILURE_WORD = _regex.compile(
+    r"^(?:explod\w*|blow\w*|vanish\w*|nans?|infs?|inf/nan|nan/inf|non-?finite|diverg\w*|spik\w*|"
+    r"jump\w*|overflow\w*|dead|dying|die\w*|collaps\w*|unstable|instabilit\w*|oscillat\w*|"
+    r"stuck|plateau\w*|stall\w*|saturat\w*|overfit\w*|drift\w*|trend\w*|upward|skipped|"
+    r"spikes?|problems?|issues?|errors?|warnings?|signs?|red)$"
+)
+
+
+_LAST_NEGATED: list[tuple[str, tuple[tuple[int, int], ...]]] = []
+
+
+def negated_spans(text: str) -> tuple[tuple[int, int], ...]:
+    """Where in ``text`` the words governed by a negation are (start, end of each scope).
+
+    Remembered for the last text read: the matcher and then its re-ranker read the same one.
+    """
+    last = _LAST_NEGATED[0] if _LAST_NEGATED else None  # one read: threads may share it
+    if last is not None and last[0] is text:
+        return last[1]
+    found = tuple(m.span("scope") for m in NEGATION.finditer(text) if m.group("scope"))
+    _LAST_NEGATED[:] = [(text, found)]
+    return found
+
+
 def _keep(word: str) -> bool:
     return len(word) > 1 and word not in STOPWORDS and not _NUMERIC.match(word)
 

@@ -48,7 +48,7 @@ import threading
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -60,6 +60,7 @@ from gradient_doctor.knowledge._code import (
     CodeHit,
     code_hits,
     fragment_source,
+    measures_grad_norm,
     prose_hits,
     split_code,
     without_code,
@@ -74,10 +75,12 @@ from gradient_doctor.knowledge._numbers import (
     read_series,
 )
 from gradient_doctor.knowledge._text import (
+    FAILURE_WORD,
     Analyzer,
     Synonyms,
     TypoCorrector,
     load_synonyms,
+    negated_spans,
     normalise,
     vocabulary,
 )
@@ -1198,6 +1201,53 @@ class Matcher:
         for gram in _bigrams(terms):
             weights[gram] = max(weights.get(gram, 0.0), 1.0)
         return weights, terms, fixes, surface, repaired_text
+
+    def _denied_terms(self, text: str) -> frozenset[str]:
+        """The terms of failure words that ``text`` names only under a negation ("it is NOT
+        exploding", "no NaN anywhere", "never blew up"); a failure word also said without one
+        ("no NaN in the inputs, but the loss is NaN") stays."""
+        spans = negated_spans(text)
+        if not spans:
+            return frozenset()
+        negated: set[str] = set()
+        rest, last = [], 0
+        for start, end in spans:
+            negated.update(
+                token.term
+                for token in self.analyzer.tokens(text[start:end])
+                if FAILURE_WORD.match(token.raw)
+            )
+            rest.append(text[last:start])
+            last = end
+        if not negated:
+            return frozenset()
+        rest.append(text[last:])
+        said = {token.term for token in self.analyzer.tokens(" ".join(rest))}
+        return frozenset(negated - said)
+
+    def _drop_denied(self, lexical: dict[str, _Lexical], denied: frozenset[str]) -> None:
+        """Take the denied failure words out of every entry's word score but the healthy
+        one's: "it is NOT exploding" is no word for exploding gradients (nor is the name
+        it spells), while "no NaN" is what a healthy run says. The number and frame readers
+        still read the text as written."""
+        docs = {doc.entry_id: doc for doc in self.docs}
+        for entry_id, lex in list(lexical.items()):
+            if entry_id == "healthy":
+                continue
+            kept = [
+                (part, term)
+                for part, term in lex.contributions
+                if denied.isdisjoint(term.split(" "))
+            ]
+            named = lex.named and denied.isdisjoint(docs[entry_id].id_terms)
+            if len(kept) == len(lex.contributions) and named == lex.named:
+                continue
+            removed = sum(part for part, term in lex.contributions) - sum(part for part, _ in kept)
+            score = lex.score - removed - (_NAMED_BONUS if lex.named and not named else 0.0)
+            if score > 0.0 and kept:
+                lexical[entry_id] = replace(lex, score=score, contributions=kept, named=named)
+            else:
+                del lexical[entry_id]
 
     def _lexical(self, weights: dict[str, float], terms: Sequence[str]) -> dict[str, _Lexical]:
         """BM25F score, nearest-sentence and naming bonuses of every entry sharing a term."""
@@ -2383,6 +2433,9 @@ class Matcher:
         if text_code:
             self._soften_code_terms(weights, prose_words, text_code)
         lexical = self._lexical(weights, terms)
+        denied = self._denied_terms(repaired_text) if lexical else frozenset()
+        if denied:
+            self._drop_denied(lexical, denied)
 
         quantities = read_quantities(repaired_text)
         first_person = bool(_FIRST_PERSON.search(text))
@@ -2819,6 +2872,11 @@ class Matcher:
             for entry_id in _ORDER_RED_FLAGS - reported:
                 if entry_id in scores:
                     scores[entry_id] *= _NOT_IN_CODE_PRIOR
+        if code_detected and "no-grad-monitoring" in scores and measures_grad_norm(code_text):
+            # The code computes the gradient norm (a hand-written loop over the parameters'
+            # .grad, or clip_grad_norm_'s return value): it monitors, whatever its words share
+            # with "no monitoring" ("here is my training loop").
+            del scores["no-grad-monitoring"]
         if (
             whole_step
             and not evidence_beyond(evidence, _WHOLE_SCRIPT_NOTES)
