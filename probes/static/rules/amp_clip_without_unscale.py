@@ -13,8 +13,10 @@ from gradient_doctor.probes.static.frameworks import after_backward_clips, light
 from gradient_doctor.probes.static.model import (
     Event,
     FileModel,
+    Frame,
     FuncInfo,
     Unit,
+    condition_key,
     exclusive,
     on_exclusive_paths,
 )
@@ -32,6 +34,7 @@ from gradient_doctor.probes.static.ruletools import (
     path_guard,
     placement,
     previous,
+    shorten,
 )
 from gradient_doctor.probes.static.traverse import calls_in, walk
 
@@ -145,6 +148,59 @@ class Runner:
             optimizer.step()
         optimizer.zero_grad()
 
+""",
+        # The unscale's guard is the backward's own test, spelled once as `is not None` and
+        # once as a truth test: the paths agree (the repaired shape of leads6 neosr).
+        """
+import torch
+
+
+class Restorer:
+    def train_step(self, batch, it):
+        loss = self.net(batch)
+        if self.flat_mode is not None and it >= self.flat_start:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+        if self.flat_mode and it >= self.flat_start:
+            pass
+        else:
+            self.scaler.unscale_(self.opt)
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), 0.5)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+""",
+        # The same flag chooses the plain backward and skips the unscale.
+        """
+import torch
+
+
+class Restorer:
+    def train_step(self, batch):
+        loss = self.net(batch)
+        if self.flat_mode:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+        if not self.flat_mode:
+            self.scaler.unscale_(self.opt)
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), 0.5)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+""",
+        # A scaler built with `enabled=use_amp` scales unconditionally; the unscale is guarded
+        # by the precision switch that turns the scaler on.
+        """
+import torch
+scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    if use_amp:
+        scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
@@ -274,6 +330,30 @@ class Runner:
 """,
             28,
         ),
+        # The plain backward is chosen by `flat_mode and it >= start`, the unscale is skipped
+        # whenever `flat_mode` is set: before `start` the loss is scaled and the clip sees it
+        # scaled (learned from leads6 neosr, whose SAM switch is a string).
+        Invalid(
+            """
+import torch
+
+
+class Restorer:
+    def train_step(self, batch, it):
+        loss = self.net(batch)
+        if self.flat_mode and it >= self.flat_start:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+        if self.clip:
+            if not self.flat_mode:
+                self.scaler.unscale_(self.opt)
+            torch.nn.utils.clip_grad_norm_(self.net.parameters(), 0.5)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+""",
+            15,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -304,7 +384,13 @@ class Runner:
                 step = following(unit, clip, {"step", "scaler_step"})
                 if step is None or between(unit, backward, clip, {"step", "scaler_step"}):
                     continue
-                if between(unit, backward, clip, {"unscale"}):
+                unscales = between(unit, backward, clip, {"unscale"})
+                if unscales and any(_covers(u, backward, clip) for u in unscales):
+                    continue
+                if unscales:
+                    finding = _partial_unscale(unscales[0], backward, clip)
+                    if finding is not None:
+                        yield finding
                     continue
                 if any(
                     u.order < backward.order and not u.inside(unit.micro)
@@ -500,4 +586,95 @@ HELPER_MESSAGE = (
     "`{clip}` on line {clip_line} clips gradients that are still scaled: `{scaler}.step` on "
     "line {step_line} expects gradients scaled by the loss scale, and nothing calls "
     "`{scaler}.unscale_({optimizer})` before the clip"
+)
+
+
+# A guard on the unscale that names the precision or another way of training (apex, FSDP,
+# DeepSpeed, Accelerate) is read as the condition under which the scaler is in use at all:
+# `scaler.scale(loss).backward()` with `GradScaler(enabled=amp)`, then `if amp: unscale_`.
+ENABLING_WORDS = re.compile(
+    r"amp|fp16|half|scal|precision|mixed|autocast|dtype|apex|fsdp|deepspeed|accelerat", re.I
+)
+
+Literal_ = tuple[str, bool]
+
+
+def _literals(test: cst.BaseExpression, branch: int) -> list[frozenset[Literal_]]:
+    """The branch ``branch`` of ``if test`` as alternatives (any one holds), each a set of
+    conditions that all hold: ``a and b`` -> [{a, b}]; its else -> [{not a}, {not b}]."""
+    body = branch == 0
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test, body = test.expression, not body
+    if isinstance(test, cst.BooleanOperation):
+        conjunction = isinstance(test.operator, cst.And) == body
+        left, right = _literals(test.left, 0 if body else 1), _literals(test.right, 0 if body else 1)
+        if conjunction:
+            return [a | b for a in left for b in right]
+        return [*left, *right]
+    key, positive = condition_key(test)
+    return [frozenset({(key, positive == body)})]
+
+
+def _guards(event: Event, clip: Event) -> list[Frame]:
+    """The ``if`` branches around ``event`` that do not also hold ``clip``."""
+    return [
+        f
+        for f in event.frames
+        if f.kind == "if"
+        and isinstance(f.node, cst.If)
+        and not any(f.same(other) for other in clip.frames)
+    ]
+
+
+def _covers(unscale: Event, backward: Event, clip: Event) -> bool:
+    """Whether ``unscale`` runs on every path on which the scaled ``backward`` reaches ``clip``:
+    it is unguarded there, or each of its guards is implied by the backward's own guards (the
+    same ``if``, the same test, or a conjunct of it), or names the precision (the condition
+    that turns the scaler on)."""
+    # The backward's path as alternatives, each a set of conditions that hold together.
+    paths: list[frozenset[Literal_]] = [frozenset()]
+    for frame in _guards(backward, clip):
+        assert isinstance(frame.node, cst.If)
+        options = _literals(frame.node.test, frame.branch)
+        paths = [p | o for p in paths for o in options][:64]
+    for frame in _guards(unscale, clip):
+        if any(frame.same(other) for other in backward.frames):
+            continue
+        assert isinstance(frame.node, cst.If)
+        if ENABLING_WORDS.search(code_of(frame.node.test)):
+            continue
+        options = _literals(frame.node.test, frame.branch)
+        if not all(any(option <= path for option in options) for path in paths):
+            return False
+    return True
+
+
+def _partial_unscale(unscale: Event, backward: Event, clip: Event) -> RawFinding | None:
+    """A clip after a scaled backward whose ``unscale_`` runs under a guard the backward's path
+    does not imply (``if not self.sam: scaler.unscale_(...)`` after ``if self.sam and it >=
+    start: ... else: scaler.scale(loss).backward()``): on the other path the clip sees scaled
+    gradients. No patch: an unconditional unscale would unscale twice where the guard holds."""
+    guard = next((f for f in _guards(unscale, clip) if isinstance(f.node, cst.If)), None)
+    if guard is None or not isinstance(guard.node, cst.If):
+        return None
+    test = code_of(guard.node.test)
+    clip_at = placement(clip, backward).node
+    return RawFinding(
+        node=clip_at,
+        message=PARTIAL_MESSAGE,
+        evidence={
+            "clip": label(clip_at),
+            "clip_line": clip_at,
+            "scaler": backward.scaler,
+            "backward_line": placement(backward, clip).node,
+            "unscale_line": placement(unscale, clip).node,
+            "guard": shorten(test if guard.branch == 0 else f"not ({test})"),
+        },
+    )
+
+
+PARTIAL_MESSAGE = (
+    "`{clip}` on line {clip_line} can clip gradients still scaled by `{scaler}` (backward on "
+    "line {backward_line}): `unscale_` on line {unscale_line} runs only when `{guard}`, a "
+    "condition the scaled backward's path does not imply"
 )
