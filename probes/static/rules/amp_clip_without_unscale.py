@@ -9,7 +9,11 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.frameworks import after_backward_clips, lightning_fp16_mixed
+from gradient_doctor.probes.static.frameworks import (
+    accelerate_runs_deepspeed,
+    after_backward_clips,
+    lightning_fp16_mixed,
+)
 from gradient_doctor.probes.static.model import (
     Event,
     FileModel,
@@ -20,7 +24,7 @@ from gradient_doctor.probes.static.model import (
     exclusive,
     on_exclusive_paths,
 )
-from gradient_doctor.probes.static.names import code_of, dotted_name, method_name
+from gradient_doctor.probes.static.names import call_arg, code_of, dotted_name, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     between,
@@ -202,6 +206,18 @@ for x, y in loader:
     scaler.update()
     optimizer.zero_grad()
 """,
+        # bf16 under Accelerate: no loss scale, torch's own clip sees true gradients.
+        """
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator(mixed_precision="bf16")
+net, opt, batches = accelerator.prepare(net, opt, batches)
+for inputs, labels in batches:
+    accelerator.backward(criterion(net(inputs), labels))
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 2.0)
+    opt.step()
+    opt.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         # The update lives in a helper: backward chosen by `if/elif/else` on the precision,
@@ -354,6 +370,26 @@ class Restorer:
 """,
             15,
         ),
+        # fp16 under Accelerate: `accelerator.backward` scales the loss and torch's own clip
+        # does not unscale (learned from leads6 torchdistill, where the Accelerator is optional).
+        Invalid(
+            """
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator(mixed_precision="fp16")
+net, opt, batches = accelerator.prepare(net, opt, batches)
+for inputs, labels in batches:
+    loss = criterion(net(inputs), labels)
+    if accelerator is not None:
+        accelerator.backward(loss)
+    else:
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 2.0)
+    opt.step()
+    opt.zero_grad()
+""",
+            12,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -379,6 +415,13 @@ class Restorer:
                     # `if amp: scaler.scale(loss).backward() else: loss.backward()`: judged on
                     # the scaled path too (learned from leads3 fastdiff and leads1 natspeech).
                     backward = _scaled_alternative(unit, backward, clip) or backward
+                if backward is not None and not backward.scaler:
+                    accelerated = _accelerator_backward(unit, backward, clip)
+                    if accelerated is not None:
+                        finding = _accelerate_clip(model, unit, accelerated, clip)
+                        if finding is not None:
+                            yield finding
+                        continue
                 if backward is None or not backward.scaler:
                     continue
                 step = following(unit, clip, {"step", "scaler_step"})
@@ -607,7 +650,10 @@ def _literals(test: cst.BaseExpression, branch: int) -> list[frozenset[Literal_]
         test, body = test.expression, not body
     if isinstance(test, cst.BooleanOperation):
         conjunction = isinstance(test.operator, cst.And) == body
-        left, right = _literals(test.left, 0 if body else 1), _literals(test.right, 0 if body else 1)
+        left, right = (
+            _literals(test.left, 0 if body else 1),
+            _literals(test.right, 0 if body else 1),
+        )
         if conjunction:
             return [a | b for a in left for b in right]
         return [*left, *right]
@@ -677,4 +723,93 @@ PARTIAL_MESSAGE = (
     "`{clip}` on line {clip_line} can clip gradients still scaled by `{scaler}` (backward on "
     "line {backward_line}): `unscale_` on line {unscale_line} runs only when `{guard}`, a "
     "condition the scaled backward's path does not imply"
+)
+
+
+def _accelerator_backward(unit: Unit, backward: Event, clip: Event) -> Event | None:
+    """``accelerator.backward(loss)`` before ``clip``: ``backward`` itself, or the
+    Accelerate side of ``if accelerator is not None: accelerator.backward(loss) else:
+    loss.backward()`` (no other backward between it and the clip on its own path)."""
+    if backward.framework == "accelerator":
+        return backward
+    for other in reversed(unit.backwards):
+        if other.order >= backward.order or other.framework != "accelerator":
+            continue
+        if exclusive(other, backward) and not on_exclusive_paths(other, clip):
+            return other
+    return None
+
+
+def accelerator_precision(model: FileModel, backward: Event) -> str | None:
+    """The ``mixed_precision`` of the Accelerator behind ``backward`` when this file builds it
+    with a literal (``"fp16"``, ``"bf16"``, ``"no"``, ...; ``fp16=True`` of older releases),
+    None when it is not visible: no constructor here, or a value read from a config,
+    ``**kwargs`` or ``accelerate config`` (the default)."""
+    calls = model.accelerator_calls
+    call = backward.call
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
+        receiver = code_of(call.func.value)
+        own = [c for func, name, c in calls if name == receiver]
+        chosen = own or [c for _, _, c in calls]
+    else:
+        chosen = [c for _, _, c in calls]
+    found: set[str | None] = set()
+    for constructor in chosen:
+        value = call_arg(constructor, None, "mixed_precision")
+        legacy = call_arg(constructor, None, "fp16")
+        if value is None and legacy is not None and code_of(legacy) == "True":
+            found.add("fp16")
+        elif isinstance(value, cst.SimpleString):
+            found.add(str(value.evaluated_value).lower())
+        else:
+            found.add(None)
+    if len(found) != 1:
+        return "fp16" if "fp16" in found else None
+    return found.pop()
+
+
+def _accelerate_clip(
+    model: FileModel, unit: Unit, backward: Event, clip: Event
+) -> RawFinding | None:
+    """torch's own clip after ``accelerator.backward``: under fp16 mixed precision Accelerate
+    scales the loss, and only ``accelerator.clip_grad_norm_`` (``clip_grad_value_``) unscales
+    first (accelerate 1.15 ``Accelerator.clip_grad_norm_`` calls ``unscale_gradients``)."""
+    step = following(unit, clip, {"step", "scaler_step"})
+    if step is None or between(unit, backward, clip, {"step", "scaler_step", "unscale"}):
+        return None
+    if accelerate_runs_deepspeed(model):
+        return None  # DeepSpeed scales, clips and steps on its own
+    precision = accelerator_precision(model, backward)
+    if precision is not None and precision != "fp16":
+        return None  # bf16, fp8 or full precision: no loss scale
+    clip_at = placement(clip, backward).node
+    evidence = {
+        "clip": label(clip_at),
+        "clip_line": clip_at,
+        "accelerator": code_of(backward.call.func.value)
+        if isinstance(backward.call, cst.Call) and isinstance(backward.call.func, cst.Attribute)
+        else "accelerator",
+        "backward_line": placement(backward, clip).node,
+    }
+    if precision == "fp16":
+        return RawFinding(node=clip_at, message=ACCELERATE_MESSAGE, evidence=evidence)
+    return RawFinding(
+        node=clip_at,
+        message=ACCELERATE_UNSEEN_MESSAGE,
+        evidence=evidence,
+        severity="info",
+    )
+
+
+ACCELERATE_MESSAGE = (
+    "`{clip}` on line {clip_line} clips gradients that `{accelerator}.backward` (line "
+    "{backward_line}) scaled for fp16 mixed precision: torch's clip does not unscale them "
+    "first; use `{accelerator}.clip_grad_norm_(...)`, which does"
+)
+
+ACCELERATE_UNSEEN_MESSAGE = (
+    "`{clip}` on line {clip_line} clips with torch's own function after "
+    "`{accelerator}.backward` (line {backward_line}): with fp16 mixed precision (chosen in code "
+    "or by `accelerate config`) this clips scaled gradients; also wrong under FSDP/DeepSpeed. "
+    "`{accelerator}.clip_grad_norm_(...)` unscales first and is right in every mode"
 )
