@@ -205,6 +205,22 @@ class ProjectIndex:
         self._endpoints[method] = found
         return found
 
+    def methods_named(self, method: str, limit: int) -> list[FuncInfo]:
+        """Every ``Class.method`` of the project named ``method``, from at most ``limit`` files
+        (a rule that asks holds other evidence already: this reads files in full)."""
+        found: list[FuncInfo] = []
+        owners = [
+            summary
+            for summary in self.modules.values()
+            if any(name.rpartition(".")[2] == method and "." in name for name in summary.functions)
+        ]
+        for summary in owners[:limit]:
+            other = self._model(summary)
+            if other is None:
+                continue
+            found.extend(f for (_, name), f in other.methods.items() if name == method)
+        return found
+
     def parameter_kinds(self, model: FileModel) -> dict[tuple[int, str], str]:
         summary = self.by_path.get(_key(Path(model.path)))
         if summary is None:
