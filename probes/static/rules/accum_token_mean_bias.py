@@ -34,7 +34,9 @@ class AccumTokenMeanBias(Rule):
     )
     what = (
         "Finds gradient accumulation of a token-level mean loss with padding (`ignore_index`), "
-        "averaged per micro-batch and then divided by N."
+        "averaged per micro-batch and then divided by N; also when the token mean is computed "
+        "inside the project model's `forward` (reduction defaulting to 'mean') over targets the "
+        "script masks with that `ignore_index`."
     )
     why = (
         "A mean over each micro-batch's non-padding tokens, averaged over N micro-batches, "

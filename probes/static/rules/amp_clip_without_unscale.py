@@ -1,4 +1,10 @@
-"""amp-clip-without-unscale: clipping the still-scaled gradients of a GradScaler."""
+"""amp-clip-without-unscale: clipping the still-scaled gradients of a GradScaler.
+
+Per path: an ``unscale_`` counts only where its guard is implied by the scaled backward's own
+guard (the same ``if``, the same test in another spelling, a conjunct of it) or names the
+precision switch. Accelerate scales the loss only under fp16 mixed precision, which the code
+may not show (``accelerate config``): torch's own clip after ``accelerator.backward`` is
+critical when fp16 is visible, info when nothing is visible, silent for visible bf16/"no"."""
 
 from __future__ import annotations
 
@@ -52,8 +58,12 @@ class AmpClipWithoutUnscale(Rule):
     )
     what = (
         "Finds clipping of GradScaler-scaled gradients with no `scaler.unscale_()` before it, "
-        "including gradient hooks (`p.register_hook`) that clamp during a scaled backward and "
-        "Lightning's `on_after_backward` under fp16 mixed precision."
+        "including gradient hooks (`p.register_hook`) that clamp during a scaled backward, "
+        "Lightning's `on_after_backward` under fp16 mixed precision, an `unscale_` guarded by "
+        "a condition the scaled backward's path does not imply (on the other path the clip sees "
+        "scaled gradients), and torch's own clip after `accelerator.backward` (critical when the "
+        "Accelerator is visibly fp16, info stating the condition when its precision is not "
+        "visible, silent when it is visibly bf16 or full precision)."
     )
     why = (
         "After `scaler.scale(loss).backward()` the gradients are multiplied by the loss scale "
