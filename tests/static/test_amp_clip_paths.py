@@ -99,3 +99,20 @@ def test_unscale_under_the_same_condition_is_silent() -> None:
         ("self.flat", "self.use_amp"),  # the precision switch turns the scaler on
     ]:
         assert _ours(GUARDED.format(plain=plain, unscale=unscale)) == [], (plain, unscale)
+
+
+def test_unscale_and_clip_under_two_ifs_of_the_same_test_are_silent() -> None:
+    code = """
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    if max_norm > 0:
+        scaler.unscale_(optimizer)
+    if max_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+"""
+    assert _ours(code) == []

@@ -688,8 +688,11 @@ def _covers(unscale: Event, backward: Event, clip: Event) -> bool:
     same ``if``, the same test, or a conjunct of it), or names the precision (the condition
     that turns the scaler on)."""
     # The backward's path as alternatives, each a set of conditions that hold together.
+    # The clip's own guards hold on its path too (`if max_norm: unscale_` then, in another
+    # `if max_norm:`, the clip).
     paths: list[frozenset[Literal_]] = [frozenset()]
-    for frame in _guards(backward, clip):
+    own = [f for f in clip.frames if f.kind == "if" and isinstance(f.node, cst.If)]
+    for frame in [*_guards(backward, clip), *own]:
         assert isinstance(frame.node, cst.If)
         options = _literals(frame.node.test, frame.branch)
         paths = [p | o for p in paths for o in options][:64]
