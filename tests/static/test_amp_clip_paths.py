@@ -116,3 +116,33 @@ for x, y in loader:
     optimizer.zero_grad()
 """
     assert _ours(code) == []
+
+
+def test_guards_on_which_optimizer_exists_or_unrelated_flags_are_silent() -> None:
+    code = """
+import torch
+
+
+class Runner:
+    def unscale_all(self, scaler):
+        if self.opts.dense:
+            scaler.unscale_(self.opts.dense)
+        if self.opts.sparse:
+            scaler.unscale_(self.opts.sparse)
+
+    def step(self, batches, scaler):
+        for batch in batches:
+            loss = self.net(batch)
+            if scaler:
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        if scaler:
+            self.unscale_all(scaler)
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), 1.0)
+        scaler.step(self.opts.dense)
+        scaler.update()
+"""
+    assert _ours(code) == []
+    unrelated = GUARDED.format(plain="self.flat", unscale="self.verbose_rank == 0")
+    assert _ours(unrelated) == []

@@ -683,10 +683,17 @@ def _guards(event: Event, clip: Event) -> list[Frame]:
 
 
 def _covers(unscale: Event, backward: Event, clip: Event) -> bool:
-    """Whether ``unscale`` runs on every path on which the scaled ``backward`` reaches ``clip``:
-    it is unguarded there, or each of its guards is implied by the backward's own guards (the
-    same ``if``, the same test, or a conjunct of it), or names the precision (the condition
-    that turns the scaler on)."""
+    """Whether ``unscale`` runs on every path on which the scaled ``backward`` reaches ``clip``
+    (see :func:`_uncovered_guard`)."""
+    return _uncovered_guard(unscale, backward, clip) is None
+
+
+def _uncovered_guard(unscale: Event, backward: Event, clip: Event) -> Frame | None:
+    """The guard of ``unscale`` that may be false where the scaled ``backward`` reaches
+    ``clip``; None when each guard is implied by the backward's or the clip's own guards (the
+    same ``if``, the same test, a conjunct of it), names the precision (the condition that
+    turns the scaler on), or tests the optimizer being unscaled (``if self.opts.muon:
+    scaler.unscale_(self.opts.muon)``: an absent optimizer has nothing to unscale)."""
     # The backward's path as alternatives, each a set of conditions that hold together.
     # The clip's own guards hold on its path too (`if max_norm: unscale_` then, in another
     # `if max_norm:`, the clip).
@@ -696,16 +703,47 @@ def _covers(unscale: Event, backward: Event, clip: Event) -> bool:
         assert isinstance(frame.node, cst.If)
         options = _literals(frame.node.test, frame.branch)
         paths = [p | o for p in paths for o in options][:64]
+    unscaled = _argument_text(unscale)
+    # Only a guard that tests what also chose the scaled backward is judged: `if not sam:`
+    # after `if sam and it >= start: plain else: scaled`. A guard on something else (which
+    # optimizers exist, which rank logs) says nothing about the loss scale.
+    chosen = {
+        name
+        for frame in _guards(backward, clip)
+        if isinstance(frame.node, cst.If)
+        for name in _tested_names(frame.node.test)
+    }
     for frame in _guards(unscale, clip):
         if any(frame.same(other) for other in backward.frames):
             continue
         assert isinstance(frame.node, cst.If)
-        if ENABLING_WORDS.search(code_of(frame.node.test)):
+        test = code_of(frame.node.test)
+        if ENABLING_WORDS.search(test) or (unscaled and unscaled in test):
+            continue
+        if not _tested_names(frame.node.test) & chosen:
             continue
         options = _literals(frame.node.test, frame.branch)
         if not all(any(option <= path for option in options) for path in paths):
-            return False
-    return True
+            return frame
+    return None
+
+
+def _tested_names(test: cst.BaseExpression) -> set[str]:
+    """Dotted names a test reads (``self.sam``, ``current_iter``), ``self`` alone left out."""
+    found: set[str] = set()
+    for node in walk(test):
+        if isinstance(node, cst.Attribute | cst.Name):
+            dotted = dotted_name(node)
+            if dotted and dotted not in {"self", "None", "True", "False"}:
+                found.add(dotted)
+    return found
+
+
+def _argument_text(event: Event) -> str | None:
+    call = event.call
+    if isinstance(call, cst.Call) and call.args:
+        return code_of(call.args[0].value)
+    return None
 
 
 def _partial_unscale(unscale: Event, backward: Event, clip: Event) -> RawFinding | None:
@@ -713,7 +751,7 @@ def _partial_unscale(unscale: Event, backward: Event, clip: Event) -> RawFinding
     does not imply (``if not self.sam: scaler.unscale_(...)`` after ``if self.sam and it >=
     start: ... else: scaler.scale(loss).backward()``): on the other path the clip sees scaled
     gradients. No patch: an unconditional unscale would unscale twice where the guard holds."""
-    guard = next((f for f in _guards(unscale, clip) if isinstance(f.node, cst.If)), None)
+    guard = _uncovered_guard(unscale, backward, clip)
     if guard is None or not isinstance(guard.node, cst.If):
         return None
     test = code_of(guard.node.test)
