@@ -230,6 +230,7 @@ for step in range(steps):
             for name, values in func.assigns.items():
                 if any(isinstance(v, cst.Call) and _token_mean(v) for v in values):
                     criteria.add(name)
+        masked: dict[int, cst.CSTNode] | None = None
         for unit, acc, steps in units:
             if unit.of_kind("grad_div"):
                 continue  # the gradients are rescaled by hand (by a token count, often)
@@ -238,7 +239,9 @@ for step in range(steps):
                 if found is None:
                     finding = self._divided_token_mean(model, unit, acc, backward)
                     if finding is None:
-                        finding = _model_forward_mean(model, acc, backward)
+                        if masked is None:
+                            masked = _masked_targets(model)  # once per file: it walks it all
+                        finding = _model_forward_mean(model, acc, backward, masked)
                     if finding is not None:
                         yield finding
                     continue
@@ -556,15 +559,14 @@ def _model_calls(func: FuncInfo, expr: cst.BaseExpression) -> list[cst.Call]:
     return found
 
 
-def _model_forward_mean(model: FileModel, acc: Accumulation, backward: Event) -> RawFinding | None:
+def _model_forward_mean(
+    model: FileModel, acc: Accumulation, backward: Event, masked: dict[int, cst.CSTNode]
+) -> RawFinding | None:
     """``loss = model(x, y)`` where the project's model returns a token-mean cross-entropy over
     targets that this file masks with its ``ignore_index``, then divided by N micro-batches
     (learned from leads6 nanochat SFT). All three are needed: a pre-training loop whose
     targets are never masked weighs every micro-batch's tokens equally."""
-    if backward.loss is None:
-        return None
-    masked = _masked_targets(model)
-    if not masked:
+    if backward.loss is None or not masked:
         return None
     found = _derivation_division(backward)
     if found is None:
