@@ -230,7 +230,7 @@ for step in range(steps):
             for name, values in func.assigns.items():
                 if any(isinstance(v, cst.Call) and _token_mean(v) for v in values):
                     criteria.add(name)
-        masked: dict[int, cst.CSTNode] | None = None
+        masked = _MaskedTargets(model)
         for unit, acc, steps in units:
             if unit.of_kind("grad_div"):
                 continue  # the gradients are rescaled by hand (by a token count, often)
@@ -239,8 +239,6 @@ for step in range(steps):
                 if found is None:
                     finding = self._divided_token_mean(model, unit, acc, backward)
                     if finding is None:
-                        if masked is None:
-                            masked = _masked_targets(model)  # once per file: it walks it all
                         finding = _model_forward_mean(model, acc, backward, masked)
                     if finding is not None:
                         yield finding
@@ -475,6 +473,20 @@ def _int_value(node: cst.BaseExpression) -> int | None:
     return None
 
 
+class _MaskedTargets:
+    """:func:`_masked_targets` of one file, read on first use (it walks the whole file: only
+    once a backward's loss is known to come from a model whose forward is a token mean)."""
+
+    def __init__(self, model: FileModel) -> None:
+        self.model = model
+        self._values: dict[int, cst.CSTNode] | None = None
+
+    def values(self) -> dict[int, cst.CSTNode]:
+        if self._values is None:
+            self._values = _masked_targets(self.model)
+        return self._values
+
+
 def _masked_targets(model: FileModel) -> dict[int, cst.CSTNode]:
     """Values this file writes into target tensors to hide positions from the loss:
     ``targets[mask == 0] = -1``, ``labels.masked_fill_(pad, -100)`` -> {value: statement}."""
@@ -560,13 +572,13 @@ def _model_calls(func: FuncInfo, expr: cst.BaseExpression) -> list[cst.Call]:
 
 
 def _model_forward_mean(
-    model: FileModel, acc: Accumulation, backward: Event, masked: dict[int, cst.CSTNode]
+    model: FileModel, acc: Accumulation, backward: Event, masked: _MaskedTargets
 ) -> RawFinding | None:
     """``loss = model(x, y)`` where the project's model returns a token-mean cross-entropy over
     targets that this file masks with its ``ignore_index``, then divided by N micro-batches
     (learned from leads6 nanochat SFT). All three are needed: a pre-training loop whose
     targets are never masked weighs every micro-batch's tokens equally."""
-    if backward.loss is None or not masked:
+    if backward.loss is None:
         return None
     found = _derivation_division(backward)
     if found is None:
@@ -584,7 +596,7 @@ def _model_forward_mean(
         forwards += model.project.methods_named("forward", 24)
     for forward in forwards:
         mean = _forward_token_mean(forward)
-        if mean is None or mean[1] not in masked:
+        if mean is None or mean[1] not in masked.values():
             continue
         loss_call, value = mean
         owner = forward.model or model
@@ -602,7 +614,7 @@ def _model_forward_mean(
                 "forward": f"{forward.class_name}.forward in {os.path.basename(owner.path)}",
                 "place": place,
                 "value": value,
-                "mask_line": masked[value],
+                "mask_line": masked.values()[value],
             },
         )
     return None
