@@ -480,11 +480,25 @@ class _MaskedTargets:
     def __init__(self, model: FileModel) -> None:
         self.model = model
         self._values: dict[int, cst.CSTNode] | None = None
+        self._forwards: list[tuple[FuncInfo, tuple[cst.Call, int]]] | None = None
 
     def values(self) -> dict[int, cst.CSTNode]:
         if self._values is None:
             self._values = _masked_targets(self.model)
         return self._values
+
+    def forwards(self) -> list[tuple[FuncInfo, tuple[cst.Call, int]]]:
+        """The model ``forward`` methods of this file and the project that return a token
+        mean, with that loss call and its ``ignore_index`` (read once per file)."""
+        if self._forwards is None:
+            model = self.model
+            candidates = [f for f in model.methods.values() if f.name == "forward"]
+            if model.project is not None:
+                candidates += model.project.methods_named("forward", 24)
+            self._forwards = [
+                (f, mean) for f in candidates if (mean := _forward_token_mean(f)) is not None
+            ]
+        return self._forwards
 
 
 def _masked_targets(model: FileModel) -> dict[int, cst.CSTNode]:
@@ -589,16 +603,11 @@ def _model_forward_mean(
         for c in _model_calls(backward.func, backward.loss)
         if model.function_for_call(c, backward.func) is None
     ]
-    if not calls:
+    if not calls or not masked.values():
         return None
-    forwards = [f for f in model.methods.values() if f.name == "forward"]
-    if model.project is not None:
-        forwards += model.project.methods_named("forward", 24)
-    for forward in forwards:
-        mean = _forward_token_mean(forward)
-        if mean is None or mean[1] not in masked.values():
+    for forward, (loss_call, value) in masked.forwards():
+        if value not in masked.values():
             continue
-        loss_call, value = mean
         owner = forward.model or model
         place = "its default reduction"
         if call_arg(loss_call, None, "reduction") is not None:
