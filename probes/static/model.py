@@ -396,6 +396,9 @@ class ProjectLink(Protocol):
     def endpoint(self, method: str, model: FileModel) -> FuncInfo | None:
         """The project's one actor endpoint (see :func:`is_endpoint`) named ``method``."""
 
+    def methods_named(self, method: str, limit: int) -> list[FuncInfo]:
+        """Methods called ``method`` of the project's classes (at most ``limit`` files read)."""
+
 
 # Calling an actor's method through its handle: Monarch `actor.method.call(...)` /
 # `.call_one` / `.choose` / `.broadcast`, Ray `actor.method.remote(...)`. The handle's class is

@@ -95,6 +95,7 @@ class ProjectIndex:
         """Findings for a file, found while analysing another one."""
         self._parameter_kinds: dict[tuple[str, str], dict[str, str]] | None = None
         self._endpoints: dict[str, FuncInfo | None] = {}
+        self._methods_named: dict[str, list[FuncInfo]] = {}
         for path, root in files:
             summary = _summarise(path, root)
             if summary is None:
@@ -203,6 +204,26 @@ class ProjectIndex:
             if candidate is not None and other is not None and is_endpoint(other, candidate):
                 found = candidate
         self._endpoints[method] = found
+        return found
+
+    def methods_named(self, method: str, limit: int) -> list[FuncInfo]:
+        """Every ``Class.method`` of the project named ``method``, from at most ``limit`` files
+        (a rule that asks holds other evidence already: this reads files in full)."""
+        cached = self._methods_named.get(method)
+        if cached is not None:
+            return cached
+        found: list[FuncInfo] = []
+        owners = [
+            summary
+            for summary in self.modules.values()
+            if any(name.rpartition(".")[2] == method and "." in name for name in summary.functions)
+        ]
+        for summary in owners[:limit]:
+            other = self._model(summary)
+            if other is None:
+                continue
+            found.extend(f for (_, name), f in other.methods.items() if name == method)
+        self._methods_named[method] = found
         return found
 
     def parameter_kinds(self, model: FileModel) -> dict[tuple[int, str], str]:

@@ -294,17 +294,24 @@ def _merge_foreign(
         report = by_key.get(_resolved(owner))
         if report is None:
             continue
-        have = {(f.id, f.line, f.col) for f in report.findings}
+        have = {(f.id, f.line, f.col): i for i, f in enumerate(report.findings)}
         for finding in findings:
             if select is not None and finding.id not in set(select):
                 continue
             if ignore is not None and finding.id in set(ignore):
                 continue
             key = (finding.id, finding.line, finding.col)
+            copy = finding.model_copy(update={"path": report.path})
             if key in have:
+                # The caller may see what the helper's file alone cannot (the Accelerator's
+                # precision, built in the caller's module): the surer verdict replaces an info
+                # one at the same place, keeping the file's own patch when it had one.
+                own = report.findings[have[key]]
+                if own.severity == "info" and finding.severity != "info" and own.fix is None:
+                    report.findings[have[key]] = copy
                 continue
-            have.add(key)
-            report.findings.append(finding.model_copy(update={"path": report.path}))
+            have[key] = len(report.findings)
+            report.findings.append(copy)
         report.findings.sort(key=lambda f: (f.line or 0, f.col or 0, f.id))
 
 

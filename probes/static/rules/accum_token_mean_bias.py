@@ -34,7 +34,9 @@ class AccumTokenMeanBias(Rule):
     )
     what = (
         "Finds gradient accumulation of a token-level mean loss with padding (`ignore_index`), "
-        "averaged per micro-batch and then divided by N."
+        "averaged per micro-batch and then divided by N; also when the token mean is computed "
+        "inside the project model's `forward` (reduction defaulting to 'mean') over targets the "
+        "script masks with that `ignore_index`."
     )
     why = (
         "A mean over each micro-batch's non-padding tokens, averaged over N micro-batches, "
@@ -84,6 +86,65 @@ for it in range(iters):
     optimizer.step()
     optimizer.zero_grad()
 """,
+        # The model's own forward returns a token mean over masked targets, but the loop asks
+        # for token sums and divides by the step's count of supervised tokens.
+        """
+import torch
+import torch.nn.functional as F
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab, width):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids, targets=None, reduce_as="mean"):
+        logits = self.head(self.embed(ids))
+        if targets is None:
+            return logits
+        flat = logits.view(-1, logits.size(-1))
+        return F.cross_entropy(flat, targets.view(-1), ignore_index=-1, reduction=reduce_as)
+
+
+def batches(rows, prompt_lengths):
+    for row, cut in zip(rows, prompt_lengths):
+        ids, targets = row[:, :-1], row[:, 1:].clone()
+        targets[:, :cut] = -1
+        yield ids, targets
+
+lm = TinyLM(100, 32)
+for step in range(steps):
+    pairs = [next(stream) for _ in range(accum)]
+    step_tokens = sum(int((t != -1).sum()) for _, t in pairs)
+    for ids, targets in pairs:
+        total = lm(ids, targets, reduce_as="sum")
+        (total / step_tokens).backward()
+    opt.step()
+    opt.zero_grad()
+""",
+        # Pre-training: targets are never masked, every micro-batch holds as many tokens.
+        """
+import torch.nn.functional as F
+import torch
+
+
+class TinyLM(torch.nn.Module):
+    def forward(self, ids, targets=None):
+        logits = self.head(self.embed(ids))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+lm = TinyLM()
+for step in range(steps):
+    for micro in range(accum):
+        ids, targets = next(stream)
+        loss = lm(ids, targets)
+        loss = loss / accum
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+""",
     ]
     invalid: ClassVar[list[Invalid]] = [
         Invalid(
@@ -113,6 +174,48 @@ for it in range(iters):
 """,
             7,
         ),
+        # The loss comes from the model's forward (a token mean, reduction defaulting to
+        # "mean") over targets the data code masks with the same ignore_index, then is divided
+        # by the micro-batch count in its own statement (learned from leads6 nanochat SFT).
+        Invalid(
+            """
+import torch
+import torch.nn.functional as F
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab, width):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids, targets=None, reduce_as="mean"):
+        logits = self.head(self.embed(ids))
+        if targets is None:
+            return logits
+        flat = logits.view(-1, logits.size(-1))
+        return F.cross_entropy(flat, targets.view(-1), ignore_index=-1, reduction=reduce_as)
+
+
+def batches(rows, prompt_lengths):
+    for row, cut in zip(rows, prompt_lengths):
+        ids, targets = row[:, :-1], row[:, 1:].clone()
+        targets[:, :cut] = -1
+        yield ids, targets
+
+lm = TinyLM(100, 32)
+stream = batches(rows, prompt_lengths)
+for step in range(steps):
+    for micro in range(accum):
+        ids, targets = next(stream)
+        loss = lm(ids, targets)
+        loss = loss / accum
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+""",
+            32,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -127,6 +230,7 @@ for it in range(iters):
             for name, values in func.assigns.items():
                 if any(isinstance(v, cst.Call) and _token_mean(v) for v in values):
                     criteria.add(name)
+        masked = _MaskedTargets(model)
         for unit, acc, steps in units:
             if unit.of_kind("grad_div"):
                 continue  # the gradients are rescaled by hand (by a token count, often)
@@ -134,6 +238,8 @@ for it in range(iters):
                 found = _derivation(model, backward.func, backward.loss, criteria)
                 if found is None:
                     finding = self._divided_token_mean(model, unit, acc, backward)
+                    if finding is None:
+                        finding = _model_forward_mean(model, acc, backward, masked)
                     if finding is not None:
                         yield finding
                     continue
@@ -340,3 +446,214 @@ def _names(node: cst.CSTNode) -> list[str]:
         else:
             stack.extend(children(current))
     return found
+
+
+FORWARD_MESSAGE = (
+    "line {line} divides by `{divisor}` micro-batches the loss `{call}` returns: a token mean "
+    "(`{source}` in `{forward}`, {place}) over targets this file masks with {value} (line "
+    "{mask_line}), so micro-batches with fewer real tokens weigh as much as full ones; sum the "
+    "token losses and divide by the step's total token count"
+)
+
+LOSS_FUNCTIONS = re.compile(r"(^|\.)(cross_entropy|nll_loss|CrossEntropyLoss|NLLLoss)$")
+TARGET_NAMES = re.compile(r"target|label|(^|_)y$", re.I)
+# torch's default `ignore_index` for cross_entropy / nll_loss.
+TORCH_IGNORE = -100
+
+
+def _int_value(node: cst.BaseExpression) -> int | None:
+    if isinstance(node, cst.Integer):
+        return int(node.evaluated_value)
+    if (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
+    ):
+        return -int(node.expression.evaluated_value)
+    return None
+
+
+class _MaskedTargets:
+    """:func:`_masked_targets` of one file, read on first use (it walks the whole file: only
+    once a backward's loss is known to come from a model whose forward is a token mean)."""
+
+    def __init__(self, model: FileModel) -> None:
+        self.model = model
+        self._values: dict[int, cst.CSTNode] | None = None
+        self._forwards: list[tuple[FuncInfo, tuple[cst.Call, int]]] | None = None
+
+    def values(self) -> dict[int, cst.CSTNode]:
+        if self._values is None:
+            self._values = _masked_targets(self.model)
+        return self._values
+
+    def forwards(self) -> list[tuple[FuncInfo, tuple[cst.Call, int]]]:
+        """The model ``forward`` methods of this file and the project that return a token
+        mean, with that loss call and its ``ignore_index`` (read once per file)."""
+        if self._forwards is None:
+            model = self.model
+            candidates = [f for f in model.methods.values() if f.name == "forward"]
+            if model.project is not None:
+                candidates += model.project.methods_named("forward", 24)
+            self._forwards = [
+                (f, mean) for f in candidates if (mean := _forward_token_mean(f)) is not None
+            ]
+        return self._forwards
+
+
+def _masked_targets(model: FileModel) -> dict[int, cst.CSTNode]:
+    """Values this file writes into target tensors to hide positions from the loss:
+    ``targets[mask == 0] = -1``, ``labels.masked_fill_(pad, -100)`` -> {value: statement}."""
+    found: dict[int, cst.CSTNode] = {}
+    for node in walk(model.module):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            target = node.targets[0].target
+            value = _int_value(node.value)
+            if (
+                value is not None
+                and value < 0
+                and isinstance(target, cst.Subscript)
+                and TARGET_NAMES.search(dotted_name(target.value) or "")
+            ):
+                found.setdefault(value, node)
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            if node.func.attr.value not in {"masked_fill", "masked_fill_"}:
+                continue
+            if not TARGET_NAMES.search(dotted_name(node.func.value) or ""):
+                continue
+            filled = call_arg(node, 1, "value")
+            value = _int_value(filled) if filled is not None else None
+            if value is not None and value < 0:
+                found.setdefault(value, node)
+    return found
+
+
+def _forward_token_mean(forward: FuncInfo) -> tuple[cst.Call, int] | None:
+    """The token-mean loss a model's ``forward`` returns: ``cross_entropy(..., ignore_index=K)``
+    whose reduction is the default, ``'mean'``, or a parameter of ``forward`` defaulting to
+    ``'mean'`` (nanochat-style ``loss_reduction='mean'``) -> (the call, K)."""
+    node = forward.node
+    if not isinstance(node, cst.FunctionDef):
+        return None
+    defaults = {
+        p.name.value: p.default
+        for p in [*node.params.params, *node.params.kwonly_params]
+        if p.default is not None
+    }
+    for call in calls_in(node):
+        if not LOSS_FUNCTIONS.search(dotted_name(call.func) or ""):
+            continue
+        index = call_arg(call, None, "ignore_index")
+        value = TORCH_IGNORE if index is None else _int_value(index)
+        if value is None:
+            continue
+        reduction = call_arg(call, None, "reduction")
+        if isinstance(reduction, cst.Name) and reduction.value in defaults:
+            reduction = defaults[reduction.value]
+        if reduction is None or (
+            isinstance(reduction, cst.SimpleString) and "mean" in str(reduction.evaluated_value)
+        ):
+            return call, value
+    return None
+
+
+def _model_calls(func: FuncInfo, expr: cst.BaseExpression) -> list[cst.Call]:
+    """Calls the backpropagated loss is assigned from in its own function (``loss =
+    model(x, y)``, through ``loss = loss / N``) that pass targets: two positional arguments
+    or a ``targets=``/``labels=`` keyword, and no reduction of their own."""
+    found: list[cst.Call] = []
+    pending = [expr]
+    seen: set[str] = set()
+    while pending:
+        current = pending.pop()
+        for call in calls_in(current):
+            if not isinstance(call.func, cst.Name | cst.Attribute):
+                continue
+            keywords = keyword_names(call)
+            if any("reduction" in k for k in keywords):
+                continue
+            positional = [a for a in call.args if a.keyword is None and not a.star]
+            if len(positional) >= 2 or any(TARGET_NAMES.search(k) for k in keywords):
+                found.append(call)
+        for name in _names(current):
+            if name in seen:
+                continue
+            seen.add(name)
+            for site in func.assign_sites.get(name, []):
+                if isinstance(site, cst.Assign | cst.AugAssign):
+                    pending.append(site.value)
+    return found
+
+
+def _model_forward_mean(
+    model: FileModel, acc: Accumulation, backward: Event, masked: _MaskedTargets
+) -> RawFinding | None:
+    """``loss = model(x, y)`` where the project's model returns a token-mean cross-entropy over
+    targets that this file masks with its ``ignore_index``, then divided by N micro-batches
+    (learned from leads6 nanochat SFT). All three are needed: a pre-training loop whose
+    targets are never masked weighs every micro-batch's tokens equally."""
+    if backward.loss is None:
+        return None
+    found = _derivation_division(backward)
+    if found is None:
+        return None
+    division, divisor = found
+    calls = [
+        c
+        for c in _model_calls(backward.func, backward.loss)
+        if model.function_for_call(c, backward.func) is None
+    ]
+    if not calls or not masked.values():
+        return None
+    for forward, (loss_call, value) in masked.forwards():
+        if value not in masked.values():
+            continue
+        owner = forward.model or model
+        place = "its default reduction"
+        if call_arg(loss_call, None, "reduction") is not None:
+            place = "reduction defaulting to 'mean'"
+        return RawFinding(
+            node=division,
+            message=FORWARD_MESSAGE,
+            evidence={
+                "line": division,
+                "divisor": divisor or acc.divisor_text,
+                "call": shorten(code_of(calls[0])),
+                "source": "ignore_index" if value != TORCH_IGNORE else "cross_entropy",
+                "forward": f"{forward.class_name}.forward in {os.path.basename(owner.path)}",
+                "place": place,
+                "value": value,
+                "mask_line": masked.values()[value],
+            },
+        )
+    return None
+
+
+def _derivation_division(backward: Event) -> tuple[cst.CSTNode, str | None] | None:
+    """The statement of the backward's function that divides the loss by a count (``loss =
+    loss / grad_accum_steps``, ``loss /= N``, or the backward's own argument), with the
+    divisor as written."""
+    func, expr = backward.func, backward.loss
+    if expr is None:
+        return None
+    pending: list[tuple[cst.BaseExpression, cst.CSTNode]] = [(expr, backward.call)]
+    seen: set[str] = set()
+    while pending:
+        current, site_of = pending.pop()
+        for node in walk(current):
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+                if _hints_tokens(node.right):
+                    return None
+                return site_of, code_of(node.right)
+        for name in _names(current):
+            if name in seen:
+                continue
+            seen.add(name)
+            for site in func.assign_sites.get(name, []):
+                if isinstance(site, cst.AugAssign) and isinstance(site.operator, cst.DivideAssign):
+                    if _hints_tokens(site.value):
+                        return None
+                    return site, code_of(site.value)
+                if isinstance(site, cst.Assign):
+                    pending.append((site.value, site))
+    return None

@@ -1,4 +1,10 @@
-"""amp-clip-without-unscale: clipping the still-scaled gradients of a GradScaler."""
+"""amp-clip-without-unscale: clipping the still-scaled gradients of a GradScaler.
+
+Per path: an ``unscale_`` counts only where its guard is implied by the scaled backward's own
+guard (the same ``if``, the same test in another spelling, a conjunct of it) or names the
+precision switch. Accelerate scales the loss only under fp16 mixed precision, which the code
+may not show (``accelerate config``): torch's own clip after ``accelerator.backward`` is
+critical when fp16 is visible, info when nothing is visible, silent for visible bf16/"no"."""
 
 from __future__ import annotations
 
@@ -9,16 +15,22 @@ from typing import ClassVar
 import libcst as cst
 
 from gradient_doctor.probes.static.base import Invalid, RawFinding, Rule
-from gradient_doctor.probes.static.frameworks import after_backward_clips, lightning_fp16_mixed
+from gradient_doctor.probes.static.frameworks import (
+    accelerate_runs_deepspeed,
+    after_backward_clips,
+    lightning_fp16_mixed,
+)
 from gradient_doctor.probes.static.model import (
     Event,
     FileModel,
+    Frame,
     FuncInfo,
     Unit,
+    condition_key,
     exclusive,
     on_exclusive_paths,
 )
-from gradient_doctor.probes.static.names import code_of, dotted_name, method_name
+from gradient_doctor.probes.static.names import call_arg, code_of, dotted_name, method_name
 from gradient_doctor.probes.static.patches import Patch
 from gradient_doctor.probes.static.ruletools import (
     between,
@@ -32,6 +44,7 @@ from gradient_doctor.probes.static.ruletools import (
     path_guard,
     placement,
     previous,
+    shorten,
 )
 from gradient_doctor.probes.static.traverse import calls_in, walk
 
@@ -45,8 +58,12 @@ class AmpClipWithoutUnscale(Rule):
     )
     what = (
         "Finds clipping of GradScaler-scaled gradients with no `scaler.unscale_()` before it, "
-        "including gradient hooks (`p.register_hook`) that clamp during a scaled backward and "
-        "Lightning's `on_after_backward` under fp16 mixed precision."
+        "including gradient hooks (`p.register_hook`) that clamp during a scaled backward, "
+        "Lightning's `on_after_backward` under fp16 mixed precision, an `unscale_` guarded by "
+        "a condition the scaled backward's path does not imply (on the other path the clip sees "
+        "scaled gradients), and torch's own clip after `accelerator.backward` (critical when the "
+        "Accelerator is visibly fp16, info stating the condition when its precision is not "
+        "visible, silent when it is visibly bf16 or full precision)."
     )
     why = (
         "After `scaler.scale(loss).backward()` the gradients are multiplied by the loss scale "
@@ -145,6 +162,71 @@ class Runner:
             optimizer.step()
         optimizer.zero_grad()
 
+""",
+        # The unscale's guard is the backward's own test, spelled once as `is not None` and
+        # once as a truth test: the paths agree (the repaired shape of leads6 neosr).
+        """
+import torch
+
+
+class Restorer:
+    def train_step(self, batch, it):
+        loss = self.net(batch)
+        if self.flat_mode is not None and it >= self.flat_start:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+        if self.flat_mode and it >= self.flat_start:
+            pass
+        else:
+            self.scaler.unscale_(self.opt)
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), 0.5)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+""",
+        # The same flag chooses the plain backward and skips the unscale.
+        """
+import torch
+
+
+class Restorer:
+    def train_step(self, batch):
+        loss = self.net(batch)
+        if self.flat_mode:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+        if not self.flat_mode:
+            self.scaler.unscale_(self.opt)
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), 0.5)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+""",
+        # A scaler built with `enabled=use_amp` scales unconditionally; the unscale is guarded
+        # by the precision switch that turns the scaler on.
+        """
+import torch
+scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+for x, y in loader:
+    scaler.scale(loss_fn(model(x), y)).backward()
+    if use_amp:
+        scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+""",
+        # bf16 under Accelerate: no loss scale, torch's own clip sees true gradients.
+        """
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator(mixed_precision="bf16")
+net, opt, batches = accelerator.prepare(net, opt, batches)
+for inputs, labels in batches:
+    accelerator.backward(criterion(net(inputs), labels))
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 2.0)
+    opt.step()
+    opt.zero_grad()
 """,
     ]
     invalid: ClassVar[list[Invalid]] = [
@@ -274,6 +356,50 @@ class Runner:
 """,
             28,
         ),
+        # The plain backward is chosen by `flat_mode and it >= start`, the unscale is skipped
+        # whenever `flat_mode` is set: before `start` the loss is scaled and the clip sees it
+        # scaled (learned from leads6 neosr, whose SAM switch is a string).
+        Invalid(
+            """
+import torch
+
+
+class Restorer:
+    def train_step(self, batch, it):
+        loss = self.net(batch)
+        if self.flat_mode and it >= self.flat_start:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+        if self.clip:
+            if not self.flat_mode:
+                self.scaler.unscale_(self.opt)
+            torch.nn.utils.clip_grad_norm_(self.net.parameters(), 0.5)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+""",
+            15,
+        ),
+        # fp16 under Accelerate: `accelerator.backward` scales the loss and torch's own clip
+        # does not unscale (learned from leads6 torchdistill, where the Accelerator is optional).
+        Invalid(
+            """
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator(mixed_precision="fp16")
+net, opt, batches = accelerator.prepare(net, opt, batches)
+for inputs, labels in batches:
+    loss = criterion(net(inputs), labels)
+    if accelerator is not None:
+        accelerator.backward(loss)
+    else:
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 2.0)
+    opt.step()
+    opt.zero_grad()
+""",
+            12,
+        ),
     ]
 
     def check(self, model: FileModel) -> Iterator[RawFinding]:
@@ -299,12 +425,25 @@ class Runner:
                     # `if amp: scaler.scale(loss).backward() else: loss.backward()`: judged on
                     # the scaled path too (learned from leads3 fastdiff and leads1 natspeech).
                     backward = _scaled_alternative(unit, backward, clip) or backward
+                if backward is not None and not backward.scaler:
+                    accelerated = _accelerator_backward(unit, backward, clip)
+                    if accelerated is not None:
+                        finding = _accelerate_clip(model, unit, accelerated, clip)
+                        if finding is not None:
+                            yield finding
+                        continue
                 if backward is None or not backward.scaler:
                     continue
                 step = following(unit, clip, {"step", "scaler_step"})
                 if step is None or between(unit, backward, clip, {"step", "scaler_step"}):
                     continue
-                if between(unit, backward, clip, {"unscale"}):
+                unscales = between(unit, backward, clip, {"unscale"})
+                if unscales and any(_covers(u, backward, clip) for u in unscales):
+                    continue
+                if unscales:
+                    finding = _partial_unscale(unscales[0], backward, clip)
+                    if finding is not None:
+                        yield finding
                     continue
                 if any(
                     u.order < backward.order and not u.inside(unit.micro)
@@ -500,4 +639,228 @@ HELPER_MESSAGE = (
     "`{clip}` on line {clip_line} clips gradients that are still scaled: `{scaler}.step` on "
     "line {step_line} expects gradients scaled by the loss scale, and nothing calls "
     "`{scaler}.unscale_({optimizer})` before the clip"
+)
+
+
+# A guard on the unscale that names the precision or another way of training (apex, FSDP,
+# DeepSpeed, Accelerate) is read as the condition under which the scaler is in use at all:
+# `scaler.scale(loss).backward()` with `GradScaler(enabled=amp)`, then `if amp: unscale_`.
+ENABLING_WORDS = re.compile(
+    r"amp|fp16|half|scal|precision|mixed|autocast|dtype|apex|fsdp|deepspeed|accelerat", re.I
+)
+
+Literal_ = tuple[str, bool]
+
+
+def _literals(test: cst.BaseExpression, branch: int) -> list[frozenset[Literal_]]:
+    """The branch ``branch`` of ``if test`` as alternatives (any one holds), each a set of
+    conditions that all hold: ``a and b`` -> [{a, b}]; its else -> [{not a}, {not b}]."""
+    body = branch == 0
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test, body = test.expression, not body
+    if isinstance(test, cst.BooleanOperation):
+        conjunction = isinstance(test.operator, cst.And) == body
+        left, right = (
+            _literals(test.left, 0 if body else 1),
+            _literals(test.right, 0 if body else 1),
+        )
+        if conjunction:
+            return [a | b for a in left for b in right]
+        return [*left, *right]
+    key, positive = condition_key(test)
+    return [frozenset({(key, positive == body)})]
+
+
+def _guards(event: Event, clip: Event) -> list[Frame]:
+    """The ``if`` branches around ``event`` that do not also hold ``clip``."""
+    return [
+        f
+        for f in event.frames
+        if f.kind == "if"
+        and isinstance(f.node, cst.If)
+        and not any(f.same(other) for other in clip.frames)
+    ]
+
+
+def _covers(unscale: Event, backward: Event, clip: Event) -> bool:
+    """Whether ``unscale`` runs on every path on which the scaled ``backward`` reaches ``clip``
+    (see :func:`_uncovered_guard`)."""
+    return _uncovered_guard(unscale, backward, clip) is None
+
+
+def _uncovered_guard(unscale: Event, backward: Event, clip: Event) -> Frame | None:
+    """The guard of ``unscale`` that may be false where the scaled ``backward`` reaches
+    ``clip``; None when each guard is implied by the backward's or the clip's own guards (the
+    same ``if``, the same test, a conjunct of it), names the precision (the condition that
+    turns the scaler on), or tests the optimizer being unscaled (``if self.opts.muon:
+    scaler.unscale_(self.opts.muon)``: an absent optimizer has nothing to unscale)."""
+    # The backward's path as alternatives, each a set of conditions that hold together.
+    # The clip's own guards hold on its path too (`if max_norm: unscale_` then, in another
+    # `if max_norm:`, the clip).
+    paths: list[frozenset[Literal_]] = [frozenset()]
+    own = [f for f in clip.frames if f.kind == "if" and isinstance(f.node, cst.If)]
+    for frame in [*_guards(backward, clip), *own]:
+        assert isinstance(frame.node, cst.If)
+        options = _literals(frame.node.test, frame.branch)
+        paths = [p | o for p in paths for o in options][:64]
+    unscaled = _argument_text(unscale)
+    # Only a guard that tests what also chose the scaled backward is judged: `if not sam:`
+    # after `if sam and it >= start: plain else: scaled`. A guard on something else (which
+    # optimizers exist, which rank logs) says nothing about the loss scale.
+    chosen = {
+        name
+        for frame in _guards(backward, clip)
+        if isinstance(frame.node, cst.If)
+        for name in _tested_names(frame.node.test)
+    }
+    for frame in _guards(unscale, clip):
+        if any(frame.same(other) for other in backward.frames):
+            continue
+        assert isinstance(frame.node, cst.If)
+        test = code_of(frame.node.test)
+        if ENABLING_WORDS.search(test) or (unscaled and unscaled in test):
+            continue
+        if not _tested_names(frame.node.test) & chosen:
+            continue
+        options = _literals(frame.node.test, frame.branch)
+        if not all(any(option <= path for option in options) for path in paths):
+            return frame
+    return None
+
+
+def _tested_names(test: cst.BaseExpression) -> set[str]:
+    """Dotted names a test reads (``self.sam``, ``current_iter``), ``self`` alone left out."""
+    found: set[str] = set()
+    for node in walk(test):
+        if isinstance(node, cst.Attribute | cst.Name):
+            dotted = dotted_name(node)
+            if dotted and dotted not in {"self", "None", "True", "False"}:
+                found.add(dotted)
+    return found
+
+
+def _argument_text(event: Event) -> str | None:
+    call = event.call
+    if isinstance(call, cst.Call) and call.args:
+        return code_of(call.args[0].value)
+    return None
+
+
+def _partial_unscale(unscale: Event, backward: Event, clip: Event) -> RawFinding | None:
+    """A clip after a scaled backward whose ``unscale_`` runs under a guard the backward's path
+    does not imply (``if not self.sam: scaler.unscale_(...)`` after ``if self.sam and it >=
+    start: ... else: scaler.scale(loss).backward()``): on the other path the clip sees scaled
+    gradients. No patch: an unconditional unscale would unscale twice where the guard holds."""
+    guard = _uncovered_guard(unscale, backward, clip)
+    if guard is None or not isinstance(guard.node, cst.If):
+        return None
+    test = code_of(guard.node.test)
+    clip_at = placement(clip, backward).node
+    return RawFinding(
+        node=clip_at,
+        message=PARTIAL_MESSAGE,
+        evidence={
+            "clip": label(clip_at),
+            "clip_line": clip_at,
+            "scaler": backward.scaler,
+            "backward_line": placement(backward, clip).node,
+            "unscale_line": placement(unscale, clip).node,
+            "guard": shorten(test if guard.branch == 0 else f"not ({test})"),
+        },
+    )
+
+
+PARTIAL_MESSAGE = (
+    "`{clip}` on line {clip_line} can clip gradients still scaled by `{scaler}` (backward on "
+    "line {backward_line}): `unscale_` on line {unscale_line} runs only when `{guard}`, a "
+    "condition the scaled backward's path does not imply"
+)
+
+
+def _accelerator_backward(unit: Unit, backward: Event, clip: Event) -> Event | None:
+    """``accelerator.backward(loss)`` before ``clip``: ``backward`` itself, or the
+    Accelerate side of ``if accelerator is not None: accelerator.backward(loss) else:
+    loss.backward()`` (no other backward between it and the clip on its own path)."""
+    if backward.framework == "accelerator":
+        return backward
+    for other in reversed(unit.backwards):
+        if other.order >= backward.order or other.framework != "accelerator":
+            continue
+        if exclusive(other, backward) and not on_exclusive_paths(other, clip):
+            return other
+    return None
+
+
+def accelerator_precision(model: FileModel, backward: Event) -> str | None:
+    """The ``mixed_precision`` of the Accelerator behind ``backward`` when this file builds it
+    with a literal (``"fp16"``, ``"bf16"``, ``"no"``, ...; ``fp16=True`` of older releases),
+    None when it is not visible: no constructor here, or a value read from a config,
+    ``**kwargs`` or ``accelerate config`` (the default)."""
+    calls = model.accelerator_calls
+    call = backward.call
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
+        receiver = code_of(call.func.value)
+        own = [c for func, name, c in calls if name == receiver]
+        chosen = own or [c for _, _, c in calls]
+    else:
+        chosen = [c for _, _, c in calls]
+    found: set[str | None] = set()
+    for constructor in chosen:
+        value = call_arg(constructor, None, "mixed_precision")
+        legacy = call_arg(constructor, None, "fp16")
+        if value is None and legacy is not None and code_of(legacy) == "True":
+            found.add("fp16")
+        elif isinstance(value, cst.SimpleString):
+            found.add(str(value.evaluated_value).lower())
+        else:
+            found.add(None)
+    if len(found) != 1:
+        return "fp16" if "fp16" in found else None
+    return found.pop()
+
+
+def _accelerate_clip(
+    model: FileModel, unit: Unit, backward: Event, clip: Event
+) -> RawFinding | None:
+    """torch's own clip after ``accelerator.backward``: under fp16 mixed precision Accelerate
+    scales the loss, and only ``accelerator.clip_grad_norm_`` (``clip_grad_value_``) unscales
+    first (accelerate 1.15 ``Accelerator.clip_grad_norm_`` calls ``unscale_gradients``)."""
+    step = following(unit, clip, {"step", "scaler_step"})
+    if step is None or between(unit, backward, clip, {"step", "scaler_step", "unscale"}):
+        return None
+    if accelerate_runs_deepspeed(model):
+        return None  # DeepSpeed scales, clips and steps on its own
+    precision = accelerator_precision(model, backward)
+    if precision is not None and precision != "fp16":
+        return None  # bf16, fp8 or full precision: no loss scale
+    clip_at = placement(clip, backward).node
+    evidence = {
+        "clip": label(clip_at),
+        "clip_line": clip_at,
+        "accelerator": code_of(backward.call.func.value)
+        if isinstance(backward.call, cst.Call) and isinstance(backward.call.func, cst.Attribute)
+        else "accelerator",
+        "backward_line": placement(backward, clip).node,
+    }
+    if precision == "fp16":
+        return RawFinding(node=clip_at, message=ACCELERATE_MESSAGE, evidence=evidence)
+    return RawFinding(
+        node=clip_at,
+        message=ACCELERATE_UNSEEN_MESSAGE,
+        evidence=evidence,
+        severity="info",
+    )
+
+
+ACCELERATE_MESSAGE = (
+    "`{clip}` on line {clip_line} clips gradients that `{accelerator}.backward` (line "
+    "{backward_line}) scaled for fp16 mixed precision: torch's clip does not unscale them "
+    "first; use `{accelerator}.clip_grad_norm_(...)`, which does"
+)
+
+ACCELERATE_UNSEEN_MESSAGE = (
+    "`{clip}` on line {clip_line} clips with torch's own function after "
+    "`{accelerator}.backward` (line {backward_line}): with fp16 mixed precision (chosen in code "
+    "or by `accelerate config`) this clips scaled gradients; also wrong under FSDP/DeepSpeed. "
+    "`{accelerator}.clip_grad_norm_(...)` unscales first and is right in every mode"
 )
