@@ -128,8 +128,9 @@ CONSTRUCTOR = "__init__"
 FORWARD_METHODS = frozenset({"forward", "__call__"})
 DETACHED_ATTRIBUTES = frozenset({"data", "shape", "dtype", "device", "ndim", "is_cuda"})
 """Attributes of a tensor that carry no gradient."""
-TENSOR_PROPERTIES = frozenset({"T", "mT", "real", "imag"})
-"""Attributes of a tensor that keep its gradient (and its freedom from one)."""
+TENSOR_PROPERTIES = frozenset({"T", "mT", "real", "imag", "values", "indices"})
+"""Attributes of a tensor that keep its gradient (and its freedom from one); ``values`` and
+``indices`` of a ``torch.min/max(..., dim)`` result."""
 MATH_MODULES = frozenset({"math", "np", "numpy"})
 LIBRARY_HEADS = frozenset({"torch", "th", "F", "np", "numpy", "math", "nn"})
 DETACHING_CALLS = frozenset(
@@ -192,6 +193,82 @@ class Positivity:
     def positive(self, node: cst.BaseExpression, func: FuncInfo) -> bool:
         """``node`` (read in ``func``) is strictly positive by how it is built."""
         return self._positive(node, func, 0, frozenset())
+
+    def zero_filled(self, node: cst.BaseExpression) -> bool:
+        """``node`` replaces exactly the zeros of a value by a positive epsilon:
+        ``p + (p == 0) * eps`` (the mask cast by ``.float()`` or named on an earlier line),
+        ``torch.where(p == 0, eps, p)`` or ``p.masked_fill(p == 0, eps)``. For a value that is
+        never negative (a probability) this is a guard as good as a clamp (learned from a
+        discrete SAC's ``log(probs + (probs == 0.0).float() * 1e-8)``); a mask of another
+        value (``p == 1``) guards nothing."""
+        node = _cast_free(node)
+        if isinstance(node, cst.Name):
+            value = reaching_value(self.model, node)
+            return value is not None and self._zero_filled(value, 0)
+        return self._zero_filled(node, 0)
+
+    def _zero_filled(self, node: cst.BaseExpression, depth: int) -> bool:
+        node = _cast_free(node)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+            return self._zero_epsilon(node.right, node.left) or self._zero_epsilon(
+                node.left, node.right
+            )
+        if not isinstance(node, cst.Call):
+            return False
+        name = called_name(node)
+        positional = [a.value for a in node.args if a.keyword is None]
+        if name == "where" and len(positional) == 3 and not isinstance(node.func, cst.Name):
+            condition, chosen, other = positional
+            return _epsilon(chosen) and self._zero_mask(condition, other)
+        if name in {"masked_fill", "masked_fill_"}:
+            if isinstance(node.func, cst.Attribute) and dotted_name(node.func.value) not in (
+                LIBRARY_OWNERS
+            ):
+                subject: cst.BaseExpression = node.func.value
+            elif len(positional) == 3:
+                subject, *positional = positional
+            else:
+                return False
+            return (
+                len(positional) == 2
+                and _epsilon(positional[1])
+                and self._zero_mask(positional[0], subject)
+            )
+        return False
+
+    def _zero_epsilon(self, node: cst.BaseExpression, base: cst.BaseExpression) -> bool:
+        """``node`` is ``mask * eps`` (either order, through one name) where ``mask`` is
+        ``base == 0``."""
+        node = _cast_free(node)
+        if isinstance(node, cst.Name):
+            value = reaching_value(self.model, node)
+            if value is None:
+                return False
+            node = _cast_free(value)
+        if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)):
+            return False
+        return (_epsilon(node.right) and self._zero_mask(node.left, base)) or (
+            _epsilon(node.left) and self._zero_mask(node.right, base)
+        )
+
+    def _zero_mask(self, node: cst.BaseExpression, base: cst.BaseExpression) -> bool:
+        """``node`` is ``base == 0`` (cast, parenthesised or named on an earlier line)."""
+        node = _cast_free(node)
+        if isinstance(node, cst.Name):
+            value = reaching_value(self.model, node)
+            if value is None:
+                return False
+            node = _cast_free(value)
+        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1):
+            return False
+        (target,) = node.comparisons
+        if not isinstance(target.operator, cst.Equal):
+            return False
+        for side, other in ((node.left, target.comparator), (target.comparator, node.left)):
+            zero = number_value(other, arithmetic=True)
+            if zero == 0 and code_of(_cast_free(side)) == code_of(_cast_free(base)):
+                return True
+        return False
 
     def gradient_norm(self, node: cst.BaseExpression, func: FuncInfo) -> bool:
         """``sum(g ** 2)`` / ``(g ** 2).sum(dim)`` / ``g.pow(2).sum()`` of a gradient ``g``
@@ -922,7 +999,9 @@ class Positivity:
                 and value.value not in owner.assigns
             ):
                 continue
-            if not self._gradient_free(value, owner, depth + 1, seen | {text}, frozenset()):
+            if not self._gradient_free(
+                value, owner, depth + 1, seen | {text}, _constructor_data(owner)
+            ):
                 return False
         return True
 
@@ -1075,6 +1154,42 @@ def _positive_bound(bound: cst.BaseExpression | None) -> bool:
     if value is not None:
         return value > 0
     return isinstance(bound, cst.Name | cst.Attribute) and offset_name(_last_part(bound))
+
+
+CASTS = frozenset({"float", "double", "half", "to", "type_as", "type", "bool", "int", "long"})
+
+
+def _cast_free(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``x`` for ``x.float()`` / ``x.to(dtype)`` (any number of casts): the same values."""
+    while (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value in CASTS
+    ):
+        node = node.func.value
+    return node
+
+
+def _epsilon(node: cst.BaseExpression) -> bool:
+    """A positive constant: a number above 0 or a name for an offset (``eps``)."""
+    value = number_value(node, arithmetic=True)
+    if value is not None:
+        return value > 0
+    if isinstance(node, cst.Name):
+        return offset_name(node.value)
+    if isinstance(node, cst.Attribute):
+        return offset_name(node.attr.value)
+    return False
+
+
+def _constructor_data(owner: FuncInfo) -> frozenset[str]:
+    """The parameters of a constructor that an attribute's value may be built from and stay
+    fixed: what the object was made with (domain bounds, a data tensor), never reassigned in
+    it. A Parameter or a module call made from them is still caught by the call itself
+    (learned from a PINN's input scaling by bounds taken from its collocation points)."""
+    if owner.name != CONSTRUCTOR:
+        return frozenset()
+    return frozenset(p for p in owner.params if p != "self" and p not in owner.assigns)
 
 
 def _default_of(node: cst.FunctionDef, name: str) -> cst.BaseExpression | None:

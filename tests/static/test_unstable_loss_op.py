@@ -1356,3 +1356,98 @@ def test_an_epsilon_added_by_a_method(expression: str, positive: bool) -> None:
     checker, func = _function(f"def f(x):\n    y = {expression}\n", "f")
     (value,) = func.assigns["y"]
     assert checker.positive(value, func) is positive
+
+
+FIXED_DOMAIN = """\
+import torch
+from torch import nn
+
+
+class Field(nn.Module):
+    def __init__(self, points, width):
+        super().__init__()
+        self.span = torch.cat((points, points), dim=1)
+        self.low = torch.min(self.span, dim=0).values.to('cpu')
+        self.high = torch.max(self.span, dim=0).values
+        self.body = nn.Sequential(nn.Linear(2, width), nn.Tanh(), nn.Linear(width, 1))
+
+    def pde_loss(self, x, u_true):
+        centred = 2.0 * (x - self.low) / (self.high - self.low) - 1.0
+        u = self.body(centred)
+        return ((u - u_true) ** 2).mean()
+
+
+def fit(model, optimizer, x, u_true):
+    optimizer.zero_grad()
+    loss = model.pde_loss(x, u_true)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_span_of_bounds_fixed_at_construction_is_no_hazard() -> None:
+    # The bounds come from the points the object was made with: a degenerate domain is a
+    # configuration error, not something training reaches. The gradient of `x` above the
+    # line does not make the denominator move.
+    report = lint_source(FIXED_DOMAIN, "field.py", select=["unstable-loss-op"])
+    assert report.findings == []
+    # Trained bounds can meet: a warning.
+    trained = FIXED_DOMAIN.replace(
+        "self.high = torch.max(self.span, dim=0).values",
+        "self.high = nn.Parameter(torch.max(self.span, dim=0).values)",
+    )
+    report = lint_source(trained, "field.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(14, "warning")]
+    learned = FIXED_DOMAIN.replace(
+        "self.low = torch.min(self.span, dim=0).values.to('cpu')",
+        "self.low = nn.Parameter(torch.zeros(2))",
+    )
+    report = lint_source(learned, "field.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(14, "warning")]
+    # The spread of the model's own output is not fixed: still reported (an info, since
+    # whether a std reaches 0 is not shown).
+    spread = FIXED_DOMAIN.replace("(self.high - self.low)", "self.body(x).std(0)")
+    report = lint_source(spread, "field.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(14, "info")]
+
+
+ZERO_FILLED = """\
+import torch
+
+
+def entropy_loss(actor, obs, eps=1e-8):
+    probs = actor(obs)
+    zeros = probs == 0.0
+    zeros = zeros.float() * 1e-8
+    log_a = torch.log(probs + zeros)
+    log_b = torch.log(probs + (probs == 0).float() * 1e-6)
+    log_c = torch.log(probs + 1e-6 * (probs == 0))
+    log_d = torch.log(torch.where(probs == 0, eps, probs))
+    log_e = torch.log(probs.masked_fill(probs == 0, 1e-8))
+    return -(probs * (log_a + log_b + log_c + log_d + log_e)).sum(-1).mean()
+"""
+
+
+def test_an_epsilon_added_exactly_at_the_zeros_is_a_guard() -> None:
+    report = lint_source(ZERO_FILLED, "sac.py", select=["unstable-loss-op"])
+    assert report.findings == []
+
+
+@pytest.mark.parametrize(
+    ("line", "expression", "severity"),
+    [
+        (9, "torch.log(probs + (probs == 1).float() * 1e-6)", "warning"),
+        (9, "torch.log(probs + (probs > 0.5).float() * 1e-6)", "warning"),
+        (9, "torch.log(probs + (obs == 0).float() * 1e-6)", "warning"),
+        (9, "torch.log(probs + (probs == 0).float() * 0.0)", "warning"),
+        (10, "torch.log(probs + 1e-6 * (probs != 0))", "warning"),
+        # A fill of the ones: what the fill leaves is not shown either way (an info).
+        (12, "torch.log(probs.masked_fill(probs == 1, 1e-8))", "info"),
+    ],
+)
+def test_a_mask_of_other_values_guards_nothing(line: int, expression: str, severity: str) -> None:
+    code = ZERO_FILLED.splitlines()
+    name, _ = code[line - 1].split(" = ", 1)
+    code[line - 1] = f"{name} = {expression}"
+    report = lint_source("\n".join(code) + "\n", "sac.py", select=["unstable-loss-op"])
+    assert [(f.line, f.severity) for f in report.findings] == [(line, severity)]

@@ -1692,6 +1692,8 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 or positivity.positive(target, func)
                 or positivity.gradient_norm(target, func)
                 or (outside is None and _safe(model, func, stmt, target))
+                # `p + (p == 0) * eps`: the zeros themselves are replaced, a guard.
+                or positivity.zero_filled(target)
             ):
                 continue
             if positivity.gradient_free(target, func):
@@ -1785,7 +1787,7 @@ def diffusion_loss(net, schedule_logits, x0, t):
                 if softmax is not None:
                     yield self._softmax_finding(division, softmax)
                     continue
-            if _guarded(right):
+            if _guarded(right) or positivity.zero_filled(right):
                 continue
             if (
                 scope.in_loss(func, stmt)
