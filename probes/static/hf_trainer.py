@@ -108,6 +108,8 @@ NEW_SCOPES = (
 def trainer_mean_losses(model: FileModel) -> Iterator[RawFinding]:
     """Findings for the ``compute_loss`` overrides of the file's Trainer subclasses, at any
     depth (module level, or built inside a function)."""
+    if not model.defines_compute_loss:
+        return  # no override anywhere: skip building the scopes (most files)
     classes = _ClassIndex(model)
     for found in classes.all:
         finding = _check_class(model, classes, found)

@@ -747,6 +747,9 @@ class FileModel:
         """The constructor call that built each scaler / optimizer / model wrapper."""
         self.lightning_clipping = False
         self.hf_trainer = False
+        self.defines_compute_loss = False
+        """A class of the file (at any depth) defines ``compute_loss``: only then can a Hugging
+        Face Trainer subclass override it (the gate of the costlier scope-aware check)."""
         self.uses_ddp = False
         self.uses_fsdp = False
         self.explicit_ddp = False
@@ -2136,6 +2139,8 @@ class _Collector:
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         direct_method = bool(self.containers) and self.containers[-1] == "class"
+        if direct_method and node.name.value == "compute_loss":
+            self.model.defines_compute_loss = True
         owner = self.class_stack[-1] if direct_method else None
         self.containers.append("def")
         info = FuncInfo(node, node.name.value, owner, model=self.model)
