@@ -25,6 +25,7 @@ target alone (only the data decides whether a target is all 0).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import libcst as cst
@@ -278,25 +279,39 @@ class ZeroEvidence:
 
     def _parameter(self, name: str, func: FuncInfo, depth: int) -> Evidence:
         """A parameter shows a way to 0 when a caller in its file passes one that does."""
-        node = func.node
-        if isinstance(node, cst.FunctionDef) and depth < MAX_DEPTH:
-            for call, caller in self._callers(func):
-                argument = dict(bind_arguments(call, node)).get(name)
-                if argument is None:
-                    continue
-                found = self._of(argument, caller, depth + 1, frozenset())
-                if found.shown:
-                    return Evidence(
-                        True,
-                        f"a caller passes `{shorten(code_of(argument))}` as `{name}`: "
-                        f"{found.reason}",
-                    )
+        found = self._from_callers(name, func, depth, self._of)
+        if found is not None:
+            return found
         return Evidence(
             False,
             f"it is the parameter `{name}`, and no caller in this file shows what it holds",
             name,
             "parameter",
         )
+
+    def _from_callers(
+        self,
+        name: str,
+        func: FuncInfo,
+        depth: int,
+        ask: Callable[[cst.BaseExpression, FuncInfo, int, frozenset[str]], Evidence],
+    ) -> Evidence | None:
+        """The first caller in the file whose argument for the parameter ``name`` shows
+        ``ask``'s property, as evidence that quotes that argument; None when none does."""
+        node = func.node
+        if not isinstance(node, cst.FunctionDef) or depth >= MAX_DEPTH:
+            return None
+        for call, caller in self._callers(func):
+            argument = dict(bind_arguments(call, node)).get(name)
+            if argument is None:
+                continue
+            found = ask(argument, caller, depth + 1, frozenset())
+            if found.shown:
+                return Evidence(
+                    True,
+                    f"a caller passes `{shorten(code_of(argument))}` as `{name}`: {found.reason}",
+                )
+        return None
 
     def _callers(self, func: FuncInfo) -> list[tuple[cst.Call, FuncInfo]]:
         """The calls of ``func`` in its file, a module's ``forward`` called through the
@@ -507,19 +522,9 @@ class ZeroEvidence:
                 return named
             if setting_parameter(func, name):
                 return _unknown(node, "`{text}` is a setting")
-            node_def = func.node
-            if isinstance(node_def, cst.FunctionDef) and depth < MAX_DEPTH:
-                for call, caller in self._callers(func):
-                    argument = dict(bind_arguments(call, node_def)).get(name)
-                    if argument is None:
-                        continue
-                    found = self._reaches_one(argument, caller, depth + 1, frozenset())
-                    if found.shown:
-                        return Evidence(
-                            True,
-                            f"a caller passes `{shorten(code_of(argument))}` as `{name}`: "
-                            f"{found.reason}",
-                        )
+            passed = self._from_callers(name, func, depth, self._reaches_one)
+            if passed is not None:
+                return passed
             return Evidence(
                 False,
                 f"it is the parameter `{name}`, and nothing in this file shows it holding "
